@@ -1,0 +1,34 @@
+"""The project's one exception tree (shared by parent and children)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class PipelineError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class ArtifactError(PipelineError):
+    """An artifact or request file is missing, corrupt or does not match its contract."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+class InputError(PipelineError):
+    """A user's input cannot be processed (missing, not media, no audio, empty)."""
+
+
+class StageError(PipelineError):
+    """A stage failed for a reason that retrying will not fix."""
+
+
+class ModelUnavailableError(StageError):
+    """A requested model is neither embedded, on disk nor in the hub cache."""
+
+
+class SettingsError(PipelineError):
+    """Settings or command-line options are invalid."""

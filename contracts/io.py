@@ -1,0 +1,129 @@
+"""Atomic, validated reading and writing of contract files.
+
+Every file is written to a temporary name in the same directory, fsynced and
+renamed over the target, so a reader sees either the old whole file or the new
+whole file, never half of one. Every model is validated before it is written
+and again when it is read; sidecar files (``.npy``) are checked against the
+sha256 their artifact records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from contracts.errors import ArtifactError
+
+M = TypeVar("M", bound=BaseModel)
+
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(_CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_model(model: BaseModel, path: str | Path) -> Path:
+    """Validate ``model`` again and write it as JSON atomically."""
+    try:
+        checked = type(model).model_validate(model.model_dump())
+    except ValidationError as exc:
+        raise ArtifactError(path, f"refusing to write an invalid {type(model).__name__}: {_first_error(exc)}") from exc
+    return atomic_write_text(path, checked.model_dump_json(indent=2) + "\n")
+
+
+def load_model(path: str | Path, cls: type[M]) -> M:
+    """Read and validate a JSON contract file; any problem names the file."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ArtifactError(path, "missing") from None
+    except OSError as exc:
+        raise ArtifactError(path, f"unreadable ({exc.strerror})") from exc
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(path, f"not valid JSON ({exc})") from exc
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ArtifactError(path, f"does not match {cls.__name__}: {_first_error(exc)}") from exc
+
+
+def load_artifact(path: str | Path, cls: type[M]) -> M:
+    """Like :func:`load_model`, then check the artifact's sidecar file, if any."""
+    artifact = load_model(path, cls)
+    check_sidecar(artifact, Path(path))
+    return artifact
+
+
+def check_sidecar(artifact: BaseModel, artifact_path: Path) -> None:
+    sidecar = getattr(artifact, "sidecar", None)
+    expected = getattr(artifact, "sha256", None)
+    if sidecar is None or expected is None:
+        return
+    data_path = Path(artifact_path).parent / sidecar
+    if not data_path.is_file():
+        raise ArtifactError(data_path, f"sidecar of {Path(artifact_path).name} is missing")
+    actual = sha256_file(data_path)
+    if actual != expected:
+        raise ArtifactError(
+            data_path,
+            f"sha256 {actual[:12]}… does not match {expected[:12]}… recorded in {Path(artifact_path).name}",
+        )
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "<root>"
+    extra = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {err.get('msg')}{extra}"

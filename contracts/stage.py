@@ -1,0 +1,88 @@
+"""The request a parent hands a stage child, and the result it gets back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, JsonValue, model_validator
+
+from contracts.artifacts import Strict
+
+
+class WorkItem(Strict):
+    """One input to process in a stage."""
+
+    id: str = Field(min_length=1)
+    #: named inputs: the source media path, or paths of upstream artifacts
+    inputs: dict[str, str]
+    #: where the stage writes this item's artifact (JSON; sidecars go beside it)
+    output: str
+    #: copied into the artifact, so the parent can tell a current artifact from a stale one
+    fingerprint: str = Field(min_length=1)
+
+
+class StageRequest(Strict):
+    request_id: str = Field(min_length=1)
+    #: the stage's name, e.g. "asr"
+    stage: str = Field(min_length=1)
+    #: the Python module that implements it, e.g. "stages.asr"
+    module: str = Field(pattern=r"^[A-Za-z_][\w.]*$")
+    items: list[WorkItem] = Field(min_length=1)
+    batch_size: int = Field(ge=1)
+    #: "auto", "cpu", "cuda" or "cuda:N"; "auto" is resolved inside the child
+    device: str = "auto"
+    #: stage-specific settings (model names, compute type, language, ...)
+    settings: dict[str, JsonValue] = Field(default_factory=dict)
+    #: environment applied by the child before any heavy import
+    env: dict[str, str] = Field(default_factory=dict)
+    #: where the child writes its StageResult
+    result_path: str
+    #: 1 for the first child of this stage, counting every respawn
+    attempt: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> StageRequest:
+        ids = [item.id for item in self.items]
+        if len(ids) != len(set(ids)):
+            raise ValueError("work item ids must be unique within a request")
+        return self
+
+    def setting(self, key: str, default: Any = None) -> Any:
+        return self.settings.get(key, default)
+
+
+class ItemResult(Strict):
+    id: str
+    ok: bool
+    output: str | None = None
+    #: one line a user can act on, when not ok
+    error: str | None = None
+    seconds: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ItemResult:
+        if self.ok and self.output is None:
+            raise ValueError("an ok item needs its output path")
+        if not self.ok and not self.error:
+            raise ValueError("a failed item needs an error message")
+        return self
+
+
+class StageResult(Strict):
+    request_id: str
+    stage: str
+    items: list[ItemResult]
+    #: device the child actually used
+    device: str
+    batch_size: int = Field(ge=1)
+    #: seconds spent importing the stage's libraries inside the child
+    import_s: float = Field(ge=0)
+    #: seconds spent loading the model
+    load_s: float = Field(ge=0)
+    #: seconds spent on the items themselves
+    compute_s: float = Field(ge=0)
+    #: the model actually used, if the stage has one
+    model: str | None = None
+    peak_rss_mb: float | None = None
+    #: set when the child stopped early (e.g. out of memory) after writing some items
+    stopped: str | None = None
