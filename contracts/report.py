@@ -1,0 +1,73 @@
+"""run-report.json: what happened to every input and every stage child."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field, JsonValue
+
+from contracts.artifacts import Strict
+
+
+class Attempt(Strict):
+    """One stage child: how it was asked to run and how it ended."""
+
+    attempt: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    items: int = Field(ge=0)
+    outcome: str
+    signal: int | None = None
+    #: parent's view: spawn to exit
+    wall_s: float = Field(ge=0)
+    #: child's view (absent when the child died before reporting)
+    import_s: float | None = None
+    load_s: float | None = None
+    compute_s: float | None = None
+    model: str | None = None
+    device: str | None = None
+    peak_rss_mb: float | None = None
+    pid: int | None = None
+
+
+class StageRun(Strict):
+    stage: str
+    attempts: list[Attempt] = Field(default_factory=list)
+    #: items whose valid, current artifact was already on disk
+    reused: int = 0
+    ok: int = 0
+    failed: int = 0
+    #: spawn/wait of all attempts
+    wall_s: float = 0.0
+
+
+class ItemStage(Strict):
+    status: Literal["ok", "reused", "failed"]
+    seconds: float = Field(default=0.0, ge=0)
+    batch_size: int | None = None
+    retries: int = 0
+    error: str | None = None
+
+
+class InputReport(Strict):
+    id: str
+    source: str
+    status: Literal["ok", "failed"]
+    error: str | None = None
+    failed_stage: str | None = None
+    duration_s: float | None = None
+    outputs: dict[str, str] = Field(default_factory=dict)
+    stages: dict[str, ItemStage] = Field(default_factory=dict)
+
+
+class RunReport(Strict):
+    schema_version: Literal[1] = 1
+    run_id: str
+    started_at: datetime
+    finished_at: datetime
+    output_dir: str
+    settings: dict[str, JsonValue]
+    ok: int
+    failed: int
+    inputs: list[InputReport]
+    stages: list[StageRun]

@@ -1,0 +1,143 @@
+"""What every stage shares: the item loop, timing and result bookkeeping."""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+from contracts import (
+    Artifact,
+    InputError,
+    ItemResult,
+    PipelineError,
+    StageRequest,
+    StageResult,
+    WorkItem,
+    load_artifact,
+    save_model,
+)
+from contracts.errors import ArtifactError
+from contracts.io import atomic_write_bytes
+from stages.memory import is_oom, peak_rss_mb
+
+log = logging.getLogger(__name__)
+
+
+class Stage(ABC):
+    """A model stage. Subclasses declare their artifact types and fill in the hooks."""
+
+    #: stage name used in requests, logs and reports
+    name: ClassVar[str]
+    #: artifact type read from each item's ``inputs[input_key]`` (None: the source media)
+    input: ClassVar[type[Artifact] | None]
+    input_key: ClassVar[str] = "source"
+    #: artifact type written to each item's ``output``
+    output: ClassVar[type[Artifact]]
+
+    def import_libraries(self) -> None:
+        """Import heavy libraries (timed separately from model loading)."""
+
+    def resolve_device(self, requested: str) -> str:
+        """Turn "auto" into a real device; stages without torch run on the CPU."""
+        return "cpu" if requested == "auto" else requested
+
+    def load(self, request: StageRequest, device: str) -> str | None:
+        """Load the model once per child; return the name of the model actually used."""
+        return None
+
+    @abstractmethod
+    def process(self, item: WorkItem, upstream: Artifact | str, request: StageRequest) -> Artifact:
+        """Produce ``item``'s artifact (the loop validates and saves it to ``item.output``).
+
+        ``upstream`` is the validated input artifact, or the source path for
+        the first stage. Sidecar files go next to ``item.output``.
+        """
+
+    def close(self) -> None:
+        """Drop the model (the process exits right after, which frees everything)."""
+
+    # -- the shared loop -------------------------------------------------
+
+    def run(self, request: StageRequest) -> StageResult:
+        started = time.perf_counter()
+        self.import_libraries()
+        imported = time.perf_counter()
+        device = self.resolve_device(request.device)
+        self.batch_size = request.batch_size
+        self.device = device
+        model = self.load(request, device)
+        if model is not None:
+            log.info("%s: loaded %s on %s (batch size %d)", self.name, model, device, request.batch_size)
+        loaded = time.perf_counter()
+        results: list[ItemResult] = []
+        for item in request.items:
+            results.append(self._one(item, request))
+        finished = time.perf_counter()
+        self.close()
+        return StageResult(
+            request_id=request.request_id,
+            stage=self.name,
+            items=results,
+            device=device,
+            batch_size=request.batch_size,
+            import_s=imported - started,
+            load_s=loaded - imported,
+            compute_s=finished - loaded,
+            model=model,
+            peak_rss_mb=peak_rss_mb(),
+        )
+
+    def _one(self, item: WorkItem, request: StageRequest) -> ItemResult:
+        t0 = time.perf_counter()
+        try:
+            upstream = self._read_input(item)
+            artifact = self.process(item, upstream, request)
+            if not isinstance(artifact, self.output):
+                raise TypeError(f"{self.name} produced {type(artifact).__name__}, expected {self.output.__name__}")
+            save_model(artifact, item.output)
+        except BaseException as exc:
+            if is_oom(exc) or not isinstance(exc, Exception):
+                raise  # the whole child stops; the parent decides (halve the batch, ...)
+            reason = _one_line(exc)
+            level = logging.WARNING if isinstance(exc, PipelineError) else logging.ERROR
+            log.log(level, "%s: %s failed: %s", self.name, item.id, reason, exc_info=not isinstance(exc, PipelineError))
+            return ItemResult(id=item.id, ok=False, error=reason, seconds=time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        log.info("%s: %s done in %.2fs", self.name, item.id, seconds)
+        return ItemResult(id=item.id, ok=True, output=item.output, seconds=seconds)
+
+    def _read_input(self, item: WorkItem) -> Artifact | str:
+        try:
+            path = item.inputs[self.input_key]
+        except KeyError:
+            raise InputError(f"request has no '{self.input_key}' input for {item.id}") from None
+        if self.input is None:
+            return path
+        try:
+            return load_artifact(path, self.input)
+        except ArtifactError as exc:
+            raise InputError(f"upstream artifact unusable: {exc}") from exc
+
+
+def save_array(path: Path, array) -> str:
+    """Write a numpy array as ``.npy`` atomically; return the file's sha256."""
+    import hashlib
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    data = buf.getvalue()
+    atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if not isinstance(exc, PipelineError):
+        text = f"{type(exc).__name__}: {text}"
+    return text[:500]

@@ -1,0 +1,97 @@
+"""Entry point of a stage child: read the request, run the stage, exit with a named code.
+
+Started by the orchestrator through ``multiprocess``'s spawn context (a fresh
+interpreter, so a fresh CUDA context), or by hand for debugging::
+
+    python -m stages.child REQUEST.json [LOG_FILE]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from importlib import import_module
+
+from contracts import ExitCode, StageRequest, load_model, save_model
+from contracts.errors import ArtifactError
+from stages.base import Stage
+from stages.memory import is_oom
+
+log = logging.getLogger("stages.child")
+
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+def main(request_path: str, log_path: str | None = None) -> None:
+    """Run one stage request and leave the process with an :class:`ExitCode`."""
+    if log_path:
+        _redirect_output(log_path)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr, force=True)
+    code = run_request(request_path)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: the result is already fsynced, and torch /
+    # CUDA teardown can take seconds; the OS reclaims all memory (and the GPU
+    # driver the whole CUDA context) when the process ends.
+    os._exit(int(code))
+
+
+def run_request(request_path: str) -> ExitCode:
+    try:
+        request = load_model(request_path, StageRequest)
+    except ArtifactError as exc:
+        log.error("bad request: %s", exc)
+        return ExitCode.CONTRACT_ERROR
+    os.environ.update(request.env)
+    log.info(
+        "%s: pid %d, attempt %d, %d item(s), batch size %d",
+        request.stage, os.getpid(), request.attempt, len(request.items), request.batch_size,
+    )
+    try:
+        stage = import_module(request.module).STAGE
+        if not isinstance(stage, Stage):
+            raise TypeError(f"{request.module}.STAGE is not a Stage")
+        result = stage.run(request)
+        save_model(result, request.result_path)
+    except BaseException as exc:  # noqa: BLE001 - every way out becomes an exit code
+        return exit_code_for(exc, request.stage)
+    failed = sum(not item.ok for item in result.items)
+    log.info("%s: finished, %d ok, %d failed", request.stage, len(result.items) - failed, failed)
+    return ExitCode.OK
+
+
+def exit_code_for(exc: BaseException, stage: str) -> ExitCode:
+    """Log ``exc`` and name the exit code that tells the parent what happened."""
+    if isinstance(exc, KeyboardInterrupt):
+        log.warning("%s: interrupted", stage)
+        return ExitCode.INTERRUPTED
+    if is_oom(exc):
+        log.error("%s: out of memory: %s", stage, " ".join(str(exc).split())[:300])
+        return ExitCode.OOM
+    if isinstance(exc, ArtifactError):
+        log.error("%s: contract error: %s", stage, exc)
+        return ExitCode.CONTRACT_ERROR
+    log.exception("%s: failed: %s", stage, exc)
+    return ExitCode.FAILED
+
+
+def _redirect_output(log_path: str) -> None:
+    """Send this process's stdout and stderr (also native libraries' output) to ``log_path``."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)
+        except (AttributeError, ValueError):
+            pass
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3):
+        print(__doc__, file=sys.stderr)
+        sys.exit(ExitCode.USAGE)
+    main(*sys.argv[1:])
