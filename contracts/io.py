@@ -40,6 +40,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o644)  # mkstemp's 0600 would hide outputs from other users
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

@@ -1,0 +1,80 @@
+"""``pipeline``: the command line. Settings are read here, once, and passed down."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from pydantic import ValidationError
+
+from contracts import ExitCode
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Subprocess-isolated GPU transcription pipeline.")
+log = logging.getLogger("orchestrator.cli")
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+@app.callback()
+def _main() -> None:
+    """Every model stage runs in its own spawned child process with a fresh CUDA context."""
+
+
+@app.command()
+def process(
+    inputs: Annotated[list[Path], typer.Argument(help="Video/audio files or directories.", show_default=False)],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output directory [env PIPELINE_OUTPUT_DIR, default ./out].")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N [env PIPELINE_DEVICE].")] = None,
+    asr_model: Annotated[Optional[str], typer.Option(help="'embedded', a CTranslate2 directory or a model name [env ASR_MODEL].")] = None,
+    language: Annotated[Optional[str], typer.Option(help="Spoken language code [env ASR_LANGUAGE].")] = None,
+    asr_batch_size: Annotated[Optional[int], typer.Option(min=1, help="[env ASR_BATCH_SIZE, default 16]")] = None,
+    embedding_profile: Annotated[Optional[str], typer.Option(help="speed, quality, embedded or a model name [env EMBEDDING_PROFILE].")] = None,
+    embedding_batch_size: Annotated[Optional[int], typer.Option(min=1, help="[env EMBEDDING_BATCH_SIZE, default 128]")] = None,
+    allow_hub: Annotated[Optional[bool], typer.Option("--allow-hub/--offline", help="Allow model downloads [env PIPELINE_ALLOW_HUB].")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Transcribe and embed each input; write DIR/<input>/... and DIR/run-report.json."""
+    from orchestrator import Orchestrator, Settings
+
+    setup_logging(verbose)
+    overrides = {
+        "output_dir": output, "device": device, "asr_model": asr_model, "asr_language": language,
+        "asr_batch_size": asr_batch_size, "embedding_profile": embedding_profile,
+        "embedding_batch_size": embedding_batch_size, "allow_hub": allow_hub,
+    }
+    try:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        typer.echo(f"error: invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    try:
+        with Orchestrator(settings) as orch:
+            report = orch.process(inputs)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
+    for item in report.inputs:
+        if item.status == "failed":
+            typer.echo(f"FAILED {item.source}: [{item.failed_stage}] {item.error}", err=True)
+    typer.echo(f"{report.ok} ok, {report.failed} failed; report: {Path(report.output_dir) / 'run-report.json'}", err=True)
+    raise typer.Exit(ExitCode.OK if report.failed == 0 else ExitCode.FAILED)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

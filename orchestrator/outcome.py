@@ -1,0 +1,99 @@
+"""How a stage child ended, and what to do next: the one retry policy.
+
+Both functions are pure, so they are tested without processes.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass
+from enum import Enum
+
+from contracts import ExitCode
+
+
+class Outcome(str, Enum):
+    OK = "ok"
+    #: an unexpected Python error inside the child
+    ERROR = "error"
+    OOM = "oom"
+    CONTRACT_ERROR = "contract_error"
+    #: killed by a signal (SIGKILL from the kernel's OOM killer or a user, SIGSEGV, ...)
+    KILLED = "killed"
+    INTERRUPTED = "interrupted"
+
+
+def outcome_of(exitcode: int | None) -> tuple[Outcome, int | None]:
+    """Map a child's exit status to an outcome and, when killed, the signal number."""
+    if exitcode is None:
+        raise ValueError("the child has not exited")
+    if exitcode < 0:
+        return Outcome.KILLED, -exitcode
+    try:
+        code = ExitCode(exitcode)
+    except ValueError:
+        return Outcome.ERROR, None
+    return {
+        ExitCode.OK: Outcome.OK,
+        ExitCode.OOM: Outcome.OOM,
+        ExitCode.CONTRACT_ERROR: Outcome.CONTRACT_ERROR,
+        ExitCode.INTERRUPTED: Outcome.INTERRUPTED,
+    }.get(code, Outcome.ERROR), None
+
+
+def signal_name(number: int) -> str:
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+OOM_ADVICE = (
+    "try a smaller model, a lighter compute type (int8 / float16), "
+    "or fewer jobs sharing the GPU"
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    #: respawn the stage for the items still to do
+    retry: bool
+    batch_size: int
+    #: why: logged, and the error of the items when not retrying
+    reason: str
+
+
+def next_step(
+    outcome: Outcome,
+    batch_size: int,
+    signal_retries: int,
+    max_signal_retries: int,
+    signal: int | None = None,
+    stage: str = "stage",
+) -> Decision:
+    """Decide what follows a child's exit, for the items it left unfinished.
+
+    - out of memory: halve the batch (down to 1); at batch 1, give up with advice;
+    - killed by a signal: retry with the same batch, at most ``max_signal_retries`` times;
+    - anything else: give up (a Python error or a broken contract repeats).
+    """
+    if outcome is Outcome.OOM:
+        if batch_size > 1:
+            half = max(1, batch_size // 2)
+            return Decision(True, half, f"{stage} ran out of memory at batch size {batch_size}; retrying with {half}")
+        return Decision(False, 1, f"{stage} ran out of memory even at batch size 1: {OOM_ADVICE}")
+    if outcome is Outcome.KILLED:
+        name = signal_name(signal) if signal else "a signal"
+        if signal_retries < max_signal_retries:
+            return Decision(
+                True, batch_size,
+                f"{stage} child was killed by {name}; retry {signal_retries + 1} of {max_signal_retries}",
+            )
+        return Decision(False, batch_size, f"{stage} child was killed by {name} {signal_retries + 1} times; giving up")
+    if outcome is Outcome.OK:
+        return Decision(False, batch_size, f"{stage} finished without writing a valid artifact")
+    if outcome is Outcome.INTERRUPTED:
+        return Decision(False, batch_size, f"{stage} was interrupted")
+    if outcome is Outcome.CONTRACT_ERROR:
+        return Decision(False, batch_size, f"{stage} child rejected its request or an input artifact")
+    return Decision(False, batch_size, f"{stage} child failed")

@@ -1,0 +1,177 @@
+"""Run one stage over many items: spawn, wait, validate, and apply the retry policy."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contracts import Artifact, StageRequest, StageResult, WorkItem, load_artifact, load_model, save_model
+from contracts.errors import ArtifactError
+from contracts.report import Attempt, StageRun
+from orchestrator.executor import LocalExecutor
+from orchestrator.outcome import Outcome, next_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What the parent knows of a stage: its name, module and output type (never its code)."""
+
+    name: str
+    module: str
+    output: type[Artifact]
+    batch_size: int = 1
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        """The output artifact's kind ("audio", "transcript", ...): its file name and input key."""
+        return self.output.model_fields["kind"].default
+
+
+@dataclass
+class ItemOutcome:
+    ok: bool
+    reused: bool = False
+    error: str | None = None
+    seconds: float = 0.0
+    batch_size: int | None = None
+    retries: int = 0
+
+
+def fingerprint(spec: StageSpec, upstream: str) -> str:
+    """Identity of an artifact-to-be: the stage, its settings and its input's identity."""
+    blob = json.dumps({"stage": spec.name, "module": spec.module, "settings": spec.settings, "upstream": upstream},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def current_artifact(item: WorkItem, output: type[Artifact]) -> Artifact | None:
+    """The item's artifact if it is on disk, valid, and made from the same inputs and settings."""
+    path = Path(item.output)
+    if not path.exists():
+        return None
+    try:
+        artifact = load_artifact(path, output)
+    except ArtifactError as exc:
+        log.warning("redoing %s: %s", item.id, exc)
+        return None
+    if artifact.fingerprint != item.fingerprint or artifact.item_id != item.id:
+        log.info("redoing %s: %s is stale (inputs or settings changed)", item.id, path.name)
+        return None
+    return artifact
+
+
+class StageRunner:
+    """Runs a stage's items in as many children as the retry policy allows."""
+
+    def __init__(self, executor: LocalExecutor, run_dir: Path, env: dict[str, str], device: str,
+                 max_signal_retries: int) -> None:
+        self.executor = executor
+        self.run_dir = run_dir
+        self.env = env
+        self.device = device
+        self.max_signal_retries = max_signal_retries
+
+    def run(self, spec: StageSpec, items: list[WorkItem]) -> tuple[dict[str, ItemOutcome], StageRun]:
+        outcomes: dict[str, ItemOutcome] = {}
+        todo: list[WorkItem] = []
+        for item in items:
+            if current_artifact(item, spec.output) is not None:
+                outcomes[item.id] = ItemOutcome(ok=True, reused=True)
+            else:
+                todo.append(item)
+        report = StageRun(stage=spec.name, reused=len(outcomes))
+        attempts: list[Attempt] = []
+        batch_size = spec.batch_size
+        signal_retries = 0
+        retries = 0
+        while todo:
+            attempt = len(attempts) + 1
+            request = StageRequest(
+                request_id=f"{spec.name}-{attempt}",
+                stage=spec.name,
+                module=spec.module,
+                items=todo,
+                batch_size=batch_size,
+                device=self.device,
+                settings=spec.settings,
+                env=self.env,
+                result_path=str(self.run_dir / f"{spec.name}-{attempt}.result.json"),
+                attempt=attempt,
+            )
+            request_path = save_model(request, self.run_dir / f"{spec.name}-{attempt}.request.json")
+            log.info("%s: starting child %d for %d item(s), batch size %d", spec.name, attempt, len(todo), batch_size)
+            done = self.executor.run(spec.name, request_path, self.run_dir / f"{spec.name}-{attempt}.log")
+            result = self._read_result(request, done.outcome)
+            attempts.append(_attempt(attempt, batch_size, len(todo), done, result))
+
+            reported = {r.id: r for r in result.items} if result else {}
+            left: list[WorkItem] = []
+            for item in todo:
+                item_result = reported.get(item.id)
+                if item_result is not None and not item_result.ok:
+                    outcomes[item.id] = ItemOutcome(ok=False, error=item_result.error, seconds=item_result.seconds,
+                                                    batch_size=batch_size, retries=retries)
+                elif current_artifact(item, spec.output) is not None:
+                    seconds = item_result.seconds if item_result else 0.0
+                    outcomes[item.id] = ItemOutcome(ok=True, seconds=seconds, batch_size=batch_size, retries=retries)
+                else:
+                    left.append(item)
+            todo = left
+            if not todo:
+                break
+            decision = next_step(done.outcome, batch_size, signal_retries, self.max_signal_retries,
+                                 signal=done.signal, stage=spec.name)
+            if decision.retry:
+                log.warning("%s", decision.reason)
+                if done.outcome is Outcome.KILLED:
+                    signal_retries += 1
+                batch_size = decision.batch_size
+                retries += 1
+                continue
+            reason = decision.reason
+            if done.last_error and done.outcome is not Outcome.OOM:
+                reason = f"{reason}: {done.last_error}"
+            log.error("%s: %d item(s) failed: %s", spec.name, len(todo), reason)
+            for item in todo:
+                outcomes[item.id] = ItemOutcome(ok=False, error=reason, batch_size=batch_size, retries=retries)
+            todo = []
+        ok = sum(o.ok and not o.reused for o in outcomes.values())
+        failed = sum(not o.ok for o in outcomes.values())
+        report = report.model_copy(update={
+            "attempts": attempts, "ok": ok, "failed": failed, "wall_s": sum(a.wall_s for a in attempts),
+        })
+        return outcomes, report
+
+    def _read_result(self, request: StageRequest, outcome: Outcome) -> StageResult | None:
+        path = Path(request.result_path)
+        if not path.exists():
+            if outcome is Outcome.OK:
+                log.error("%s: child exited cleanly but wrote no result", request.stage)
+            return None
+        try:
+            result = load_model(path, StageResult)
+        except ArtifactError as exc:
+            log.error("%s: ignoring unusable result: %s", request.stage, exc)
+            return None
+        if result.request_id != request.request_id:
+            log.error("%s: result %s answers another request (%s)", request.stage, path, result.request_id)
+            return None
+        return result
+
+
+def _attempt(number: int, batch_size: int, items: int, done, result: StageResult | None) -> Attempt:
+    extra: dict[str, Any] = {}
+    if result is not None:
+        extra = {
+            "import_s": result.import_s, "load_s": result.load_s, "compute_s": result.compute_s,
+            "model": result.model, "device": result.device, "peak_rss_mb": result.peak_rss_mb,
+        }
+    return Attempt(attempt=number, batch_size=batch_size, items=items, outcome=done.outcome.value,
+                   signal=done.signal, wall_s=done.wall_s, pid=done.pid, **extra)
