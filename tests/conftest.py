@@ -1,0 +1,34 @@
+"""Shared fixtures: committed media files and a word-error-rate helper."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MEDIA = ROOT / "tests" / "fixtures" / "media"
+#: what tests/fixtures/make_media.sh has espeak-ng say in speech.wav / speech.mp4
+SPEECH_TEXT = (
+    "The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
+    "Please call Stella and ask her to bring these things with her from the store."
+)
+#: Whisper tiny.en on the espeak voice gets ~16 % here ("sells sea shells" is hard);
+#: a broken decode/resample or a wrong stream gives ~100 %.
+MAX_WER = 0.35
+
+
+def normalise(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split())
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    import jiwer
+
+    return jiwer.wer(normalise(reference), normalise(hypothesis))
+
+
+@pytest.fixture(scope="session")
+def media() -> Path:
+    return MEDIA
