@@ -1,0 +1,52 @@
+"""The parent never imports torch or a model library; the layout keeps its arrows one way."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+HEAVY = ("torch", "whisperx", "speechbrain", "sentence_transformers", "pyannote", "faster_whisper",
+         "ctranslate2", "transformers", "torchaudio", "av")
+
+
+def _imports(package: str) -> set[str]:
+    """Top-level names of every module imported anywhere in ``package`` (also inside functions)."""
+    found = set()
+    for path in (ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def test_contracts_import_nothing_of_ours_and_no_model_library():
+    found = _imports("contracts")
+    assert not found & {"orchestrator", "stages"}
+    assert not found & set(HEAVY)
+
+
+def test_stages_never_import_orchestrator():
+    assert "orchestrator" not in _imports("stages")
+
+
+def test_orchestrator_has_no_model_library_imports_even_inside_functions():
+    assert not _imports("orchestrator") & set(HEAVY)
+
+
+def test_importing_every_parent_module_loads_no_heavy_module():
+    code = (
+        "import importlib, json, pkgutil, sys, orchestrator, contracts\n"
+        "for pkg in (orchestrator, contracts):\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        importlib.import_module(m.name)\n"
+        f"print(json.dumps(sorted(n for n in sys.modules if n.split('.')[0] in {HEAVY!r})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []

