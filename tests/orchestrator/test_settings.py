@@ -1,0 +1,33 @@
+"""One typed settings object: the seeds' env var names, flags over env, child environment."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from orchestrator.settings import Settings
+
+
+def test_seed_env_var_names_are_read(monkeypatch):
+    monkeypatch.setenv("EMBEDDING_BATCH_SIZE", "64")
+    monkeypatch.setenv("EMBEDDING_PROFILE", "quality")
+    monkeypatch.setenv("PIPELINE_DEVICE", "cuda:1")
+    s = Settings()
+    assert (s.embedding_batch_size, s.embedding_profile, s.device) == (64, "quality", "cuda:1")
+
+
+def test_explicit_values_beat_the_environment(monkeypatch):
+    monkeypatch.setenv("ASR_BATCH_SIZE", "4")
+    assert Settings(asr_batch_size=8).asr_batch_size == 8
+
+
+def test_children_are_offline_unless_the_hub_is_allowed():
+    env = Settings().child_env()
+    assert env["HF_HUB_OFFLINE"] == "1" and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "HF_HUB_OFFLINE" not in Settings(allow_hub=True).child_env()
+
+
+@pytest.mark.parametrize("bad", [{"device": "gpu"}, {"asr_batch_size": 0}, {"embedding_batch_size": -1}])
+def test_invalid_values_are_rejected(bad):
+    with pytest.raises(ValidationError):
+        Settings(**bad)

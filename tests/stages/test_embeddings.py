@@ -1,0 +1,72 @@
+"""sentence-transformers embeddings: profiles, offline fallback, equality with plain encode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from contracts import EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem, load_artifact, save_model
+from contracts.errors import ModelUnavailableError
+from stages.embeddings import PROFILES, EmbeddingsStage, embedded_model_path, resolve_model
+
+pytestmark = pytest.mark.slow
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "She sells sea shells.", "", "Please call Stella."]
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture()
+def transcript_json(tmp_path):
+    art = TranscriptArtifact(
+        item_id="t", fingerprint="fp", source="/x.mp4", language="en",
+        segments=[{"id": i, "start": float(i), "end": i + 0.5, "text": t} for i, t in enumerate(TEXTS)],
+        model="m", requested_model="embedded", device="cpu", compute_type="int8", batch_size=1, duration_s=5.0,
+    )
+    return save_model(art, tmp_path / "transcript.json")
+
+
+def _request(tmp_path, transcript_json, batch_size=2, **settings) -> StageRequest:
+    return StageRequest(
+        request_id="r", stage="embeddings", module="stages.embeddings", batch_size=batch_size, device="cpu",
+        settings=settings, result_path=str(tmp_path / "res.json"),
+        items=[WorkItem(id="t", inputs={"transcript": str(transcript_json)}, output=str(tmp_path / "embeddings.json"),
+                        fingerprint="fp-emb")],
+    )
+
+
+def test_profiles_keep_their_production_models():
+    assert resolve_model("speed") == PROFILES["speed"] == "BAAI/bge-small-en-v1.5"
+    assert resolve_model("quality") == "Alibaba-NLP/gte-Qwen2-1.5B-instruct"
+    assert resolve_model("embedded") == str(embedded_model_path())
+    assert resolve_model("/models/my-st") == "/models/my-st"
+
+
+def test_unavailable_profile_falls_back_to_embedded_and_says_so(tmp_path, transcript_json):
+    result = EmbeddingsStage().run(_request(tmp_path, transcript_json, profile="speed"))
+    assert result.items[0].ok
+    art = load_artifact(tmp_path / "embeddings.json", EmbeddingsArtifact)
+    assert art.requested_model == "BAAI/bge-small-en-v1.5" and art.profile == "speed"
+    assert art.model == str(embedded_model_path()) and art.fallback_reason
+    assert result.model == art.model
+
+
+def test_vectors_equal_plain_sentence_transformers_encode_and_are_unit_norm(tmp_path, transcript_json):
+    from sentence_transformers import SentenceTransformer
+
+    EmbeddingsStage().run(_request(tmp_path, transcript_json, profile="embedded", batch_size=3))
+    art = load_artifact(tmp_path / "embeddings.json", EmbeddingsArtifact)
+    vectors = np.load(tmp_path / art.sidecar)
+    assert vectors.shape == (len(TEXTS), 384) == (art.count, art.dimension) and art.fallback_reason is None
+    expected = SentenceTransformer(str(embedded_model_path()), device="cpu").encode(TEXTS, normalize_embeddings=True)
+    np.testing.assert_allclose(vectors, expected, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_without_fallback_an_unavailable_model_is_an_error(tmp_path, transcript_json):
+    with pytest.raises(ModelUnavailableError, match="bge-small"):
+        EmbeddingsStage().run(_request(tmp_path, transcript_json, profile="speed", fallback=False))
