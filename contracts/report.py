@@ -32,6 +32,8 @@ class Attempt(Strict):
 
 class StageRun(Strict):
     stage: str
+    #: 1-based chunk of inputs this stage child ran for
+    chunk: int = 1
     attempts: list[Attempt] = Field(default_factory=list)
     #: items whose valid, current artifact was already on disk
     reused: int = 0
@@ -42,7 +44,7 @@ class StageRun(Strict):
 
 
 class ItemStage(Strict):
-    status: Literal["ok", "reused", "failed"]
+    status: Literal["ok", "reused", "failed", "interrupted"]
     seconds: float = Field(default=0.0, ge=0)
     batch_size: int | None = None
     retries: int = 0
@@ -52,7 +54,8 @@ class ItemStage(Strict):
 class InputReport(Strict):
     id: str
     source: str
-    status: Literal["ok", "failed"]
+    #: "interrupted": the run was stopped (Ctrl-C) before this input finished; rerun to resume
+    status: Literal["ok", "failed", "interrupted"]
     error: str | None = None
     failed_stage: str | None = None
     duration_s: float | None = None
@@ -69,5 +72,13 @@ class RunReport(Strict):
     settings: dict[str, JsonValue]
     ok: int
     failed: int
+    interrupted: int = 0
+    chunk_size: int
+    chunks: int
+    #: seconds of audio in the inputs that finished ok (reused ones included)
+    audio_s: float = 0.0
+    wall_s: float = 0.0
+    #: hours of audio processed per hour of wall time, counting only work done in this run
+    throughput: float | None = None
     inputs: list[InputReport]
     stages: list[StageRun]

@@ -37,6 +37,11 @@ class StageRequest(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     #: where the child writes its StageResult
     result_path: str
+    #: where the child appends one ItemResult JSON line per finished item (live progress,
+    #: and what the parent still learns when the child dies before its result)
+    progress_path: str | None = None
+    #: when this file exists, the child finishes the item in progress and stops (graceful Ctrl-C)
+    stop_path: str | None = None
     #: 1 for the first child of this stage, counting every respawn
     attempt: int = Field(default=1, ge=1)
 

@@ -16,14 +16,17 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Subprocess-i
 log = logging.getLogger("orchestrator.cli")
 
 
-def setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-        force=True,
-    )
+def setup_logging(verbose: bool, console=None) -> None:
+    """Plain log lines on pipes and files; on a terminal, rich logging above the progress display."""
+    level = logging.DEBUG if verbose else logging.INFO
+    if console is not None and console.is_terminal:
+        from rich.logging import RichHandler
+
+        logging.basicConfig(level=level, format="%(name)s: %(message)s", datefmt="%H:%M:%S", force=True,
+                            handlers=[RichHandler(console=console, show_path=False)])
+        return
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S", stream=sys.stderr, force=True)
 
 
 @app.callback()
@@ -42,16 +45,23 @@ def process(
     embedding_profile: Annotated[Optional[str], typer.Option(help="speed, quality, embedded or a model name [env EMBEDDING_PROFILE].")] = None,
     embedding_batch_size: Annotated[Optional[int], typer.Option(min=1, help="[env EMBEDDING_BATCH_SIZE, default 128]")] = None,
     allow_hub: Annotated[Optional[bool], typer.Option("--allow-hub/--offline", help="Allow model downloads [env PIPELINE_ALLOW_HUB].")] = None,
+    chunk_size: Annotated[Optional[int], typer.Option(min=1, help="Inputs per stage child [env PIPELINE_CHUNK_SIZE, default 50].")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Transcribe and embed each input; write DIR/<input>/... and DIR/run-report.json."""
-    from orchestrator import Orchestrator, Settings
+    from rich.console import Console
 
-    setup_logging(verbose)
+    from orchestrator import Orchestrator, Settings
+    from orchestrator.progress import LogProgress, RichProgress, summary_table
+
+    console = Console(stderr=True)
+    setup_logging(verbose, console)
     overrides = {
         "output_dir": output, "device": device, "asr_model": asr_model, "asr_language": language,
         "asr_batch_size": asr_batch_size, "embedding_profile": embedding_profile,
-        "embedding_batch_size": embedding_batch_size, "allow_hub": allow_hub,
+        "embedding_batch_size": embedding_batch_size, "allow_hub": allow_hub, "chunk_size": chunk_size,
+        "force": force or None,
     }
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -59,16 +69,22 @@ def process(
         err = exc.errors()[0]
         typer.echo(f"error: invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
+    progress = RichProgress(console) if console.is_terminal else LogProgress()
     try:
         with Orchestrator(settings) as orch:
-            report = orch.process(inputs)
+            report = orch.process(inputs, progress=progress)
     except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
+        typer.echo("interrupted: stage children stopped; rerun the same command to resume", err=True)
         raise typer.Exit(ExitCode.INTERRUPTED) from None
+    if console.is_terminal:
+        console.print(summary_table(report))
     for item in report.inputs:
         if item.status == "failed":
             typer.echo(f"FAILED {item.source}: [{item.failed_stage}] {item.error}", err=True)
-    typer.echo(f"{report.ok} ok, {report.failed} failed; report: {Path(report.output_dir) / 'run-report.json'}", err=True)
+    typer.echo(f"{report.ok} ok, {report.failed} failed, {report.interrupted} interrupted; "
+               f"report: {Path(report.output_dir) / 'run-report.json'}", err=True)
+    if report.interrupted:
+        raise typer.Exit(ExitCode.INTERRUPTED)
     raise typer.Exit(ExitCode.OK if report.failed == 0 else ExitCode.FAILED)
 
 

@@ -9,11 +9,16 @@ prefixed with the stage name.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
+import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import multiprocess
 
@@ -25,11 +30,24 @@ child_log = logging.getLogger("orchestrator.child")
 _LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
 
 
-def _child_entry(request_path: str, log_path: str) -> None:
+def _child_entry(request_path: str, log_path: str, parent_pid: int) -> None:
     """Spawn target: runs in the child only; the parent never imports stage code."""
     from importlib import import_module
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C for the whole run
+    _die_with_parent(parent_pid)
     import_module("stages.child").main(request_path, log_path)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: SIGKILL this child when the parent dies (kill -9 of the parent leaves no orphan on the GPU)."""
+    if sys.platform != "linux":
+        return
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 @dataclass(frozen=True)
@@ -51,18 +69,26 @@ class LocalExecutor:
         self._running: dict[int, object] = {}
         self._lock = threading.Lock()
 
-    def run(self, stage: str, request_path: Path, log_path: Path) -> ChildExit:
+    def run(self, stage: str, request_path: Path, log_path: Path,
+            progress: tuple[Path, Callable[[str], None]] | None = None) -> ChildExit:
+        """Run one request in a fresh child and wait; ``progress`` = (file, callback per line it gains)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
-        tail = _LogTail(stage, log_path)
+        log_lines = _LogLines(stage)
+        follows = [_Follow(log_path, log_lines)]
+        if progress is not None:
+            progress[0].touch()
+            follows.append(_Follow(*progress))
         proc = self._ctx.Process(
-            target=_child_entry, args=(str(request_path), str(log_path)), name=f"stage-{stage}", daemon=True
+            target=_child_entry, args=(str(request_path), str(log_path), os.getpid()), name=f"stage-{stage}",
+            daemon=True,
         )
         started = time.perf_counter()
         proc.start()
         with self._lock:
             self._running[proc.pid] = proc
-        tail.start()
+        for follow in follows:
+            follow.start()
         try:
             proc.join()
         finally:
@@ -70,7 +96,8 @@ class LocalExecutor:
                 self._running.pop(proc.pid, None)
             if proc.exitcode is None:  # interrupted while waiting: never leave a child behind
                 _stop(proc)
-            tail.stop()
+            for follow in follows:
+                follow.stop()
         outcome, signal = outcome_of(proc.exitcode)
         return ChildExit(
             exitcode=proc.exitcode,
@@ -78,19 +105,19 @@ class LocalExecutor:
             signal=signal,
             wall_s=time.perf_counter() - started,
             pid=proc.pid,
-            last_error=tail.last_error,
+            last_error=log_lines.last_error,
         )
 
     def running_pids(self) -> list[int]:
         with self._lock:
             return list(self._running)
 
-    def stop_all(self) -> None:
-        """Stop every child this executor started (SIGTERM, then SIGKILL)."""
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        """Stop every child this executor started (SIGTERM, then SIGKILL after ``grace_s``)."""
         with self._lock:
             procs = list(self._running.values())
         for proc in procs:
-            _stop(proc)
+            _stop(proc, grace_s)
 
 
 def _stop(proc, grace_s: float = 5.0) -> None:
@@ -104,15 +131,14 @@ def _stop(proc, grace_s: float = 5.0) -> None:
         proc.join()
 
 
-class _LogTail:
-    """Follows a child's log file and re-logs each line as ``[stage] line``."""
+class _Follow:
+    """Follows a file a child appends to, handing each complete line to ``on_line``."""
 
-    def __init__(self, stage: str, path: Path) -> None:
-        self.stage = stage
+    def __init__(self, path: Path, on_line: Callable[[str], None]) -> None:
         self.path = path
-        self.last_error: str | None = None
+        self.on_line = on_line
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._follow, name=f"tail-{stage}", daemon=True)
+        self._thread = threading.Thread(target=self._follow, name=f"follow-{path.name}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -130,15 +156,29 @@ class _LogTail:
                     pending += chunk
                     *lines, pending = pending.split("\n")
                     for line in lines:
-                        self._emit(line)
+                        self._safe(line)
                 elif self._done.is_set():
                     break
                 else:
                     time.sleep(0.05)
             if pending:
-                self._emit(pending)
+                self._safe(pending)
 
-    def _emit(self, line: str) -> None:
+    def _safe(self, line: str) -> None:
+        try:
+            self.on_line(line)
+        except Exception:  # noqa: BLE001 - a display problem must not stop the run
+            log.exception("while handling a line of %s", self.path)
+
+
+class _LogLines:
+    """Re-logs each line of a child's log as ``[stage] line`` at the child's level."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.last_error: str | None = None
+
+    def __call__(self, line: str) -> None:
         line = line.rstrip()
         if not line:
             return

@@ -11,8 +11,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import signal
+import threading
+import time
 import unicodedata
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,14 +27,15 @@ from contracts import (
     TranscriptArtifact,
     WorkItem,
     load_artifact,
-    load_model,
     save_model,
 )
 from contracts.errors import PipelineError
 from contracts.report import InputReport, ItemStage, RunReport, StageRun
 from orchestrator.executor import LocalExecutor
+from orchestrator.journal import JOURNAL_NAME, Journal
 from orchestrator.outputs import write_outputs
-from orchestrator.runner import StageRunner, StageSpec, fingerprint
+from orchestrator.progress import LogProgress, Progress
+from orchestrator.runner import StageRunner, StageSpec, current_artifact, fingerprint
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,15 +51,27 @@ class Input:
     id: str
     source: Path
     directory: Path
+    #: expected fingerprint of each stage's artifact, chained from the source's identity
+    fingerprints: dict[str, str] = field(default_factory=dict)
     error: str | None = None
     failed_stage: str | None = None
+    interrupted: bool = False
+    complete: bool = False
+    #: True when a stage child did real work for this input in this run
+    worked: bool = False
     stages: dict[str, ItemStage] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
     duration_s: float | None = None
 
     @property
     def alive(self) -> bool:
-        return self.error is None
+        return self.error is None and not self.interrupted
+
+    @property
+    def status(self) -> str:
+        if self.interrupted:
+            return "interrupted"
+        return "ok" if self.complete else "failed"
 
     def artifact(self, kind: str) -> Path:
         """Where this input's artifact of ``kind`` lives (decoded audio is scratch)."""
@@ -113,6 +130,8 @@ class Orchestrator:
     def __init__(self, settings: Settings | None = None, executor: LocalExecutor | None = None) -> None:
         self.settings = settings or Settings()
         self.executor = executor or LocalExecutor()
+        self._stopping = False
+        self._stop_file: Path | None = None
 
     def __enter__(self) -> Orchestrator:
         return self
@@ -126,7 +145,7 @@ class Orchestrator:
     def stage_specs(self) -> list[StageSpec]:
         s = self.settings
         return [
-            StageSpec("audio", "stages.audio", AudioArtifact, batch_size=1),
+            StageSpec("audio", "stages.audio", AudioArtifact, batch_size=1, keep=False),
             StageSpec("asr", "stages.asr", TranscriptArtifact, batch_size=s.asr_batch_size, settings={
                 "model": s.asr_model, "language": s.asr_language, "compute_type": s.asr_compute_type,
                 "allow_hub": s.allow_hub,
@@ -136,80 +155,172 @@ class Orchestrator:
             }),
         ]
 
-    def process(self, paths: list[str | Path]) -> RunReport:
-        """Process every input; a bad input fails alone. Writes and returns the run report."""
+    def stop(self) -> None:
+        """Ask for a graceful stop: each child finishes its current item, then the run ends."""
+        self._stopping = True
+        if self._stop_file is not None:
+            self._stop_file.touch()
+
+    def process(self, paths: list[str | Path], progress: Progress | None = None) -> RunReport:
+        """Process every input in chunks; a bad input fails alone. Writes and returns the run report.
+
+        Rerunning with the same output directory resumes: valid, current artifacts
+        are reused, missing/corrupt/stale ones are redone (``force`` redoes all).
+        """
+        progress = progress or LogProgress()
         started = datetime.now(timezone.utc)
+        clock = time.monotonic()
         out = Path(self.settings.output_dir)
         run_id = f"{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
         run_dir = out / ".runs" / run_id
         run_dir.mkdir(parents=True, exist_ok=True)
+        self._stopping, self._stop_file = False, run_dir / "STOP"
+        specs = self.stage_specs()
         sources = expand_inputs(paths)
         inputs = [Input(id=i, source=p, directory=out / i) for i, p in zip(item_ids(sources), sources)]
-        log.info("run %s: %d input(s) -> %s", run_id, len(inputs), out)
+        for inp in inputs:
+            upstream = _source_identity(inp.source)
+            for spec in specs:
+                upstream = inp.fingerprints[spec.name] = fingerprint(spec, upstream)
+        journal = Journal(out / JOURNAL_NAME, run_id)
+        completed = journal.completed()
+        resumed = sum(completed.get(inp.id) == inp.fingerprints[specs[-1].name] for inp in inputs)
+        size = self.settings.chunk_size
+        chunks = [inputs[i:i + size] for i in range(0, len(inputs), size)]
+        log.info("run %s: %d input(s) in %d chunk(s) of up to %d -> %s", run_id, len(inputs), len(chunks), size, out)
 
         runner = StageRunner(self.executor, run_dir, self.settings.child_env(), self.settings.device,
-                             self.settings.max_signal_retries)
+                             self.settings.max_signal_retries, stop_path=self._stop_file)
         stage_runs: list[StageRun] = []
-        previous: StageSpec | None = None
-        for spec in self.stage_specs():
-            alive = [inp for inp in inputs if inp.alive]
-            if not alive:
-                break
-            items = [self._work_item(spec, inp, previous) for inp in alive]
-            outcomes, stage_run = runner.run(spec, items)
-            stage_runs.append(stage_run)
-            for inp in alive:
-                o = outcomes[inp.id]
-                status = "reused" if o.reused else ("ok" if o.ok else "failed")
-                inp.stages[spec.name] = ItemStage(status=status, seconds=o.seconds, batch_size=o.batch_size,
-                                                  retries=o.retries, error=o.error)
-                if not o.ok:
-                    inp.error, inp.failed_stage = o.error, spec.name
-            previous = spec
-
+        progress.start(len(inputs), resumed, len(chunks))
+        hard_stop = False
+        try:
+            with self._ctrl_c():
+                for number, chunk in enumerate(chunks, start=1):
+                    if self._stopping:
+                        break
+                    self._run_chunk(number, chunk, specs, runner, journal, progress, stage_runs)
+        except KeyboardInterrupt:
+            hard_stop = True
+            self.executor.stop_all(grace_s=1.0)
         for inp in inputs:
-            if inp.alive:
-                self._finish(inp)
-        report = self._report(run_id, started, out, inputs, stage_runs)
+            if inp.alive and not inp.complete:
+                inp.interrupted = True
+        report = self._report(run_id, started, time.monotonic() - clock, out, inputs, stage_runs)
         save_model(report, out / REPORT_NAME)
         save_model(report, run_dir / REPORT_NAME)
-        log.info("run %s: %d ok, %d failed; report %s", run_id, report.ok, report.failed, out / REPORT_NAME)
+        progress.finish(report)
+        log.info("run %s: %d ok, %d failed, %d interrupted; report %s", run_id, report.ok, report.failed,
+                 report.interrupted, out / REPORT_NAME)
+        if hard_stop:
+            raise KeyboardInterrupt
         return report
+
+    def _run_chunk(self, number: int, chunk: list[Input], specs: list[StageSpec], runner: StageRunner,
+                   journal: Journal, progress: Progress, stage_runs: list[StageRun]) -> None:
+        """Stage-major: each stage runs in one child over all of the chunk's inputs that need it."""
+        needs = {inp.id: self._needs(inp, specs) for inp in chunk}
+        for index, spec in enumerate(specs):
+            if self._stopping:
+                return
+            previous = specs[index - 1] if index else None
+            alive = [inp for inp in chunk if inp.alive]
+            todo = [inp for inp in alive if needs[inp.id][spec.name]]
+            for inp in alive:
+                if not needs[inp.id][spec.name]:
+                    inp.stages[spec.name] = ItemStage(status="reused")
+            if not todo:
+                continue
+            progress.stage_started(number, spec.name, len(todo))
+            items = [self._work_item(spec, inp, previous) for inp in todo]
+            outcomes, stage_run = runner.run(spec, items, reuse=not self.settings.force, chunk=number,
+                                             on_item=progress.item_finished)
+            stage_runs.append(stage_run)
+            for inp in todo:
+                o = outcomes[inp.id]
+                status = "reused" if o.reused else "interrupted" if o.interrupted else "ok" if o.ok else "failed"
+                inp.stages[spec.name] = ItemStage(status=status, seconds=o.seconds, batch_size=o.batch_size,
+                                                  retries=o.retries, error=o.error)
+                inp.worked |= status == "ok"
+                if o.interrupted:
+                    inp.interrupted = True
+                elif not o.ok:
+                    inp.error, inp.failed_stage = o.error, spec.name
+                journal.record(inp.id, spec.name, status, fingerprint=inp.fingerprints[spec.name], error=o.error)
+        for inp in chunk:
+            if inp.alive:
+                self._finish(inp)
+                journal.record(inp.id, "outputs", "ok" if inp.complete else "failed",
+                               fingerprint=inp.fingerprints[specs[-1].name], error=inp.error)
+            if not inp.interrupted:
+                progress.input_finished(inp.complete, inp.duration_s or 0.0)
+
+    def _needs(self, inp: Input, specs: list[StageSpec]) -> dict[str, bool]:
+        """Which stages must run for ``inp``: a stage whose artifact is not current, if a kept artifact
+        depends on it. A later current artifact spares its upstream stages entirely."""
+        needs: dict[str, bool] = {}
+        downstream = False
+        for index in range(len(specs) - 1, -1, -1):
+            spec = specs[index]
+            item = self._work_item(spec, inp, specs[index - 1] if index else None)
+            current = not self.settings.force and current_artifact(item, spec.output) is not None
+            needs[spec.name] = not current and (spec.keep or downstream)
+            downstream = needs[spec.name]
+        return needs
+
+    @contextmanager
+    def _ctrl_c(self):
+        """First Ctrl-C: finish the current item, then stop. Second: stop the children now."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        presses = 0
+
+        def handler(signum, frame):
+            nonlocal presses
+            presses += 1
+            if presses == 1:
+                log.warning("Ctrl-C: finishing the current item, then stopping (Ctrl-C again to stop now)")
+                self.stop()
+            else:
+                log.warning("Ctrl-C again: stopping the stage children now")
+                raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def _work_item(self, spec: StageSpec, inp: Input, previous: StageSpec | None) -> WorkItem:
         if previous is None:
             inputs = {"source": str(inp.source)}
-            upstream = _source_identity(inp.source)
         else:
-            upstream_path = inp.artifact(previous.kind)
-            inputs = {previous.kind: str(upstream_path)}
-            # chain fingerprints, not file hashes: redoing a cheap upstream stage
-            # from the same source and settings keeps downstream artifacts current
-            upstream = load_model(upstream_path, previous.output).fingerprint
+            inputs = {previous.kind: str(inp.artifact(previous.kind))}
         return WorkItem(id=inp.id, inputs=inputs, output=str(inp.artifact(spec.kind)),
-                        fingerprint=fingerprint(spec, upstream))
+                        fingerprint=inp.fingerprints[spec.name])
 
     def _finish(self, inp: Input) -> None:
         import numpy as np  # numpy only: no model library in the parent
 
         try:
-            audio = load_artifact(inp.artifact("audio"), AudioArtifact)
             transcript = load_artifact(inp.artifact("transcript"), TranscriptArtifact)
             embeddings = load_artifact(inp.artifact("embeddings"), EmbeddingsArtifact)
             vectors = np.load(inp.directory / embeddings.sidecar, allow_pickle=False)
             inp.outputs = write_outputs(inp.directory, transcript, embeddings, vectors)
-            inp.duration_s = audio.duration_s
+            inp.duration_s = transcript.duration_s
         except (PipelineError, OSError, ValueError) as exc:
             inp.error, inp.failed_stage = f"writing outputs failed: {exc}", "outputs"
             return
+        inp.complete = True
         if not self.settings.keep_audio:
             shutil.rmtree(inp.directory / ".work", ignore_errors=True)
 
-    def _report(self, run_id: str, started: datetime, out: Path, inputs: list[Input],
+    def _report(self, run_id: str, started: datetime, wall_s: float, out: Path, inputs: list[Input],
                 stage_runs: list[StageRun]) -> RunReport:
         reports = [
             InputReport(
-                id=inp.id, source=str(inp.source), status="ok" if inp.alive else "failed", error=inp.error,
+                id=inp.id, source=str(inp.source), status=inp.status, error=inp.error,
                 failed_stage=inp.failed_stage, duration_s=inp.duration_s, outputs=inp.outputs, stages=inp.stages,
             )
             for inp in inputs
@@ -217,7 +328,13 @@ class Orchestrator:
         return RunReport(
             run_id=run_id, started_at=started, finished_at=datetime.now(timezone.utc), output_dir=str(out),
             settings=self.settings.model_dump(mode="json"), ok=sum(r.status == "ok" for r in reports),
-            failed=sum(r.status == "failed" for r in reports), inputs=reports, stages=stage_runs,
+            failed=sum(r.status == "failed" for r in reports),
+            interrupted=sum(r.status == "interrupted" for r in reports),
+            chunk_size=self.settings.chunk_size, chunks=-(-len(inputs) // self.settings.chunk_size),
+            audio_s=sum(inp.duration_s or 0.0 for inp in inputs if inp.complete), wall_s=wall_s,
+            throughput=worked_audio / wall_s if (worked_audio := sum(
+                inp.duration_s or 0.0 for inp in inputs if inp.complete and inp.worked)) and wall_s > 0 else None,
+            inputs=reports, stages=stage_runs,
         )
 
 

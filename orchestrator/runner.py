@@ -7,9 +7,18 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from contracts import Artifact, StageRequest, StageResult, WorkItem, load_artifact, load_model, save_model
+from contracts import (
+    Artifact,
+    ItemResult,
+    StageRequest,
+    StageResult,
+    WorkItem,
+    load_artifact,
+    load_model,
+    save_model,
+)
 from contracts.errors import ArtifactError
 from contracts.report import Attempt, StageRun
 from orchestrator.executor import LocalExecutor
@@ -27,6 +36,8 @@ class StageSpec:
     output: type[Artifact]
     batch_size: int = 1
     settings: dict[str, Any] = field(default_factory=dict)
+    #: False for scratch artifacts (decoded audio) that only feed the next stage
+    keep: bool = True
 
     @property
     def kind(self) -> str:
@@ -38,6 +49,8 @@ class StageSpec:
 class ItemOutcome:
     ok: bool
     reused: bool = False
+    #: not done because the run was stopped (Ctrl-C); a rerun resumes it
+    interrupted: bool = False
     error: str | None = None
     seconds: float = 0.0
     batch_size: int | None = None
@@ -71,30 +84,38 @@ class StageRunner:
     """Runs a stage's items in as many children as the retry policy allows."""
 
     def __init__(self, executor: LocalExecutor, run_dir: Path, env: dict[str, str], device: str,
-                 max_signal_retries: int) -> None:
+                 max_signal_retries: int, stop_path: Path | None = None) -> None:
         self.executor = executor
+        self.stop_path = stop_path
         self.run_dir = run_dir
         self.env = env
         self.device = device
         self.max_signal_retries = max_signal_retries
 
-    def run(self, spec: StageSpec, items: list[WorkItem]) -> tuple[dict[str, ItemOutcome], StageRun]:
+    def run(self, spec: StageSpec, items: list[WorkItem], *, reuse: bool = True, chunk: int = 1,
+            on_item: Callable[[str, ItemResult], None] | None = None) -> tuple[dict[str, ItemOutcome], StageRun]:
+        """Run ``items`` through ``spec`` until each is done or failed.
+
+        ``reuse=False`` (``--force``) redoes items even when their artifact is current;
+        ``on_item(stage, item_result)`` hears of each item a child finishes, as it finishes.
+        """
         outcomes: dict[str, ItemOutcome] = {}
         todo: list[WorkItem] = []
         for item in items:
-            if current_artifact(item, spec.output) is not None:
+            if reuse and current_artifact(item, spec.output) is not None:
                 outcomes[item.id] = ItemOutcome(ok=True, reused=True)
             else:
                 todo.append(item)
-        report = StageRun(stage=spec.name, reused=len(outcomes))
+        report = StageRun(stage=spec.name, chunk=chunk, reused=len(outcomes))
         attempts: list[Attempt] = []
         batch_size = spec.batch_size
         signal_retries = 0
         retries = 0
         while todo:
             attempt = len(attempts) + 1
+            name = f"{spec.name}-{attempt}" if chunk == 1 else f"chunk{chunk:03d}-{spec.name}-{attempt}"
             request = StageRequest(
-                request_id=f"{spec.name}-{attempt}",
+                request_id=name,
                 stage=spec.name,
                 module=spec.module,
                 items=todo,
@@ -102,16 +123,22 @@ class StageRunner:
                 device=self.device,
                 settings=spec.settings,
                 env=self.env,
-                result_path=str(self.run_dir / f"{spec.name}-{attempt}.result.json"),
+                result_path=str(self.run_dir / f"{name}.result.json"),
+                progress_path=str(self.run_dir / f"{name}.items.jsonl"),
+                stop_path=str(self.stop_path) if self.stop_path else None,
                 attempt=attempt,
             )
-            request_path = save_model(request, self.run_dir / f"{spec.name}-{attempt}.request.json")
+            request_path = save_model(request, self.run_dir / f"{name}.request.json")
             log.info("%s: starting child %d for %d item(s), batch size %d", spec.name, attempt, len(todo), batch_size)
-            done = self.executor.run(spec.name, request_path, self.run_dir / f"{spec.name}-{attempt}.log")
+            follow = None
+            if on_item is not None:
+                follow = (Path(request.progress_path), lambda line, stage=spec.name: on_item(stage, _item_line(line)))
+            done = self.executor.run(spec.name, request_path, self.run_dir / f"{name}.log", progress=follow)
             result = self._read_result(request, done.outcome)
             attempts.append(_attempt(attempt, batch_size, len(todo), done, result))
 
-            reported = {r.id: r for r in result.items} if result else {}
+            # what the child reported, from its result or, if it died first, from its progress lines
+            reported = {r.id: r for r in (result.items if result else _progress_items(request))}
             left: list[WorkItem] = []
             for item in todo:
                 item_result = reported.get(item.id)
@@ -125,6 +152,12 @@ class StageRunner:
                     left.append(item)
             todo = left
             if not todo:
+                break
+            if done.outcome is Outcome.INTERRUPTED:
+                log.warning("%s: stopped; %d item(s) left for the next run", spec.name, len(todo))
+                for item in todo:
+                    outcomes[item.id] = ItemOutcome(ok=False, interrupted=True, error="interrupted",
+                                                    batch_size=batch_size, retries=retries)
                 break
             decision = next_step(done.outcome, batch_size, signal_retries, self.max_signal_retries,
                                  signal=done.signal, stage=spec.name)
@@ -143,7 +176,7 @@ class StageRunner:
                 outcomes[item.id] = ItemOutcome(ok=False, error=reason, batch_size=batch_size, retries=retries)
             todo = []
         ok = sum(o.ok and not o.reused for o in outcomes.values())
-        failed = sum(not o.ok for o in outcomes.values())
+        failed = sum(not o.ok and not o.interrupted for o in outcomes.values())
         report = report.model_copy(update={
             "attempts": attempts, "ok": ok, "failed": failed, "wall_s": sum(a.wall_s for a in attempts),
         })
@@ -164,6 +197,25 @@ class StageRunner:
             log.error("%s: result %s answers another request (%s)", request.stage, path, result.request_id)
             return None
         return result
+
+
+def _item_line(line: str) -> ItemResult:
+    return ItemResult.model_validate_json(line)
+
+
+def _progress_items(request: StageRequest) -> list[ItemResult]:
+    """Items a dead child reported before dying (its last line may be cut short)."""
+    items = []
+    try:
+        lines = Path(request.progress_path).read_text(encoding="utf-8").splitlines()
+    except (OSError, TypeError):
+        return items
+    for line in lines:
+        try:
+            items.append(_item_line(line))
+        except ValueError:
+            continue
+    return items
 
 
 def _attempt(number: int, batch_size: int, items: int, done, result: StageResult | None) -> Attempt:

@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     #: fall back to the embedded model when the profile's model is unavailable
     embedding_fallback: bool = Field(True, validation_alias=_env("embedding_fallback", "EMBEDDING_FALLBACK"))
 
+    #: inputs per chunk: inside a chunk each stage runs in ONE child over all its inputs (model loaded
+    #: once), so every child is restarted at least every ``chunk_size`` inputs (seed 001: every 50 videos)
+    chunk_size: int = Field(50, ge=1, validation_alias=_env("chunk_size", "PIPELINE_CHUNK_SIZE"))
+    #: redo every stage even when a valid, current artifact exists
+    force: bool = Field(False, validation_alias=_env("force", "PIPELINE_FORCE"))
     #: respawns of a stage child killed by a signal before its items fail
     max_signal_retries: int = Field(2, ge=0, validation_alias=_env("max_signal_retries", "PIPELINE_MAX_SIGNAL_RETRIES"))
     #: keep the decoded audio (.work/audio.npy) after an input succeeds

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from contracts import (
     Artifact,
@@ -62,7 +63,8 @@ class Stage(ABC):
 
     # -- the shared loop -------------------------------------------------
 
-    def run(self, request: StageRequest) -> StageResult:
+    def run(self, request: StageRequest, on_item: Callable[[ItemResult], None] | None = None) -> StageResult:
+        """Load the model once, then process every item; ``on_item`` hears of each finished one."""
         started = time.perf_counter()
         self.import_libraries()
         imported = time.perf_counter()
@@ -74,8 +76,16 @@ class Stage(ABC):
             log.info("%s: loaded %s on %s (batch size %d)", self.name, model, device, request.batch_size)
         loaded = time.perf_counter()
         results: list[ItemResult] = []
+        stopped = None
         for item in request.items:
+            if request.stop_path and os.path.exists(request.stop_path):
+                stopped = "interrupted"
+                log.warning("%s: stopping before %s as asked (%d item(s) left)", self.name, item.id,
+                            len(request.items) - len(results))
+                break
             results.append(self._one(item, request))
+            if on_item is not None:
+                on_item(results[-1])
         finished = time.perf_counter()
         self.close()
         return StageResult(
@@ -89,6 +99,7 @@ class Stage(ABC):
             compute_s=finished - loaded,
             model=model,
             peak_rss_mb=peak_rss_mb(),
+            stopped=stopped,
         )
 
     def _one(self, item: WorkItem, request: StageRequest) -> ItemResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from importlib import import_module
 
@@ -25,6 +26,9 @@ LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 def main(request_path: str, log_path: str | None = None) -> None:
     """Run one stage request and leave the process with an :class:`ExitCode`."""
+    # Ctrl-C in a terminal reaches the whole process group; the parent decides what
+    # happens (it asks for a graceful stop with the request's stop file, or kills).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if log_path:
         _redirect_output(log_path)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr, force=True)
@@ -53,13 +57,25 @@ def run_request(request_path: str) -> ExitCode:
         stage = import_module(request.module).STAGE
         if not isinstance(stage, Stage):
             raise TypeError(f"{request.module}.STAGE is not a Stage")
-        result = stage.run(request)
+        result = stage.run(request, on_item=_progress_writer(request.progress_path))
         save_model(result, request.result_path)
     except BaseException as exc:  # noqa: BLE001 - every way out becomes an exit code
         return exit_code_for(exc, request.stage)
     failed = sum(not item.ok for item in result.items)
     log.info("%s: finished, %d ok, %d failed", request.stage, len(result.items) - failed, failed)
-    return ExitCode.OK
+    return ExitCode.INTERRUPTED if result.stopped == "interrupted" else ExitCode.OK
+
+
+def _progress_writer(path: str | None):
+    """Append each finished item as one JSON line (the parent follows the file)."""
+    if not path:
+        return None
+
+    def write(item) -> None:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(item.model_dump_json() + "\n")
+
+    return write
 
 
 def exit_code_for(exc: BaseException, stage: str) -> ExitCode:

@@ -21,9 +21,10 @@ def test_stage_module_exposes_one_stage_with_declared_types(name, module):
     assert issubclass(stage.output, Artifact)
     assert stage.input is None or issubclass(stage.input, Artifact)
     signature = inspect.signature(type(stage).run)
-    assert list(signature.parameters) == ["self", "request"]
+    assert list(signature.parameters) == ["self", "request", "on_item"]
     assert type(stage).run is Stage.run, "stages share the one item loop"
-    assert inspect.get_annotations(Stage.run, eval_str=True) == {"request": StageRequest, "return": StageResult}
+    annotations = inspect.get_annotations(Stage.run, eval_str=True)
+    assert (annotations["request"], annotations["return"]) == (StageRequest, StageResult)
 
 
 def test_pipeline_chains_outputs_to_inputs():

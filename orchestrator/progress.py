@@ -1,0 +1,142 @@
+"""Progress of a run: a rich display on a terminal, plain log lines otherwise, and the summary table.
+
+The orchestrator calls a :class:`Progress`; item events arrive from a thread
+that follows the stage child's progress file, as each item finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from contracts import ItemResult
+from contracts.report import RunReport
+
+log = logging.getLogger(__name__)
+
+
+class Progress:
+    """Counts what happened; subclasses show it. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.total = self.done = self.failed = 0
+        self.chunk = self.chunks = 0
+        self.stage = ""
+        self.stage_total = self.stage_done = 0
+        self.audio_s = 0.0
+        self.started = time.monotonic()
+
+    # -- events ------------------------------------------------------------
+    def start(self, total: int, resumed: int, chunks: int) -> None:
+        with self._lock:
+            self.total, self.chunks = total, chunks
+            self.started = time.monotonic()
+        self.show_start(resumed)
+
+    def stage_started(self, chunk: int, stage: str, items: int) -> None:
+        with self._lock:
+            self.chunk, self.stage, self.stage_total, self.stage_done = chunk, stage, items, 0
+        self.show()
+
+    def item_finished(self, stage: str, result: ItemResult) -> None:
+        with self._lock:
+            self.stage_done += 1
+        self.show()
+
+    def input_finished(self, ok: bool, audio_s: float) -> None:
+        with self._lock:
+            if ok:
+                self.done += 1
+                self.audio_s += audio_s
+            else:
+                self.failed += 1
+        self.show()
+
+    def finish(self, report: RunReport) -> None:
+        self.show_finish(report)
+
+    # -- derived -----------------------------------------------------------
+    def throughput(self) -> float:
+        """Hours of audio per hour of wall time so far."""
+        elapsed = time.monotonic() - self.started
+        return self.audio_s / elapsed if elapsed > 0 else 0.0
+
+    def line(self) -> str:
+        return (f"Progress: {self.done + self.failed}/{self.total} videos ({self.failed} failed) | "
+                f"chunk {self.chunk}/{self.chunks} {self.stage} {self.stage_done}/{self.stage_total} | "
+                f"{self.audio_s / 3600:.2f} h audio, {self.throughput():.1f} h/h")
+
+    # -- display hooks -------------------------------------------------------
+    def show_start(self, resumed: int) -> None:
+        pass
+
+    def show(self) -> None:
+        pass
+
+    def show_finish(self, report: RunReport) -> None:
+        pass
+
+
+class LogProgress(Progress):
+    """Plain log lines, for logs and pipes (seed 001 style)."""
+
+    def show_start(self, resumed: int) -> None:
+        if resumed:
+            log.info("resuming: %d of %d input(s) were already complete in this output directory", resumed, self.total)
+        log.info("%d input(s) in %d chunk(s)", self.total, self.chunks)
+
+    def show(self) -> None:
+        log.info("%s", self.line())
+
+
+class RichProgress(Progress):
+    """A live rich display for terminals."""
+
+    def __init__(self, console=None) -> None:
+        super().__init__()
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+        self.console = console or Console(stderr=True)
+        self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                       TimeElapsedColumn(), console=self.console, transient=False)
+        self.videos = self.bar.add_task("videos", total=None, info="")
+        self.current = self.bar.add_task("stage", total=None, info="")
+
+    def show_start(self, resumed: int) -> None:
+        self.bar.start()
+        self.bar.update(self.videos, total=self.total, completed=0)
+        if resumed:
+            self.console.log(f"resuming: {resumed} of {self.total} input(s) already complete")
+
+    def show(self) -> None:
+        with self._lock:
+            self.bar.update(self.videos, completed=self.done + self.failed,
+                            info=f"{self.failed} failed | {self.audio_s / 3600:.2f} h audio | {self.throughput():.1f} h/h")
+            self.bar.update(self.current, description=f"{self.stage} (chunk {self.chunk}/{self.chunks})",
+                            total=self.stage_total, completed=self.stage_done, info="")
+
+    def show_finish(self, report: RunReport) -> None:
+        self.bar.stop()
+
+
+def summary_table(report: RunReport):
+    """A rich Table of every input: status, stages, audio length, error."""
+    from rich.table import Table
+
+    table = Table(title=f"run {report.run_id}: {report.ok} ok, {report.failed} failed, {report.interrupted} interrupted",
+                  title_justify="left")
+    for column in ("input", "status", "audio", "asr", "embeddings", "error"):
+        table.add_column(column, overflow="fold")
+    for item in report.inputs:
+        stages = {name: f"{s.status} {s.seconds:.1f}s" + (f" x{s.retries + 1}" if s.retries else "")
+                  for name, s in item.stages.items()}
+        audio = f"{item.duration_s:.1f}s" if item.duration_s else "-"
+        style = {"ok": "green", "failed": "red", "interrupted": "yellow"}[item.status]
+        table.add_row(item.id, f"[{style}]{item.status}[/]", audio, stages.get("asr", "-"), stages.get("embeddings", "-"),
+                      item.error or "")
+    table.caption = (f"{report.audio_s / 3600:.2f} h audio in {report.wall_s:.0f} s"
+                     + (f", {report.throughput:.1f} h audio per hour" if report.throughput else ""))
+    return table
