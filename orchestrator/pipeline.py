@@ -81,15 +81,14 @@ class Input:
 
 
 def expand_inputs(paths: list[str | Path]) -> list[Path]:
-    """Files stay as given (missing ones too: they fail alone later); directories give their media files."""
+    """Files stay as given (missing ones too: they fail alone later); directories give their media
+    files in sorted order. A directory without media stays itself, to fail alone with that reason."""
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES)
-            if not found:
-                log.warning("no media files in directory %s", path)
-            out.extend(found)
+            out.extend(found or [path])
         else:
             out.append(path)
     return out

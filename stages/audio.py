@@ -12,6 +12,7 @@ from stages.base import Stage, save_array
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
+MEDIA_HINT = (".mp4", ".mkv", ".wav", ".mp3")
 
 
 class AudioStage(Stage):
@@ -49,7 +50,7 @@ def check_readable(path: Path) -> int:
     if not path.exists():
         raise InputError(f"file not found: {path}")
     if path.is_dir():
-        raise InputError(f"is a directory, not a media file: {path}")
+        raise InputError(f"directory without media files ({', '.join(sorted(MEDIA_HINT))}...): {path}")
     if not os.access(path, os.R_OK):
         raise InputError(f"permission denied: {path}")
     size = path.stat().st_size

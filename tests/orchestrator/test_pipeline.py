@@ -30,6 +30,8 @@ def test_directories_expand_to_their_media_files_in_stable_order(tmp_path):
         (tmp_path / name).write_bytes(b"x")
     assert [p.relative_to(tmp_path).as_posix() for p in expand_inputs([tmp_path])] == ["a.wav", "b.mp4", "sub/c.MKV"]
     assert expand_inputs([tmp_path / "missing.mp4"]) == [tmp_path / "missing.mp4"]
+    (tmp_path / "empty").mkdir()
+    assert expand_inputs([tmp_path / "empty"]) == [tmp_path / "empty"], "kept, to fail alone with a reason"
 
 
 RUN = """

@@ -73,7 +73,7 @@ def test_truncated_mp4_is_an_input_error(tmp_path, media):
 
 
 def test_directory_is_not_media(tmp_path):
-    with pytest.raises(InputError, match="is a directory"):
+    with pytest.raises(InputError, match="directory without media files"):
         from stages.audio import check_readable
 
         check_readable(tmp_path)
