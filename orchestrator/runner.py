@@ -113,7 +113,7 @@ class StageRunner:
         retries = 0
         while todo:
             attempt = len(attempts) + 1
-            name = f"{spec.name}-{attempt}" if chunk == 1 else f"chunk{chunk:03d}-{spec.name}-{attempt}"
+            name = f"chunk{chunk:03d}-{spec.name}-{attempt}"
             request = StageRequest(
                 request_id=name,
                 stage=spec.name,

@@ -20,7 +20,7 @@ def _runner(tmp_path, retries=2) -> StageRunner:
 
 
 def _request(tmp_path, name, attempt) -> StageRequest:
-    return load_model(tmp_path / "run" / f"{name}-{attempt}.request.json", StageRequest)
+    return load_model(tmp_path / "run" / f"chunk001-{name}-{attempt}.request.json", StageRequest)
 
 
 def _note(tmp_path, item_id) -> NoteArtifact:
@@ -40,7 +40,7 @@ def test_real_cpu_oom_is_recovered_by_halving_and_finished_items_are_kept(tmp_pa
     assert _note(tmp_path, "a").batch_size == 8 and _note(tmp_path, "b").batch_size == 8
     assert _note(tmp_path, "c").batch_size == 4 and _note(tmp_path, "c").pid != _note(tmp_path, "a").pid
     assert outcomes["c"].retries == 1 and outcomes["c"].batch_size == 4
-    assert "DefaultCPUAllocator" in (tmp_path / "run" / "memhog-1.log").read_text()
+    assert "DefaultCPUAllocator" in (tmp_path / "run" / "chunk001-memhog-1.log").read_text()
 
 
 def test_oom_at_batch_one_fails_with_advice(tmp_path):
