@@ -10,43 +10,15 @@ same stages run in one process (imports once, same model loads), and the ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-IN_PROCESS = r"""
-import json, sys, time
-t0 = time.perf_counter()
-from contracts import StageRequest, WorkItem
-from importlib import import_module
-out, sources = sys.argv[1], sys.argv[2:]
-from orchestrator import Orchestrator, Settings
-specs = Orchestrator(Settings(output_dir=out, embedding_profile="embedded")).stage_specs()
-timings, previous = {}, None
-for spec in specs:
-    items = []
-    for i, src in enumerate(sources):
-        inputs = {"source": src} if previous is None else {previous.kind: f"{out}/{i}/{previous.kind}.json"}
-        items.append(WorkItem(id=str(i), inputs=inputs, output=f"{out}/{i}/{spec.kind}.json", fingerprint="x"))
-    request = StageRequest(request_id=spec.name, stage=spec.name, module=spec.module, items=items,
-                           batch_size=spec.batch_size, device="cpu", settings=spec.settings, result_path=f"{out}/r.json")
-    s0 = time.perf_counter()
-    result = import_module(spec.module).STAGE.run(request)
-    assert all(r.ok for r in result.items), result.items
-    timings[spec.name] = {"wall_s": time.perf_counter() - s0, "import_s": result.import_s,
-                          "load_s": result.load_s, "compute_s": result.compute_s}
-    previous = spec
-timings["total_s"] = time.perf_counter() - t0
-print(json.dumps(timings))
-"""
-
+from bench.common import ROOT, copies, run_in_process  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -58,12 +30,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-isolation-"))
     try:
-        sources = []
-        for i in range(args.copies):
-            dst = work / "in" / f"copy{i:03d}{args.source.suffix}"
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(args.source, dst)
-            sources.append(str(dst))
+        sources = copies(args.source, work / "in", args.copies)
 
         t0 = time.perf_counter()
         with Orchestrator(Settings(output_dir=work / "isolated", embedding_profile="embedded", device="cpu")) as orch:
@@ -71,9 +38,7 @@ def main() -> None:
         isolated_total = time.perf_counter() - t0
         assert report.ok == args.copies, [i.error for i in report.inputs if i.error]
 
-        done = subprocess.run([sys.executable, "-c", IN_PROCESS, str(work / "inproc"), *sources],
-                              capture_output=True, text=True, cwd=ROOT, check=True)
-        inproc = json.loads(done.stdout.splitlines()[-1])
+        inproc = run_in_process(sources, work / "inproc")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

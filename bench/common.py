@@ -1,0 +1,56 @@
+"""Shared by the bench scripts: input copies and the one-process baseline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The same stage code as the isolated run, all stages in this one process:
+# imports once, one model load per stage, no children.
+IN_PROCESS = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from importlib import import_module
+from contracts import StageRequest, WorkItem
+from orchestrator import Orchestrator, Settings
+out, sources = sys.argv[1], sys.argv[2:]
+specs = Orchestrator(Settings(output_dir=out, embedding_profile="embedded")).stage_specs()
+timings, previous = {}, None
+for spec in specs:
+    items = []
+    for i, src in enumerate(sources):
+        inputs = {"source": src} if previous is None else {previous.kind: f"{out}/{i}/{previous.kind}.json"}
+        items.append(WorkItem(id=str(i), inputs=inputs, output=f"{out}/{i}/{spec.kind}.json", fingerprint="x"))
+    request = StageRequest(request_id=spec.name, stage=spec.name, module=spec.module, items=items,
+                           batch_size=spec.batch_size, device="cpu", settings=spec.settings, result_path=f"{out}/r.json")
+    s0 = time.perf_counter()
+    result = import_module(spec.module).STAGE.run(request)
+    assert all(r.ok for r in result.items), result.items
+    timings[spec.name] = {"wall_s": time.perf_counter() - s0, "import_s": result.import_s,
+                          "load_s": result.load_s, "compute_s": result.compute_s}
+    previous = spec
+timings["total_s"] = time.perf_counter() - t0
+print(json.dumps(timings))
+"""
+
+
+def copies(source: Path, directory: Path, count: int) -> list[str]:
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in range(count):
+        dst = directory / f"copy{i:03d}{source.suffix}"
+        shutil.copy(source, dst)
+        out.append(str(dst))
+    return out
+
+
+def run_in_process(sources: list[str], out: Path) -> dict:
+    """Run every stage over ``sources`` in one fresh Python process; return its timings."""
+    done = subprocess.run([sys.executable, "-c", IN_PROCESS, str(out), *sources],
+                          capture_output=True, text=True, cwd=ROOT, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
