@@ -15,7 +15,7 @@ from pathlib import Path
 
 from contracts import AudioArtifact, Segment, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
-from stages.base import Stage
+from stages.base import TorchStage
 from stages.memory import is_oom
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def default_compute_type(device: str) -> str:
     return "float16" if device.startswith("cuda") else "int8"
 
 
-class AsrStage(Stage):
+class AsrStage(TorchStage):
     name = "asr"
     input = AudioArtifact
     input_key = "audio"
@@ -51,11 +51,6 @@ class AsrStage(Stage):
         import numpy as np
         import torch
         import whisperx.asr as whisperx_asr
-
-    def resolve_device(self, requested: str) -> str:
-        if requested == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return requested
 
     def load(self, request: StageRequest, device: str) -> str:
         requested = str(request.setting("model", EMBEDDED))

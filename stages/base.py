@@ -134,6 +134,17 @@ class Stage(ABC):
             raise InputError(f"upstream artifact unusable: {exc}") from exc
 
 
+class TorchStage(Stage):
+    """A stage whose model runs on torch: "auto" means CUDA when this child sees a GPU."""
+
+    def resolve_device(self, requested: str) -> str:
+        if requested != "auto":
+            return requested
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def save_array(path: Path, array) -> str:
     """Write a numpy array as ``.npy`` atomically; return the file's sha256."""
     import hashlib

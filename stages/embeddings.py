@@ -15,7 +15,7 @@ from pathlib import Path
 
 from contracts import EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
-from stages.base import Stage, save_array
+from stages.base import TorchStage, save_array
 from stages.memory import is_oom
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def resolve_model(profile: str) -> str:
     return PROFILES.get(profile, profile)
 
 
-class EmbeddingsStage(Stage):
+class EmbeddingsStage(TorchStage):
     name = "embeddings"
     input = TranscriptArtifact
     input_key = "transcript"
@@ -51,11 +51,6 @@ class EmbeddingsStage(Stage):
         import numpy as np
         import torch
         from sentence_transformers import SentenceTransformer
-
-    def resolve_device(self, requested: str) -> str:
-        if requested == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return requested
 
     def load(self, request: StageRequest, device: str) -> str:
         self.profile = str(request.setting("profile", "speed"))
