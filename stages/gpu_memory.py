@@ -27,19 +27,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from contracts import StageRequest
-from contracts.perf import PERF_LOG_ENV, MemoryCheckpoint, PerfEvent, append_event
+from contracts.perf import (
+    EVERY_ITEM_ENV,
+    NOTICE_ENV,
+    PERF_LOG_ENV,
+    TF32_ENV,
+    WARNING_ENV,
+    MemoryCheckpoint,
+    PerfEvent,
+    append_event,
+)
 from stages.memory import peak_rss_mb
 
 log = logging.getLogger(__name__)
 
 MIB = 1024**2
 GIB_IN_MIB = 1024.0
-
-#: names in ``StageRequest.env``, filled by the parent from its settings
-NOTICE_ENV = "PIPELINE_MEMORY_NOTICE_PCT"
-WARNING_ENV = "PIPELINE_MEMORY_WARNING_PCT"
-EVERY_ITEM_ENV = "PIPELINE_MEMORY_EVERY_ITEM"
-TF32_ENV = "PIPELINE_TF32"
 
 _TRUE = {"1", "true", "yes", "on"}
 

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 
 from contracts import StageRequest, WorkItem
-from contracts.perf import PERF_LOG_ENV, MemoryCheckpoint, read_events
-from stages.gpu_memory import (
+from contracts.perf import (
     EVERY_ITEM_ENV,
     NOTICE_ENV,
+    PERF_LOG_ENV,
     TF32_ENV,
     WARNING_ENV,
-    MemoryOptions,
-    format_checkpoint,
-    pressure,
+    MemoryCheckpoint,
+    read_events,
 )
+from stages.gpu_memory import MemoryOptions, format_checkpoint, pressure
 from tests.conftest import MEDIA, ROOT
 from tests.fixtures.stages import PICKY
 
