@@ -17,7 +17,10 @@ from pathlib import Path
 
 import multiprocess
 
+from contracts import ExitCode
+from orchestrator.gpu import StageGpuCheck
 from orchestrator.outcome import Outcome, outcome_of
+from orchestrator.watch import ChildWatch
 
 log = logging.getLogger(__name__)
 child_log = logging.getLogger("orchestrator.child")
@@ -41,19 +44,27 @@ class ChildExit:
     pid: int | None
     #: the child's last ERROR line, for one-line failure messages
     last_error: str | None
+    #: what NVML saw of the child (None without NVML, or on the CPU)
+    gpu: StageGpuCheck | None = None
 
 
 class LocalExecutor:
     """Runs each stage request in a spawned child on this machine."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: ChildWatch | None = None) -> None:
         self._ctx = multiprocess.get_context("spawn")
         self._running: dict[int, object] = {}
         self._lock = threading.Lock()
+        #: pid files, GPU checks and performance log around each child (orchestrator.watch)
+        self.watch = watch if watch is not None else ChildWatch.default()
 
     def run(self, stage: str, request_path: Path, log_path: Path) -> ChildExit:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
+        watching = self.watch.before(stage, request_path)
+        if watching.refused:  # not enough free GPU memory: fail the items with the reason, start nothing
+            return ChildExit(exitcode=int(ExitCode.FAILED), outcome=Outcome.ERROR, signal=None, wall_s=0.0, pid=None,
+                             last_error=watching.refused)
         tail = _LogTail(stage, log_path)
         proc = self._ctx.Process(
             target=_child_entry, args=(str(request_path), str(log_path)), name=f"stage-{stage}", daemon=True
@@ -62,6 +73,7 @@ class LocalExecutor:
         proc.start()
         with self._lock:
             self._running[proc.pid] = proc
+        self.watch.started(watching, proc.pid)
         tail.start()
         try:
             proc.join()
@@ -71,14 +83,17 @@ class LocalExecutor:
             if proc.exitcode is None:  # interrupted while waiting: never leave a child behind
                 _stop(proc)
             tail.stop()
-        outcome, signal = outcome_of(proc.exitcode)
+            outcome, signal = outcome_of(proc.exitcode)
+            wall_s = time.perf_counter() - started
+            gpu = self.watch.exited(watching, outcome.value, wall_s)
         return ChildExit(
             exitcode=proc.exitcode,
             outcome=outcome,
             signal=signal,
-            wall_s=time.perf_counter() - started,
+            wall_s=wall_s,
             pid=proc.pid,
             last_error=tail.last_error,
+            gpu=gpu,
         )
 
     def running_pids(self) -> list[int]:
