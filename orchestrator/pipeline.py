@@ -30,8 +30,11 @@ from contracts.errors import PipelineError
 from contracts.report import InputReport, ItemStage, RunReport, StageRun
 from orchestrator.executor import LocalExecutor
 from orchestrator.outputs import write_outputs
+from orchestrator.perf_log import child_env as perf_log_env
 from orchestrator.runner import StageRunner, StageSpec, fingerprint
 from orchestrator.settings import Settings
+from orchestrator.vram import resolve_auto
+from orchestrator.watch import ChildWatch
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +115,7 @@ class Orchestrator:
 
     def __init__(self, settings: Settings | None = None, executor: LocalExecutor | None = None) -> None:
         self.settings = settings or Settings()
-        self.executor = executor or LocalExecutor()
+        self.executor = executor or LocalExecutor(ChildWatch.from_settings(self.settings))
 
     def __enter__(self) -> Orchestrator:
         return self
@@ -124,7 +127,7 @@ class Orchestrator:
         self.executor.stop_all()
 
     def stage_specs(self) -> list[StageSpec]:
-        s = self.settings
+        s = resolve_auto(self.settings)  # asr_model / batch sizes "auto" -> values for the GPU at hand
         return [
             StageSpec("audio", "stages.audio", AudioArtifact, batch_size=1),
             StageSpec("asr", "stages.asr", TranscriptArtifact, batch_size=s.asr_batch_size, settings={
@@ -147,7 +150,8 @@ class Orchestrator:
         inputs = [Input(id=i, source=p, directory=out / i) for i, p in zip(item_ids(sources), sources)]
         log.info("run %s: %d input(s) -> %s", run_id, len(inputs), out)
 
-        runner = StageRunner(self.executor, run_dir, self.settings.child_env(), self.settings.device,
+        runner = StageRunner(self.executor, run_dir, self.settings.child_env() | perf_log_env(out, run_id),
+                             self.settings.device,
                              self.settings.max_signal_retries)
         stage_runs: list[StageRun] = []
         previous: StageSpec | None = None
