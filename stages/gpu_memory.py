@@ -137,9 +137,9 @@ def read_checkpoint(point: str, device: str) -> MemoryCheckpoint:
         )
     import psutil
 
-    return MemoryCheckpoint(
-        point=point, t=now, kind="cpu", rss_mb=psutil.Process().memory_info().rss / MIB, peak_rss_mb=peak_rss_mb(),
-    )
+    rss = psutil.Process().memory_info().rss / MIB
+    # the kernel updates the high-water mark lazily: never report a peak below the current value
+    return MemoryCheckpoint(point=point, t=now, kind="cpu", rss_mb=rss, peak_rss_mb=max(rss, peak_rss_mb()))
 
 
 def configure_cuda(device: str, tf32: bool) -> bool:
