@@ -88,6 +88,8 @@ class PerfEvent(Strict):
     # gpu sample / gpu check (NVML, parent's view)
     gpu_index: int | None = None
     device_used_mib: float | None = None
+    #: gpu_check: device usage before the child started
+    baseline_used_mib: float | None = None
     device_total_mib: float | None = None
     process_mib: float | None = None
     process_peak_mib: float | None = None

@@ -120,6 +120,7 @@ class ChildWatch:
             fields |= {"gpu_index": check.index, "process_peak_mib": check.process_peak_mib}
             watching.perf.emit("gpu_check", stage=watching.stage, attempt=request.attempt, pid=watching.pid,
                                gpu_index=check.index, device_used_mib=check.after_used_mib,
+                               baseline_used_mib=check.baseline_used_mib,
                                process_mib=check.tree_after_mib, leak=check.leak)
         watching.perf.emit("stage_end", stage=watching.stage, attempt=request.attempt, pid=watching.pid,
                            outcome=outcome, wall_s=wall_s, **fields)
