@@ -38,8 +38,9 @@ class Settings(BaseSettings):
     asr_model: str = Field("embedded", validation_alias=_env("asr_model", "ASR_MODEL"))
     #: spoken language; None: English for ".en" models, detected otherwise
     asr_language: str | None = Field(None, validation_alias=_env("asr_language", "ASR_LANGUAGE"))
-    #: CTranslate2 compute type; "auto": float16 on CUDA, int8 on CPU
-    asr_compute_type: str = Field("auto", validation_alias=_env("asr_compute_type", "ASR_COMPUTE_TYPE"))
+    #: CTranslate2 compute type; "auto": float16 on CUDA, int8 on CPU; int8_float16 halves float16's weights on GPU
+    asr_compute_type: Literal["auto", "default", "float16", "bfloat16", "float32", "int8", "int8_float16",
+                              "int8_bfloat16", "int8_float32", "int16"] = Field("auto", validation_alias=_env("asr_compute_type", "ASR_COMPUTE_TYPE"))
     #: whisperX batch of 30 s windows; halved on out-of-memory
     asr_batch_size: BatchSize = Field(16, validation_alias=_env("asr_batch_size", "ASR_BATCH_SIZE"))
 

@@ -33,6 +33,13 @@ def test_unset_cuda_visible_devices_is_not_invented(monkeypatch):
     assert "CUDA_VISIBLE_DEVICES" not in Settings().child_env()
 
 
+def test_asr_compute_type_accepts_ctranslate2_types_and_rejects_typos(monkeypatch):
+    monkeypatch.setenv("ASR_COMPUTE_TYPE", "int8_float16")
+    assert Settings().asr_compute_type == "int8_float16"
+    with pytest.raises(ValidationError):
+        Settings(asr_compute_type="fp16")
+
+
 def test_warning_threshold_below_notice_is_rejected():
     with pytest.raises(ValidationError, match="memory_notice_pct"):
         Settings(memory_notice_pct=80, memory_warning_pct=70)
