@@ -30,5 +30,9 @@ class ModelUnavailableError(StageError):
     """A requested model is neither embedded, on disk nor in the hub cache."""
 
 
+class GpuMemoryError(StageError):
+    """A stage cannot start: its GPU has less free memory than it needs (names who holds it)."""
+
+
 class SettingsError(PipelineError):
     """Settings or command-line options are invalid."""

@@ -28,6 +28,14 @@ class Attempt(Strict):
     device: str | None = None
     peak_rss_mb: float | None = None
     pid: int | None = None
+    #: torch.cuda.max_memory_allocated of the child, MiB (None on the CPU)
+    peak_vram_mb: float | None = None
+    #: NVML, parent's view: the child's peak MiB on its GPU, and what our process tree held after it exited
+    #: (0.0 proves everything came back); None without NVML
+    gpu_process_peak_mib: float | None = None
+    gpu_tree_after_mib: float | None = None
+    #: the leak error, when memory did not come back
+    gpu_leak: str | None = None
 
 
 class StageRun(Strict):

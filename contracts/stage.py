@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field, JsonValue, model_validator
 
 from contracts.artifacts import Strict
+from contracts.perf import MemoryCheckpoint
 
 
 class WorkItem(Strict):
@@ -89,5 +90,10 @@ class StageResult(Strict):
     #: the model actually used, if the stage has one
     model: str | None = None
     peak_rss_mb: float | None = None
+    #: torch.cuda.max_memory_allocated / max_memory_reserved of the child, MiB (None on the CPU)
+    peak_vram_mb: float | None = None
+    peak_vram_reserved_mb: float | None = None
+    #: memory at "before model load", "model loaded", (after each item when asked) and "before exit"
+    checkpoints: list[MemoryCheckpoint] = Field(default_factory=list)
     #: set when the child stopped early (e.g. out of memory) after writing some items
     stopped: str | None = None

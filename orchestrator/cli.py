@@ -88,6 +88,62 @@ def process(
     raise typer.Exit(ExitCode.OK if report.failed == 0 else ExitCode.FAILED)
 
 
+@app.command()
+def gpu(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    cleanup: Annotated[bool, typer.Option("--cleanup", help="Stop this project's orphaned stage children (pid files with start times, never by name).")] = False,
+    pid_dir: Annotated[Optional[Path], typer.Option(help="Pid files of stage children [env PIPELINE_PID_DIR].")] = None,
+) -> None:
+    """GPU devices and the processes holding VRAM (NVML: no CUDA context); exit 0 also without a GPU."""
+    import json
+
+    from rich.console import Console
+
+    from orchestrator import Settings
+    from orchestrator.children import ChildRegistry
+    from orchestrator.gpu import NvmlReader
+    from orchestrator.gpu_status import as_json, render, render_cleanup
+
+    setup_logging(False)
+    registry = ChildRegistry(pid_dir or Settings().pid_dir)
+    done = registry.cleanup() if cleanup else None
+    snapshot = NvmlReader().read()
+    if json_out:
+        typer.echo(json.dumps(as_json(snapshot, registry, done), indent=2))
+        return
+    console = Console(soft_wrap=True)
+    console.print(render(snapshot, registry))
+    if done is not None:
+        console.print(render_cleanup(done, registry))
+
+
+@app.command()
+def report(
+    run: Annotated[Path, typer.Argument(help="performance_logs/<run>.jsonl, an output directory (newest run) or OUT/.runs/<run>.")],
+    png: Annotated[Optional[Path], typer.Option(help="Where to write the plot [default: next to the log].")] = None,
+) -> None:
+    """Summary table of a run's performance log, and a PNG of memory over time per stage."""
+    from rich.console import Console
+
+    from contracts.errors import SettingsError
+    from orchestrator.perf_report import build, table
+
+    setup_logging(False)
+    try:
+        built = build(run, png)
+    except SettingsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    console = Console(width=max(Console().width, 200))  # 13 columns: do not squeeze them when piped
+    console.print(table(built.summaries, title=f"run {built.log.stem}"))
+    peaks = built.peaks
+    if peaks.device_peak_mib is not None or peaks.largest_stage_mib is not None:
+        device = "—" if peaks.device_peak_mib is None else f"{peaks.device_peak_mib / 1024:.2f} GiB"
+        largest = "—" if peaks.largest_stage_mib is None else f"{peaks.largest_stage_mib / 1024:.2f} GiB ({peaks.largest_stage})"
+        console.print(f"peak VRAM of the run (device, NVML): {device}; largest single stage: {largest}")
+    console.print(f"log: {built.log}\nplot: {built.png}")
+
+
 def main() -> None:
     app()
 

@@ -22,7 +22,10 @@ from typing import Callable
 
 import multiprocess
 
+from contracts import ExitCode
+from orchestrator.gpu import StageGpuCheck
 from orchestrator.outcome import Outcome, outcome_of
+from orchestrator.watch import ChildWatch
 
 log = logging.getLogger(__name__)
 child_log = logging.getLogger("orchestrator.child")
@@ -30,12 +33,13 @@ child_log = logging.getLogger("orchestrator.child")
 _LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
 
 
-def _child_entry(request_path: str, log_path: str, parent_pid: int) -> None:
+def _child_entry(request_path: str, log_path: str, parent_pid: int | None) -> None:
     """Spawn target: runs in the child only; the parent never imports stage code."""
     from importlib import import_module
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C for the whole run
-    _die_with_parent(parent_pid)
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
     import_module("stages.child").main(request_path, log_path)
 
 
@@ -59,34 +63,46 @@ class ChildExit:
     pid: int | None
     #: the child's last ERROR line, for one-line failure messages
     last_error: str | None
+    #: what NVML saw of the child (None without NVML, or on the CPU)
+    gpu: StageGpuCheck | None = None
 
 
 class LocalExecutor:
     """Runs each stage request in a spawned child on this machine."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: ChildWatch | None = None, die_with_parent: bool = True) -> None:
+        """``die_with_parent``: children get SIGKILL when this process dies (Linux); without it, a
+        killed parent leaves orphans that only ``pipeline gpu --cleanup`` stops."""
         self._ctx = multiprocess.get_context("spawn")
+        self.die_with_parent = die_with_parent
         self._running: dict[int, object] = {}
         self._lock = threading.Lock()
+        #: pid files, GPU checks and performance log around each child (orchestrator.watch)
+        self.watch = watch if watch is not None else ChildWatch.default()
 
     def run(self, stage: str, request_path: Path, log_path: Path,
             progress: tuple[Path, Callable[[str], None]] | None = None) -> ChildExit:
         """Run one request in a fresh child and wait; ``progress`` = (file, callback per line it gains)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
+        watching = self.watch.before(stage, request_path)
+        if watching.refused:  # not enough free GPU memory: fail the items with the reason, start nothing
+            return ChildExit(exitcode=int(ExitCode.FAILED), outcome=Outcome.ERROR, signal=None, wall_s=0.0, pid=None,
+                             last_error=watching.refused)
         log_lines = _LogLines(stage)
         follows = [_Follow(log_path, log_lines)]
         if progress is not None:
             progress[0].touch()
             follows.append(_Follow(*progress))
         proc = self._ctx.Process(
-            target=_child_entry, args=(str(request_path), str(log_path), os.getpid()), name=f"stage-{stage}",
+            target=_child_entry, args=(str(request_path), str(log_path), os.getpid() if self.die_with_parent else None), name=f"stage-{stage}",
             daemon=True,
         )
         started = time.perf_counter()
         proc.start()
         with self._lock:
             self._running[proc.pid] = proc
+        self.watch.started(watching, proc.pid)
         for follow in follows:
             follow.start()
         try:
@@ -98,14 +114,17 @@ class LocalExecutor:
                 _stop(proc)
             for follow in follows:
                 follow.stop()
-        outcome, signal = outcome_of(proc.exitcode)
+            outcome, signal = outcome_of(proc.exitcode)
+            wall_s = time.perf_counter() - started
+            gpu = self.watch.exited(watching, outcome.value, wall_s)
         return ChildExit(
             exitcode=proc.exitcode,
             outcome=outcome,
             signal=signal,
-            wall_s=time.perf_counter() - started,
+            wall_s=wall_s,
             pid=proc.pid,
             last_error=log_lines.last_error,
+            gpu=gpu,
         )
 
     def running_pids(self) -> list[int]:

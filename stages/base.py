@@ -23,6 +23,7 @@ from contracts import (
 )
 from contracts.errors import ArtifactError
 from contracts.io import atomic_write_bytes
+from stages.gpu_memory import MemoryCheckpoints
 from stages.memory import is_oom, peak_rss_mb
 
 log = logging.getLogger(__name__)
@@ -71,23 +72,32 @@ class Stage(ABC):
         device = self.resolve_device(request.device)
         self.batch_size = request.batch_size
         self.device = device
+        memory = MemoryCheckpoints(self.name, device, request)  # TF32 where supported; checkpoints (#5)
+        memory.check("before model load")
         model = self.load(request, device)
         if model is not None:
             log.info("%s: loaded %s on %s (batch size %d)", self.name, model, device, request.batch_size)
+        memory.check("model loaded")
         loaded = time.perf_counter()
         results: list[ItemResult] = []
         stopped = None
-        for item in request.items:
-            if request.stop_path and os.path.exists(request.stop_path):
-                stopped = "interrupted"
-                log.warning("%s: stopping before %s as asked (%d item(s) left)", self.name, item.id,
-                            len(request.items) - len(results))
-                break
-            results.append(self._one(item, request))
-            if on_item is not None:
-                on_item(results[-1])
+        try:
+            for number, item in enumerate(request.items, 1):
+                if request.stop_path and os.path.exists(request.stop_path):
+                    stopped = "interrupted"
+                    log.warning("%s: stopping before %s as asked (%d item(s) left)", self.name, item.id,
+                                len(request.items) - len(results))
+                    break
+                results.append(self._one(item, request))
+                if on_item is not None:
+                    on_item(results[-1])
+                memory.after_item(number, len(request.items))
+        except BaseException:
+            memory.check_quietly("at failure")  # e.g. out of memory: what the child held when it stopped
+            raise
         finished = time.perf_counter()
         self.close()
+        memory.check("before exit")
         return StageResult(
             request_id=request.request_id,
             stage=self.name,
@@ -100,6 +110,7 @@ class Stage(ABC):
             model=model,
             peak_rss_mb=peak_rss_mb(),
             stopped=stopped,
+            **memory.result_fields(),
         )
 
     def _one(self, item: WorkItem, request: StageRequest) -> ItemResult:

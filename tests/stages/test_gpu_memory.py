@@ -1,0 +1,149 @@
+"""Memory checkpoints inside stage children: log format, thresholds, RSS on the CPU, no torch import for it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from contracts import StageRequest, WorkItem
+from contracts.perf import (
+    EVERY_ITEM_ENV,
+    NOTICE_ENV,
+    PERF_LOG_ENV,
+    TF32_ENV,
+    WARNING_ENV,
+    MemoryCheckpoint,
+    read_events,
+)
+from stages.gpu_memory import MemoryOptions, format_checkpoint, pressure
+from tests.conftest import MEDIA, ROOT
+from tests.fixtures.stages import PICKY
+
+GIB = 1024.0  # MiB
+
+
+def test_gpu_line_matches_the_seed_format_exactly():
+    # Given torch's numbers for a 24 GiB card with 7.23 GiB allocated (seed 000's "Before Whisper Cleanup")
+    cp = MemoryCheckpoint(point="model loaded", t=0.0, kind="gpu", allocated_mb=7.23 * GIB, reserved_mb=8.5 * GIB,
+                          free_mb=15.1 * GIB, total_mb=24 * GIB)
+    # Then the line is the one users grep for
+    assert format_checkpoint("asr", cp) == (
+        "[GPU Memory] asr model loaded: Allocated: 7.23GB (30.1%) | Reserved: 8.50GB (35.4%) | "
+        "Free: 15.10GB | Total: 24.00GB"
+    )
+
+
+def test_cpu_line_says_it_is_rss_not_vram():
+    cp = MemoryCheckpoint(point="before exit", t=0.0, kind="cpu", rss_mb=0.5 * GIB, peak_rss_mb=1.25 * GIB)
+    assert format_checkpoint("embeddings", cp) == (
+        "[CPU Memory] embeddings before exit: RSS: 0.50GB | Peak RSS: 1.25GB (CPU run: process RSS, not VRAM)"
+    )
+
+
+@pytest.mark.parametrize(("pct", "expected"), [
+    (10.0, None), (70.0, None), (70.1, "NOTICE"), (85.0, "NOTICE"), (85.1, "WARNING"), (99.9, "WARNING"),
+])
+def test_thresholds_are_strictly_above_70_and_85(pct, expected):
+    got = pressure(pct)
+    assert (got[1].split(":")[0] if got else None) == expected
+    if expected == "WARNING":
+        assert got == (logging.WARNING, f"WARNING: GPU memory usage is critically high ({pct:.1f}%). "
+                                        "Consider reducing batch size or using a smaller model.")
+    if expected == "NOTICE":
+        assert got[1] == f"NOTICE: GPU memory usage is elevated ({pct:.1f}%). Monitor for potential OOM conditions."
+
+
+def test_thresholds_come_from_the_request_environment():
+    options = MemoryOptions.from_env({NOTICE_ENV: "50", WARNING_ENV: "60", EVERY_ITEM_ENV: "1", TF32_ENV: "0",
+                                      PERF_LOG_ENV: "/x/run.jsonl"})
+    assert options == MemoryOptions(notice_pct=50, warning_pct=60, every_item=True, tf32=False, perf_log="/x/run.jsonl")
+    assert pressure(55, options.notice_pct, options.warning_pct)[1].startswith("NOTICE")
+    assert pressure(61, options.notice_pct, options.warning_pct)[1].startswith("WARNING")
+    assert MemoryOptions.from_env({}) == MemoryOptions()
+
+
+def _request(tmp_path, env, items=("a", "b")) -> StageRequest:
+    return StageRequest(
+        request_id="picky-1", stage="picky", module="tests.fixtures.stages_picky", batch_size=2, device="cpu",
+        env=env, result_path=str(tmp_path / "result.json"),
+        items=[WorkItem(id=i, inputs={"source": "good"}, output=str(tmp_path / i / "note.json"), fingerprint="fp")
+               for i in items],
+    )
+
+
+def test_stage_loop_takes_cpu_checkpoints_logs_them_and_appends_them_to_the_perf_log(tmp_path, caplog):
+    perf = tmp_path / "performance_logs" / "run.jsonl"
+    caplog.set_level(logging.INFO, logger="stages.gpu_memory")
+    # When a stage runs on the CPU with per-item checkpoints asked for
+    result = PICKY.run(_request(tmp_path, {PERF_LOG_ENV: str(perf), EVERY_ITEM_ENV: "1"}))
+    # Then every checkpoint is in the result, in order, measured as RSS
+    points = ["before model load", "model loaded", "after item 1/2", "after item 2/2", "before exit"]
+    assert [c.point for c in result.checkpoints] == points
+    assert all(c.kind == "cpu" and c.rss_mb > 10 and c.peak_rss_mb >= c.rss_mb * 0.5 for c in result.checkpoints)
+    assert result.peak_vram_mb is None
+    # and logged in the CPU format
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[CPU Memory]")]
+    assert [line.split(":")[0] for line in lines] == [f"[CPU Memory] picky {p}" for p in points]
+    # and appended to the performance log as checkpoint events
+    events = read_events(perf)
+    assert [(e.event, e.stage, e.attempt, e.point) for e in events] == [("checkpoint", "picky", 1, p) for p in points]
+
+
+def test_without_the_setting_there_is_no_per_item_checkpoint_and_no_perf_log(tmp_path):
+    result = PICKY.run(_request(tmp_path, {}))
+    assert [c.point for c in result.checkpoints] == ["before model load", "model loaded", "before exit"]
+    assert not list(tmp_path.rglob("*.jsonl"))
+
+
+AUDIO_CHILD = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO)
+from contracts import StageRequest, WorkItem
+from stages.audio import STAGE
+req = StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1, device="cuda",
+                   result_path=sys.argv[2], items=[WorkItem(id="s", inputs={"source": sys.argv[1]},
+                   output=sys.argv[3], fingerprint="fp")])
+STAGE.import_libraries()
+result = STAGE.run(req)
+print(json.dumps({"torch": "torch" in sys.modules, "kinds": [c.kind for c in result.checkpoints],
+                  "ok": result.items[0].ok}))
+"""
+
+
+def test_audio_stage_is_measured_without_importing_torch_even_when_asked_for_cuda(tmp_path):
+    # Given the audio stage (PyAV, no torch) asked to run on "cuda"
+    done = subprocess.run([sys.executable, "-c", AUDIO_CHILD, str(MEDIA / "speech.wav"), str(tmp_path / "r.json"),
+                           str(tmp_path / "audio.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    # Then its checkpoints are RSS readings and torch was never imported for them
+    assert seen == {"torch": False, "kinds": ["cpu", "cpu", "cpu"], "ok": True}
+    assert "[CPU Memory] audio model loaded: RSS: " in done.stderr
+
+
+def _cuda() -> bool:
+    """Cheap check (no torch import at collection): an NVIDIA driver's device node exists."""
+    return Path("/dev/nvidiactl").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_on_a_gpu_checkpoints_see_a_real_allocation_and_the_peak(tmp_path):
+    from tests.fixtures.stages_gpu import TENSOR
+
+    TENSOR.import_libraries()
+    request = StageRequest(
+        request_id="t", stage="tensor", module="tests.fixtures.stages_tensor", batch_size=1, device="cuda",
+        result_path=str(tmp_path / "r.json"), env={EVERY_ITEM_ENV: "1"},
+        items=[WorkItem(id="a", inputs={"source": "512"}, output=str(tmp_path / "a.json"), fingerprint="fp")],
+    )
+    result = TENSOR.run(request)
+    before, after = result.checkpoints[0], result.checkpoints[2]
+    assert before.kind == after.kind == "gpu"
+    assert after.allocated_mb - before.allocated_mb >= 512
+    assert result.peak_vram_mb >= 512
