@@ -32,3 +32,9 @@ def wer(reference: str, hypothesis: str) -> float:
 @pytest.fixture(scope="session")
 def media() -> Path:
     return MEDIA
+
+
+@pytest.fixture(autouse=True)
+def _own_pid_dir(tmp_path_factory, monkeypatch):
+    """Stage children started by tests (also through subprocesses) register in a test-only pid dir."""
+    monkeypatch.setenv("PIPELINE_PID_DIR", str(tmp_path_factory.getbasetemp() / "pids"))
