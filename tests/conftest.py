@@ -34,7 +34,9 @@ def media() -> Path:
     return MEDIA
 
 
-@pytest.fixture(autouse=True)
-def _own_pid_dir(tmp_path_factory, monkeypatch):
+@pytest.fixture(autouse=True, scope="session")
+def _own_pid_dir(tmp_path_factory):
     """Stage children started by tests (also through subprocesses) register in a test-only pid dir."""
-    monkeypatch.setenv("PIPELINE_PID_DIR", str(tmp_path_factory.getbasetemp() / "pids"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PIPELINE_PID_DIR", str(tmp_path_factory.getbasetemp() / "pids"))
+        yield
