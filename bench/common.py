@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,14 @@ def copies(source: Path, directory: Path, count: int) -> list[str]:
 
 
 def run_in_process(sources: list[str], out: Path) -> dict:
-    """Run every stage over ``sources`` in one fresh Python process; return its timings."""
+    """Run every stage over ``sources`` in one fresh Python process; return its timings.
+
+    It gets the environment stage children get (offline hub, allocator settings),
+    so both sides do the same work.
+    """
+    from orchestrator import Settings
+
+    env = os.environ | Settings().child_env()
     done = subprocess.run([sys.executable, "-c", IN_PROCESS, str(out), *sources],
-                          capture_output=True, text=True, cwd=ROOT, check=True)
+                          capture_output=True, text=True, cwd=ROOT, check=True, env=env)
     return json.loads(done.stdout.splitlines()[-1])

@@ -33,14 +33,14 @@ child_log = logging.getLogger("orchestrator.child")
 _LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
 
 
-def _child_entry(request_path: str, log_path: str, parent_pid: int | None) -> None:
+def _child_entry(request_path: str, log_path: str, parent_pid: int | None, module: str | None = None) -> None:
     """Spawn target: runs in the child only; the parent never imports stage code."""
     from importlib import import_module
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C for the whole run
     if parent_pid is not None:
         _die_with_parent(parent_pid)
-    import_module("stages.child").main(request_path, log_path)
+    import_module("stages.child").main(request_path, log_path, module)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -52,6 +52,20 @@ def _die_with_parent(parent_pid: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+@dataclass
+class WarmChild:
+    """A child started before its request exists: it imports its stage's libraries, then waits.
+
+    It loads no model and touches no GPU until the request file appears, so it can
+    import while the previous stage computes, hiding seconds of import per stage.
+    """
+
+    stage: str
+    request_path: Path
+    log_path: Path
+    proc: object
 
 
 @dataclass(frozen=True)
@@ -80,13 +94,41 @@ class LocalExecutor:
         #: pid files, GPU checks and performance log around each child (orchestrator.watch)
         self.watch = watch if watch is not None else ChildWatch.default()
 
+    def warm_up(self, stage: str, module: str, request_path: Path, log_path: Path) -> WarmChild:
+        """Start the child for a request that will be written at ``request_path`` later (see :class:`WarmChild`)."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.touch()
+        proc = self._spawn(stage, request_path, log_path, module)
+        log.debug("%s: warm child %d importing ahead of its request", stage, proc.pid)
+        return WarmChild(stage, request_path, log_path, proc)
+
+    def cancel(self, warm: WarmChild) -> None:
+        """Stop a warm child whose request will never come."""
+        with self._lock:
+            self._running.pop(warm.proc.pid, None)
+        _stop(warm.proc, grace_s=2.0)
+
+    def _spawn(self, stage: str, request_path: Path, log_path: Path, module: str | None = None):
+        parent = os.getpid() if self.die_with_parent else None
+        proc = self._ctx.Process(target=_child_entry, args=(str(request_path), str(log_path), parent, module),
+                                 name=f"stage-{stage}", daemon=True)
+        proc.start()
+        with self._lock:
+            self._running[proc.pid] = proc
+        return proc
+
     def run(self, stage: str, request_path: Path, log_path: Path,
-            progress: tuple[Path, Callable[[str], None]] | None = None) -> ChildExit:
-        """Run one request in a fresh child and wait; ``progress`` = (file, callback per line it gains)."""
+            progress: tuple[Path, Callable[[str], None]] | None = None, warm: WarmChild | None = None) -> ChildExit:
+        """Run one request in a fresh child (or in ``warm``, started for it) and wait.
+
+        ``progress`` = (file, callback per line it gains).
+        """
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
         watching = self.watch.before(stage, request_path)
         if watching.refused:  # not enough free GPU memory: fail the items with the reason, start nothing
+            if warm is not None:
+                self.cancel(warm)
             return ChildExit(exitcode=int(ExitCode.FAILED), outcome=Outcome.ERROR, signal=None, wall_s=0.0, pid=None,
                              last_error=watching.refused)
         log_lines = _LogLines(stage)
@@ -94,14 +136,8 @@ class LocalExecutor:
         if progress is not None:
             progress[0].touch()
             follows.append(_Follow(*progress))
-        proc = self._ctx.Process(
-            target=_child_entry, args=(str(request_path), str(log_path), os.getpid() if self.die_with_parent else None), name=f"stage-{stage}",
-            daemon=True,
-        )
         started = time.perf_counter()
-        proc.start()
-        with self._lock:
-            self._running[proc.pid] = proc
+        proc = warm.proc if warm is not None else self._spawn(stage, request_path, log_path)
         self.watch.started(watching, proc.pid)
         for follow in follows:
             follow.start()

@@ -222,33 +222,46 @@ class Orchestrator:
                    journal: Journal, progress: Progress, stage_runs: list[StageRun]) -> None:
         """Stage-major: each stage runs in one child over all of the chunk's inputs that need it."""
         needs = {inp.id: self._needs(inp, specs) for inp in chunk}
-        for index, spec in enumerate(specs):
-            if self._stopping:
-                return
-            previous = specs[index - 1] if index else None
-            alive = [inp for inp in chunk if inp.alive]
-            todo = [inp for inp in alive if needs[inp.id][spec.name]]
-            for inp in alive:
-                if not needs[inp.id][spec.name]:
-                    inp.stages[spec.name] = ItemStage(status="reused")
-            if not todo:
-                continue
-            progress.stage_started(number, spec.name, len(todo))
-            items = [self._work_item(spec, inp, previous) for inp in todo]
-            outcomes, stage_run = runner.run(spec, items, reuse=not self.settings.force, chunk=number,
-                                             on_item=progress.item_finished)
-            stage_runs.append(stage_run)
-            for inp in todo:
-                o = outcomes[inp.id]
-                status = "reused" if o.reused else "interrupted" if o.interrupted else "ok" if o.ok else "failed"
-                inp.stages[spec.name] = ItemStage(status=status, seconds=o.seconds, batch_size=o.batch_size,
-                                                  retries=o.retries, error=o.error)
-                inp.worked |= status == "ok"
-                if o.interrupted:
-                    inp.interrupted = True
-                elif not o.ok:
-                    inp.error, inp.failed_stage = o.error, spec.name
-                journal.record(inp.id, spec.name, status, fingerprint=inp.fingerprints[spec.name], error=o.error)
+        warm = None
+        try:
+            for index, spec in enumerate(specs):
+                if self._stopping:
+                    return
+                previous = specs[index - 1] if index else None
+                alive = [inp for inp in chunk if inp.alive]
+                todo = [inp for inp in alive if needs[inp.id][spec.name]]
+                for inp in alive:
+                    if not needs[inp.id][spec.name]:
+                        inp.stages[spec.name] = ItemStage(status="reused")
+                if not todo:
+                    if warm is not None:
+                        runner.executor.cancel(warm)
+                        warm = None
+                    continue
+                following = specs[index + 1] if index + 1 < len(specs) else None
+                next_warm = None
+                if self.settings.prefetch and following and any(needs[i.id][following.name] for i in alive):
+                    next_warm = runner.warm_up(following, number)
+                progress.stage_started(number, spec.name, len(todo))
+                items = [self._work_item(spec, inp, previous) for inp in todo]
+                outcomes, stage_run = runner.run(spec, items, reuse=not self.settings.force, chunk=number,
+                                                 on_item=progress.item_finished, warm=warm)
+                warm = next_warm
+                stage_runs.append(stage_run)
+                for inp in todo:
+                    o = outcomes[inp.id]
+                    status = "reused" if o.reused else "interrupted" if o.interrupted else "ok" if o.ok else "failed"
+                    inp.stages[spec.name] = ItemStage(status=status, seconds=o.seconds, batch_size=o.batch_size,
+                                                      retries=o.retries, error=o.error)
+                    inp.worked |= status == "ok"
+                    if o.interrupted:
+                        inp.interrupted = True
+                    elif not o.ok:
+                        inp.error, inp.failed_stage = o.error, spec.name
+                    journal.record(inp.id, spec.name, status, fingerprint=inp.fingerprints[spec.name], error=o.error)
+        finally:
+            if warm is not None:
+                runner.executor.cancel(warm)
         for inp in chunk:
             if inp.alive:
                 self._finish(inp)

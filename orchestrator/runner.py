@@ -21,7 +21,7 @@ from contracts import (
 )
 from contracts.errors import ArtifactError
 from contracts.report import Attempt, StageRun
-from orchestrator.executor import LocalExecutor
+from orchestrator.executor import LocalExecutor, WarmChild
 from orchestrator.outcome import Outcome, next_step
 
 log = logging.getLogger(__name__)
@@ -92,12 +92,24 @@ class StageRunner:
         self.device = device
         self.max_signal_retries = max_signal_retries
 
+    @staticmethod
+    def _name(spec: StageSpec, chunk: int, attempt: int) -> str:
+        return f"chunk{chunk:03d}-{spec.name}-{attempt}"
+
+    def warm_up(self, spec: StageSpec, chunk: int) -> WarmChild:
+        """Start the first child of ``spec`` for ``chunk`` now, to import while the previous stage runs."""
+        name = self._name(spec, chunk, 1)
+        return self.executor.warm_up(spec.name, spec.module, self.run_dir / f"{name}.request.json",
+                                     self.run_dir / f"{name}.log")
+
     def run(self, spec: StageSpec, items: list[WorkItem], *, reuse: bool = True, chunk: int = 1,
-            on_item: Callable[[str, ItemResult], None] | None = None) -> tuple[dict[str, ItemOutcome], StageRun]:
+            on_item: Callable[[str, ItemResult], None] | None = None,
+            warm: WarmChild | None = None) -> tuple[dict[str, ItemOutcome], StageRun]:
         """Run ``items`` through ``spec`` until each is done or failed.
 
         ``reuse=False`` (``--force``) redoes items even when their artifact is current;
-        ``on_item(stage, item_result)`` hears of each item a child finishes, as it finishes.
+        ``on_item(stage, item_result)`` hears of each item a child finishes, as it finishes;
+        ``warm``, from :meth:`warm_up`, becomes the first child (it is stopped if there is nothing to do).
         """
         outcomes: dict[str, ItemOutcome] = {}
         todo: list[WorkItem] = []
@@ -113,7 +125,7 @@ class StageRunner:
         retries = 0
         while todo:
             attempt = len(attempts) + 1
-            name = f"chunk{chunk:03d}-{spec.name}-{attempt}"
+            name = self._name(spec, chunk, attempt)
             request = StageRequest(
                 request_id=name,
                 stage=spec.name,
@@ -133,7 +145,9 @@ class StageRunner:
             follow = None
             if on_item is not None:
                 follow = (Path(request.progress_path), lambda line, stage=spec.name: on_item(stage, _item_line(line)))
-            done = self.executor.run(spec.name, request_path, self.run_dir / f"{name}.log", progress=follow)
+            done = self.executor.run(spec.name, request_path, self.run_dir / f"{name}.log", progress=follow,
+                                     warm=warm if attempt == 1 else None)
+            warm = None
             result = self._read_result(request, done.outcome)
             attempts.append(_attempt(attempt, batch_size, len(todo), done, result))
 
@@ -175,6 +189,8 @@ class StageRunner:
             for item in todo:
                 outcomes[item.id] = ItemOutcome(ok=False, error=reason, batch_size=batch_size, retries=retries)
             todo = []
+        if warm is not None:  # every item was reused: the warm child has no request coming
+            self.executor.cancel(warm)
         ok = sum(o.ok and not o.reused for o in outcomes.values())
         failed = sum(not o.ok and not o.interrupted for o in outcomes.values())
         report = report.model_copy(update={

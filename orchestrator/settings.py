@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     #: inputs per chunk: inside a chunk each stage runs in ONE child over all its inputs (model loaded
     #: once), so every child is restarted at least every ``chunk_size`` inputs (seed 001: every 50 videos)
     chunk_size: int = Field(50, ge=1, validation_alias=_env("chunk_size", "PIPELINE_CHUNK_SIZE"))
+    #: start each stage's child while the previous stage computes, so its imports (seconds of
+    #: torch/whisperx/transformers) overlap; it loads no model and touches no GPU until its turn
+    prefetch: bool = Field(True, validation_alias=_env("prefetch", "PIPELINE_PREFETCH"))
     #: redo every stage even when a valid, current artifact exists
     force: bool = Field(False, validation_alias=_env("force", "PIPELINE_FORCE"))
     #: respawns of a stage child killed by a signal before its items fail
@@ -108,6 +111,8 @@ class Settings(BaseSettings):
         env = {
             "PYTORCH_CUDA_ALLOC_CONF": self.cuda_alloc_conf,
             "TOKENIZERS_PARALLELISM": "false",
+            # torch.cuda.is_available() through NVML: no CUDA initialisation while a warm child waits
+            "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
             "CUDA_DEVICE_ORDER": self.cuda_device_order,
             NOTICE_ENV: str(self.memory_notice_pct),
             WARNING_ENV: str(self.memory_warning_pct),

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from importlib import import_module
 
 from contracts import ExitCode, StageRequest, load_model, save_model
@@ -24,14 +25,20 @@ log = logging.getLogger("stages.child")
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
-def main(request_path: str, log_path: str | None = None) -> None:
-    """Run one stage request and leave the process with an :class:`ExitCode`."""
+def main(request_path: str, log_path: str | None = None, warm_module: str | None = None) -> None:
+    """Run one stage request and leave the process with an :class:`ExitCode`.
+
+    With ``warm_module``, import that stage's libraries first and then wait for the
+    request file to appear (the parent writes it when the previous stage is done).
+    """
     # Ctrl-C in a terminal reaches the whole process group; the parent decides what
     # happens (it asks for a graceful stop with the request's stop file, or kills).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if log_path:
         _redirect_output(log_path)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr, force=True)
+    if warm_module:
+        _import_ahead(warm_module, request_path)
     code = run_request(request_path)
     logging.shutdown()
     sys.stdout.flush()
@@ -40,6 +47,14 @@ def main(request_path: str, log_path: str | None = None) -> None:
     # CUDA teardown can take seconds; the OS reclaims all memory (and the GPU
     # driver the whole CUDA context) when the process ends.
     os._exit(int(code))
+
+
+def _import_ahead(module: str, request_path: str) -> None:
+    started = time.perf_counter()
+    import_module(module).STAGE.import_libraries()  # no model, no CUDA context yet
+    log.info("%s: imported ahead in %.2fs, waiting for the request", module, time.perf_counter() - started)
+    while not os.path.exists(request_path):  # written atomically: present means complete
+        time.sleep(0.02)
 
 
 def run_request(request_path: str) -> ExitCode:

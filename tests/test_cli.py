@@ -93,12 +93,15 @@ def test_each_bad_input_fails_alone_with_a_one_line_reason(run):
     assert speech["asr"]["batch_size"] == 16 and speech["asr"]["retries"] == 0
     asr_run = next(s for s in report["stages"] if s["stage"] == "asr")
     assert asr_run["attempts"][0]["outcome"] == "ok" and asr_run["attempts"][0]["load_s"] > 0
+    assert asr_run["attempts"][0]["import_s"] < 1.0, "whisperX was imported before the request came"
 
 
 @pytest.mark.slow
 def test_child_logs_reach_the_parent_log_with_the_stage_name(run):
     done, _ = run
     assert "[asr] stages.child: asr: pid" in done.stderr
+    # the ASR child was started while the audio stage ran, and imported whisperX ahead of its request
+    assert "[asr] stages.child: stages.asr: imported ahead in" in done.stderr
     assert "[embeddings] stages.embeddings: embeddings: model 'BAAI/bge-small-en-v1.5'" in done.stderr
 
 

@@ -99,3 +99,19 @@ def test_valid_current_artifacts_are_reused_and_stale_ones_redone(tmp_path):
     outcomes, report = _runner(tmp_path / "again").run(spec, items)
     assert outcomes["x"].reused and not outcomes["y"].reused and outcomes["y"].ok
     assert report.reused == 1 and [len(_request(tmp_path / "again", "picky", 1).items)] == [1]
+
+
+def test_warm_child_becomes_the_first_child_or_is_stopped_when_nothing_is_left(tmp_path):
+    runner = _runner(tmp_path)
+    spec = StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact)
+    items = _items(tmp_path, {"x": "1"})
+    warm = runner.warm_up(spec, chunk=1)
+    outcomes, report = runner.run(spec, items, warm=warm)
+    assert outcomes["x"].ok and report.attempts[0].pid == warm.proc.pid
+    assert "imported ahead" in (tmp_path / "run" / "chunk001-picky-1.log").read_text()
+
+    again = _runner(tmp_path / "again")
+    warm = again.warm_up(spec, chunk=1)
+    outcomes, report = again.run(spec, items, warm=warm)  # x is current: no request will come
+    assert outcomes["x"].reused and report.attempts == []
+    assert warm.proc.exitcode is not None, "the warm child was stopped"
