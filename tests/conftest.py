@@ -32,3 +32,16 @@ def wer(reference: str, hypothesis: str) -> float:
 @pytest.fixture(scope="session")
 def media() -> Path:
     return MEDIA
+
+
+@pytest.fixture(scope="session")
+def reference_model():
+    """all-MiniLM-L6-v2 loaded in the test process: what the API's worker children must match."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    from stages.embeddings import embedded_model_path
+
+    return SentenceTransformer(str(embedded_model_path()), device="cpu")
