@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -43,5 +45,50 @@ def test_oom_at_batch_size_1_fails_the_request_with_advice(tmp_path):
         assert getattr(caught.value, "status", None) == 503
         assert "even at batch size 1" in str(caught.value)
         assert pool.metrics.oom_retries.value(profile="embedded") == 1  # 2 -> 1, then give up
+    finally:
+        pool.close()
+
+
+def test_idle_worker_is_stopped_and_a_later_request_starts_a_fresh_one(tmp_path):
+    from orchestrator.client import Client
+    from orchestrator.server import start_in_thread
+
+    import psutil
+
+    # Given a server whose workers stop after 1.5 s without work
+    server = start_in_thread(Settings(server_dir=tmp_path, port=0, worker_idle_s=1.5))
+    try:
+        with Client(server.url) as api:
+            api.embed("first", model="embedded")
+            pid = next(w.pid for w in api.health().workers if w.profile == "embedded")
+            assert psutil.pid_exists(pid)
+            # When nothing arrives for longer than the idle timeout
+            deadline = time.monotonic() + 30
+            while psutil.pid_exists(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            # Then the worker process is gone (its memory, and on a GPU its CUDA context, went back)
+            assert not psutil.pid_exists(pid)
+            worker = next(w for w in api.health().workers if w.profile == "embedded")
+            assert not worker.running and worker.pid is None
+            assert 'isostage_worker_stops_total{profile="embedded",reason="idle"} 1' in api.metrics()
+            # And the next request is served by a new worker
+            assert len(api.embed(["again", "and again"], model="embedded").data) == 2
+            assert next(w.pid for w in api.health().workers if w.profile == "embedded") not in (None, pid)
+    finally:
+        server.stop()
+
+
+def test_worker_is_recycled_after_n_micro_batches(tmp_path):
+    settings = Settings(server_dir=tmp_path, worker_recycle_after=2, embed_max_wait_ms=0)
+    pool = EmbeddingPool(settings)
+    try:
+        pids = []
+        for text in ("one", "two", "three"):
+            pool.embed("embedded", [text]).result(timeout=300)
+            pids.append(pool.worker("embedded").pid)
+        # two micro-batches on the first worker, which is then recycled; the third starts a new one
+        assert pids[0] is not None and pids[1] is None and pids[2] not in (None, pids[0])
+        assert pool.metrics.worker_restarts.value(profile="embedded", reason="recycle") == 1
+        assert pool.metrics.worker_starts.value(profile="embedded") == 2
     finally:
         pool.close()
