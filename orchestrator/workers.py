@@ -369,19 +369,21 @@ class ProfileWorker:
     def _deliver(self, parts: list[_Part], reply: Embedded, worker: _Process) -> None:
         rows = np.frombuffer(reply.vectors, dtype="<f4").reshape(reply.count, reply.dimension)
         model = worker.ready.model if worker.ready else self.profile
+        worker.batches += 1
+        recycle = bool(self.settings.worker_recycle_after) and worker.batches >= self.settings.worker_recycle_after
+        if recycle:  # detached before the answers go out: whoever sees them sees the worker gone
+            self._worker = None
+        self.metrics.batch_size.observe(reply.count, profile=self.profile)
+        self.metrics.texts.inc(reply.count, profile=self.profile)
+        self.metrics.batch_seconds.inc(reply.seconds, profile=self.profile)
         offset = 0
         for part in parts:
             part.request.fill(part.start, rows[offset:offset + part.count], reply.tokens[offset:offset + part.count], model)
             offset += part.count
-        worker.batches += 1
-        self.metrics.batch_size.observe(reply.count, profile=self.profile)
-        self.metrics.texts.inc(reply.count, profile=self.profile)
-        self.metrics.batch_seconds.inc(reply.seconds, profile=self.profile)
-        recycle = self.settings.worker_recycle_after
-        if recycle and worker.batches >= recycle:
+        if recycle:
             log.info("%s: recycling worker pid %s after %d micro-batches", self.name, worker.pid, worker.batches)
             self.metrics.worker_restarts.inc(profile=self.profile, reason="recycle")
-            self._stop_worker("recycle")
+            self._stop_process(worker, "recycle")
 
     def _crashed(self, parts: list[_Part], exc: WorkerDied) -> None:
         outcome, sig = outcome_of(exc.exitcode) if exc.exitcode is not None else (Outcome.KILLED, None)
@@ -450,8 +452,10 @@ class ProfileWorker:
 
     def _stop_worker(self, reason: str) -> None:
         worker, self._worker = self._worker, None
-        if worker is None:
-            return
+        if worker is not None:
+            self._stop_process(worker, reason)
+
+    def _stop_process(self, worker: _Process, reason: str) -> None:
         log.info("%s: stopping worker pid %s (%s)", self.name, worker.pid, reason)
         worker.stop()
         self.cap = self.settings.embed_max_batch  # a fresh worker starts from the configured cap again

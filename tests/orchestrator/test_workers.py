@@ -63,14 +63,15 @@ def test_idle_worker_is_stopped_and_a_later_request_starts_a_fresh_one(tmp_path)
             pid = next(w.pid for w in api.health().workers if w.profile == "embedded")
             assert psutil.pid_exists(pid)
             # When nothing arrives for longer than the idle timeout
+            stopped = 'isostage_worker_stops_total{profile="embedded",reason="idle"} 1'
             deadline = time.monotonic() + 30
-            while psutil.pid_exists(pid) and time.monotonic() < deadline:
+            while (psutil.pid_exists(pid) or stopped not in api.metrics()) and time.monotonic() < deadline:
                 time.sleep(0.1)
             # Then the worker process is gone (its memory, and on a GPU its CUDA context, went back)
             assert not psutil.pid_exists(pid)
+            assert stopped in api.metrics()
             worker = next(w for w in api.health().workers if w.profile == "embedded")
             assert not worker.running and worker.pid is None
-            assert 'isostage_worker_stops_total{profile="embedded",reason="idle"} 1' in api.metrics()
             # And the next request is served by a new worker
             assert len(api.embed(["again", "and again"], model="embedded").data) == 2
             assert next(w.pid for w in api.health().workers if w.profile == "embedded") not in (None, pid)
