@@ -36,3 +36,16 @@ class GpuMemoryError(StageError):
 
 class SettingsError(PipelineError):
     """Settings or command-line options are invalid."""
+
+
+class ApiError(PipelineError):
+    """The HTTP API answered with an error (status and OpenAI-style error body)."""
+
+    def __init__(self, status: int, message: str, type: str = "server_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        super().__init__(f"HTTP {status} {type}: {message}")

@@ -144,6 +144,37 @@ def report(
     console.print(f"log: {built.log}\nplot: {built.png}")
 
 
+@app.command()
+def serve(
+    host: Annotated[Optional[str], typer.Option(help="Address to bind [env PIPELINE_HOST, default 127.0.0.1]; any other than loopback needs a token.")] = None,
+    port: Annotated[Optional[int], typer.Option(min=0, max=65535, help="[env PIPELINE_PORT, default 8000]")] = None,
+    token: Annotated[Optional[str], typer.Option(help="Require 'Authorization: Bearer TOKEN' on every request but /health [env PIPELINE_API_TOKEN].")] = None,
+    input_root: Annotated[Optional[list[Path]], typer.Option("--input-root", help="Directory jobs may read from (repeatable) [env PIPELINE_INPUT_ROOTS, ':'-separated]; none: jobs are refused.")] = None,
+    server_dir: Annotated[Optional[Path], typer.Option(help="Job state, job outputs and worker logs [env PIPELINE_SERVER_DIR, default ./server].")] = None,
+    embedding_profile: Annotated[Optional[str], typer.Option(help="Embedding profile of jobs [env EMBEDDING_PROFILE].")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """HTTP API: OpenAI-compatible POST /v1/embeddings, POST/GET /v1/jobs, GET /health, GET /metrics."""
+    from contracts.errors import SettingsError
+    from orchestrator import Settings
+    from orchestrator.server import serve as run_server
+
+    setup_logging(verbose)
+    overrides = {"host": host, "port": port, "api_token": token, "input_roots": input_root, "server_dir": server_dir,
+                 "embedding_profile": embedding_profile}
+    try:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+        settings.check_serve()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        typer.echo(f"error: invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    except SettingsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    run_server(settings)
+
+
 def main() -> None:
     app()
 

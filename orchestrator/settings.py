@@ -7,11 +7,13 @@ kept (``EMBEDDING_BATCH_SIZE``, ``EMBEDDING_PROFILE``, ...).
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contracts.perf import EVERY_ITEM_ENV, NOTICE_ENV, TF32_ENV, WARNING_ENV
 
@@ -92,6 +94,61 @@ class Settings(BaseSettings):
     cuda_visible_devices: str | None = Field(None, validation_alias=_env("cuda_visible_devices", "CUDA_VISIBLE_DEVICES"))
     #: PCI_BUS_ID makes cuda:N the GPU that nvidia-smi and NVML call N
     cuda_device_order: str = Field("PCI_BUS_ID", validation_alias=_env("cuda_device_order", "CUDA_DEVICE_ORDER"))
+
+    # -- HTTP API (issue 6): `pipeline serve` ------------------------------------
+    #: address to bind; anything but loopback requires api_token
+    host: str = Field("127.0.0.1", min_length=1, validation_alias=_env("host", "PIPELINE_HOST"))
+    port: int = Field(8000, ge=0, le=65535, validation_alias=_env("port", "PIPELINE_PORT"))
+    #: when set, every request but GET /health needs ``Authorization: Bearer <token>``
+    api_token: SecretStr | None = Field(None, validation_alias=_env("api_token", "PIPELINE_API_TOKEN"))
+    #: the server's state: jobs/<id>/ (job.json + outputs) and workers/ (embedding worker logs)
+    server_dir: Path = Field(Path("server"), validation_alias=_env("server_dir", "PIPELINE_SERVER_DIR"))
+    #: directories jobs may read from (env: separated by ':'); none: POST /v1/jobs is refused
+    input_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list, validation_alias=_env("input_roots", "PIPELINE_INPUT_ROOTS"))
+    #: largest request body accepted (413 above)
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, validation_alias=_env("max_body_bytes", "PIPELINE_MAX_BODY_BYTES"))
+    #: most texts in one embeddings request (OpenAI: 2048)
+    max_inputs: int = Field(2048, ge=1, validation_alias=_env("max_inputs", "EMBEDDING_MAX_INPUTS"))
+    #: longest text accepted, in characters (the model itself truncates at its max sequence length)
+    max_input_chars: int = Field(32_768, ge=1, validation_alias=_env("max_input_chars", "EMBEDDING_MAX_INPUT_CHARS"))
+    #: largest micro-batch a worker encodes at once (texts from concurrent requests are batched up to it)
+    embed_max_batch: int = Field(32, ge=1, validation_alias=_env("embed_max_batch", "EMBEDDING_MAX_BATCH"))
+    #: how long the oldest waiting text may wait for the micro-batch to fill (latency budget)
+    embed_max_wait_ms: float = Field(5.0, ge=0, validation_alias=_env("embed_max_wait_ms", "EMBEDDING_MAX_WAIT_MS"))
+    #: a worker with nothing to do for this long is stopped (its process exits, VRAM goes back)
+    worker_idle_s: float = Field(300.0, gt=0, validation_alias=_env("worker_idle_s", "EMBEDDING_WORKER_IDLE_S"))
+    #: a worker is replaced after computing this many micro-batches (0: never), to contain leaks
+    worker_recycle_after: int = Field(10_000, ge=0, validation_alias=_env("worker_recycle_after", "EMBEDDING_WORKER_RECYCLE_AFTER"))
+    #: seconds a worker may take to load its model before its requests fail with 503
+    worker_start_timeout_s: float = Field(600.0, gt=0, validation_alias=_env("worker_start_timeout_s", "EMBEDDING_WORKER_START_TIMEOUT_S"))
+    #: extra model names the embeddings endpoint accepts besides the profiles (env: JSON list)
+    embedding_models: list[str] = Field(default_factory=list, validation_alias=_env("embedding_models", "EMBEDDING_MODELS"))
+
+    @field_validator("input_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value):
+        if isinstance(value, str):
+            return [part for part in value.split(os.pathsep) if part]
+        return value
+
+    def is_loopback(self) -> bool:
+        """True when ``host`` only accepts connections from this machine."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    def check_serve(self) -> None:
+        """Refuse to serve on a non-loopback address without a token."""
+        from contracts.errors import SettingsError
+
+        if not self.is_loopback() and not (self.api_token and self.api_token.get_secret_value()):
+            raise SettingsError(
+                f"binding to {self.host} exposes the API beyond this machine: set a token "
+                "(--token or PIPELINE_API_TOKEN), or bind to 127.0.0.1")
 
     @field_validator("memory_warning_pct")
     @classmethod

@@ -10,8 +10,10 @@ warning, and the artifact records the model actually used and why.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from contracts import EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
@@ -40,6 +42,58 @@ def resolve_model(profile: str) -> str:
     return PROFILES.get(profile, profile)
 
 
+@dataclass(frozen=True)
+class LoadedModel:
+    """A loaded sentence-transformers model and what was asked for."""
+
+    model: Any
+    #: the model actually loaded (a path or a hub name)
+    name: str
+    profile: str
+    requested: str
+    #: why the requested model was not used, when it was not
+    fallback_reason: str | None
+
+
+def load_model(profile: str, device: str, allow_hub: bool = False, fallback: bool = True) -> LoadedModel:
+    """Load the profile's model on ``device``; offline, fall back to the embedded model (logged) when allowed.
+
+    Shared by the embeddings stage and the API's embedding worker (stages.embedding_worker).
+    """
+    requested = resolve_model(profile)
+    try:
+        return LoadedModel(_load(requested, device, allow_hub), requested, profile, requested, None)
+    except Exception as exc:
+        if is_oom(exc):
+            raise
+        reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        if not fallback or profile == EMBEDDED:
+            raise ModelUnavailableError(f"cannot load embedding model {requested!r} ({reason})") from exc
+        log.warning(
+            "embeddings: model %r (profile %r) is not available offline (%s); "
+            "falling back to the embedded all-MiniLM-L6-v2",
+            requested, profile, reason,
+        )
+        name = str(embedded_model_path())
+        return LoadedModel(_load(name, device, False), name, profile, requested, reason)
+
+
+def _load(name: str, device: str, allow_hub: bool):
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    kwargs = {}
+    if device.startswith("cuda"):
+        kwargs["model_kwargs"] = {"torch_dtype": torch.float16}
+    return SentenceTransformer(
+        name,
+        device=device,
+        trust_remote_code=name in TRUST_REMOTE_CODE,
+        local_files_only=not allow_hub,
+        **kwargs,
+    )
+
+
 class EmbeddingsStage(TorchStage):
     name = "embeddings"
     input = TranscriptArtifact
@@ -53,40 +107,13 @@ class EmbeddingsStage(TorchStage):
         from sentence_transformers import SentenceTransformer
 
     def load(self, request: StageRequest, device: str) -> str:
-        self.profile = str(request.setting("profile", "speed"))
-        self.requested = resolve_model(self.profile)
-        self.fallback_reason = None
-        try:
-            self.model = self._load(self.requested, device, bool(request.setting("allow_hub", False)))
-            self.model_name = self.requested
-        except Exception as exc:
-            if is_oom(exc):
-                raise
-            reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-            if not request.setting("fallback", True) or self.profile == EMBEDDED:
-                raise ModelUnavailableError(f"cannot load embedding model {self.requested!r} ({reason})") from exc
-            log.warning(
-                "embeddings: model %r (profile %r) is not available offline (%s); "
-                "falling back to the embedded all-MiniLM-L6-v2",
-                self.requested, self.profile, reason,
-            )
-            self.fallback_reason = reason
-            self.model_name = str(embedded_model_path())
-            self.model = self._load(self.model_name, device, False)
+        loaded = load_model(str(request.setting("profile", "speed")), device,
+                            allow_hub=bool(request.setting("allow_hub", False)),
+                            fallback=bool(request.setting("fallback", True)))
+        self.model, self.model_name = loaded.model, loaded.name
+        self.profile, self.requested, self.fallback_reason = loaded.profile, loaded.requested, loaded.fallback_reason
         self.normalize = bool(request.setting("normalize", True))
         return self.model_name
-
-    def _load(self, name: str, device: str, allow_hub: bool):
-        kwargs = {}
-        if device.startswith("cuda"):
-            kwargs["model_kwargs"] = {"torch_dtype": torch.float16}
-        return SentenceTransformer(
-            name,
-            device=device,
-            trust_remote_code=name in TRUST_REMOTE_CODE,
-            local_files_only=not allow_hub,
-            **kwargs,
-        )
 
     def process(self, item: WorkItem, transcript: TranscriptArtifact, request: StageRequest) -> EmbeddingsArtifact:
         texts = [segment.text for segment in transcript.segments]

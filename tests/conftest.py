@@ -40,3 +40,16 @@ def _own_pid_dir(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PIPELINE_PID_DIR", str(tmp_path_factory.getbasetemp() / "pids"))
         yield
+
+
+@pytest.fixture(scope="session")
+def reference_model():
+    """all-MiniLM-L6-v2 loaded in the test process: what the API's worker children must match."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    from stages.embeddings import embedded_model_path
+
+    return SentenceTransformer(str(embedded_model_path()), device="cpu")
