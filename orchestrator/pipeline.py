@@ -139,7 +139,8 @@ def speaker_specs(s: Settings) -> list[StageSpec]:
     """diarization -> enrollment -> alignment (+ merge into transcript.json); the last always runs."""
     specs = []
     if s.speakers:
-        specs.append(StageSpec("diarization", "stages.diarization", DiarizationArtifact, batch_size=1,
+        specs.append(StageSpec("diarization", "stages.diarization", DiarizationArtifact,
+                               batch_size=s.voice_enrollment_batch_size,  # its speaker-embedding batches
                                inputs=("audio",), skippable=s.enable_fast_path, settings={
             "model": s.diarization_model, "min_speakers": s.min_speakers, "max_speakers": s.max_speakers,
             "allow_hub": s.allow_hub, "weights_dir": _str(s.weights_dir),

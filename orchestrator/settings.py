@@ -69,7 +69,8 @@ class Settings(BaseSettings):
         "campplus", validation_alias=_env("speaker_encoder", "SPEAKER_ENCODER"))
     #: SpeechBrain source of the ECAPA encoder: a local directory or a hub name (HF cache offline)
     ecapa_source: str = Field("speechbrain/spkrec-ecapa-voxceleb", validation_alias=_env("ecapa_source", "ECAPA_SOURCE"))
-    #: speaker segments per encoder batch (seed 001); halved on out-of-memory
+    #: speaker segments per encoder batch (seed 001), in enrollment and in the embedded diarizer; halved on
+    #: out-of-memory
     voice_enrollment_batch_size: int = Field(
         4, ge=1, validation_alias=_env("voice_enrollment_batch_size", "VOICE_ENROLLMENT_BATCH_SIZE"))
     #: skip the enrollment stage: speakers keep their SPEAKER_nn labels (seed 001)
