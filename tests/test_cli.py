@@ -112,6 +112,9 @@ def test_child_logs_reach_the_parent_log_with_the_stage_name(run):
         (["process"], "Missing argument"),
         (["process", "x.mp4", "--device", "gpu"], "invalid setting device"),
         (["process", "x.mp4", "--asr-batch-size", "0"], "Invalid value"),
+        (["enroll", "Host", "missing.wav"], "clip not found: missing.wav"),
+        (["enroll", "Host", "x.wav", "--encoder", "xvector"], "invalid setting speaker_encoder"),
+        (["process", "x.mp4", "--min-speakers", "3", "--max-speakers", "2"], "invalid setting max_speakers"),
     ],
 )
 def test_usage_errors_exit_with_2(args, message):
