@@ -43,6 +43,9 @@ ECAPA = "ecapa"
 ECAPA_DEFAULT_SOURCE = "speechbrain/spkrec-ecapa-voxceleb"
 #: segments shorter than this are padded by repetition (the fbank needs a few frames; the TDNN more)
 MIN_SAMPLES = SAMPLE_RATE // 2
+#: CAM++ embeds clips in windows of this length (it is trained on crops of a few seconds): equal-length
+#: windows batch together, so VOICE_ENROLLMENT_BATCH_SIZE really sets how much runs at once
+WINDOW_S = 3.0
 
 
 class SpeakerEncoder(Protocol):
@@ -256,19 +259,39 @@ class CamPlusPlusEncoder:
 
     @torch.inference_mode()
     def embed(self, waveforms: list[np.ndarray], batch_size: int) -> np.ndarray:
-        out = []
-        for start in range(0, len(waveforms), max(1, batch_size)):
-            feats = [fbank(_fit(w)) for w in waveforms[start:start + batch_size]]
-            out.append(self._forward(feats).cpu().numpy())
-        return _normalise(np.concatenate(out)) if out else np.zeros((0, self.dimension), np.float32)
+        """Clips longer than WINDOW_S are cut into evenly spaced windows of exactly WINDOW_S (overlapping a
+        little), so windows of all clips form real batches of ``batch_size``; a clip's embedding is the
+        normalised mean of its windows'. Shorter clips go through whole, one by one (zero padding would
+        change the statistics pooling)."""
+        windows, owner = [], []
+        for index, waveform in enumerate(waveforms):
+            for window in _windows(_fit(waveform)):
+                windows.append(window)
+                owner.append(index)
+        order = sorted(range(len(windows)), key=lambda i: -windows[i].size)  # equal lengths next to each other
+        vectors = np.zeros((len(windows), self.dimension), np.float32)
+        batch_size = max(1, batch_size)
+        i = 0
+        while i < len(order):
+            size = windows[order[i]].size
+            group = [order[i]]
+            while len(group) < batch_size and i + len(group) < len(order) and windows[order[i + len(group)]].size == size:
+                group.append(order[i + len(group)])
+            feats = torch.stack([fbank(windows[j]) for j in group]).to(self.device)
+            vectors[group] = self.model(feats).float().cpu().numpy()
+            i += len(group)
+        out = np.zeros((len(waveforms), self.dimension), np.float32)
+        np.add.at(out, owner, _normalise(vectors))
+        return _normalise(out) if len(waveforms) else out
 
-    def _forward(self, feats: list[torch.Tensor]) -> torch.Tensor:
-        lengths = {f.shape[0] for f in feats}
-        if len(lengths) == 1:  # equal lengths: one batched forward pass
-            return self.model(torch.stack(feats).to(self.device))
-        # Unequal lengths: zero padding would change the statistics pooling (and the
-        # context masks), so clips of different lengths go through one by one.
-        return torch.cat([self.model(f.unsqueeze(0).to(self.device)) for f in feats])
+
+def _windows(waveform: np.ndarray) -> list[np.ndarray]:
+    size = int(WINDOW_S * SAMPLE_RATE)
+    if waveform.size <= size:
+        return [waveform]
+    count = int(np.ceil(waveform.size / size))
+    starts = np.linspace(0, waveform.size - size, count).round().astype(int)
+    return [waveform[s:s + size] for s in starts]
 
 
 # -- SpeechBrain ECAPA ------------------------------------------------------------
