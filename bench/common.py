@@ -25,7 +25,8 @@ timings, previous = {}, None
 for spec in specs:
     items = []
     for i, src in enumerate(sources):
-        inputs = {"source": src} if previous is None else {previous.kind: f"{out}/{i}/{previous.kind}.json"}
+        keys = () if previous is None else (spec.inputs if spec.inputs is not None else (previous.kind,))
+        inputs = {k: f"{out}/{i}/{k}.json" for k in keys} if keys else {"source": src}
         items.append(WorkItem(id=str(i), inputs=inputs, output=f"{out}/{i}/{spec.kind}.json", fingerprint="x"))
     request = StageRequest(request_id=spec.name, stage=spec.name, module=spec.module, items=items,
                            batch_size=spec.batch_size, device="cpu", settings=spec.settings, result_path=f"{out}/r.json")

@@ -67,6 +67,7 @@ class Word(Strict):
     start: float | None = None
     end: float | None = None
     score: float | None = None
+    speaker: str | None = None
 
 
 class Segment(Strict):
@@ -99,6 +100,15 @@ class TranscriptArtifact(Artifact):
     #: word-level alignment ran (wav2vec2); False: segment timestamps only
     aligned: bool = False
     duration_s: float = Field(ge=0)
+    #: the aligner that ran, or why none did (model not available offline, ...)
+    aligner: str | None = None
+    alignment_note: str | None = None
+    #: what named the speakers: the diarization model and the speaker encoder that matched voice
+    #: profiles (None: that step did not run)
+    diarization: str | None = None
+    speaker_encoder: str | None = None
+    #: why segments carry no speaker or only cluster labels (fast path, skipped enrollment, ...)
+    speakers_note: str | None = None
 
     @model_validator(mode="after")
     def _ids(self) -> TranscriptArtifact:
@@ -129,8 +139,132 @@ class EmbeddingsArtifact(Artifact):
     dtype: Literal["float32"] = "float32"
 
 
+class SpeakerTurn(Strict):
+    start: float = Field(ge=0)
+    end: float = Field(ge=0)
+    #: cluster label, ``SPEAKER_00``, ``SPEAKER_01``, ... in order of first appearance
+    speaker: str = Field(pattern=r"^SPEAKER_\d{2,}$")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SpeakerTurn:
+        if self.end <= self.start:
+            raise ValueError(f"turn ends ({self.end}) before it starts ({self.start})")
+        return self
+
+
+class DiarizationArtifact(Artifact):
+    """Who spoke when: turns labelled with anonymous clusters."""
+
+    kind: Literal["diarization"] = "diarization"
+    source: str
+    turns: list[SpeakerTurn]
+    #: the pipeline actually used: "pyannote:<model>" (through whisperx) or "embedded:<segmentation>+<encoder>"
+    model: str
+    #: what the settings asked for ("auto", "embedded" or a pyannote pipeline name/path)
+    requested_model: str
+    fallback_reason: str | None = None
+    device: str
+    min_speakers: int | None = Field(default=None, ge=1)
+    max_speakers: int | None = Field(default=None, ge=1)
+    duration_s: float = Field(ge=0)
+
+    @property
+    def speakers(self) -> list[str]:
+        return sorted({t.speaker for t in self.turns})
+
+    @model_validator(mode="after")
+    def _sorted(self) -> DiarizationArtifact:
+        if any(b.start < a.start for a, b in zip(self.turns, self.turns[1:])):
+            raise ValueError("turns must be sorted by start time")
+        return self
+
+
+def _unit(vector: list[float], what: str) -> None:
+    norm = sum(x * x for x in vector) ** 0.5
+    if abs(norm - 1.0) > 1e-3:
+        raise ValueError(f"{what} must be L2-normalised (norm {norm:.4f})")
+
+
+class ProfileClip(Strict):
+    path: str
+    sha256: str = Sha256
+    duration_s: float = Field(gt=0)
+    embedding: list[float] = Field(min_length=1)
+
+
+class VoiceProfile(Artifact):
+    """An enrolled voice: ``pipeline enroll NAME clip...`` writes one per name into the profiles directory."""
+
+    kind: Literal["voice_profile"] = "voice_profile"
+    #: the name given to segments whose voice matches
+    name: str = Field(min_length=1)
+    #: encoder kind ("campplus", "ecapa") and the model actually loaded; only same-kind vectors compare
+    encoder: str
+    encoder_model: str
+    dimension: int = Field(gt=0)
+    #: mean of the clips' L2-normalised embeddings, L2-normalised again
+    embedding: list[float]
+    clips: list[ProfileClip] = Field(min_length=1)
+    #: cosine similarity at or above which a speaker is given this name
+    threshold: float = Field(ge=-1, le=1)
+
+    @model_validator(mode="after")
+    def _shapes(self) -> VoiceProfile:
+        if len(self.embedding) != self.dimension or any(len(c.embedding) != self.dimension for c in self.clips):
+            raise ValueError(f"every embedding must have {self.dimension} values")
+        _unit(self.embedding, "embedding")
+        for clip in self.clips:
+            _unit(clip.embedding, f"embedding of {clip.path}")
+        return self
+
+
+class SpeakerMatch(Strict):
+    """One diarization cluster compared with the voice profiles."""
+
+    speaker: str
+    #: seconds of this speaker's speech that were embedded
+    seconds: float = Field(ge=0)
+    #: best-matching profile and its similarity (None: no profile to compare)
+    profile: str | None = None
+    similarity: float | None = Field(default=None, ge=-1.0001, le=1.0001)
+    threshold: float | None = None
+    #: the enrolled name given to this speaker, when the similarity passes the profile's threshold
+    name: str | None = None
+
+
+class SpeakerEmbeddingsArtifact(Artifact):
+    """Speaker embeddings of each diarization turn (rows of the ``.npy`` sidecar) and the profile matches."""
+
+    kind: Literal["speaker_embeddings"] = "speaker_embeddings"
+    source: str
+    sidecar: str = Field(pattern=r"^[^/\\]+\.npy$")
+    sha256: str = Sha256
+    #: encoder kind and the model actually loaded
+    encoder: str
+    encoder_model: str
+    dimension: int = Field(gt=0)
+    #: index into the diarization's turns of each row (short turns are left out)
+    turn_rows: list[int]
+    matches: list[SpeakerMatch]
+    #: names of the profiles compared (profiles of another encoder are left out, and listed in the log)
+    profiles: list[str]
+    device: str
+    batch_size: int = Field(ge=1)
+    dtype: Literal["float32"] = "float32"
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> SpeakerEmbeddingsArtifact:
+        named = [m.name for m in self.matches if m.name]
+        if len(named) != len(set(named)):
+            raise ValueError("an enrolled name can be given to one speaker only")
+        return self
+
+
 ARTIFACT_TYPES: dict[str, type[Artifact]] = {
     "audio": AudioArtifact,
     "transcript": TranscriptArtifact,
     "embeddings": EmbeddingsArtifact,
+    "diarization": DiarizationArtifact,
+    "speaker_embeddings": SpeakerEmbeddingsArtifact,
+    "voice_profile": VoiceProfile,
 }

@@ -52,7 +52,8 @@ class StageRun(Strict):
 
 
 class ItemStage(Strict):
-    status: Literal["ok", "reused", "failed", "interrupted"]
+    #: "skipped": the fast path went on without this stage (it ran out of memory even at batch size 1)
+    status: Literal["ok", "reused", "failed", "interrupted", "skipped"]
     seconds: float = Field(default=0.0, ge=0)
     batch_size: int | None = None
     retries: int = 0
@@ -69,6 +70,8 @@ class InputReport(Strict):
     duration_s: float | None = None
     outputs: dict[str, str] = Field(default_factory=dict)
     stages: dict[str, ItemStage] = Field(default_factory=dict)
+    #: what the run left out for this input and why (e.g. "no speakers: diarization ran out of memory ...")
+    notes: list[str] = Field(default_factory=list)
 
 
 class RunReport(Strict):

@@ -46,6 +46,10 @@ def process(
     embedding_batch_size: Annotated[Optional[int], typer.Option(min=1, help="[env EMBEDDING_BATCH_SIZE, default 128]")] = None,
     allow_hub: Annotated[Optional[bool], typer.Option("--allow-hub/--offline", help="Allow model downloads [env PIPELINE_ALLOW_HUB].")] = None,
     chunk_size: Annotated[Optional[int], typer.Option(min=1, help="Inputs per stage child [env PIPELINE_CHUNK_SIZE, default 50].")] = None,
+    speakers: Annotated[Optional[bool], typer.Option("--speakers/--no-speakers", help="Diarize and label speakers [env PIPELINE_SPEAKERS, default on].")] = None,
+    profiles: Annotated[Optional[Path], typer.Option("--profiles", help="Voice profiles to name speakers with (pipeline enroll) [env PIPELINE_PROFILES_DIR].")] = None,
+    min_speakers: Annotated[Optional[int], typer.Option(min=1, help="[env MIN_SPEAKERS]")] = None,
+    max_speakers: Annotated[Optional[int], typer.Option(min=1, help="[env MAX_SPEAKERS]")] = None,
     force: Annotated[bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -61,7 +65,8 @@ def process(
         "output_dir": output, "device": device, "asr_model": asr_model, "asr_language": language,
         "asr_batch_size": asr_batch_size, "embedding_profile": embedding_profile,
         "embedding_batch_size": embedding_batch_size, "allow_hub": allow_hub, "chunk_size": chunk_size,
-        "force": force or None,
+        "force": force or None, "speakers": speakers, "profiles_dir": profiles, "min_speakers": min_speakers,
+        "max_speakers": max_speakers,
     }
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -86,6 +91,42 @@ def process(
     if report.interrupted:
         raise typer.Exit(ExitCode.INTERRUPTED)
     raise typer.Exit(ExitCode.OK if report.failed == 0 else ExitCode.FAILED)
+
+
+@app.command()
+def enroll(
+    name: Annotated[str, typer.Argument(help="The speaker's name, as it should appear in transcripts.", show_default=False)],
+    clips: Annotated[list[Path], typer.Argument(help="Audio/video clips of this speaker alone.", show_default=False)],
+    profiles: Annotated[Optional[Path], typer.Option("--profiles", help="Profiles directory [env PIPELINE_PROFILES_DIR, default ./profiles].")] = None,
+    encoder: Annotated[Optional[str], typer.Option(help="campplus (embedded) or ecapa [env SPEAKER_ENCODER].")] = None,
+    threshold: Annotated[Optional[float], typer.Option(help="Similarity needed to give this name [env SPEAKER_THRESHOLD].")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Build a voice profile NAME from CLIPS (its own stage child); `process --profiles DIR` then names the speaker."""
+    from orchestrator import Settings
+    from orchestrator.enroll import enroll as run_enroll
+
+    setup_logging(verbose)
+    overrides = {"speaker_encoder": encoder, "speaker_threshold": threshold, "profiles_dir": profiles}
+    try:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+        if settings.profiles_dir is None:
+            settings = settings.model_copy(update={"profiles_dir": Path("profiles")})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        typer.echo(f"error: invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    from contracts.errors import InputError, PipelineError, SettingsError
+
+    try:
+        path = run_enroll(settings, name, clips)
+    except (SettingsError, InputError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    except PipelineError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.FAILED) from None
+    typer.echo(f"enrolled {name}: {path}", err=True)
 
 
 @app.command()

@@ -54,6 +54,9 @@ OOM_ADVICE = (
 )
 
 
+FAST_PATH = "going on without speakers (fast path; ENABLE_FAST_PATH=false makes this an error)"
+
+
 @dataclass(frozen=True)
 class Decision:
     #: respawn the stage for the items still to do
@@ -61,6 +64,8 @@ class Decision:
     batch_size: int
     #: why: logged, and the error of the items when not retrying
     reason: str
+    #: not retrying, but the items go on without this stage's artifact (fast path) instead of failing
+    skip: bool = False
 
 
 def next_step(
@@ -70,10 +75,12 @@ def next_step(
     max_signal_retries: int,
     signal: int | None = None,
     stage: str = "stage",
+    skippable: bool = False,
 ) -> Decision:
     """Decide what follows a child's exit, for the items it left unfinished.
 
-    - out of memory: halve the batch (down to 1); at batch 1, give up with advice;
+    - out of memory: halve the batch (down to 1); at batch 1, give up with advice, or, for a
+      ``skippable`` stage (diarization, enrollment with ENABLE_FAST_PATH), go on without it;
     - killed by a signal: retry with the same batch, at most ``max_signal_retries`` times;
     - anything else: give up (a Python error or a broken contract repeats).
     """
@@ -81,6 +88,8 @@ def next_step(
         if batch_size > 1:
             half = max(1, batch_size // 2)
             return Decision(True, half, f"{stage} ran out of memory at batch size {batch_size}; retrying with {half}")
+        if skippable:
+            return Decision(False, 1, f"{stage} ran out of memory even at batch size 1; {FAST_PATH}", skip=True)
         return Decision(False, 1, f"{stage} ran out of memory even at batch size 1: {OOM_ADVICE}")
     if outcome is Outcome.KILLED:
         name = signal_name(signal) if signal else "a signal"

@@ -23,11 +23,14 @@ from pathlib import Path
 
 from contracts import (
     AudioArtifact,
+    DiarizationArtifact,
     EmbeddingsArtifact,
+    SpeakerEmbeddingsArtifact,
     TranscriptArtifact,
     WorkItem,
     load_artifact,
     save_model,
+    sha256_file,
 )
 from contracts.errors import PipelineError
 from contracts.report import InputReport, ItemStage, RunReport, StageRun
@@ -65,6 +68,9 @@ class Input:
     stages: dict[str, ItemStage] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
     duration_s: float | None = None
+    #: artifacts (by key) the fast path went on without, and what the report says about it
+    skipped: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def alive(self) -> bool:
@@ -126,6 +132,83 @@ def _source_identity(path: Path) -> str:
     return f"{path.absolute()}:{st.st_size}:{st.st_mtime_ns}"
 
 
+# -- speaker stages (issue 3) ---------------------------------------------------------------
+
+
+def speaker_specs(s: Settings) -> list[StageSpec]:
+    """diarization -> enrollment -> alignment (+ merge into transcript.json); the last always runs."""
+    specs = []
+    if s.speakers:
+        specs.append(StageSpec("diarization", "stages.diarization", DiarizationArtifact,
+                               batch_size=s.voice_enrollment_batch_size,  # its speaker-embedding batches
+                               inputs=("audio",), skippable=s.enable_fast_path, settings={
+            "model": s.diarization_model, "min_speakers": s.min_speakers, "max_speakers": s.max_speakers,
+            "allow_hub": s.allow_hub, "weights_dir": _str(s.weights_dir),
+        }))
+        profiles = profile_fingerprints(s.profiles_dir)
+        if profiles and not s.skip_voice_embeddings:
+            specs.append(StageSpec("enrollment", "stages.enrollment", SpeakerEmbeddingsArtifact,
+                                   batch_size=s.voice_enrollment_batch_size, inputs=("diarization", "audio"),
+                                   skippable=s.enable_fast_path, settings={
+                "encoder": s.speaker_encoder, "ecapa_source": s.ecapa_source, "allow_hub": s.allow_hub,
+                "profiles_dir": _str(s.profiles_dir), "profiles": profiles, "weights_dir": _str(s.weights_dir),
+            }))
+    keys = ("asr", "audio") + tuple(spec.kind for spec in specs)
+    specs.append(StageSpec("alignment", "stages.alignment", TranscriptArtifact, batch_size=1, inputs=keys,
+                           optional_inputs=("diarization", "speaker_embeddings"), settings={
+        "align": s.align, "allow_hub": s.allow_hub, "language": s.asr_language, "speakers": s.speakers,
+        "skip_voice_embeddings": s.skip_voice_embeddings,
+    }))
+    return specs
+
+
+def profile_fingerprints(directory: Path | None) -> dict[str, str]:
+    """name -> sha256 of each voice profile file in ``directory``: part of the enrollment fingerprint,
+    so enrolling a new voice redoes the matching."""
+    if directory is None or not Path(directory).is_dir():
+        return {}
+    return {path.stem: sha256_file(path) for path in sorted(Path(directory).glob("*.json"))}
+
+
+def _str(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _input_keys(spec: StageSpec, previous: StageSpec | None) -> tuple[str, ...]:
+    if previous is None:
+        return ()
+    return spec.inputs if spec.inputs is not None else (previous.kind,)
+
+
+def _chain_fingerprints(inp: Input, specs: list[StageSpec]) -> None:
+    """Each stage's expected fingerprint from its inputs' (a skipped input counts as "skipped")."""
+    by_key: dict[str, str] = {}
+    for index, spec in enumerate(specs):
+        keys = _input_keys(spec, specs[index - 1] if index else None)
+        if not keys:
+            upstream = _source_identity(inp.source)
+        else:
+            upstream = "|".join(f"skipped:{k}" if k in inp.skipped else by_key[k] for k in keys)
+        by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(spec, upstream)
+
+
+def _skip(inp: Input, spec: StageSpec, specs: list[StageSpec], reason: str | None) -> None:
+    """Fast path: ``inp`` goes on without ``spec``'s artifact; later fingerprints say so, so a rerun redoes them."""
+    inp.skipped.add(spec.kind)
+    inp.notes.append(f"no speakers from {spec.name}: {reason}")
+    _chain_fingerprints(inp, specs)
+
+
+def _skipped_with_input(inp: Input, spec: StageSpec, previous: StageSpec | None, specs: list[StageSpec]) -> bool:
+    """A stage that needs an artifact the fast path went without (enrollment without diarization) is skipped too."""
+    missing = [k for k in _input_keys(spec, previous) if k in inp.skipped and k not in spec.optional_inputs]
+    if missing:
+        inp.stages[spec.name] = ItemStage(status="skipped", error=f"no {missing[0]} artifact (fast path)")
+        inp.skipped.add(spec.kind)
+        _chain_fingerprints(inp, specs)
+    return bool(missing)
+
+
 class Orchestrator:
     """Runs the pipeline; leaving the ``with`` block stops every child it started."""
 
@@ -148,11 +231,13 @@ class Orchestrator:
         s = resolve_auto(self.settings)  # asr_model / batch sizes "auto" -> values for the GPU at hand
         return [
             StageSpec("audio", "stages.audio", AudioArtifact, batch_size=1, keep=False),
-            StageSpec("asr", "stages.asr", TranscriptArtifact, batch_size=s.asr_batch_size, settings={
+            StageSpec("asr", "stages.asr", TranscriptArtifact, batch_size=s.asr_batch_size, key="asr", settings={
                 "model": s.asr_model, "language": s.asr_language, "compute_type": s.asr_compute_type,
-                "allow_hub": s.allow_hub,
+                "allow_hub": s.allow_hub, "chunk_size": s.asr_chunk_size or (6 if s.speakers else 30),
             }),
-            StageSpec("embeddings", "stages.embeddings", EmbeddingsArtifact, batch_size=s.embedding_batch_size, settings={
+            *speaker_specs(s),
+            StageSpec("embeddings", "stages.embeddings", EmbeddingsArtifact, batch_size=s.embedding_batch_size,
+                      inputs=("transcript",), settings={
                 "profile": s.embedding_profile, "fallback": s.embedding_fallback, "allow_hub": s.allow_hub,
             }),
         ]
@@ -181,9 +266,7 @@ class Orchestrator:
         sources = expand_inputs(paths)
         inputs = [Input(id=i, source=p, directory=out / i) for i, p in zip(item_ids(sources), sources)]
         for inp in inputs:
-            upstream = _source_identity(inp.source)
-            for spec in specs:
-                upstream = inp.fingerprints[spec.name] = fingerprint(spec, upstream)
+            _chain_fingerprints(inp, specs)
         journal = Journal(out / JOURNAL_NAME, run_id)
         completed = journal.completed()
         resumed = sum(completed.get(inp.id) == inp.fingerprints[specs[-1].name] for inp in inputs)
@@ -229,7 +312,8 @@ class Orchestrator:
                     return
                 previous = specs[index - 1] if index else None
                 alive = [inp for inp in chunk if inp.alive]
-                todo = [inp for inp in alive if needs[inp.id][spec.name]]
+                todo = [inp for inp in alive if needs[inp.id][spec.name]
+                        and not _skipped_with_input(inp, spec, previous, specs)]
                 for inp in alive:
                     if not needs[inp.id][spec.name]:
                         inp.stages[spec.name] = ItemStage(status="reused")
@@ -250,12 +334,15 @@ class Orchestrator:
                 stage_runs.append(stage_run)
                 for inp in todo:
                     o = outcomes[inp.id]
-                    status = "reused" if o.reused else "interrupted" if o.interrupted else "ok" if o.ok else "failed"
+                    status = ("reused" if o.reused else "interrupted" if o.interrupted else "ok" if o.ok
+                              else "skipped" if o.skipped else "failed")
                     inp.stages[spec.name] = ItemStage(status=status, seconds=o.seconds, batch_size=o.batch_size,
                                                       retries=o.retries, error=o.error)
                     inp.worked |= status == "ok"
                     if o.interrupted:
                         inp.interrupted = True
+                    elif o.skipped:
+                        _skip(inp, spec, specs, o.error)
                     elif not o.ok:
                         inp.error, inp.failed_stage = o.error, spec.name
                     journal.record(inp.id, spec.name, status, fingerprint=inp.fingerprints[spec.name], error=o.error)
@@ -274,13 +361,15 @@ class Orchestrator:
         """Which stages must run for ``inp``: a stage whose artifact is not current, if a kept artifact
         depends on it. A later current artifact spares its upstream stages entirely."""
         needs: dict[str, bool] = {}
-        downstream = False
+        read: set[str] = set()  # artifacts that a stage which runs reads
         for index in range(len(specs) - 1, -1, -1):
             spec = specs[index]
-            item = self._work_item(spec, inp, specs[index - 1] if index else None)
+            previous = specs[index - 1] if index else None
+            item = self._work_item(spec, inp, previous)
             current = not self.settings.force and current_artifact(item, spec.output) is not None
-            needs[spec.name] = not current and (spec.keep or downstream)
-            downstream = needs[spec.name]
+            needs[spec.name] = not current and (spec.keep or spec.kind in read)
+            if needs[spec.name]:
+                read |= set(_input_keys(spec, previous))
         return needs
 
     @contextmanager
@@ -310,8 +399,8 @@ class Orchestrator:
     def _work_item(self, spec: StageSpec, inp: Input, previous: StageSpec | None) -> WorkItem:
         if previous is None:
             inputs = {"source": str(inp.source)}
-        else:
-            inputs = {previous.kind: str(inp.artifact(previous.kind))}
+        else:  # artifacts a fast path went on without are left out (stages treat them as optional)
+            inputs = {key: str(inp.artifact(key)) for key in _input_keys(spec, previous) if key not in inp.skipped}
         return WorkItem(id=inp.id, inputs=inputs, output=str(inp.artifact(spec.kind)),
                         fingerprint=inp.fingerprints[spec.name])
 
@@ -324,6 +413,8 @@ class Orchestrator:
             vectors = np.load(inp.directory / embeddings.sidecar, allow_pickle=False)
             inp.outputs = write_outputs(inp.directory, transcript, embeddings, vectors)
             inp.duration_s = transcript.duration_s
+            if transcript.speakers_note and not inp.skipped:  # a fast-path skip already has its note
+                inp.notes.append(transcript.speakers_note)
         except (PipelineError, OSError, ValueError) as exc:
             inp.error, inp.failed_stage = f"writing outputs failed: {exc}", "outputs"
             return
@@ -337,6 +428,7 @@ class Orchestrator:
             InputReport(
                 id=inp.id, source=str(inp.source), status=inp.status, error=inp.error,
                 failed_stage=inp.failed_stage, duration_s=inp.duration_s, outputs=inp.outputs, stages=inp.stages,
+                notes=inp.notes,
             )
             for inp in inputs
         ]

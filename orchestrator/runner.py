@@ -38,11 +38,19 @@ class StageSpec:
     settings: dict[str, Any] = field(default_factory=dict)
     #: False for scratch artifacts (decoded audio) that only feed the next stage
     keep: bool = True
+    #: the artifacts (by key) this stage reads; None: the previous stage's
+    inputs: tuple[str, ...] | None = None
+    #: the artifact's key (file name and input key) when not its kind, e.g. "asr" for the raw transcript
+    key: str | None = None
+    #: inputs this stage can do without (when the fast path skipped them); the others it needs
+    optional_inputs: tuple[str, ...] = ()
+    #: the fast path may go on without this stage when it runs out of memory even at batch size 1
+    skippable: bool = False
 
     @property
     def kind(self) -> str:
-        """The output artifact's kind ("audio", "transcript", ...): its file name and input key."""
-        return self.output.model_fields["kind"].default
+        """The output artifact's key ("audio", "asr", "transcript", ...): its file name and input key."""
+        return self.key or self.output.model_fields["kind"].default
 
 
 @dataclass
@@ -51,6 +59,8 @@ class ItemOutcome:
     reused: bool = False
     #: not done because the run was stopped (Ctrl-C); a rerun resumes it
     interrupted: bool = False
+    #: not done, and the input goes on without it (fast path); ``error`` says why
+    skipped: bool = False
     error: str | None = None
     seconds: float = 0.0
     batch_size: int | None = None
@@ -174,7 +184,7 @@ class StageRunner:
                                                     batch_size=batch_size, retries=retries)
                 break
             decision = next_step(done.outcome, batch_size, signal_retries, self.max_signal_retries,
-                                 signal=done.signal, stage=spec.name)
+                                 signal=done.signal, stage=spec.name, skippable=spec.skippable)
             if decision.retry:
                 log.warning("%s", decision.reason)
                 if done.outcome is Outcome.KILLED:
@@ -185,14 +195,18 @@ class StageRunner:
             reason = decision.reason
             if done.last_error and done.outcome is not Outcome.OOM:
                 reason = f"{reason}: {done.last_error}"
-            log.error("%s: %d item(s) failed: %s", spec.name, len(todo), reason)
+            if decision.skip:
+                log.warning("%s: %d item(s) go on without it: %s", spec.name, len(todo), reason)
+            else:
+                log.error("%s: %d item(s) failed: %s", spec.name, len(todo), reason)
             for item in todo:
-                outcomes[item.id] = ItemOutcome(ok=False, error=reason, batch_size=batch_size, retries=retries)
+                outcomes[item.id] = ItemOutcome(ok=False, skipped=decision.skip, error=reason, batch_size=batch_size,
+                                                retries=retries)
             todo = []
         if warm is not None:  # every item was reused: the warm child has no request coming
             self.executor.cancel(warm)
         ok = sum(o.ok and not o.reused for o in outcomes.values())
-        failed = sum(not o.ok and not o.interrupted for o in outcomes.values())
+        failed = sum(not o.ok and not o.interrupted and not o.skipped for o in outcomes.values())
         report = report.model_copy(update={
             "attempts": attempts, "ok": ok, "failed": failed, "wall_s": sum(a.wall_s for a in attempts),
         })

@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     #: CTranslate2 compute type; "auto": float16 on CUDA, int8 on CPU; int8_float16 halves float16's weights on GPU
     asr_compute_type: Literal["auto", "default", "float16", "bfloat16", "float32", "int8", "int8_float16",
                               "int8_bfloat16", "int8_float32", "int16"] = Field("auto", validation_alias=_env("asr_compute_type", "ASR_COMPUTE_TYPE"))
+    #: longest stretch of speech (s) whisperX joins into one segment; None: 6 with speakers (so a segment
+    #: rarely spans two speakers when words cannot be aligned), 30 without
+    asr_chunk_size: int | None = Field(None, ge=1, le=30, validation_alias=_env("asr_chunk_size", "ASR_CHUNK_SIZE"))
     #: whisperX batch of 30 s windows; halved on out-of-memory
     asr_batch_size: BatchSize = Field(16, validation_alias=_env("asr_batch_size", "ASR_BATCH_SIZE"))
 
@@ -52,6 +55,40 @@ class Settings(BaseSettings):
     embedding_batch_size: BatchSize = Field(128, validation_alias=_env("embedding_batch_size", "EMBEDDING_BATCH_SIZE"))
     #: fall back to the embedded model when the profile's model is unavailable
     embedding_fallback: bool = Field(True, validation_alias=_env("embedding_fallback", "EMBEDDING_FALLBACK"))
+
+    # -- speakers (issue 3) -------------------------------------------------------
+    #: diarize, name enrolled voices and put speaker labels on segments (PIPELINE_SPEAKERS)
+    speakers: bool = Field(True, validation_alias=_env("speakers", "PIPELINE_SPEAKERS"))
+    #: "auto": the pyannote pipeline through whisperx when it is available (local path or HF cache; the hub
+    #: only with allow_hub; HF_TOKEN from the environment), else the embedded offline diarizer; "embedded";
+    #: or a pyannote pipeline name / local config path
+    diarization_model: str = Field("auto", validation_alias=_env("diarization_model", "DIARIZATION_MODEL"))
+    #: bounds on the number of speakers (None: found automatically)
+    min_speakers: int | None = Field(None, ge=1, validation_alias=_env("min_speakers", "MIN_SPEAKERS"))
+    max_speakers: int | None = Field(None, ge=1, validation_alias=_env("max_speakers", "MAX_SPEAKERS"))
+    #: "campplus" (embedded CAM++, offline) or "ecapa" (SpeechBrain ECAPA-TDNN from ECAPA_SOURCE)
+    speaker_encoder: Literal["campplus", "ecapa"] = Field(
+        "campplus", validation_alias=_env("speaker_encoder", "SPEAKER_ENCODER"))
+    #: SpeechBrain source of the ECAPA encoder: a local directory or a hub name (HF cache offline)
+    ecapa_source: str = Field("speechbrain/spkrec-ecapa-voxceleb", validation_alias=_env("ecapa_source", "ECAPA_SOURCE"))
+    #: speaker segments per encoder batch (seed 001), in enrollment and in the embedded diarizer; halved on
+    #: out-of-memory
+    voice_enrollment_batch_size: int = Field(
+        4, ge=1, validation_alias=_env("voice_enrollment_batch_size", "VOICE_ENROLLMENT_BATCH_SIZE"))
+    #: skip the enrollment stage: speakers keep their SPEAKER_nn labels (seed 001)
+    skip_voice_embeddings: bool = Field(False, validation_alias=_env("skip_voice_embeddings", "SKIP_VOICE_EMBEDDINGS"))
+    #: when diarization or enrollment runs out of memory even at batch size 1, go on without speakers
+    #: (the report says so) instead of failing the input (seed 001)
+    enable_fast_path: bool = Field(True, validation_alias=_env("enable_fast_path", "ENABLE_FAST_PATH"))
+    #: directory of voice profiles (``pipeline enroll``); every profile in it is matched (None: none)
+    profiles_dir: Path | None = Field(None, validation_alias=_env("profiles_dir", "PIPELINE_PROFILES_DIR"))
+    #: similarity threshold written into new voice profiles (None: the encoder's default)
+    speaker_threshold: float | None = Field(
+        None, ge=-1, le=1, validation_alias=_env("speaker_threshold", "SPEAKER_THRESHOLD"))
+    #: word alignment with whisperx's wav2vec2 aligner, when its model is available (PIPELINE_ALIGN)
+    align: bool = Field(True, validation_alias=_env("align", "PIPELINE_ALIGN"))
+    #: where the embedded speaker weights live (None: the project's .cache/weights, filled by bin/)
+    weights_dir: Path | None = Field(None, validation_alias=_env("weights_dir", "PIPELINE_WEIGHTS_DIR"))
 
     #: inputs per chunk: inside a chunk each stage runs in ONE child over all its inputs (model loaded
     #: once), so every child is restarted at least every ``chunk_size`` inputs (seed 001: every 50 videos)
@@ -156,6 +193,14 @@ class Settings(BaseSettings):
         notice = info.data.get("memory_notice_pct")
         if notice is not None and value < notice:
             raise ValueError(f"must not be below memory_notice_pct ({notice})")
+        return value
+
+    @field_validator("max_speakers")
+    @classmethod
+    def _max_above_min(cls, value: int | None, info) -> int | None:
+        low = info.data.get("min_speakers")
+        if value is not None and low is not None and value < low:
+            raise ValueError(f"must not be below min_speakers ({low})")
         return value
 
     @field_validator("asr_language")

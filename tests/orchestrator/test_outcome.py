@@ -56,3 +56,16 @@ def test_signal_kill_is_retried_a_bounded_number_of_times_with_the_same_batch():
 @pytest.mark.parametrize("outcome", [Outcome.ERROR, Outcome.CONTRACT_ERROR, Outcome.INTERRUPTED, Outcome.OK])
 def test_other_outcomes_are_not_retried(outcome):
     assert not next_step(outcome, 8, 0, 2).retry
+
+
+def test_fast_path_skips_a_skippable_stage_only_when_it_is_out_of_memory_at_batch_1():
+    """Given a skippable stage (diarization / enrollment with ENABLE_FAST_PATH), OOM still halves first;
+    at batch 1 the items go on without it instead of failing. Other stages and other failures are unchanged."""
+    halve = next_step(Outcome.OOM, 4, 0, 2, stage="enrollment", skippable=True)
+    assert (halve.retry, halve.batch_size, halve.skip) == (True, 2, False)
+    skip = next_step(Outcome.OOM, 1, 0, 2, stage="diarization", skippable=True)
+    assert (skip.retry, skip.skip) == (False, True) and "without speakers" in skip.reason
+    fail = next_step(Outcome.OOM, 1, 0, 2, stage="diarization", skippable=False)
+    assert (fail.retry, fail.skip) == (False, False) and "smaller model" in fail.reason
+    assert not next_step(Outcome.ERROR, 1, 0, 2, stage="diarization", skippable=True).skip
+    assert not next_step(Outcome.KILLED, 1, 2, 2, signal=9, skippable=True).skip

@@ -25,7 +25,7 @@ def test_real_run_logs_checkpoints_of_every_stage_and_reports_them(tmp_path):
         report = orch.process([MEDIA / "speech.wav"])
     assert report.ok == 1, report.inputs[0].error
     events = read_events(perf_log_path(settings.output_dir, report.run_id))
-    for stage in ("audio", "asr", "embeddings"):
+    for stage in ("audio", "asr", "diarization", "alignment", "embeddings"):
         mine = [e for e in events if e.stage == stage]
         assert [e.point for e in mine if e.event == "checkpoint"] == ["before model load", "model loaded", "before exit"]
         assert all(e.kind == "cpu" and e.rss_mb > 0 for e in mine if e.event == "checkpoint")  # no GPU here
@@ -37,5 +37,5 @@ def test_real_run_logs_checkpoints_of_every_stage_and_reports_them(tmp_path):
     assert all(a.peak_vram_mb is None for s in report.stages for a in s.attempts)
     assert ChildRegistry(tmp_path / "pids").records() == []
     built = build(settings.output_dir)
-    assert [s.stage for s in built.summaries] == ["audio", "asr", "embeddings"]
+    assert [s.stage for s in built.summaries] == ["audio", "asr", "diarization", "alignment", "embeddings"]
     assert built.png.stat().st_size > 10_000

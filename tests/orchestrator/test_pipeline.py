@@ -56,7 +56,8 @@ def test_real_run_never_loads_torch_in_the_parent_and_a_rerun_reuses_everything(
     first = _api_run(tmp_path)
     assert first["heavy"] == [], "the parent process imported a model library"
     assert first["report"]["ok"] == 1
-    assert [len(s["attempts"]) for s in first["report"]["stages"]] == [1, 1, 1]
+    assert [s["stage"] for s in first["report"]["stages"]] == ["audio", "asr", "diarization", "alignment", "embeddings"]
+    assert [len(s["attempts"]) for s in first["report"]["stages"]] == [1, 1, 1, 1, 1]
     srt = (tmp_path / "speech" / "transcript.srt").read_text()
 
     second = _api_run(tmp_path)

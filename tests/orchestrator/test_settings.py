@@ -31,3 +31,27 @@ def test_children_are_offline_unless_the_hub_is_allowed():
 def test_invalid_values_are_rejected(bad):
     with pytest.raises(ValidationError):
         Settings(**bad)
+
+
+def test_speaker_settings_use_the_seed_names(monkeypatch):
+    monkeypatch.setenv("VOICE_ENROLLMENT_BATCH_SIZE", "8")
+    monkeypatch.setenv("SKIP_VOICE_EMBEDDINGS", "true")
+    monkeypatch.setenv("ENABLE_FAST_PATH", "false")
+    monkeypatch.setenv("SPEAKER_ENCODER", "ecapa")
+    monkeypatch.setenv("MIN_SPEAKERS", "2")
+    s = Settings()
+    assert (s.voice_enrollment_batch_size, s.skip_voice_embeddings, s.enable_fast_path) == (8, True, False)
+    assert (s.speaker_encoder, s.min_speakers) == ("ecapa", 2)
+
+
+def test_speaker_defaults_follow_seed_001():
+    s = Settings()
+    assert (s.voice_enrollment_batch_size, s.skip_voice_embeddings, s.enable_fast_path, s.speakers) == (4, False, True, True)
+    assert s.speaker_encoder == "campplus" and s.diarization_model == "auto"
+
+
+@pytest.mark.parametrize("bad", [{"min_speakers": 3, "max_speakers": 2}, {"speaker_encoder": "xvector"},
+                                 {"voice_enrollment_batch_size": 0}, {"asr_chunk_size": 31}])
+def test_invalid_speaker_settings_are_rejected(bad):
+    with pytest.raises(ValueError):
+        Settings(**bad)

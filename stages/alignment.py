@@ -1,0 +1,197 @@
+"""Word alignment (when its model is available) and the merge into the final transcript.
+
+Reads the raw ASR transcript (``asr.json``) and, when they exist, the
+diarization and the enrollment matches; writes ``transcript.json``:
+
+- **alignment**: whisperx's wav2vec2 aligner (torchaudio ``WAV2VEC2_ASR_BASE_960H``
+  for English, a Hugging Face model for other languages). Offline, only a model
+  already on disk is used (torch hub / HF cache); otherwise the transcript says
+  ``aligned: false`` and why, without waiting for a download.
+- **speakers**: each word (aligned) or segment gets the diarization speaker it
+  overlaps most; a segment's speaker is the one holding most of its words' time.
+  Cluster labels become enrolled names where the enrollment stage matched a
+  profile; other speakers keep ``SPEAKER_nn``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from contracts import (
+    AudioArtifact,
+    DiarizationArtifact,
+    Segment,
+    SpeakerEmbeddingsArtifact,
+    SpeakerTurn,
+    StageRequest,
+    TranscriptArtifact,
+    Word,
+    WorkItem,
+    load_artifact,
+)
+from contracts.errors import ArtifactError, InputError
+from stages.base import TorchStage
+from stages.memory import is_oom
+
+log = logging.getLogger(__name__)
+
+#: a word or segment further than this from every turn gets no speaker
+MAX_GAP_S = 1.0
+#: whisperx's torchaudio aligners (whisperx.alignment.DEFAULT_ALIGN_MODELS_TORCH), checked on disk before
+#: whisperx is imported
+TORCHAUDIO_ALIGNERS = {
+    "en": "WAV2VEC2_ASR_BASE_960H", "fr": "VOXPOPULI_ASR_BASE_10K_FR", "de": "VOXPOPULI_ASR_BASE_10K_DE",
+    "es": "VOXPOPULI_ASR_BASE_10K_ES", "it": "VOXPOPULI_ASR_BASE_10K_IT",
+}
+
+
+class AlignmentStage(TorchStage):
+    name = "alignment"
+    input = TranscriptArtifact
+    input_key = "asr"
+    output = TranscriptArtifact
+
+    def load(self, request: StageRequest, device: str) -> str | None:
+        self.want_align = bool(request.setting("align", True))
+        self.allow_hub = bool(request.setting("allow_hub", False))
+        self.aligners: dict[str, tuple] = {}
+        self.unavailable: dict[str, str] = {}
+        return None
+
+    def process(self, item: WorkItem, asr: TranscriptArtifact, request: StageRequest) -> TranscriptArtifact:
+        segments, aligned, aligner, note = list(asr.segments), False, None, None
+        if self.want_align and segments:
+            segments, aligned, aligner, note = self._align(item, asr)
+        elif not self.want_align:
+            note = "alignment off (PIPELINE_ALIGN=false)"
+        diarization = _optional(item, "diarization", DiarizationArtifact)
+        enrollment = _optional(item, "speaker_embeddings", SpeakerEmbeddingsArtifact)
+        speakers_note = None
+        if diarization is not None:
+            names = {m.speaker: m.name for m in enrollment.matches if m.name} if enrollment else {}
+            segments = assign_speakers(segments, diarization.turns, names)
+            if enrollment is None and request.setting("skip_voice_embeddings"):
+                speakers_note = "enrollment skipped (SKIP_VOICE_EMBEDDINGS): speakers keep their SPEAKER_nn labels"
+        elif request.setting("speakers", False):
+            speakers_note = "no speakers: diarization did not run for this input (fast path; see run-report.json)"
+        return asr.model_copy(update={
+            "fingerprint": item.fingerprint,
+            "segments": segments,
+            "aligned": aligned,
+            "aligner": aligner,
+            "alignment_note": note,
+            "diarization": diarization.model if diarization else None,
+            "speaker_encoder": enrollment.encoder_model if enrollment else None,
+            "speakers_note": speakers_note,
+        })
+
+    # -- alignment ------------------------------------------------------------------
+
+    def _align(self, item: WorkItem, asr: TranscriptArtifact):
+        language = asr.language
+        if language in self.unavailable:
+            return list(asr.segments), False, None, self.unavailable[language]
+        try:
+            model, metadata, name = self.aligners.get(language) or self._load_aligner(language)
+        except Exception as exc:
+            if is_oom(exc):
+                raise
+            reason = f"no alignment model for {language!r} offline ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+            log.warning("alignment: %s; keeping segment timestamps", reason)
+            self.unavailable[language] = reason
+            return list(asr.segments), False, None, reason
+        self.aligners[language] = (model, metadata, name)
+        import numpy as np
+        import whisperx.alignment as wxa
+
+        audio = load_artifact(item.inputs["audio"], AudioArtifact)
+        samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
+        result = wxa.align([{"start": s.start, "end": s.end, "text": s.text} for s in asr.segments], model, metadata,
+                           samples, self.device)
+        segments = []
+        for raw in result["segments"]:
+            words = [Word(word=w["word"], start=_num(w.get("start")), end=_num(w.get("end")), score=_num(w.get("score")))
+                     for w in raw.get("words", [])]
+            start = max(0.0, float(raw["start"]))
+            segments.append(Segment(id=len(segments), start=round(start, 3), end=round(max(start, float(raw["end"])), 3),
+                                    text=raw["text"].strip(), words=words or None))
+        return segments, True, name, None
+
+    def _load_aligner(self, language: str):
+        name = TORCHAUDIO_ALIGNERS.get(language)
+        if name is not None and not self.allow_hub:
+            # torchaudio bundles download from their own server, which HF_HUB_OFFLINE does not stop:
+            # look for the file first (before importing whisperx, seconds), so offline runs never wait
+            import torch.hub
+            import torchaudio
+
+            bundle = getattr(torchaudio.pipelines, name)
+            path = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(bundle._path)
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} is not downloaded")
+        import whisperx.alignment as wxa
+
+        name = wxa.DEFAULT_ALIGN_MODELS_TORCH.get(language) or wxa.DEFAULT_ALIGN_MODELS_HF.get(language)
+        if name is None:
+            raise LookupError(f"whisperx has no default aligner for {language!r}")
+        # Hugging Face models: HF_HUB_OFFLINE=1 (set by the orchestrator) and model_cache_only fail at once
+        model, metadata = wxa.load_align_model(language, self.device, model_cache_only=not self.allow_hub)
+        return model, metadata, name
+
+
+def _num(value) -> float | None:
+    return None if value is None else round(float(value), 3)
+
+
+def _optional(item: WorkItem, key: str, cls):
+    path = item.inputs.get(key)
+    if path is None:
+        return None
+    try:
+        return load_artifact(path, cls)
+    except ArtifactError as exc:
+        raise InputError(f"upstream artifact unusable: {exc}") from exc
+
+
+# -- merge (pure) -------------------------------------------------------------------
+
+
+def speaker_at(start: float, end: float, turns: list[SpeakerTurn]) -> str | None:
+    """The speaker whose turns overlap [start, end] most; the nearest within MAX_GAP_S if none overlaps."""
+    overlap: dict[str, float] = {}
+    for t in turns:
+        o = min(end, t.end) - max(start, t.start)
+        if o > 0:
+            overlap[t.speaker] = overlap.get(t.speaker, 0.0) + o
+    if overlap:
+        return max(sorted(overlap), key=lambda s: overlap[s])
+    gaps = [(max(t.start - end, start - t.end), t.speaker) for t in turns]
+    gaps = [g for g in gaps if g[0] <= MAX_GAP_S]
+    return min(gaps)[1] if gaps else None
+
+
+def assign_speakers(segments: list[Segment], turns: list[SpeakerTurn], names: dict[str, str]) -> list[Segment]:
+    """Segments (and their timed words) with speakers: enrolled names where matched, else cluster labels."""
+    out = []
+    for seg in segments:
+        words = None
+        if seg.words:
+            words = []
+            for w in seg.words:
+                spk = speaker_at(w.start, w.end, turns) if w.start is not None and w.end is not None else None
+                words.append(w.model_copy(update={"speaker": names.get(spk, spk) if spk else None}))
+            timed: dict[str, float] = {}
+            for w in words:
+                if w.speaker and w.start is not None and w.end is not None:
+                    timed[w.speaker] = timed.get(w.speaker, 0.0) + max(w.end - w.start, 1e-3)
+            speaker = max(sorted(timed), key=lambda s: timed[s]) if timed else None
+        else:
+            spk = speaker_at(seg.start, seg.end, turns)
+            speaker = names.get(spk, spk) if spk else None
+        out.append(seg.model_copy(update={"speaker": speaker, "words": words}))
+    return out
+
+
+STAGE = AlignmentStage()

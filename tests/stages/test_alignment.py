@@ -1,0 +1,110 @@
+"""Alignment offline (recorded, fast) and the merge of speakers into the final transcript."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from contracts import (
+    DiarizationArtifact,
+    Segment,
+    SpeakerEmbeddingsArtifact,
+    SpeakerTurn,
+    StageRequest,
+    TranscriptArtifact,
+    Word,
+    WorkItem,
+    load_artifact,
+    save_model,
+)
+from stages.alignment import AlignmentStage, assign_speakers, speaker_at
+from stages.audio import AudioStage
+from tests.conftest import MEDIA
+
+EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+TURNS = [SpeakerTurn(start=0.0, end=4.0, speaker="SPEAKER_00"), SpeakerTurn(start=4.5, end=8.0, speaker="SPEAKER_01")]
+
+
+def test_a_segment_gets_the_speaker_it_overlaps_most():
+    assert speaker_at(0.5, 3.0, TURNS) == "SPEAKER_00"
+    assert speaker_at(3.0, 7.0, TURNS) == "SPEAKER_01", "1 s of SPEAKER_00, 2.5 s of SPEAKER_01"
+    assert speaker_at(4.1, 4.4, TURNS) == "SPEAKER_00", "in a gap: the nearest turn"
+    assert speaker_at(20.0, 21.0, TURNS) is None, "far from every turn: nobody"
+
+
+def test_names_replace_cluster_labels_and_words_decide_the_segment():
+    segments = [
+        Segment(id=0, start=0.0, end=3.5, text="hello there"),
+        Segment(id=1, start=3.0, end=8.0, text="a b c", words=[
+            Word(word="a", start=3.0, end=3.9), Word(word="b", start=4.6, end=6.0), Word(word="c", start=6.0, end=7.5),
+            Word(word="d")]),
+    ]
+    out = assign_speakers(segments, TURNS, {"SPEAKER_00": "Host"})
+    assert out[0].speaker == "Host"
+    assert [w.speaker for w in out[1].words] == ["Host", "SPEAKER_01", "SPEAKER_01", None]
+    assert out[1].speaker == "SPEAKER_01"
+    assert assign_speakers(segments, [], {})[0].speaker is None
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("align")
+    AudioStage().run(StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1, device="cpu",
+                                  result_path=str(tmp / "a.json"),
+                                  items=[WorkItem(id="s", inputs={"source": str(MEDIA / "speech.wav")},
+                                                  output=str(tmp / "audio.json"), fingerprint="fp")]))
+    save_model(TranscriptArtifact(
+        item_id="s", fingerprint="fp-asr", source="speech.wav", language="en", model="m", requested_model="embedded",
+        device="cpu", compute_type="int8", batch_size=1, duration_s=10.0,
+        segments=[Segment(id=0, start=0.0, end=3.5, text="The quick brown fox."),
+                  Segment(id=1, start=5.0, end=7.5, text="She sells sea shells.")]), tmp / "asr.json")
+    save_model(DiarizationArtifact(item_id="s", fingerprint="fp", source="speech.wav", turns=TURNS, model="embedded:x",
+                                   requested_model="auto", device="cpu", duration_s=10.0), tmp / "diarization.json")
+    save_model(SpeakerEmbeddingsArtifact(
+        item_id="s", fingerprint="fp", source="speech.wav", sidecar="x.npy", sha256=EMPTY_SHA256, encoder="campplus",
+        encoder_model="campplus:/w.pt", dimension=192, turn_rows=[], profiles=["Host"], device="cpu", batch_size=4,
+        matches=[{"speaker": "SPEAKER_00", "seconds": 4.0, "profile": "Host", "similarity": 0.9, "threshold": 0.6,
+                  "name": "Host"},
+                 {"speaker": "SPEAKER_01", "seconds": 3.5, "profile": "Host", "similarity": 0.3, "threshold": 0.6}]),
+        tmp / "speaker_embeddings.json")
+    (tmp / "x.npy").write_bytes(b"")
+    return tmp
+
+
+def _run(tmp, keys, **settings) -> TranscriptArtifact:
+    item = WorkItem(id="s", inputs={k: str(tmp / f"{k}.json") for k in keys}, output=str(tmp / "transcript.json"),
+                    fingerprint="fp-final")
+    result = AlignmentStage().run(StageRequest(request_id="r", stage="alignment", module="stages.alignment",
+                                               batch_size=1, device="cpu", settings=settings, items=[item],
+                                               result_path=str(tmp / "r.json")))
+    assert result.items[0].ok, result.items
+    return load_artifact(tmp / "transcript.json", TranscriptArtifact)
+
+
+def test_offline_alignment_is_recorded_as_not_done_without_waiting(inputs, monkeypatch, tmp_path):
+    """Given no aligner on disk and HF_HUB_OFFLINE=1, the stage keeps segment times, says why, and does not
+    wait for a download; diarization and enrollment still name the speakers."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # an empty torch hub: the aligner is not there
+    t0 = time.monotonic()
+    final = _run(inputs, ["asr", "audio", "diarization", "speaker_embeddings"], align=True, speakers=True)
+    assert time.monotonic() - t0 < 60
+    assert final.aligned is False and final.aligner is None and "not downloaded" in final.alignment_note
+    assert [s.speaker for s in final.segments] == ["Host", "SPEAKER_01"]
+    assert final.diarization == "embedded:x" and final.speaker_encoder == "campplus:/w.pt"
+    assert final.fingerprint == "fp-final" and final.model == "m", "the ASR facts are kept"
+
+
+def test_without_diarization_the_transcript_says_why_there_are_no_speakers(inputs):
+    final = _run(inputs, ["asr", "audio"], align=False, speakers=True)
+    assert [s.speaker for s in final.segments] == [None, None]
+    assert "diarization did not run" in final.speakers_note and final.alignment_note.startswith("alignment off")
+    plain = _run(inputs, ["asr", "audio"], align=False, speakers=False)
+    assert plain.speakers_note is None
+
+
+def test_skipped_enrollment_keeps_cluster_labels_and_says_so(inputs):
+    final = _run(inputs, ["asr", "audio", "diarization"], align=False, speakers=True, skip_voice_embeddings=True)
+    assert [s.speaker for s in final.segments] == ["SPEAKER_00", "SPEAKER_01"]
+    assert "SKIP_VOICE_EMBEDDINGS" in final.speakers_note and final.speaker_encoder is None
