@@ -49,7 +49,7 @@ def test_first_ctrl_c_finishes_the_current_item_then_a_rerun_resumes(tmp_path, i
     # the ASR child stopped between items: some done (whole artifacts), the rest left for later
     assert 1 <= len(asr) < 6 and all(item["ok"] for item in asr)
     assert report["interrupted"] == 6 and report["ok"] == 0
-    assert all((out / item["id"] / "transcript.json").is_file() for item in asr)
+    assert all((out / item["id"] / "asr.json").is_file() for item in asr)  # the raw ASR transcript
     assert "finishing the current item" in err
 
     done = subprocess.run(
