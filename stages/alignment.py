@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 
 from contracts import (
@@ -78,6 +79,7 @@ class AlignmentStage(TorchStage):
             speakers_note = "no speakers: diarization did not run for this input (fast path; see run-report.json)"
         return asr.model_copy(update={
             "fingerprint": item.fingerprint,
+            "created_at": datetime.now(timezone.utc),
             "segments": segments,
             "aligned": aligned,
             "aligner": aligner,
