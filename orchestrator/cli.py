@@ -50,6 +50,9 @@ def process(
     profiles: Annotated[Optional[Path], typer.Option("--profiles", help="Voice profiles to name speakers with (pipeline enroll) [env PIPELINE_PROFILES_DIR].")] = None,
     min_speakers: Annotated[Optional[int], typer.Option(min=1, help="[env MIN_SPEAKERS]")] = None,
     max_speakers: Annotated[Optional[int], typer.Option(min=1, help="[env MAX_SPEAKERS]")] = None,
+    executor: Annotated[Optional[str], typer.Option(help="local or ray [env PIPELINE_EXECUTOR, default local].")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster: auto or HOST:PORT; unset: a local one for this run [env RAY_ADDRESS].")] = None,
+    parallel_chunks: Annotated[Optional[int], typer.Option(min=1, help="Chunks in flight [env PIPELINE_PARALLEL_CHUNKS; default 1 locally, the cluster's GPUs under Ray].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -66,7 +69,8 @@ def process(
         "asr_batch_size": asr_batch_size, "embedding_profile": embedding_profile,
         "embedding_batch_size": embedding_batch_size, "allow_hub": allow_hub, "chunk_size": chunk_size,
         "force": force or None, "speakers": speakers, "profiles_dir": profiles, "min_speakers": min_speakers,
-        "max_speakers": max_speakers,
+        "max_speakers": max_speakers, "executor": executor, "ray_address": ray_address,
+        "parallel_chunks": parallel_chunks,
     }
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -75,9 +79,14 @@ def process(
         typer.echo(f"error: invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
     progress = RichProgress(console) if console.is_terminal else LogProgress()
+    from contracts.errors import SettingsError
+
     try:
         with Orchestrator(settings) as orch:
             report = orch.process(inputs, progress=progress)
+    except SettingsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
     except KeyboardInterrupt:
         typer.echo("interrupted: stage children stopped; rerun the same command to resume", err=True)
         raise typer.Exit(ExitCode.INTERRUPTED) from None

@@ -1,6 +1,10 @@
-"""Start a stage child in a fresh interpreter and wait for it.
+"""Executors: how a stage request becomes a process that runs it.
 
-Children come from ``multiprocess.get_context("spawn")``: a new Python
+:class:`Executor` is the interface the pipeline uses; :class:`LocalExecutor`
+(default) spawns each child on this machine, ``orchestrator.ray_executor``
+runs the same children as Ray tasks across GPUs and machines.
+
+Local children come from ``multiprocess.get_context("spawn")``: a new Python
 process with its own CUDA context, which the driver frees entirely when the
 process exits. The child's stdout and stderr (its logs, and native libraries'
 output) go to a per-attempt log file that the parent tails into its own log,
@@ -18,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import multiprocess
 
@@ -81,8 +85,37 @@ class ChildExit:
     gpu: StageGpuCheck | None = None
 
 
+class Executor(Protocol):
+    """What the pipeline needs from an executor: nothing here knows what a stage does.
+
+    A request file (``contracts.StageRequest``) goes in; a :class:`ChildExit` comes
+    out once the process that ran it has exited and its artifacts, progress lines
+    and result file are where the request says.
+    """
+
+    def run(self, stage: str, request_path: Path, log_path: Path,
+            progress: tuple[Path, Callable[[str], None]] | None = None, warm: WarmChild | None = None,
+            gpu: bool = True) -> ChildExit:
+        """Run the request in a fresh process and wait; ``gpu``: the stage wants a GPU if there is one."""
+
+    def warm_up(self, stage: str, module: str, request_path: Path, log_path: Path) -> WarmChild | None:
+        """Start the process for a request written later, or None when the executor cannot."""
+
+    def cancel(self, warm: WarmChild) -> None:
+        """Stop a warm process whose request will never come."""
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        """Stop everything this executor started."""
+
+    def slots(self) -> int:
+        """How many stage processes can usefully run at once (chunks in flight)."""
+
+    def close(self) -> None:
+        """Release what the executor holds (connections, clusters it started)."""
+
+
 class LocalExecutor:
-    """Runs each stage request in a spawned child on this machine."""
+    """Runs each stage request in a spawned child on this machine (one GPU: one chunk at a time)."""
 
     def __init__(self, watch: ChildWatch | None = None, die_with_parent: bool = True) -> None:
         """``die_with_parent``: children get SIGKILL when this process dies (Linux); without it, a
@@ -118,10 +151,12 @@ class LocalExecutor:
         return proc
 
     def run(self, stage: str, request_path: Path, log_path: Path,
-            progress: tuple[Path, Callable[[str], None]] | None = None, warm: WarmChild | None = None) -> ChildExit:
+            progress: tuple[Path, Callable[[str], None]] | None = None, warm: WarmChild | None = None,
+            gpu: bool = True) -> ChildExit:
         """Run one request in a fresh child (or in ``warm``, started for it) and wait.
 
-        ``progress`` = (file, callback per line it gains).
+        ``progress`` = (file, callback per line it gains); ``gpu`` is for executors that place
+        work (the child sees whatever this machine's settings make visible).
         """
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
@@ -162,6 +197,12 @@ class LocalExecutor:
             last_error=log_lines.last_error,
             gpu=gpu,
         )
+
+    def slots(self) -> int:
+        return 1
+
+    def close(self) -> None:
+        self.stop_all()
 
     def running_pids(self) -> list[int]:
         with self._lock:

@@ -16,6 +16,7 @@ import threading
 import time
 import unicodedata
 import uuid
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -34,7 +35,7 @@ from contracts import (
 )
 from contracts.errors import PipelineError
 from contracts.report import InputReport, ItemStage, RunReport, StageRun
-from orchestrator.executor import LocalExecutor
+from orchestrator.executor import Executor, LocalExecutor
 from orchestrator.journal import JOURNAL_NAME, Journal
 from orchestrator.outputs import write_outputs
 from orchestrator.perf_log import child_env as perf_log_env
@@ -212,9 +213,9 @@ def _skipped_with_input(inp: Input, spec: StageSpec, previous: StageSpec | None,
 class Orchestrator:
     """Runs the pipeline; leaving the ``with`` block stops every child it started."""
 
-    def __init__(self, settings: Settings | None = None, executor: LocalExecutor | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, executor: Executor | None = None) -> None:
         self.settings = settings or Settings()
-        self.executor = executor or LocalExecutor(ChildWatch.from_settings(self.settings))
+        self.executor = executor or make_executor(self.settings)
         self._stopping = False
         self._stop_file: Path | None = None
 
@@ -225,12 +226,12 @@ class Orchestrator:
         self.close()
 
     def close(self) -> None:
-        self.executor.stop_all()
+        self.executor.close()
 
     def stage_specs(self) -> list[StageSpec]:
         s = resolve_auto(self.settings)  # asr_model / batch sizes "auto" -> values for the GPU at hand
         return [
-            StageSpec("audio", "stages.audio", AudioArtifact, batch_size=1, keep=False),
+            StageSpec("audio", "stages.audio", AudioArtifact, batch_size=1, keep=False, gpu=False),
             StageSpec("asr", "stages.asr", TranscriptArtifact, batch_size=s.asr_batch_size, key="asr", settings={
                 "model": s.asr_model, "language": s.asr_language, "compute_type": s.asr_compute_type,
                 "allow_hub": s.allow_hub, "chunk_size": s.asr_chunk_size or (6 if s.speakers else 30),
@@ -274,17 +275,26 @@ class Orchestrator:
         chunks = [inputs[i:i + size] for i in range(0, len(inputs), size)]
         log.info("run %s: %d input(s) in %d chunk(s) of up to %d -> %s", run_id, len(inputs), len(chunks), size, out)
 
-        runner = StageRunner(self.executor, run_dir, self.settings.child_env() | perf_log_env(out, run_id),
-                             self.settings.device, self.settings.max_signal_retries, stop_path=self._stop_file)
+        env = self.settings.child_env() | perf_log_env(out, run_id)
+        if self.settings.executor == "ray":  # Ray assigns each task its GPU(s) through CUDA_VISIBLE_DEVICES
+            env.pop("CUDA_VISIBLE_DEVICES", None)
+        runner = StageRunner(self.executor, run_dir, env, self.settings.device, self.settings.max_signal_retries,
+                             stop_path=self._stop_file)
         stage_runs: list[StageRun] = []
         progress.start(len(inputs), resumed, len(chunks))
         hard_stop = False
+        parallel = min(len(chunks), self.settings.parallel_chunks or self.executor.slots()) or 1
+        if parallel > 1:
+            log.info("%d chunk(s) at a time", parallel)
         try:
             with self._ctrl_c():
-                for number, chunk in enumerate(chunks, start=1):
-                    if self._stopping:
-                        break
-                    self._run_chunk(number, chunk, specs, runner, journal, progress, stage_runs)
+                if parallel == 1:
+                    for number, chunk in enumerate(chunks, start=1):
+                        if self._stopping:
+                            break
+                        self._run_chunk(number, chunk, specs, runner, journal, progress, stage_runs)
+                else:
+                    self._run_chunks_parallel(parallel, chunks, specs, runner, journal, progress, stage_runs)
         except KeyboardInterrupt:
             hard_stop = True
             self.executor.stop_all(grace_s=1.0)
@@ -300,6 +310,30 @@ class Orchestrator:
         if hard_stop:
             raise KeyboardInterrupt
         return report
+
+    def _run_chunks_parallel(self, parallel: int, chunks: list[list[Input]], specs: list[StageSpec],
+                             runner: StageRunner, journal: Journal, progress: Progress,
+                             stage_runs: list[StageRun]) -> None:
+        """Up to ``parallel`` chunks in flight, each stage-major in its own children (Ray: on other GPUs)."""
+
+        def one(number: int, chunk: list[Input]) -> None:
+            if not self._stopping:
+                self._run_chunk(number, chunk, specs, runner, journal, progress, stage_runs)
+
+        pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="chunk")
+        try:
+            futures = [pool.submit(one, number, chunk) for number, chunk in enumerate(chunks, start=1)]
+            pending = set(futures)
+            while pending:  # short waits: Ctrl-C reaches this (main) thread between them
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
+                for future in done:
+                    future.result()  # a bug in a chunk's thread stops the run, as it would sequentially
+        except BaseException:  # second Ctrl-C, or a bug in a chunk's thread: stop the others, then report
+            self._stopping = True
+            self.executor.stop_all(grace_s=1.0)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _run_chunk(self, number: int, chunk: list[Input], specs: list[StageSpec], runner: StageRunner,
                    journal: Journal, progress: Progress, stage_runs: list[StageRun]) -> None:
@@ -445,4 +479,13 @@ class Orchestrator:
         )
 
 
-__all__ = ["Orchestrator", "expand_inputs", "item_ids"]
+def make_executor(settings: Settings) -> Executor:
+    """The executor the settings name (the Ray one is imported only when asked for)."""
+    if settings.executor == "ray":
+        from orchestrator.ray_executor import RayExecutor
+
+        return RayExecutor(settings)
+    return LocalExecutor(ChildWatch.from_settings(settings))
+
+
+__all__ = ["Orchestrator", "expand_inputs", "item_ids", "make_executor"]

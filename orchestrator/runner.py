@@ -21,7 +21,7 @@ from contracts import (
 )
 from contracts.errors import ArtifactError
 from contracts.report import Attempt, StageRun
-from orchestrator.executor import LocalExecutor, WarmChild
+from orchestrator.executor import Executor, WarmChild
 from orchestrator.outcome import Outcome, next_step
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,9 @@ class StageSpec:
     optional_inputs: tuple[str, ...] = ()
     #: the fast path may go on without this stage when it runs out of memory even at batch size 1
     skippable: bool = False
+    #: the stage computes on the GPU when there is one (decoding audio does not): executors that
+    #: place work (Ray) reserve a GPU for it
+    gpu: bool = True
 
     @property
     def kind(self) -> str:
@@ -93,7 +96,7 @@ def current_artifact(item: WorkItem, output: type[Artifact]) -> Artifact | None:
 class StageRunner:
     """Runs a stage's items in as many children as the retry policy allows."""
 
-    def __init__(self, executor: LocalExecutor, run_dir: Path, env: dict[str, str], device: str,
+    def __init__(self, executor: Executor, run_dir: Path, env: dict[str, str], device: str,
                  max_signal_retries: int, stop_path: Path | None = None) -> None:
         self.executor = executor
         self.stop_path = stop_path
@@ -106,7 +109,7 @@ class StageRunner:
     def _name(spec: StageSpec, chunk: int, attempt: int) -> str:
         return f"chunk{chunk:03d}-{spec.name}-{attempt}"
 
-    def warm_up(self, spec: StageSpec, chunk: int) -> WarmChild:
+    def warm_up(self, spec: StageSpec, chunk: int) -> WarmChild | None:
         """Start the first child of ``spec`` for ``chunk`` now, to import while the previous stage runs."""
         name = self._name(spec, chunk, 1)
         return self.executor.warm_up(spec.name, spec.module, self.run_dir / f"{name}.request.json",
@@ -156,7 +159,7 @@ class StageRunner:
             if on_item is not None:
                 follow = (Path(request.progress_path), lambda line, stage=spec.name: on_item(stage, _item_line(line)))
             done = self.executor.run(spec.name, request_path, self.run_dir / f"{name}.log", progress=follow,
-                                     warm=warm if attempt == 1 else None)
+                                     warm=warm if attempt == 1 else None, gpu=spec.gpu)
             warm = None
             result = self._read_result(request, done.outcome)
             attempts.append(_attempt(attempt, batch_size, len(todo), done, result))

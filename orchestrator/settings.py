@@ -96,6 +96,20 @@ class Settings(BaseSettings):
     #: start each stage's child while the previous stage computes, so its imports (seconds of
     #: torch/whisperx/transformers) overlap; it loads no model and touches no GPU until its turn
     prefetch: bool = Field(True, validation_alias=_env("prefetch", "PIPELINE_PREFETCH"))
+    #: where stage children run: "local" (spawned on this machine) or "ray" (Ray tasks, see docs/scale-out.md)
+    executor: Literal["local", "ray"] = Field("local", validation_alias=_env("executor", "PIPELINE_EXECUTOR"))
+    #: the Ray cluster: "auto" (RAY_ADDRESS or a running local one), "HOST:PORT", or None: start one
+    #: for this run only (RAY_ADDRESS is Ray's own variable)
+    ray_address: str | None = Field(None, validation_alias=_env("ray_address", "PIPELINE_RAY_ADDRESS", "RAY_ADDRESS"))
+    #: GPUs a GPU stage's task reserves (below 1 packs small stages onto one GPU)
+    ray_gpus_per_task: float = Field(1.0, gt=0, le=8, validation_alias=_env("ray_gpus_per_task", "PIPELINE_RAY_GPUS_PER_TASK"))
+    #: CPUs a stage's task reserves
+    ray_cpus_per_task: float = Field(1.0, ge=0, validation_alias=_env("ray_cpus_per_task", "PIPELINE_RAY_CPUS_PER_TASK"))
+    #: CPUs of the one-run local cluster started when ``ray_address`` is None (None: all)
+    ray_num_cpus: int | None = Field(None, ge=1, validation_alias=_env("ray_num_cpus", "PIPELINE_RAY_NUM_CPUS"))
+    #: chunks processed at once, each stage-major in its own children (None: what the executor can
+    #: place: 1 locally, the cluster's GPUs (or CPUs) under Ray)
+    parallel_chunks: int | None = Field(None, ge=1, validation_alias=_env("parallel_chunks", "PIPELINE_PARALLEL_CHUNKS"))
     #: redo every stage even when a valid, current artifact exists
     force: bool = Field(False, validation_alias=_env("force", "PIPELINE_FORCE"))
     #: respawns of a stage child killed by a signal before its items fail
