@@ -36,8 +36,8 @@ def _main() -> None:
 
 @app.command()
 def process(
-    inputs: Annotated[list[Path], typer.Argument(help="Video/audio files or directories.", show_default=False)],
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output directory [env PIPELINE_OUTPUT_DIR, default ./out].")] = None,
+    inputs: Annotated[list[str], typer.Argument(help="Video/audio files or directories, local or fsspec URLs (s3://, sftp://, file://).", show_default=False)],
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Output directory or fsspec URL [env PIPELINE_OUTPUT_DIR / PIPELINE_OUTPUT_URL, default ./out].")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N [env PIPELINE_DEVICE].")] = None,
     asr_model: Annotated[Optional[str], typer.Option(help="'embedded', a CTranslate2 directory or a model name [env ASR_MODEL].")] = None,
     language: Annotated[Optional[str], typer.Option(help="Spoken language code [env ASR_LANGUAGE].")] = None,
@@ -61,11 +61,13 @@ def process(
 
     from orchestrator import Orchestrator, Settings
     from orchestrator.progress import LogProgress, RichProgress, summary_table
+    from orchestrator.remote import is_url
 
     console = Console(stderr=True)
     setup_logging(verbose, console)
     overrides = {
-        "output_dir": output, "device": device, "asr_model": asr_model, "asr_language": language,
+        "output_dir": None if output is None or is_url(output) else Path(output),
+        "output_url": output if output is not None and is_url(output) else None, "device": device, "asr_model": asr_model, "asr_language": language,
         "asr_batch_size": asr_batch_size, "embedding_profile": embedding_profile,
         "embedding_batch_size": embedding_batch_size, "allow_hub": allow_hub, "chunk_size": chunk_size,
         "force": force or None, "speakers": speakers, "profiles_dir": profiles, "min_speakers": min_speakers,

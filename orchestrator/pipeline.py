@@ -40,6 +40,7 @@ from orchestrator.journal import JOURNAL_NAME, Journal
 from orchestrator.outputs import write_outputs
 from orchestrator.perf_log import child_env as perf_log_env
 from orchestrator.progress import LogProgress, Progress
+from orchestrator.remote import expand_url, fetch, is_url, upload, url_identity, url_stem, url_suffix
 from orchestrator.runner import StageRunner, StageSpec, current_artifact, fingerprint
 from orchestrator.settings import Settings
 from orchestrator.vram import resolve_auto
@@ -56,8 +57,11 @@ REPORT_NAME = "run-report.json"
 @dataclass
 class Input:
     id: str
+    #: the local file the first stage reads (for a URL input: where it is fetched to)
     source: Path
     directory: Path
+    #: the fsspec URL the input comes from, if not a local path
+    url: str | None = None
     #: expected fingerprint of each stage's artifact, chained from the source's identity
     fingerprints: dict[str, str] = field(default_factory=dict)
     error: str | None = None
@@ -90,11 +94,15 @@ class Input:
         return self.directory / f"{kind}.json"
 
 
-def expand_inputs(paths: list[str | Path]) -> list[Path]:
+def expand_inputs(paths: list[str | Path]) -> list[Path | str]:
     """Files stay as given (missing ones too: they fail alone later); directories give their media
-    files in sorted order. A directory without media stays itself, to fail alone with that reason."""
-    out: list[Path] = []
+    files in sorted order. A directory without media stays itself, to fail alone with that reason.
+    fsspec URLs (strings) are expanded the same way and stay URLs."""
+    out: list[Path | str] = []
     for raw in paths:
+        if is_url(raw):
+            out.extend(expand_url(str(raw), MEDIA_SUFFIXES))
+            continue
         path = Path(raw)
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES)
@@ -104,16 +112,16 @@ def expand_inputs(paths: list[str | Path]) -> list[Path]:
     return out
 
 
-def item_ids(paths: list[Path]) -> list[str]:
+def item_ids(paths: list[Path | str]) -> list[str]:
     """Readable, unique, filesystem-safe ids: the file stem, plus a path hash when stems collide."""
-    stems = [_safe_stem(p) for p in paths]
+    stems = [_safe_stem(Path(url_stem(p)) if is_url(p) else Path(p)) for p in paths]
     counts: dict[str, int] = {}
     for stem in stems:
         counts[stem] = counts.get(stem, 0) + 1
     ids = []
     for path, stem in zip(paths, stems):
         if counts[stem] > 1:
-            digest = hashlib.sha1(str(path.absolute()).encode()).hexdigest()[:8]
+            digest = hashlib.sha1(str(path if is_url(path) else Path(path).absolute()).encode()).hexdigest()[:8]
             stem = f"{stem}-{digest}"
         ids.append(stem)
     return ids
@@ -123,6 +131,15 @@ def _safe_stem(path: Path) -> str:
     stem = unicodedata.normalize("NFC", path.stem).strip() or "input"
     stem = "".join("_" if ch in '/\\\0' or ord(ch) < 32 else ch for ch in stem)
     return stem.lstrip(".") or "input"
+
+
+def _input(item_id: str, source: Path | str, out: Path) -> Input:
+    directory = out / item_id
+    if is_url(source):
+        source = str(source)
+        return Input(id=item_id, source=directory / ".work" / f"source{url_suffix(source)}", directory=directory,
+                     url=source)
+    return Input(id=item_id, source=Path(source), directory=directory)
 
 
 def _source_identity(path: Path) -> str:
@@ -187,7 +204,7 @@ def _chain_fingerprints(inp: Input, specs: list[StageSpec]) -> None:
     for index, spec in enumerate(specs):
         keys = _input_keys(spec, specs[index - 1] if index else None)
         if not keys:
-            upstream = _source_identity(inp.source)
+            upstream = url_identity(inp.url) if inp.url else _source_identity(inp.source)
         else:
             upstream = "|".join(f"skipped:{k}" if k in inp.skipped else by_key[k] for k in keys)
         by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(spec, upstream)
@@ -215,6 +232,11 @@ class Orchestrator:
 
     def __init__(self, settings: Settings | None = None, executor: Executor | None = None) -> None:
         self.settings = settings or Settings()
+        if self.settings.output_url:  # build locally (shared storage), upload each finished input
+            from orchestrator.remote import staging_dir
+
+            local = staging_dir(self.settings.output_url, self.settings.staging_dir)
+            self.settings = self.settings.model_copy(update={"output_dir": local})
         self.executor = executor or make_executor(self.settings)
         self._stopping = False
         self._stop_file: Path | None = None
@@ -265,7 +287,7 @@ class Orchestrator:
         self._stopping, self._stop_file = False, run_dir / "STOP"
         specs = self.stage_specs()
         sources = expand_inputs(paths)
-        inputs = [Input(id=i, source=p, directory=out / i) for i, p in zip(item_ids(sources), sources)]
+        inputs = [_input(i, p, out) for i, p in zip(item_ids(sources), sources)]
         for inp in inputs:
             _chain_fingerprints(inp, specs)
         journal = Journal(out / JOURNAL_NAME, run_id)
@@ -304,6 +326,11 @@ class Orchestrator:
         report = self._report(run_id, started, time.monotonic() - clock, out, inputs, stage_runs)
         save_model(report, out / REPORT_NAME)
         save_model(report, run_dir / REPORT_NAME)
+        if self.settings.output_url:
+            try:
+                upload([out / REPORT_NAME], self.settings.output_url)
+            except (OSError, ValueError) as exc:
+                log.error("could not upload %s to %s: %s", REPORT_NAME, self.settings.output_url, exc)
         progress.finish(report)
         log.info("run %s: %d ok, %d failed, %d interrupted; report %s", run_id, report.ok, report.failed,
                  report.interrupted, out / REPORT_NAME)
@@ -339,6 +366,13 @@ class Orchestrator:
                    journal: Journal, progress: Progress, stage_runs: list[StageRun]) -> None:
         """Stage-major: each stage runs in one child over all of the chunk's inputs that need it."""
         needs = {inp.id: self._needs(inp, specs) for inp in chunk}
+        for inp in chunk:  # URL inputs: fetched just before their first stage needs them
+            if inp.url and needs[inp.id][specs[0].name]:
+                try:
+                    fetch(inp.url, inp.source)
+                except PipelineError as exc:
+                    inp.error, inp.failed_stage = str(exc), "fetch"
+                    log.error("%s: %s", inp.id, exc)
         warm = None
         try:
             for index, spec in enumerate(specs):
@@ -446,6 +480,8 @@ class Orchestrator:
             embeddings = load_artifact(inp.artifact("embeddings"), EmbeddingsArtifact)
             vectors = np.load(inp.directory / embeddings.sidecar, allow_pickle=False)
             inp.outputs = write_outputs(inp.directory, transcript, embeddings, vectors)
+            if self.settings.output_url:
+                self._upload(inp)
             inp.duration_s = transcript.duration_s
             if transcript.speakers_note and not inp.skipped:  # a fast-path skip already has its note
                 inp.notes.append(transcript.speakers_note)
@@ -456,11 +492,21 @@ class Orchestrator:
         if not self.settings.keep_audio:
             shutil.rmtree(inp.directory / ".work", ignore_errors=True)
 
+    def _upload(self, inp: Input) -> None:
+        """The input's outputs and artifacts to OUTPUT_URL/<id>/ (a failure fails it; a rerun uploads again)."""
+        url = f"{self.settings.output_url.rstrip('/')}/{inp.id}"
+        files = sorted(p for p in inp.directory.iterdir() if p.is_file())
+        try:
+            upload(files, url)
+        except (OSError, ValueError) as exc:
+            raise OSError(f"upload to {url} failed: {type(exc).__name__}: {exc}") from None
+        inp.outputs = {name: f"{url}/{Path(path).name}" for name, path in inp.outputs.items()}
+
     def _report(self, run_id: str, started: datetime, wall_s: float, out: Path, inputs: list[Input],
                 stage_runs: list[StageRun]) -> RunReport:
         reports = [
             InputReport(
-                id=inp.id, source=str(inp.source), status=inp.status, error=inp.error,
+                id=inp.id, source=inp.url or str(inp.source), status=inp.status, error=inp.error,
                 failed_stage=inp.failed_stage, duration_s=inp.duration_s, outputs=inp.outputs, stages=inp.stages,
                 notes=inp.notes,
             )

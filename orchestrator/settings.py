@@ -30,6 +30,11 @@ class Settings(BaseSettings):
 
     #: where per-input outputs and run-report.json go (PIPELINE_OUTPUT_DIR)
     output_dir: Path = Field(Path("out"), validation_alias=_env("output_dir", "PIPELINE_OUTPUT_DIR"))
+    #: outputs go to this fsspec URL instead (s3://bucket/dir, sftp://host/dir, file:///dir): each input's
+    #: outputs are built in ``staging_dir``/<hash of the URL>/ and uploaded when it finishes (PIPELINE_OUTPUT_URL)
+    output_url: str | None = Field(None, validation_alias=_env("output_url", "PIPELINE_OUTPUT_URL"))
+    #: where URL outputs are built (shared storage under Ray); the same URL resumes from the same place
+    staging_dir: Path = Field(Path(".cache/outputs"), validation_alias=_env("staging_dir", "PIPELINE_STAGING_DIR"))
     #: "auto" (CUDA when a child sees a GPU, else CPU), "cpu", "cuda" or "cuda:N" (PIPELINE_DEVICE)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", validation_alias=_env("device", "PIPELINE_DEVICE"))
     #: let children download from the Hugging Face hub; otherwise HF_HUB_OFFLINE=1 (PIPELINE_ALLOW_HUB)

@@ -1,0 +1,102 @@
+"""Inputs and outputs at fsspec URLs (``file://``, ``s3://``, ``sftp://``, ``memory://``, ...).
+
+Stages only ever see local paths: the parent fetches a URL input into the
+input's scratch directory (``OUT/<id>/.work/``, on the shared storage every
+node sees) just before its audio stage, and uploads each finished input's
+outputs to the output URL. A protocol's own package must be installed
+(``s3fs`` for ``s3://``, ``sshfs`` for ``sftp://``); fsspec names the one
+missing. Credentials come from the protocol's usual places (environment,
+``~/.aws``, ``~/.ssh``), never from this project's settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path, PurePosixPath
+
+from contracts.errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+def is_url(value: str | Path) -> bool:
+    """``proto://...`` (a local path, even one with ``:`` in it, is not)."""
+    text = str(value)
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.replace("+", "").replace("-", "").isalnum() and not isinstance(value, Path)
+
+
+def _fs(url: str):
+    import fsspec
+
+    try:
+        return fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as exc:
+        raise InputError(f"cannot open {url}: {exc}") from None
+
+
+def expand_url(url: str, suffixes: frozenset[str]) -> list[str]:
+    """A URL of a file stays as it is (a missing one fails alone later); a "directory" gives its media files."""
+    try:
+        fs, path = _fs(url)
+        if not fs.isdir(path):
+            return [url]
+        found = sorted(p for p in fs.find(path) if PurePosixPath(p).suffix.lower() in suffixes)
+    except InputError:
+        return [url]
+    except OSError as exc:
+        log.warning("cannot list %s: %s", url, exc)
+        return [url]
+    return [fs.unstrip_protocol(p) for p in found] or [url]
+
+
+def url_stem(url: str) -> str:
+    return PurePosixPath(url.split("://", 1)[1].split("?", 1)[0]).stem
+
+
+def url_identity(url: str) -> str:
+    """What the first stage's fingerprint hangs on: the URL and its size and version (etag/mtime)."""
+    try:
+        fs, path = _fs(url)
+        info = fs.info(path)
+    except (InputError, OSError, ValueError) as exc:
+        return f"unreadable:{url}:{type(exc).__name__}"
+    version = next((str(info[k]) for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created")
+                    if info.get(k) is not None), "")
+    return f"{url}:{info.get('size')}:{version}"
+
+
+def url_suffix(url: str) -> str:
+    """The file suffix of a URL's path (".mp4"), lower case; "" without one."""
+    return PurePosixPath(url.split("://", 1)[-1].split("?", 1)[0]).suffix.lower()
+
+
+def fetch(url: str, target: Path) -> Path:
+    """Download ``url`` to ``target`` atomically (nothing is left half-written)."""
+    directory = target.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / f".{target.name}.partial"
+    try:
+        fs, path = _fs(url)
+        fs.get_file(path, str(partial))
+        os.replace(partial, target)
+    except (OSError, ValueError) as exc:
+        partial.unlink(missing_ok=True)
+        raise InputError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
+    log.info("fetched %s (%.1f MB)", url, target.stat().st_size / 1e6)
+    return target
+
+
+def upload(files: list[Path], url: str) -> None:
+    """Copy ``files`` into the URL "directory" ``url`` (each written whole by the protocol: no partial reads)."""
+    fs, root = _fs(url)
+    fs.makedirs(root, exist_ok=True)
+    for path in files:
+        fs.put_file(str(path), f"{root.rstrip('/')}/{path.name}")
+
+
+def staging_dir(url: str, base: Path) -> Path:
+    """The local (shared) directory a URL output is built in: the same for the same URL, so reruns resume."""
+    return base / hashlib.sha1(url.encode()).hexdigest()[:16]

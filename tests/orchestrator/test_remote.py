@@ -1,0 +1,91 @@
+"""Inputs and outputs at fsspec URLs: fetched before the first stage, uploaded when an input finishes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from contracts import TranscriptArtifact
+from contracts.errors import InputError
+from orchestrator import Orchestrator, Settings
+from orchestrator.pipeline import MEDIA_SUFFIXES, expand_inputs, item_ids
+from orchestrator.progress import Progress
+from orchestrator.remote import expand_url, fetch, is_url, url_identity, url_suffix
+from tests.fixtures.generate import clips
+
+
+@pytest.fixture
+def memfs():
+    fs = fsspec.filesystem("memory")
+    fs.store.clear()
+    fs.pseudo_dirs[:] = [""]
+    yield fs
+    fs.store.clear()
+
+
+def test_urls_are_told_from_paths():
+    assert is_url("s3://bucket/a.mp4") and is_url("sftp://host/dir") and is_url("file:///tmp/a.wav")
+    assert not is_url("/tmp/a.wav") and not is_url("talk: part 1.mp4") and not is_url(Path("s3://x"))
+    assert url_suffix("s3://b/talks/Day 1.MP4?versionId=3") == ".mp4"
+
+
+def test_a_url_directory_gives_its_media_files_and_ids_come_from_their_names(memfs):
+    memfs.pipe({"/in/b.wav": b"x", "/in/sub/a.mp4": b"y", "/in/notes.txt": b"z"})
+    found = expand_url("memory://in", MEDIA_SUFFIXES)
+    assert found == ["memory:///in/b.wav", "memory:///in/sub/a.mp4"]
+    assert item_ids(found) == ["b", "a"]
+    assert expand_inputs(["memory://in/missing.wav"]) == ["memory://in/missing.wav"]
+
+
+def test_fetch_is_atomic_and_a_missing_url_is_a_one_line_input_error(memfs, tmp_path):
+    memfs.pipe("/in/a.wav", b"RIFF....")
+    assert fetch("memory://in/a.wav", tmp_path / "w" / "source.wav").read_bytes() == b"RIFF...."
+    with pytest.raises(InputError, match=r"could not fetch memory://in/gone.wav: FileNotFoundError") as err:
+        fetch("memory://in/gone.wav", tmp_path / "w" / "gone.wav")
+    assert "\n" not in str(err.value)
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["source.wav"]  # no partial file left
+
+
+def test_url_identity_changes_when_the_object_changes(memfs):
+    memfs.pipe("/in/a.wav", b"one")
+    before = url_identity("memory://in/a.wav")
+    memfs.pipe("/in/a.wav", b"longer")
+    assert url_identity("memory://in/a.wav") != before
+    assert url_identity("memory://in/none.wav").startswith("unreadable:")
+
+
+@pytest.mark.slow
+def test_url_inputs_and_outputs_end_to_end_with_a_bad_url_failing_alone(memfs, tmp_path):
+    local = clips(tmp_path / "clips", 2, seconds=2.5)
+    memfs.pipe("/in/clip000.wav", local[0].read_bytes())
+    sources = ["memory://in/clip000.wav", f"file://{local[1]}", "memory://in/missing.wav"]
+    settings = Settings(output_url="memory://out", staging_dir=tmp_path / "staging", speakers=False,
+                        embedding_profile="embedded", device="cpu")
+    with Orchestrator(settings) as orch:
+        report = orch.process(sources, progress=Progress())
+    # the two readable inputs are done, the missing one failed alone with a one-line reason
+    assert (report.ok, report.failed) == (2, 1)
+    bad = next(i for i in report.inputs if i.id == "missing")
+    assert bad.failed_stage == "fetch" and bad.error.startswith("could not fetch memory://in/missing.wav")
+    assert {i.source for i in report.inputs} == set(sources)
+    # outputs and artifacts were uploaded per input, plus the report
+    for item in ("clip000", "clip001"):
+        names = {Path(p).name for p in memfs.ls(f"/out/{item}", detail=False)}
+        assert {"transcript.json", "transcript.srt", "embeddings.npy", "segments.jsonl"} <= names
+        transcript = TranscriptArtifact.model_validate_json(memfs.cat(f"/out/{item}/transcript.json"))
+        assert " ".join(s.text for s in transcript.segments).strip()
+    uploaded = json.loads(memfs.cat("/out/run-report.json"))
+    assert uploaded["run_id"] == report.run_id
+    assert next(i for i in report.inputs if i.id == "clip000").outputs["transcript.srt"] == "memory://out/clip000/transcript.srt"
+    # the fetched copy was scratch: gone after success
+    assert not list((tmp_path / "staging").rglob("source.wav"))
+
+    # a rerun resumes from the staging directory: no stage runs again, and a lost upload is redone
+    memfs.rm("/out/clip000/transcript.srt")
+    with Orchestrator(settings) as orch:
+        again = orch.process(sources[:2], progress=Progress())
+    assert again.ok == 2 and not again.stages
+    assert memfs.exists("/out/clip000/transcript.srt")
