@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import fsspec
@@ -14,6 +17,7 @@ from orchestrator import Orchestrator, Settings
 from orchestrator.pipeline import MEDIA_SUFFIXES, expand_inputs, item_ids
 from orchestrator.progress import Progress
 from orchestrator.remote import expand_url, fetch, is_url, url_identity, url_suffix
+from tests.conftest import ROOT
 from tests.fixtures.generate import clips
 
 
@@ -89,3 +93,47 @@ def test_url_inputs_and_outputs_end_to_end_with_a_bad_url_failing_alone(memfs, t
         again = orch.process(sources[:2], progress=Progress())
     assert again.ok == 2 and not again.stages
     assert memfs.exists("/out/clip000/transcript.srt")
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A real S3 endpoint (moto's server) on 127.0.0.1, reached through s3fs like any bucket."""
+    pytest.importorskip("s3fs", reason="the remote group is not installed (uv sync --group remote)")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    fs.mkdir("media")
+    yield fs, env
+    server.stop()
+
+
+@pytest.mark.slow
+def test_s3_inputs_and_outputs_through_the_cli(s3, tmp_path):
+    fs, env = s3
+    for clip in clips(tmp_path / "clips", 2, seconds=2.5):
+        fs.put_file(str(clip), f"media/in/{clip.name}")
+    fs.pipe("media/in/notes.wav", b"this is text, not audio")
+    staging = tmp_path / "staging"
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "process", "s3://media/in/", "--output", "s3://media/out",
+         "--no-speakers", "--embedding-profile", "embedded", "--device", "cpu"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, **env, "PIPELINE_STAGING_DIR": str(staging)})
+    # exit 1: one input failed, alone, with a one-line reason; the others are in the bucket
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "FAILED s3://media/in/notes.wav: [audio]" in done.stderr
+    fs.invalidate_cache()
+    for item in ("clip000", "clip001"):
+        assert fs.exists(f"media/out/{item}/transcript.srt") and fs.exists(f"media/out/{item}/embeddings.npy")
+        assert "-->" in fs.cat(f"media/out/{item}/transcript.srt").decode()
+    report = json.loads(fs.cat("media/out/run-report.json"))
+    assert (report["ok"], report["failed"]) == (2, 1)
+    assert {i["source"] for i in report["inputs"]} == {f"s3://media/in/{n}" for n in
+                                                        ("clip000.wav", "clip001.wav", "notes.wav")}
