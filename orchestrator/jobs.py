@@ -99,8 +99,8 @@ class JobProgress(LogProgress):
         super().show_start(resumed)
         self.queue._update(self.record.id, chunks=self.chunks)
 
-    def item_finished(self, stage: str, result: ItemResult) -> None:
-        super().item_finished(stage, result)
+    def item_finished(self, stage: str, result: ItemResult, chunk: int | None = None) -> None:
+        super().item_finished(stage, result, chunk)
         self.queue._item(self.record.id, result.id, stage, "ok" if result.ok else "failed", result.error)
 
 

@@ -397,7 +397,8 @@ class Orchestrator:
                 progress.stage_started(number, spec.name, len(todo))
                 items = [self._work_item(spec, inp, previous) for inp in todo]
                 outcomes, stage_run = runner.run(spec, items, reuse=not self.settings.force, chunk=number,
-                                                 on_item=progress.item_finished, warm=warm)
+                                                 on_item=lambda stage, result, n=number: progress.item_finished(
+                                                     stage, result, chunk=n), warm=warm)
                 warm = next_warm
                 stage_runs.append(stage_run)
                 for inp in todo:
@@ -424,6 +425,7 @@ class Orchestrator:
                                fingerprint=inp.fingerprints[specs[-1].name], error=inp.error)
             if not inp.interrupted:
                 progress.input_finished(inp.complete, inp.duration_s or 0.0)
+        progress.chunk_finished(number)
 
     def _needs(self, inp: Input, specs: list[StageSpec]) -> dict[str, bool]:
         """Which stages must run for ``inp``: a stage whose artifact is not current, if a kept artifact

@@ -25,6 +25,8 @@ class Progress:
         self.chunk = self.chunks = 0
         self.stage = ""
         self.stage_total = self.stage_done = 0
+        #: chunk -> [stage, items done, items] of every chunk in flight (several under Ray)
+        self.active: dict[int, list] = {}
         self.audio_s = 0.0
         self.started = time.monotonic()
 
@@ -38,12 +40,21 @@ class Progress:
     def stage_started(self, chunk: int, stage: str, items: int) -> None:
         with self._lock:
             self.chunk, self.stage, self.stage_total, self.stage_done = chunk, stage, items, 0
+            self.active[chunk] = [stage, 0, items]
         self.show()
 
-    def item_finished(self, stage: str, result: ItemResult) -> None:
+    def item_finished(self, stage: str, result: ItemResult, chunk: int | None = None) -> None:
         with self._lock:
-            self.stage_done += 1
+            current = self.active.get(chunk if chunk is not None else self.chunk)
+            if current is not None and current[0] == stage:
+                current[1] += 1
+            if chunk is None or chunk == self.chunk:
+                self.stage_done += 1
         self.show()
+
+    def chunk_finished(self, chunk: int) -> None:
+        with self._lock:
+            self.active.pop(chunk, None)
 
     def input_finished(self, ok: bool, audio_s: float) -> None:
         with self._lock:
@@ -63,10 +74,14 @@ class Progress:
         elapsed = time.monotonic() - self.started
         return self.audio_s / elapsed if elapsed > 0 else 0.0
 
+    def stages(self) -> str:
+        """``chunk 2/4 asr 3/25`` for each chunk in flight."""
+        active = sorted(self.active.items()) or [(self.chunk, [self.stage, self.stage_done, self.stage_total])]
+        return ", ".join(f"chunk {c}/{self.chunks} {stage} {done}/{items}" for c, (stage, done, items) in active)
+
     def line(self) -> str:
         return (f"Progress: {self.done + self.failed}/{self.total} videos ({self.failed} failed) | "
-                f"chunk {self.chunk}/{self.chunks} {self.stage} {self.stage_done}/{self.stage_total} | "
-                f"{self.audio_s / 3600:.2f} h audio, {self.throughput():.1f} h/h")
+                f"{self.stages()} | {self.audio_s / 3600:.2f} h audio, {self.throughput():.1f} h/h")
 
     # -- display hooks -------------------------------------------------------
     def show_start(self, resumed: int) -> None:
@@ -115,8 +130,11 @@ class RichProgress(Progress):
         with self._lock:
             self.bar.update(self.videos, completed=self.done + self.failed,
                             info=f"{self.failed} failed | {self.audio_s / 3600:.2f} h audio | {self.throughput():.1f} h/h")
-            self.bar.update(self.current, description=f"{self.stage} (chunk {self.chunk}/{self.chunks})",
-                            total=self.stage_total, completed=self.stage_done, info="")
+            if len(self.active) > 1:  # chunks in parallel: one line naming each
+                self.bar.update(self.current, description=self.stages(), total=None, completed=0, info="")
+            else:
+                self.bar.update(self.current, description=f"{self.stage} (chunk {self.chunk}/{self.chunks})",
+                                total=self.stage_total, completed=self.stage_done, info="")
 
     def show_finish(self, report: RunReport) -> None:
         self.bar.stop()

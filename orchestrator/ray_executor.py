@@ -137,12 +137,12 @@ class RayExecutor:
         ray = _ray()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
-        log_lines = _LogLines(stage)
+        name = request_path.name.removesuffix(".request.json")
+        log_lines = _LogLines(name)  # "[chunk002-asr-1] ...": chunks run in parallel here
         follows = [_Follow(log_path, log_lines)]
         if progress is not None:
             progress[0].touch()
             follows.append(_Follow(*progress))
-        name = request_path.name.removesuffix(".request.json")
         options = self.task_options(name, gpu)
         started = time.perf_counter()
         ref = self._task.options(**options).remote(stage, str(request_path), str(log_path),
