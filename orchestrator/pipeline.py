@@ -298,9 +298,13 @@ class Orchestrator:
         log.info("run %s: %d input(s) in %d chunk(s) of up to %d -> %s", run_id, len(inputs), len(chunks), size, out)
 
         env = self.settings.child_env() | perf_log_env(out, run_id)
+        device = self.settings.device
         if self.settings.executor == "ray":  # Ray assigns each task its GPU(s) through CUDA_VISIBLE_DEVICES
             env.pop("CUDA_VISIBLE_DEVICES", None)
-        runner = StageRunner(self.executor, run_dir, env, self.settings.device, self.settings.max_signal_retries,
+            if device.startswith("cuda:"):
+                log.warning("device %s: under Ray each task sees only the GPU Ray gives it; using cuda", device)
+                device = "cuda"
+        runner = StageRunner(self.executor, run_dir, env, device, self.settings.max_signal_retries,
                              stop_path=self._stop_file)
         stage_runs: list[StageRun] = []
         progress.start(len(inputs), resumed, len(chunks))

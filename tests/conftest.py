@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,17 @@ SPEECH_TEXT = (
 #: Whisper tiny.en on the espeak voice gets ~16 % here ("sells sea shells" is hard);
 #: a broken decode/resample or a wrong stream gives ~100 %.
 MAX_WER = 0.35
+
+
+def wait_for(predicate, timeout: float = 300.0, what: str = "condition"):
+    """``predicate()``'s first truthy value, polled every 0.1 s; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def normalise(text: str) -> str:

@@ -37,7 +37,7 @@ from contracts import StageRequest, WorkItem, load_model  # noqa: E402
 from orchestrator import Settings  # noqa: E402
 from orchestrator.ray_executor import RayExecutor  # noqa: E402
 from orchestrator.runner import StageRunner, StageSpec  # noqa: E402
-from tests.conftest import MEDIA, ROOT  # noqa: E402
+from tests.conftest import MEDIA, ROOT, wait_for  # noqa: E402
 from tests.fixtures.generate import clips  # noqa: E402
 from tests.fixtures.stages import NoteArtifact  # noqa: E402
 
@@ -168,16 +168,6 @@ def _child_pid(log: Path) -> int | None:
     return None
 
 
-def _wait_for(predicate, timeout=400.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
     """Three short clips and a two-speaker dialogue: every stage runs, diarization included."""
@@ -203,16 +193,17 @@ def ray_resumed(tmp_path_factory, cluster, inputs) -> dict:
     first_log = out.parent / "ray-first.log"
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(first_log, "w"))
     try:
-        directory = _wait_for(lambda: next(iter(sorted((out / ".runs").glob("*"))), None)
-                              if (out / ".runs").exists() else None, what="run directory")
-        child = _wait_for(lambda: _child_pid(directory / "chunk002-asr-1.log"), what="chunk 2's ASR child")
+        directory = wait_for(lambda: next(iter(sorted((out / ".runs").glob("*"))), None)
+                              if (out / ".runs").exists() else None, timeout=500, what="run directory")
+        child = wait_for(lambda: _child_pid(directory / "chunk002-asr-1.log"), timeout=500,
+                         what="chunk 2's ASR child")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     journal = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
     complete = {e["item"] for e in journal if e["stage"] == "outputs" and e["status"] == "ok"}
     # Ray ends a dead driver's tasks; the stage child dies with its worker
-    _wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie", timeout=60,
+    wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie", timeout=60,
               what="the killed driver's stage child to die")
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

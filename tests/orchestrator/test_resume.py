@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from tests.fixtures.generate import clips
 
 pytestmark = pytest.mark.slow
@@ -30,16 +29,6 @@ def run(out: Path, inputs: Path) -> subprocess.CompletedProcess:
 
 def start(out: Path, inputs: Path, log: Path) -> subprocess.Popen:
     return subprocess.Popen(cli(out, inputs), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-
-
-def wait_for(predicate, timeout=300.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def run_dir(out: Path) -> Path | None:
