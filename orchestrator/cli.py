@@ -19,6 +19,7 @@ log = logging.getLogger("orchestrator.cli")
 def setup_logging(verbose: bool, console=None) -> None:
     """Plain log lines on pipes and files; on a terminal, rich logging above the progress display."""
     level = logging.DEBUG if verbose else logging.INFO
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)  # sftp:// logs every channel at INFO
     if console is not None and console.is_terminal:
         from rich.logging import RichHandler
 

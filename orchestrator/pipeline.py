@@ -40,7 +40,7 @@ from orchestrator.journal import JOURNAL_NAME, Journal
 from orchestrator.outputs import write_outputs
 from orchestrator.perf_log import child_env as perf_log_env
 from orchestrator.progress import LogProgress, Progress
-from orchestrator.remote import expand_url, fetch, is_url, upload, url_identity, url_stem, url_suffix
+from orchestrator.remote import expand_url, fetch, is_url, redact, upload, url_identity, url_stem, url_suffix
 from orchestrator.runner import StageRunner, StageSpec, current_artifact, fingerprint
 from orchestrator.settings import Settings
 from orchestrator.vram import resolve_auto
@@ -131,6 +131,12 @@ def _safe_stem(path: Path) -> str:
     stem = unicodedata.normalize("NFC", path.stem).strip() or "input"
     stem = "".join("_" if ch in '/\\\0' or ord(ch) < 32 else ch for ch in stem)
     return stem.lstrip(".") or "input"
+
+
+def _redacted(settings: dict) -> dict:
+    if settings.get("output_url"):
+        settings["output_url"] = redact(settings["output_url"])
+    return settings
 
 
 def _input(item_id: str, source: Path | str, out: Path) -> Input:
@@ -333,8 +339,8 @@ class Orchestrator:
         if self.settings.output_url:
             try:
                 upload([out / REPORT_NAME], self.settings.output_url)
-            except (OSError, ValueError) as exc:
-                log.error("could not upload %s to %s: %s", REPORT_NAME, self.settings.output_url, exc)
+            except Exception as exc:  # noqa: BLE001 - the outputs are uploaded; the report stays local
+                log.error("could not upload %s to %s: %s", REPORT_NAME, redact(self.settings.output_url), exc)
         progress.finish(report)
         log.info("run %s: %d ok, %d failed, %d interrupted; report %s", run_id, report.ok, report.failed,
                  report.interrupted, out / REPORT_NAME)
@@ -504,15 +510,15 @@ class Orchestrator:
         files = sorted(p for p in inp.directory.iterdir() if p.is_file())
         try:
             upload(files, url)
-        except (OSError, ValueError) as exc:
-            raise OSError(f"upload to {url} failed: {type(exc).__name__}: {exc}") from None
-        inp.outputs = {name: f"{url}/{Path(path).name}" for name, path in inp.outputs.items()}
+        except Exception as exc:  # noqa: BLE001 - any protocol's failure fails this input; a rerun uploads again
+            raise OSError(f"upload to {redact(url)} failed: {type(exc).__name__}: {exc}") from None
+        inp.outputs = {name: redact(f"{url}/{Path(path).name}") for name, path in inp.outputs.items()}
 
     def _report(self, run_id: str, started: datetime, wall_s: float, out: Path, inputs: list[Input],
                 stage_runs: list[StageRun]) -> RunReport:
         reports = [
             InputReport(
-                id=inp.id, source=inp.url or str(inp.source), status=inp.status, error=inp.error,
+                id=inp.id, source=redact(inp.url) if inp.url else str(inp.source), status=inp.status, error=inp.error,
                 failed_stage=inp.failed_stage, duration_s=inp.duration_s, outputs=inp.outputs, stages=inp.stages,
                 notes=inp.notes,
             )
@@ -520,7 +526,7 @@ class Orchestrator:
         ]
         return RunReport(
             run_id=run_id, started_at=started, finished_at=datetime.now(timezone.utc), output_dir=str(out),
-            settings=self.settings.model_dump(mode="json"), ok=sum(r.status == "ok" for r in reports),
+            settings=_redacted(self.settings.model_dump(mode="json")), ok=sum(r.status == "ok" for r in reports),
             failed=sum(r.status == "failed" for r in reports),
             interrupted=sum(r.status == "interrupted" for r in reports),
             chunk_size=self.settings.chunk_size, chunks=-(-len(inputs) // self.settings.chunk_size),

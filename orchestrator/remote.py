@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from pathlib import Path, PurePosixPath
 
 from contracts.errors import InputError
@@ -28,13 +29,22 @@ def is_url(value: str | Path) -> bool:
     return bool(sep) and scheme.replace("+", "").replace("-", "").isalnum() and not isinstance(value, Path)
 
 
+def redact(url: str) -> str:
+    """The URL with any password replaced (``sftp://user:***@host/...``): for logs, errors and reports."""
+    return re.sub(r"^([a-zA-Z][\w+.-]*://[^/@:]*):[^/@]*@", r"\1:***@", url)
+
+
 def _fs(url: str):
     import fsspec
 
     try:
         return fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as exc:
-        raise InputError(f"cannot open {url}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a missing protocol package, a malformed URL, a refused login
+        raise InputError(f"cannot open {redact(url)}: {type(exc).__name__}: {_line(exc)}") from None
+
+
+def _line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
 
 
 def expand_url(url: str, suffixes: frozenset[str]) -> list[str]:
@@ -46,10 +56,12 @@ def expand_url(url: str, suffixes: frozenset[str]) -> list[str]:
         found = sorted(p for p in fs.find(path) if PurePosixPath(p).suffix.lower() in suffixes)
     except InputError:
         return [url]
-    except OSError as exc:
-        log.warning("cannot list %s: %s", url, exc)
+    except Exception as exc:  # noqa: BLE001 - listing failed: the URL stays as it is and fails alone
+        log.warning("cannot list %s: %s", redact(url), _line(exc))
         return [url]
-    return [fs.unstrip_protocol(p) for p in found] or [url]
+    # keep the URL's own prefix (host, port, user of sftp://; bucket of s3://) for each file below it
+    base, root = url.split("?", 1)[0].rstrip("/"), path.rstrip("/")
+    return [base + p[len(root):] for p in found if p.startswith(root)] or [url]
 
 
 def url_stem(url: str) -> str:
@@ -61,7 +73,7 @@ def url_identity(url: str) -> str:
     try:
         fs, path = _fs(url)
         info = fs.info(path)
-    except (InputError, OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - unreadable now: the first stage will say why
         return f"unreadable:{url}:{type(exc).__name__}"
     version = next((str(info[k]) for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created")
                     if info.get(k) is not None), "")
@@ -82,10 +94,12 @@ def fetch(url: str, target: Path) -> Path:
         fs, path = _fs(url)
         fs.get_file(path, str(partial))
         os.replace(partial, target)
-    except (OSError, ValueError) as exc:
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any protocol's failure: this input fails alone, in one line
         partial.unlink(missing_ok=True)
-        raise InputError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
-    log.info("fetched %s (%.1f MB)", url, target.stat().st_size / 1e6)
+        raise InputError(f"could not fetch {redact(url)}: {type(exc).__name__}: {_line(exc)}") from None
+    log.info("fetched %s (%.1f MB)", redact(url), target.stat().st_size / 1e6)
     return target
 
 

@@ -16,7 +16,7 @@ from contracts.errors import InputError
 from orchestrator import Orchestrator, Settings
 from orchestrator.pipeline import MEDIA_SUFFIXES, expand_inputs, item_ids
 from orchestrator.progress import Progress
-from orchestrator.remote import expand_url, fetch, is_url, url_identity, url_suffix
+from orchestrator.remote import expand_url, fetch, is_url, redact, url_identity, url_suffix
 from tests.conftest import ROOT
 from tests.fixtures.generate import clips
 
@@ -39,7 +39,7 @@ def test_urls_are_told_from_paths():
 def test_a_url_directory_gives_its_media_files_and_ids_come_from_their_names(memfs):
     memfs.pipe({"/in/b.wav": b"x", "/in/sub/a.mp4": b"y", "/in/notes.txt": b"z"})
     found = expand_url("memory://in", MEDIA_SUFFIXES)
-    assert found == ["memory:///in/b.wav", "memory:///in/sub/a.mp4"]
+    assert found == ["memory://in/b.wav", "memory://in/sub/a.mp4"]
     assert item_ids(found) == ["b", "a"]
     assert expand_inputs(["memory://in/missing.wav"]) == ["memory://in/missing.wav"]
 
@@ -51,6 +51,12 @@ def test_fetch_is_atomic_and_a_missing_url_is_a_one_line_input_error(memfs, tmp_
         fetch("memory://in/gone.wav", tmp_path / "w" / "gone.wav")
     assert "\n" not in str(err.value)
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["source.wav"]  # no partial file left
+
+
+def test_passwords_in_urls_are_redacted():
+    assert redact("sftp://me:pa:ss@host:22/x/a.mp4") == "sftp://me:***@host:22/x/a.mp4"
+    assert redact("s3://bucket/key.mp4") == "s3://bucket/key.mp4"
+    assert redact("sftp://me@host/x") == "sftp://me@host/x"
 
 
 def test_url_identity_changes_when_the_object_changes(memfs):
@@ -137,3 +143,65 @@ def test_s3_inputs_and_outputs_through_the_cli(s3, tmp_path):
     assert (report["ok"], report["failed"]) == (2, 1)
     assert {i["source"] for i in report["inputs"]} == {f"s3://media/in/{n}" for n in
                                                         ("clip000.wav", "clip001.wav", "notes.wav")}
+
+
+class _PasswordServer:
+    """asyncssh server callbacks: one user, one password."""
+
+    def __new__(cls):
+        import asyncssh
+
+        class Server(asyncssh.SSHServer):
+            def begin_auth(self, username):
+                return True
+
+            def password_auth_supported(self):
+                return True
+
+            def validate_password(self, username, password):
+                return (username, password) == ("pipeline", "s3cret")
+
+        return Server()
+
+
+@pytest.fixture
+def sftp_root(tmp_path):
+    """A real SFTP server (asyncssh) on 127.0.0.1 serving this machine's files; the URL prefix to reach tmp_path."""
+    asyncssh = pytest.importorskip("asyncssh", reason="the remote group is not installed (uv sync --group remote)")
+    import asyncio
+    import threading
+
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder = {}
+
+    async def serve():
+        key = asyncssh.generate_private_key("ssh-ed25519")
+        holder["server"] = await asyncssh.listen("127.0.0.1", 0, server_host_keys=[key], sftp_factory=True,
+                                                 server_factory=_PasswordServer)
+        holder["port"] = holder["server"].sockets[0].getsockname()[1]
+        started.set()
+
+    thread = threading.Thread(target=lambda: (loop.run_until_complete(serve()), loop.run_forever()), daemon=True)
+    thread.start()
+    assert started.wait(30)
+    yield f"sftp://pipeline:s3cret@127.0.0.1:{holder['port']}{tmp_path}"
+    loop.call_soon_threadsafe(holder["server"].close)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+@pytest.mark.slow
+def test_sftp_inputs_and_outputs_through_the_cli(sftp_root, tmp_path):
+    clips(tmp_path / "remote" / "in", 1, seconds=2.5)
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "process", f"{sftp_root}/remote/in/", "--output",
+         f"{sftp_root}/remote/out", "--no-speakers", "--embedding-profile", "embedded", "--device", "cpu"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PIPELINE_STAGING_DIR": str(tmp_path / "staging")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "remote" / "out"
+    assert "-->" in (out / "clip000" / "transcript.srt").read_text()
+    report = json.loads((out / "run-report.json").read_text())
+    assert report["ok"] == 1 and report["inputs"][0]["source"].startswith("sftp://pipeline:***@127.0.0.1:")
+    assert "s3cret" not in json.dumps(report) and "s3cret" not in done.stderr  # nor in the log
