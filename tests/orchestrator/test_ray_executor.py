@@ -239,3 +239,26 @@ def test_rerun_after_the_driver_is_killed_resumes_without_redoing_complete_input
         if item["id"] in complete:
             assert {s["status"] for s in item["stages"].values()} == {"reused"}
     assert report["settings"]["executor"] == "ray"
+
+
+@pytest.mark.slow
+def test_chunks_run_at_the_same_time_on_the_cluster(cluster, tmp_path):
+    clips(tmp_path / "in", 4, seconds=2.0)
+    out = tmp_path / "out"
+    # Given a 2-CPU cluster and 2 chunks, with no --parallel-chunks: the cluster's slots decide
+    done = subprocess.run(_cli(out, tmp_path / "in", "--executor", "ray", "--ray-address", cluster, "--no-speakers"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 chunk(s) at a time" in done.stderr
+    report = json.loads((out / "run-report.json").read_text())
+    assert report["ok"] == 4 and report["chunks"] == 2
+    # Then chunk 2 was under way before chunk 1 was finished (one would wait for the other otherwise)
+    events = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
+    first_of_chunk2 = min(e["time"] for e in events if e["item"] in ("clip002", "clip003"))
+    last_of_chunk1 = max(e["time"] for e in events if e["item"] in ("clip000", "clip001"))
+    assert first_of_chunk2 < last_of_chunk1
+    # each chunk's stages still ran in order, in one task per stage
+    for chunk in (1, 2):
+        stages = [s["stage"] for s in report["stages"] if s["chunk"] == chunk]
+        assert stages == ["audio", "asr", "alignment", "embeddings"], stages
+    assert "[chunk002-asr-1]" in done.stderr  # each task's lines are told apart in the driver's log
