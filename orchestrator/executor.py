@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
@@ -166,28 +167,20 @@ class LocalExecutor:
                 self.cancel(warm)
             return ChildExit(exitcode=int(ExitCode.FAILED), outcome=Outcome.ERROR, signal=None, wall_s=0.0, pid=None,
                              last_error=watching.refused)
-        log_lines = _LogLines(stage)
-        follows = [_Follow(log_path, log_lines)]
-        if progress is not None:
-            progress[0].touch()
-            follows.append(_Follow(*progress))
         started = time.perf_counter()
-        proc = warm.proc if warm is not None else self._spawn(stage, request_path, log_path)
-        self.watch.started(watching, proc.pid)
-        for follow in follows:
-            follow.start()
-        try:
-            proc.join()
-        finally:
-            with self._lock:
-                self._running.pop(proc.pid, None)
-            if proc.exitcode is None:  # interrupted while waiting: never leave a child behind
-                _stop(proc)
-            for follow in follows:
-                follow.stop()
-            outcome, signal = outcome_of(proc.exitcode)
-            wall_s = time.perf_counter() - started
-            gpu = self.watch.exited(watching, outcome.value, wall_s)
+        with following(log_path, stage, progress) as log_lines:
+            proc = warm.proc if warm is not None else self._spawn(stage, request_path, log_path)
+            self.watch.started(watching, proc.pid)
+            try:
+                proc.join()
+            finally:
+                with self._lock:
+                    self._running.pop(proc.pid, None)
+                if proc.exitcode is None:  # interrupted while waiting: never leave a child behind
+                    _stop(proc)
+                outcome, signal = outcome_of(proc.exitcode)
+                wall_s = time.perf_counter() - started
+                gpu = self.watch.exited(watching, outcome.value, wall_s)
         return ChildExit(
             exitcode=proc.exitcode,
             outcome=outcome,
@@ -225,6 +218,25 @@ def _stop(proc, grace_s: float = 5.0) -> None:
     if proc.exitcode is None:
         proc.kill()
         proc.join()
+
+
+@contextmanager
+def following(log_path: Path, label: str, progress: tuple[Path, Callable[[str], None]] | None = None):
+    """While the block runs, re-log the child's log as ``[label] ...`` and hand each line of its
+    progress file (if any) to the callback; yields the :class:`_LogLines` (its ``last_error`` is
+    complete once the block is left)."""
+    log_lines = _LogLines(label)
+    follows = [_Follow(log_path, log_lines)]
+    if progress is not None:
+        progress[0].touch()
+        follows.append(_Follow(*progress))
+    for follow in follows:
+        follow.start()
+    try:
+        yield log_lines
+    finally:
+        for follow in follows:
+            follow.stop()
 
 
 class _Follow:

@@ -40,7 +40,17 @@ from orchestrator.journal import JOURNAL_NAME, Journal
 from orchestrator.outputs import write_outputs
 from orchestrator.perf_log import child_env as perf_log_env
 from orchestrator.progress import LogProgress, Progress
-from orchestrator.remote import expand_url, fetch, is_url, redact, upload, url_identity, url_stem, url_suffix
+from orchestrator.remote import (
+    expand_url,
+    fetch,
+    is_url,
+    redact,
+    staging_dir,
+    upload,
+    url_identity,
+    url_stem,
+    url_suffix,
+)
 from orchestrator.runner import StageRunner, StageSpec, current_artifact, fingerprint
 from orchestrator.settings import Settings
 from orchestrator.vram import resolve_auto
@@ -239,8 +249,6 @@ class Orchestrator:
     def __init__(self, settings: Settings | None = None, executor: Executor | None = None) -> None:
         self.settings = settings or Settings()
         if self.settings.output_url:  # build locally (shared storage), upload each finished input
-            from orchestrator.remote import staging_dir
-
             local = staging_dir(self.settings.output_url, self.settings.staging_dir)
             self.settings = self.settings.model_copy(update={"output_dir": local})
         self.executor = executor or make_executor(self.settings)

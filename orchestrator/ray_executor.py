@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from contracts import ExitCode
 from contracts.errors import SettingsError
-from orchestrator.executor import ChildExit, WarmChild, _Follow, _LogLines
+from orchestrator.executor import ChildExit, WarmChild, following
 from orchestrator.outcome import Outcome
 
 log = logging.getLogger(__name__)
@@ -138,31 +138,24 @@ class RayExecutor:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
         name = request_path.name.removesuffix(".request.json")
-        log_lines = _LogLines(name)  # "[chunk002-asr-1] ...": chunks run in parallel here
-        follows = [_Follow(log_path, log_lines)]
-        if progress is not None:
-            progress[0].touch()
-            follows.append(_Follow(*progress))
         options = self.task_options(name, gpu)
         started = time.perf_counter()
-        ref = self._task.options(**options).remote(stage, str(request_path), str(log_path),
-                                                   _watch_config(self.settings))
-        with self._lock:
-            self._running[name] = ref
-        for follow in follows:
-            follow.start()
-        done: ChildExit | None = None
-        try:
-            done = self._wait(ray, ref, stage, name)
-        finally:
-            if done is None:  # interrupted while waiting: never leave the task running
-                ray.cancel(ref, force=True)
+        # lines as "[chunk002-asr-1] ...": chunks run in parallel here
+        with following(log_path, name, progress) as log_lines:
+            ref = self._task.options(**options).remote(stage, str(request_path), str(log_path),
+                                                       _watch_config(self.settings))
             with self._lock:
-                self._running.pop(name, None)
-                cancelled = name in self._cancelled
-                self._cancelled.discard(name)
-            for follow in follows:
-                follow.stop()
+                self._running[name] = ref
+            done: ChildExit | None = None
+            try:
+                done = self._wait(ray, ref, stage, name)
+            finally:
+                if done is None:  # interrupted while waiting: never leave the task running
+                    ray.cancel(ref, force=True)
+                with self._lock:
+                    self._running.pop(name, None)
+                    cancelled = name in self._cancelled
+                    self._cancelled.discard(name)
         if cancelled and done.outcome is not Outcome.OK:
             done = _exit(Outcome.INTERRUPTED, ExitCode.INTERRUPTED, "stopped")
         wall_s = time.perf_counter() - started

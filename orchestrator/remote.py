@@ -64,8 +64,13 @@ def expand_url(url: str, suffixes: frozenset[str]) -> list[str]:
     return [base + p[len(root):] for p in found if p.startswith(root)] or [url]
 
 
+def _url_path(url: str) -> PurePosixPath:
+    """The path part of a URL (after ``proto://``, before any ``?query``)."""
+    return PurePosixPath(url.split("://", 1)[-1].split("?", 1)[0])
+
+
 def url_stem(url: str) -> str:
-    return PurePosixPath(url.split("://", 1)[1].split("?", 1)[0]).stem
+    return _url_path(url).stem
 
 
 def url_identity(url: str) -> str:
@@ -82,7 +87,7 @@ def url_identity(url: str) -> str:
 
 def url_suffix(url: str) -> str:
     """The file suffix of a URL's path (".mp4"), lower case; "" without one."""
-    return PurePosixPath(url.split("://", 1)[-1].split("?", 1)[0]).suffix.lower()
+    return _url_path(url).suffix.lower()
 
 
 def fetch(url: str, target: Path) -> Path:
