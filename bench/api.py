@@ -51,7 +51,7 @@ def metric(text: str, name: str) -> float:
 
 
 def run_api(url: str, texts: list[str], request_size: int, clients: int) -> tuple[float, list[float]]:
-    from orchestrator.client import Client
+    from orchestrator.api.client import Client
 
     requests: queue.Queue[list[str]] = queue.Queue()
     for i in range(0, len(texts), request_size):
@@ -106,8 +106,8 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     args = parser.parse_args()
 
-    from orchestrator.client import Client
-    from orchestrator.server import start_in_thread
+    from orchestrator.api.client import Client
+    from orchestrator.api.server import start_in_thread
     from orchestrator.settings import Settings
 
     texts = make_texts(args.texts)

@@ -22,7 +22,7 @@ from bench.common import ROOT, copies, run_in_process  # noqa: E402
 
 def isolated(sources: list[str], out: Path, chunk_size: int) -> float:
     from orchestrator import Orchestrator, Settings
-    from orchestrator.progress import Progress
+    from orchestrator.run.progress import Progress
 
     t0 = time.perf_counter()
     with Orchestrator(Settings(output_dir=out, embedding_profile="embedded", device="cpu",

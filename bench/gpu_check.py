@@ -41,9 +41,9 @@ def main() -> int:
 
     from contracts.perf import read_events
     from orchestrator import Orchestrator, Settings
-    from orchestrator.gpu import NvmlReader
-    from orchestrator.perf_log import perf_log_path
-    from orchestrator.perf_report import run_peaks, summarize
+    from orchestrator.gpu.nvml import NvmlReader
+    from orchestrator.telemetry.perf_log import perf_log_path
+    from orchestrator.telemetry.perf_report import run_peaks, summarize
 
     snapshot = NvmlReader().read()
     if not snapshot.available or not snapshot.devices:

@@ -30,8 +30,8 @@ from bench.common import ROOT, copies  # noqa: E402
 def run(sources: list[str], out: Path, executor: str, chunk_size: int, speakers: bool, parallel: int,
         prefetch: bool = True):
     from orchestrator import Orchestrator, Settings
-    from orchestrator.pipeline import make_executor
-    from orchestrator.progress import Progress
+    from orchestrator.run.pipeline import make_executor
+    from orchestrator.run.progress import Progress
 
     settings = Settings(output_dir=out, embedding_profile="embedded", device="cpu", chunk_size=chunk_size,
                         speakers=speakers, executor=executor, parallel_chunks=parallel, ray_num_cpus=os.cpu_count(),

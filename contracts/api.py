@@ -1,4 +1,4 @@
-"""What the HTTP API accepts and returns (``orchestrator.server``, ``orchestrator.client``).
+"""What the HTTP API accepts and returns (``orchestrator.api.server``, ``orchestrator.api.client``).
 
 The embeddings shapes follow OpenAI's ``/v1/embeddings`` so existing clients
 work; errors are OpenAI-style ``{"error": {"message", "type", "param", "code"}}``.

@@ -4,7 +4,7 @@ Nothing in this package imports torch or a model library; the parent never
 creates a CUDA context.
 """
 
-from orchestrator.pipeline import Orchestrator
+from orchestrator.run.pipeline import Orchestrator
 from orchestrator.settings import Settings
 
 __all__ = ["Orchestrator", "Settings"]

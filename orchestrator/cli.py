@@ -61,8 +61,8 @@ def process(
     from rich.console import Console
 
     from orchestrator import Orchestrator, Settings
-    from orchestrator.progress import LogProgress, RichProgress, summary_table
-    from orchestrator.remote import is_url
+    from orchestrator.run.progress import LogProgress, RichProgress, summary_table
+    from orchestrator.run.remote import is_url
 
     console = Console(stderr=True)
     setup_logging(verbose, console)
@@ -116,7 +116,7 @@ def enroll(
 ) -> None:
     """Build a voice profile NAME from CLIPS (its own stage child); `process --profiles DIR` then names the speaker."""
     from orchestrator import Settings
-    from orchestrator.enroll import enroll as run_enroll
+    from orchestrator.run.enroll import enroll as run_enroll
 
     setup_logging(verbose)
     overrides = {"speaker_encoder": encoder, "speaker_threshold": threshold, "profiles_dir": profiles}
@@ -153,9 +153,9 @@ def gpu(
     from rich.console import Console
 
     from orchestrator import Settings
-    from orchestrator.children import ChildRegistry
-    from orchestrator.gpu import NvmlReader
-    from orchestrator.gpu_status import as_json, render, render_cleanup
+    from orchestrator.process.pidfiles import ChildRegistry
+    from orchestrator.gpu.nvml import NvmlReader
+    from orchestrator.gpu.status import as_json, render, render_cleanup
 
     setup_logging(False)
     registry = ChildRegistry(pid_dir or Settings().pid_dir)
@@ -179,7 +179,7 @@ def report(
     from rich.console import Console
 
     from contracts.errors import SettingsError
-    from orchestrator.perf_report import build, table
+    from orchestrator.telemetry.perf_report import build, table
 
     setup_logging(False)
     try:
@@ -210,7 +210,7 @@ def serve(
     """HTTP API: OpenAI-compatible POST /v1/embeddings, POST/GET /v1/jobs, GET /health, GET /metrics."""
     from contracts.errors import SettingsError
     from orchestrator import Settings
-    from orchestrator.server import serve as run_server
+    from orchestrator.api.server import serve as run_server
 
     setup_logging(verbose)
     overrides = {"host": host, "port": port, "api_token": token, "input_roots": input_root, "server_dir": server_dir,

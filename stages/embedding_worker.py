@@ -1,11 +1,11 @@
 """The API's embedding worker: a long-lived child that keeps one model loaded and encodes micro-batches.
 
-Started by ``orchestrator.workers`` through ``multiprocess``'s spawn context,
+Started by ``orchestrator.api.workers`` through ``multiprocess``'s spawn context,
 one per profile. It talks to the server over a pipe (messages of
 ``contracts.worker``, validated on both ends): ``Ready`` once the model is
 loaded, then one ``Embedded`` or ``TaskFailed`` per ``EmbedTask``. Out of
 memory inside a task is reported (the parent halves the micro-batch, with the
-one retry policy ``orchestrator.outcome.next_step``) and the worker goes on;
+one retry policy ``orchestrator.run.outcome.next_step``) and the worker goes on;
 when it is stopped, or idle for too long, the process exits and the driver
 takes back its whole CUDA context.
 """
@@ -141,7 +141,7 @@ def _send(conn, message) -> None:
 
 
 def main(conn, config_json: str, log_path: str | None = None) -> None:
-    """Entry of the worker child (called by ``orchestrator.workers`` in the spawned process)."""
+    """Entry of the worker child (called by ``orchestrator.api.workers`` in the spawned process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns Ctrl-C
     if log_path:
         _redirect_output(log_path)

@@ -1,0 +1,1 @@
+"""The HTTP API (``pipeline serve``): server, embedding workers, jobs, metrics and the client."""

@@ -1,0 +1,381 @@
+"""The HTTP API (issue 6): OpenAI-compatible embeddings, jobs, health and metrics. FastAPI on uvicorn.
+
+    from orchestrator.api.server import create_app, serve
+    serve(Settings(input_roots=["/data/videos"]))          # what `pipeline serve` does
+
+The server is a parent process like the CLI: it never imports a model
+library. Embeddings are computed in spawned worker children
+(``orchestrator.api.workers``), jobs run through the :class:`Orchestrator` in one
+background thread (``orchestrator.api.jobs``). Every error is an OpenAI-style
+``{"error": {"message", "type", "param", "code"}}`` without a stack trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Query
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from contracts import EmbeddingsArtifact, TranscriptArtifact, load_artifact, load_model
+from contracts.api import (
+    PROFILES,
+    EmbeddingObject,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    EmbeddingUsage,
+    ErrorDetail,
+    ErrorResponse,
+    Health,
+    JobInputResult,
+    JobRecord,
+    JobRequest,
+    JobResult,
+)
+from contracts.errors import ApiError, ArtifactError
+from contracts.report import RunReport
+from orchestrator.gpu.nvml import NvmlReader
+from orchestrator.api.jobs import JobQueue
+from orchestrator.api.metrics import Metrics
+from orchestrator.settings import Settings
+from orchestrator.api.workers import EmbeddingPool
+
+log = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 413: "request_too_large",
+          422: "invalid_request_error", 503: "server_error"}
+#: documented error responses (OpenAPI)
+ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 503)}
+_ROUTES = ("/v1/embeddings", "/v1/jobs", "/health", "/metrics", "/openapi.json", "/docs")
+#: paths answered without a token (liveness probes)
+OPEN_PATHS = frozenset({"/health"})
+
+
+def error_body(status: int, message: str, type: str | None = None, param: str | None = None,
+               code: str | None = None) -> bytes:
+    detail = ErrorDetail(message=message, type=type or _TYPES.get(status, "server_error"), param=param, code=code)
+    return ErrorResponse(error=detail).model_dump_json().encode()
+
+
+def _error(status: int, message: str, type: str | None = None, param: str | None = None, code: str | None = None,
+           headers: dict[str, str] | None = None) -> Response:
+    return Response(error_body(status, message, type, param, code), status_code=status,
+                    media_type="application/json", headers=headers)
+
+
+def route_of(path: str) -> str:
+    """A bounded label for metrics: the route template, not the raw path."""
+    if path.startswith("/v1/jobs/"):
+        return "/v1/jobs/{id}/result" if path.endswith("/result") else "/v1/jobs/{id}"
+    return path if path in _ROUTES else "other"
+
+
+class Guard:
+    """ASGI middleware: bearer token, request body limit, request metrics."""
+
+    def __init__(self, app, settings: Settings, metrics: Metrics) -> None:
+        self.app = app
+        token = settings.api_token.get_secret_value() if settings.api_token else ""
+        self.expected = f"Bearer {token}".encode() if token else None
+        self.max_body = settings.max_body_bytes
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status_seen = {"status": 500}
+
+        async def counting_send(message) -> None:
+            if message["type"] == "http.response.start":
+                status_seen["status"] = message["status"]
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, counting_send)
+        finally:
+            self.metrics.requests.inc(route=route_of(scope["path"]), method=scope["method"],
+                                      status=str(status_seen["status"]))
+
+    async def _guarded(self, scope, receive, send) -> None:
+        headers = dict(scope.get("headers") or [])
+        if self.expected is not None and scope["path"] not in OPEN_PATHS:
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                await _error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
+                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                return
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
+            await self._too_large(scope, receive, send)
+            return
+        body, more, size = [], True, 0
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                await self._too_large(scope, receive, send)
+                return
+            body.append(chunk)
+            more = message.get("more_body", False)
+        whole = b"".join(body)
+        delivered = False
+
+        async def replay():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": whole, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope, receive, send) -> None:
+        await _error(413, f"request body larger than {self.max_body} bytes", code="body_too_large",
+                     headers={"Connection": "close"})(scope, receive, send)
+
+
+def check_embedding_request(body: EmbeddingRequest, settings: Settings) -> tuple[str, list[str]]:
+    """(worker profile, texts), or an :class:`ApiError` saying what was wrong."""
+    texts = body.texts()
+    if not texts:
+        raise ApiError(400, "'input' must not be empty", type="invalid_request_error", param="input", code="empty_input")
+    if len(texts) > settings.max_inputs:
+        raise ApiError(400, f"too many inputs: {len(texts)} > {settings.max_inputs} per request",
+                       type="invalid_request_error", param="input", code="too_many_inputs")
+    for index, text in enumerate(texts):
+        if not text:
+            raise ApiError(400, f"input[{index}] is an empty string", type="invalid_request_error",
+                           param=f"input[{index}]", code="empty_input")
+        if len(text) > settings.max_input_chars:
+            raise ApiError(400, f"input[{index}] is too long: {len(text)} characters > {settings.max_input_chars}",
+                           type="invalid_request_error", param=f"input[{index}]", code="input_too_long")
+    if body.model not in PROFILES and body.model not in settings.embedding_models:
+        known = ", ".join(sorted(set(PROFILES) | set(settings.embedding_models)))
+        raise ApiError(404, f"the model {body.model!r} does not exist on this server; use one of: {known}",
+                       type="invalid_request_error", param="model", code="model_not_found")
+    return body.model, texts
+
+
+def embedding_response(vectors, tokens: list[int], model: str, encoding_format: str) -> EmbeddingResponse:
+    if encoding_format == "base64":
+        rows = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors]
+    else:
+        rows = vectors.tolist()
+    total = int(sum(tokens))
+    return EmbeddingResponse(data=[EmbeddingObject(index=i, embedding=row) for i, row in enumerate(rows)],
+                             model=model, usage=EmbeddingUsage(prompt_tokens=total, total_tokens=total))
+
+
+def job_result(record: JobRecord, include_vectors: bool) -> JobResult:
+    """The transcripts and embeddings of a finished job, read back from its validated artifacts."""
+    import numpy as np
+
+    report = None
+    report_path = Path(record.output_dir) / "run-report.json"
+    if report_path.exists():
+        report = load_model(report_path, RunReport)
+    by_id = {i.id: i for i in report.inputs} if report else {}
+    inputs = []
+    for item in record.inputs:
+        done = by_id.get(item.id)
+        result = JobInputResult(id=item.id, source=item.source, status=done.status if done else item.status,
+                                error=done.error if done else item.error, outputs=done.outputs if done else {})
+        if done is not None and done.status == "ok":
+            directory = Path(record.output_dir) / item.id
+            transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
+            embeddings = load_artifact(directory / "embeddings.json", EmbeddingsArtifact)
+            vectors = np.load(directory / embeddings.sidecar, allow_pickle=False).tolist() if include_vectors else None
+            result = result.model_copy(update={
+                "transcript": transcript, "embeddings": embeddings, "vectors": vectors,
+                "text": " ".join(s.text for s in transcript.segments)})
+        inputs.append(result)
+    return JobResult(id=record.id, status=record.status, inputs=inputs)
+
+
+def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI:
+    """The FastAPI application; raises :class:`SettingsError` for a non-loopback host without a token."""
+    settings.check_serve()
+    metrics = pool.metrics if pool is not None else Metrics()
+    pool = pool or EmbeddingPool(settings, metrics)
+    jobs = JobQueue(settings)
+    gpu = NvmlReader()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        jobs.start()
+        log.info("API ready: embeddings (max batch %d, max wait %.1f ms, idle stop %.0f s), jobs in %s, input roots %s",
+                 settings.embed_max_batch, settings.embed_max_wait_ms, settings.worker_idle_s, jobs.directory,
+                 [str(r) for r in settings.input_roots] or "none (jobs refused)")
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(jobs.close)
+            await asyncio.to_thread(pool.close)
+
+    app = FastAPI(title="isostage API", version="1", lifespan=lifespan,
+                  description="Embeddings (OpenAI-compatible) and transcription jobs; every model runs in an "
+                              "isolated child process.")
+    app.state.settings, app.state.pool, app.state.jobs, app.state.metrics = settings, pool, jobs, metrics
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, exc: ApiError):
+        return _error(exc.status, exc.message, exc.type if exc.type != "server_error" or exc.status >= 500 else None,
+                      exc.param, exc.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc: StarletteHTTPException):
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        return _error(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":
+            return _error(400, "the request body is not valid JSON", code="invalid_json")
+        if loc and loc[0] == "input" and request.url.path == "/v1/embeddings":
+            return _error(400, "'input' must be a string or a list of strings (token arrays are not supported)",
+                          param="input", code="invalid_input")
+        param = ".".join(loc) or None
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        return _error(400, f"{param or 'body'}: {first.get('msg')}{more}", param=param, code="invalid_request")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request, exc: Exception):
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return _error(500, "internal server error (details are in the server's log)", code="internal_error")
+
+    @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS)
+    async def embeddings(body: EmbeddingRequest) -> Response:
+        """OpenAI-compatible embeddings; ``model`` is a profile (speed, quality, embedded) or a configured name."""
+        profile, texts = check_embedding_request(body, settings)
+        result = await asyncio.wrap_future(pool.embed(profile, texts))
+        response = embedding_response(result.vectors, result.tokens, result.model, body.encoding_format)
+        return Response(response.model_dump_json(), media_type="application/json")
+
+    @app.post("/v1/jobs", status_code=202, response_model=JobRecord, responses={**ERRORS, 403: {"model": ErrorResponse},
+                                                                                 422: {"model": ErrorResponse}})
+    async def submit_job(body: JobRequest) -> JobRecord:
+        """Queue files or directories (inside the server's input roots) for transcription and embeddings."""
+        return await asyncio.to_thread(jobs.submit, body.paths)
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobRecord, responses=ERRORS)
+    async def get_job(job_id: str) -> JobRecord:
+        """Status, per-input progress and the run report's summary."""
+        return jobs.get(job_id)
+
+    @app.get("/v1/jobs/{job_id}/result", response_model=JobResult, responses={**ERRORS, 409: {"model": ErrorResponse}})
+    async def get_result(job_id: str, embeddings: bool = Query(False, description="include the vectors")) -> Response:
+        """Transcripts and embeddings of a finished job (409 while it is queued or running)."""
+        record = jobs.get(job_id)
+        if record.status in ("queued", "running"):
+            raise ApiError(409, f"job {job_id} is {record.status}; its result is not ready",
+                           type="conflict_error", code="job_not_finished")
+        try:
+            result = await asyncio.to_thread(job_result, record, embeddings)
+        except ArtifactError as exc:
+            raise ApiError(500, f"an output of job {job_id} is unreadable: {exc.reason}", code="bad_output") from exc
+        return Response(result.model_dump_json(), media_type="application/json")
+
+    @app.get("/health", response_model=Health)
+    async def health() -> Health:
+        """Liveness, the workers and the job queue (open without a token)."""
+        return Health(workers=pool.health(), jobs_queued=jobs.queued, job_running=jobs.running)
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def prometheus() -> Response:
+        """Prometheus text format."""
+        await asyncio.to_thread(_refresh, metrics, pool, jobs, gpu)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.add_middleware(Guard, settings=settings, metrics=metrics)
+    return app
+
+
+def _refresh(metrics: Metrics, pool: EmbeddingPool, jobs: JobQueue, gpu: NvmlReader) -> None:
+    """Gauges read at scrape time: queues, jobs, and GPU memory when NVML is there."""
+    for worker in pool.workers():
+        metrics.queue.set(worker.queued_texts, profile=worker.profile)
+    metrics.jobs.replace(({"status": s}, n) for s, n in jobs.counts().items())
+    metrics.job_queue.set(jobs.queued)
+    snapshot = gpu.read()
+    if not snapshot.available:
+        return
+    metrics.gpu_used.replace(({"gpu": str(d.index)}, d.used_mib) for d in snapshot.devices)
+    metrics.gpu_total.replace(({"gpu": str(d.index)}, d.total_mib) for d in snapshot.devices)
+    pids = {w.pid: w.profile for w in pool.workers() if w.pid is not None}
+    metrics.gpu_worker.replace(
+        ({"profile": pids[p.pid], "gpu": str(d.index)}, p.used_mib or 0.0)
+        for d in snapshot.devices for p in d.processes if p.pid in pids)
+
+
+def uvicorn_config(app, settings: Settings, **extra):
+    import uvicorn
+
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+                          timeout_graceful_shutdown=30, **extra)
+
+
+def serve(settings: Settings) -> None:
+    """Run the API in this process until Ctrl-C / SIGTERM (the jobs' children finish their item first)."""
+    import uvicorn
+
+    uvicorn.Server(uvicorn_config(create_app(settings), settings)).run()
+
+
+@dataclass
+class RunningServer:
+    """A server in a background thread of this process (tests, benchmarks)."""
+
+    url: str
+    app: FastAPI
+    stop: Callable[[], None]
+
+
+def start_in_thread(settings: Settings, pool: EmbeddingPool | None = None, timeout_s: float = 30.0) -> RunningServer:
+    """Start uvicorn on ``settings.host`` and an ephemeral port (``port=0``) in a thread; return its URL."""
+    import uvicorn
+
+    app = create_app(settings, pool)
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.port))
+    server = uvicorn.Server(uvicorn_config(app, settings))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the API server did not start")
+        time.sleep(0.02)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join()
+        sock.close()
+
+    return RunningServer(url=url, app=app, stop=stop)
+
+
+__all__ = ["RunningServer", "create_app", "serve", "start_in_thread"]

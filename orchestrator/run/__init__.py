@@ -1,0 +1,1 @@
+"""One run: planning, stage-major chunks, the stage runner, the one retry policy, journal and outputs."""

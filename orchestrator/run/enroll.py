@@ -1,0 +1,73 @@
+"""``pipeline enroll NAME clip...``: build a voice profile in its own stage child.
+
+The profile is written to ``PROFILES_DIR/<name>.json``; ``pipeline process
+--profiles PROFILES_DIR`` then matches every profile in that directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+from contracts import VoiceProfile, WorkItem, load_model
+from contracts.errors import InputError, PipelineError, SettingsError, StageError
+from orchestrator.process.executor import LocalExecutor
+from orchestrator.run.runner import StageRunner, StageSpec, fingerprint
+from orchestrator.settings import Settings
+from orchestrator.process.watch import ChildWatch
+
+log = logging.getLogger(__name__)
+
+
+def profile_file_name(name: str) -> str:
+    """A readable, filesystem-safe file stem for a speaker's name."""
+    stem = re.sub(r"[^\w.-]+", "_", name.strip()).strip("._")
+    if not stem:
+        raise SettingsError(f"cannot make a file name from speaker name {name!r}")
+    return stem
+
+
+def enroll(settings: Settings, name: str, clips: list[str | Path], executor: LocalExecutor | None = None) -> Path:
+    """Embed ``clips`` of one speaker in a child and write the profile; return its path."""
+    if settings.profiles_dir is None:
+        raise SettingsError("no profiles directory: pass --profiles DIR or set PIPELINE_PROFILES_DIR")
+    if not clips:
+        raise SettingsError("enroll needs at least one clip of the speaker")
+    missing = [str(c) for c in clips if not Path(c).is_file()]
+    if missing:
+        raise InputError(f"clip not found: {', '.join(missing)}")
+    directory = Path(settings.profiles_dir)
+    output = directory / f"{profile_file_name(name)}.json"
+    spec = StageSpec("voice_profile", "stages.voice_profile", VoiceProfile, batch_size=settings.voice_enrollment_batch_size,
+                     settings={
+                         "name": name, "encoder": settings.speaker_encoder, "ecapa_source": settings.ecapa_source,
+                         "allow_hub": settings.allow_hub, "threshold": settings.speaker_threshold,
+                         "weights_dir": None if settings.weights_dir is None else str(settings.weights_dir),
+                     })
+    identity = "|".join(f"{Path(c).resolve()}:{hashlib.sha256(Path(c).read_bytes()).hexdigest()}" for c in clips)
+    item = WorkItem(id=profile_file_name(name), inputs={f"clip{i}": str(c) for i, c in enumerate(clips)},
+                    output=str(output), fingerprint=fingerprint(spec, identity))
+    run_dir = directory / ".runs" / f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    own = executor is None
+    executor = executor or LocalExecutor(ChildWatch.from_settings(settings))
+    try:
+        runner = StageRunner(executor, run_dir, settings.child_env(), settings.device, settings.max_signal_retries)
+        outcomes, _ = runner.run(spec, [item], reuse=False)
+    finally:
+        if own:
+            executor.stop_all()
+    outcome = outcomes[item.id]
+    if not outcome.ok:
+        raise StageError(f"enrolling {name!r} failed: {outcome.error}")
+    try:
+        profile = load_model(output, VoiceProfile)
+    except PipelineError as exc:
+        raise StageError(f"enrolling {name!r} wrote no valid profile: {exc}") from exc
+    log.info("enrolled %s from %d clip(s) with %s -> %s (threshold %.2f)", profile.name, len(profile.clips),
+             profile.encoder, output, profile.threshold)
+    return output

@@ -1,0 +1,557 @@
+"""The Python API: plan inputs, run each stage in isolated children, write outputs and the report.
+
+    from orchestrator import Orchestrator, Settings
+
+    with Orchestrator(Settings(output_dir="out")) as orch:
+        report = orch.process(["talk.mp4", "interview.wav"])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import signal
+import threading
+import time
+import unicodedata
+import uuid
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from contracts import (
+    AudioArtifact,
+    DiarizationArtifact,
+    EmbeddingsArtifact,
+    SpeakerEmbeddingsArtifact,
+    TranscriptArtifact,
+    WorkItem,
+    load_artifact,
+    save_model,
+    sha256_file,
+)
+from contracts.errors import PipelineError
+from contracts.report import InputReport, ItemStage, RunReport, StageRun
+from orchestrator.process.executor import Executor, LocalExecutor
+from orchestrator.run.journal import JOURNAL_NAME, Journal
+from orchestrator.run.outputs import write_outputs
+from orchestrator.telemetry.perf_log import child_env as perf_log_env
+from orchestrator.run.progress import LogProgress, Progress
+from orchestrator.run.remote import (
+    expand_url,
+    fetch,
+    is_url,
+    redact,
+    staging_dir,
+    upload,
+    url_identity,
+    url_stem,
+    url_suffix,
+)
+from orchestrator.run.runner import StageRunner, StageSpec, current_artifact, fingerprint
+from orchestrator.settings import Settings
+from orchestrator.gpu.sizing import resolve_auto
+from orchestrator.process.watch import ChildWatch
+
+log = logging.getLogger(__name__)
+
+MEDIA_SUFFIXES = frozenset(
+    ".mp4 .mkv .mov .avi .webm .m4v .flv .ts .mpg .mpeg .wmv .wav .mp3 .m4a .aac .flac .ogg .opus .wma .aiff".split()
+)
+REPORT_NAME = "run-report.json"
+
+
+@dataclass
+class Input:
+    id: str
+    #: the local file the first stage reads (for a URL input: where it is fetched to)
+    source: Path
+    directory: Path
+    #: the fsspec URL the input comes from, if not a local path
+    url: str | None = None
+    #: expected fingerprint of each stage's artifact, chained from the source's identity
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+    failed_stage: str | None = None
+    interrupted: bool = False
+    complete: bool = False
+    #: True when a stage child did real work for this input in this run
+    worked: bool = False
+    stages: dict[str, ItemStage] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    duration_s: float | None = None
+    #: artifacts (by key) the fast path went on without, and what the report says about it
+    skipped: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and not self.interrupted
+
+    @property
+    def status(self) -> str:
+        if self.interrupted:
+            return "interrupted"
+        return "ok" if self.complete else "failed"
+
+    def artifact(self, kind: str) -> Path:
+        """Where this input's artifact of ``kind`` lives (decoded audio is scratch)."""
+        if kind == "audio":
+            return self.directory / ".work" / "audio.json"
+        return self.directory / f"{kind}.json"
+
+
+def expand_inputs(paths: list[str | Path]) -> list[Path | str]:
+    """Files stay as given (missing ones too: they fail alone later); directories give their media
+    files in sorted order. A directory without media stays itself, to fail alone with that reason.
+    fsspec URLs (strings) are expanded the same way and stay URLs."""
+    out: list[Path | str] = []
+    for raw in paths:
+        if is_url(raw):
+            out.extend(expand_url(str(raw), MEDIA_SUFFIXES))
+            continue
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES)
+            out.extend(found or [path])
+        else:
+            out.append(path)
+    return out
+
+
+def item_ids(paths: list[Path | str]) -> list[str]:
+    """Readable, unique, filesystem-safe ids: the file stem, plus a path hash when stems collide."""
+    stems = [_safe_stem(Path(url_stem(p)) if is_url(p) else Path(p)) for p in paths]
+    counts: dict[str, int] = {}
+    for stem in stems:
+        counts[stem] = counts.get(stem, 0) + 1
+    ids = []
+    for path, stem in zip(paths, stems):
+        if counts[stem] > 1:
+            digest = hashlib.sha1(str(path if is_url(path) else Path(path).absolute()).encode()).hexdigest()[:8]
+            stem = f"{stem}-{digest}"
+        ids.append(stem)
+    return ids
+
+
+def _safe_stem(path: Path) -> str:
+    stem = unicodedata.normalize("NFC", path.stem).strip() or "input"
+    stem = "".join("_" if ch in '/\\\0' or ord(ch) < 32 else ch for ch in stem)
+    return stem.lstrip(".") or "input"
+
+
+def _redacted(settings: dict) -> dict:
+    if settings.get("output_url"):
+        settings["output_url"] = redact(settings["output_url"])
+    return settings
+
+
+def _input(item_id: str, source: Path | str, out: Path) -> Input:
+    directory = out / item_id
+    if is_url(source):
+        source = str(source)
+        return Input(id=item_id, source=directory / ".work" / f"source{url_suffix(source)}", directory=directory,
+                     url=source)
+    return Input(id=item_id, source=Path(source), directory=directory)
+
+
+def _source_identity(path: Path) -> str:
+    try:
+        st = path.stat()
+    except OSError:
+        return f"unreadable:{path.absolute()}"
+    return f"{path.absolute()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+# -- speaker stages (issue 3) ---------------------------------------------------------------
+
+
+def speaker_specs(s: Settings) -> list[StageSpec]:
+    """diarization -> enrollment -> alignment (+ merge into transcript.json); the last always runs."""
+    specs = []
+    if s.speakers:
+        specs.append(StageSpec("diarization", "stages.diarization", DiarizationArtifact,
+                               batch_size=s.voice_enrollment_batch_size,  # its speaker-embedding batches
+                               inputs=("audio",), skippable=s.enable_fast_path, settings={
+            "model": s.diarization_model, "min_speakers": s.min_speakers, "max_speakers": s.max_speakers,
+            "allow_hub": s.allow_hub, "weights_dir": _str(s.weights_dir),
+        }))
+        profiles = profile_fingerprints(s.profiles_dir)
+        if profiles and not s.skip_voice_embeddings:
+            specs.append(StageSpec("enrollment", "stages.enrollment", SpeakerEmbeddingsArtifact,
+                                   batch_size=s.voice_enrollment_batch_size, inputs=("diarization", "audio"),
+                                   skippable=s.enable_fast_path, settings={
+                "encoder": s.speaker_encoder, "ecapa_source": s.ecapa_source, "allow_hub": s.allow_hub,
+                "profiles_dir": _str(s.profiles_dir), "profiles": profiles, "weights_dir": _str(s.weights_dir),
+            }))
+    keys = ("asr", "audio") + tuple(spec.kind for spec in specs)
+    specs.append(StageSpec("alignment", "stages.alignment", TranscriptArtifact, batch_size=1, inputs=keys,
+                           optional_inputs=("diarization", "speaker_embeddings"), settings={
+        "align": s.align, "allow_hub": s.allow_hub, "language": s.asr_language, "speakers": s.speakers,
+        "skip_voice_embeddings": s.skip_voice_embeddings,
+    }))
+    return specs
+
+
+def profile_fingerprints(directory: Path | None) -> dict[str, str]:
+    """name -> sha256 of each voice profile file in ``directory``: part of the enrollment fingerprint,
+    so enrolling a new voice redoes the matching."""
+    if directory is None or not Path(directory).is_dir():
+        return {}
+    return {path.stem: sha256_file(path) for path in sorted(Path(directory).glob("*.json"))}
+
+
+def _str(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _input_keys(spec: StageSpec, previous: StageSpec | None) -> tuple[str, ...]:
+    if previous is None:
+        return ()
+    return spec.inputs if spec.inputs is not None else (previous.kind,)
+
+
+def _chain_fingerprints(inp: Input, specs: list[StageSpec]) -> None:
+    """Each stage's expected fingerprint from its inputs' (a skipped input counts as "skipped")."""
+    by_key: dict[str, str] = {}
+    for index, spec in enumerate(specs):
+        keys = _input_keys(spec, specs[index - 1] if index else None)
+        if not keys:
+            upstream = url_identity(inp.url) if inp.url else _source_identity(inp.source)
+        else:
+            upstream = "|".join(f"skipped:{k}" if k in inp.skipped else by_key[k] for k in keys)
+        by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(spec, upstream)
+
+
+def _skip(inp: Input, spec: StageSpec, specs: list[StageSpec], reason: str | None) -> None:
+    """Fast path: ``inp`` goes on without ``spec``'s artifact; later fingerprints say so, so a rerun redoes them."""
+    inp.skipped.add(spec.kind)
+    inp.notes.append(f"no speakers from {spec.name}: {reason}")
+    _chain_fingerprints(inp, specs)
+
+
+def _skipped_with_input(inp: Input, spec: StageSpec, previous: StageSpec | None, specs: list[StageSpec]) -> bool:
+    """A stage that needs an artifact the fast path went without (enrollment without diarization) is skipped too."""
+    missing = [k for k in _input_keys(spec, previous) if k in inp.skipped and k not in spec.optional_inputs]
+    if missing:
+        inp.stages[spec.name] = ItemStage(status="skipped", error=f"no {missing[0]} artifact (fast path)")
+        inp.skipped.add(spec.kind)
+        _chain_fingerprints(inp, specs)
+    return bool(missing)
+
+
+class Orchestrator:
+    """Runs the pipeline; leaving the ``with`` block stops every child it started."""
+
+    def __init__(self, settings: Settings | None = None, executor: Executor | None = None) -> None:
+        self.settings = settings or Settings()
+        if self.settings.output_url:  # build locally (shared storage), upload each finished input
+            local = staging_dir(self.settings.output_url, self.settings.staging_dir)
+            self.settings = self.settings.model_copy(update={"output_dir": local})
+        self.executor = executor or make_executor(self.settings)
+        self._stopping = False
+        self._stop_file: Path | None = None
+
+    def __enter__(self) -> Orchestrator:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.executor.close()
+
+    def stage_specs(self) -> list[StageSpec]:
+        s = resolve_auto(self.settings)  # asr_model / batch sizes "auto" -> values for the GPU at hand
+        return [
+            StageSpec("audio", "stages.audio", AudioArtifact, batch_size=1, keep=False, gpu=False),
+            StageSpec("asr", "stages.asr", TranscriptArtifact, batch_size=s.asr_batch_size, key="asr", settings={
+                "model": s.asr_model, "language": s.asr_language, "compute_type": s.asr_compute_type,
+                "allow_hub": s.allow_hub, "chunk_size": s.asr_chunk_size or (6 if s.speakers else 30),
+            }),
+            *speaker_specs(s),
+            StageSpec("embeddings", "stages.embeddings", EmbeddingsArtifact, batch_size=s.embedding_batch_size,
+                      inputs=("transcript",), settings={
+                "profile": s.embedding_profile, "fallback": s.embedding_fallback, "allow_hub": s.allow_hub,
+            }),
+        ]
+
+    def stop(self) -> None:
+        """Ask for a graceful stop: each child finishes its current item, then the run ends."""
+        self._stopping = True
+        if self._stop_file is not None:
+            self._stop_file.touch()
+
+    def process(self, paths: list[str | Path], progress: Progress | None = None) -> RunReport:
+        """Process every input in chunks; a bad input fails alone. Writes and returns the run report.
+
+        Rerunning with the same output directory resumes: valid, current artifacts
+        are reused, missing/corrupt/stale ones are redone (``force`` redoes all).
+        """
+        progress = progress or LogProgress()
+        started = datetime.now(timezone.utc)
+        clock = time.monotonic()
+        out = Path(self.settings.output_dir)
+        run_id = f"{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
+        run_dir = out / ".runs" / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._stopping, self._stop_file = False, run_dir / "STOP"
+        specs = self.stage_specs()
+        sources = expand_inputs(paths)
+        inputs = [_input(i, p, out) for i, p in zip(item_ids(sources), sources)]
+        for inp in inputs:
+            _chain_fingerprints(inp, specs)
+        journal = Journal(out / JOURNAL_NAME, run_id)
+        completed = journal.completed()
+        resumed = sum(completed.get(inp.id) == inp.fingerprints[specs[-1].name] for inp in inputs)
+        size = self.settings.chunk_size
+        chunks = [inputs[i:i + size] for i in range(0, len(inputs), size)]
+        log.info("run %s: %d input(s) in %d chunk(s) of up to %d -> %s", run_id, len(inputs), len(chunks), size, out)
+
+        env = self.settings.child_env() | perf_log_env(out, run_id)
+        device = self.settings.device
+        if self.settings.executor == "ray":  # Ray assigns each task its GPU(s) through CUDA_VISIBLE_DEVICES
+            env.pop("CUDA_VISIBLE_DEVICES", None)
+            if device.startswith("cuda:"):
+                log.warning("device %s: under Ray each task sees only the GPU Ray gives it; using cuda", device)
+                device = "cuda"
+        runner = StageRunner(self.executor, run_dir, env, device, self.settings.max_signal_retries,
+                             stop_path=self._stop_file)
+        stage_runs: list[StageRun] = []
+        progress.start(len(inputs), resumed, len(chunks))
+        hard_stop = False
+        parallel = min(len(chunks), self.settings.parallel_chunks or self.executor.slots()) or 1
+        if parallel > 1:
+            log.info("%d chunk(s) at a time", parallel)
+        try:
+            with self._ctrl_c():
+                if parallel == 1:
+                    for number, chunk in enumerate(chunks, start=1):
+                        if self._stopping:
+                            break
+                        self._run_chunk(number, chunk, specs, runner, journal, progress, stage_runs)
+                else:
+                    self._run_chunks_parallel(parallel, chunks, specs, runner, journal, progress, stage_runs)
+        except KeyboardInterrupt:
+            hard_stop = True
+            self.executor.stop_all(grace_s=1.0)
+        for inp in inputs:
+            if inp.alive and not inp.complete:
+                inp.interrupted = True
+        report = self._report(run_id, started, time.monotonic() - clock, out, inputs, stage_runs)
+        save_model(report, out / REPORT_NAME)
+        save_model(report, run_dir / REPORT_NAME)
+        if self.settings.output_url:
+            try:
+                upload([out / REPORT_NAME], self.settings.output_url)
+            except Exception as exc:  # noqa: BLE001 - the outputs are uploaded; the report stays local
+                log.error("could not upload %s to %s: %s", REPORT_NAME, redact(self.settings.output_url), exc)
+        progress.finish(report)
+        log.info("run %s: %d ok, %d failed, %d interrupted; report %s", run_id, report.ok, report.failed,
+                 report.interrupted, out / REPORT_NAME)
+        if hard_stop:
+            raise KeyboardInterrupt
+        return report
+
+    def _run_chunks_parallel(self, parallel: int, chunks: list[list[Input]], specs: list[StageSpec],
+                             runner: StageRunner, journal: Journal, progress: Progress,
+                             stage_runs: list[StageRun]) -> None:
+        """Up to ``parallel`` chunks in flight, each stage-major in its own children (Ray: on other GPUs)."""
+
+        def one(number: int, chunk: list[Input]) -> None:
+            if not self._stopping:
+                self._run_chunk(number, chunk, specs, runner, journal, progress, stage_runs)
+
+        pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="chunk")
+        try:
+            futures = [pool.submit(one, number, chunk) for number, chunk in enumerate(chunks, start=1)]
+            pending = set(futures)
+            while pending:  # short waits: Ctrl-C reaches this (main) thread between them
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
+                for future in done:
+                    future.result()  # a bug in a chunk's thread stops the run, as it would sequentially
+        except BaseException:  # second Ctrl-C, or a bug in a chunk's thread: stop the others, then report
+            self._stopping = True
+            self.executor.stop_all(grace_s=1.0)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run_chunk(self, number: int, chunk: list[Input], specs: list[StageSpec], runner: StageRunner,
+                   journal: Journal, progress: Progress, stage_runs: list[StageRun]) -> None:
+        """Stage-major: each stage runs in one child over all of the chunk's inputs that need it."""
+        needs = {inp.id: self._needs(inp, specs) for inp in chunk}
+        for inp in chunk:  # URL inputs: fetched just before their first stage needs them
+            if inp.url and needs[inp.id][specs[0].name]:
+                try:
+                    fetch(inp.url, inp.source)
+                except PipelineError as exc:
+                    inp.error, inp.failed_stage = str(exc), "fetch"
+                    log.error("%s: %s", inp.id, exc)
+        warm = None
+        try:
+            for index, spec in enumerate(specs):
+                if self._stopping:
+                    return
+                previous = specs[index - 1] if index else None
+                alive = [inp for inp in chunk if inp.alive]
+                todo = [inp for inp in alive if needs[inp.id][spec.name]
+                        and not _skipped_with_input(inp, spec, previous, specs)]
+                for inp in alive:
+                    if not needs[inp.id][spec.name]:
+                        inp.stages[spec.name] = ItemStage(status="reused")
+                if not todo:
+                    if warm is not None:
+                        runner.executor.cancel(warm)
+                        warm = None
+                    continue
+                following = specs[index + 1] if index + 1 < len(specs) else None
+                next_warm = None
+                if self.settings.prefetch and following and any(needs[i.id][following.name] for i in alive):
+                    next_warm = runner.warm_up(following, number)
+                progress.stage_started(number, spec.name, len(todo))
+                items = [self._work_item(spec, inp, previous) for inp in todo]
+                outcomes, stage_run = runner.run(spec, items, reuse=not self.settings.force, chunk=number,
+                                                 on_item=lambda stage, result, n=number: progress.item_finished(
+                                                     stage, result, chunk=n), warm=warm)
+                warm = next_warm
+                stage_runs.append(stage_run)
+                for inp in todo:
+                    o = outcomes[inp.id]
+                    status = ("reused" if o.reused else "interrupted" if o.interrupted else "ok" if o.ok
+                              else "skipped" if o.skipped else "failed")
+                    inp.stages[spec.name] = ItemStage(status=status, seconds=o.seconds, batch_size=o.batch_size,
+                                                      retries=o.retries, error=o.error)
+                    inp.worked |= status == "ok"
+                    if o.interrupted:
+                        inp.interrupted = True
+                    elif o.skipped:
+                        _skip(inp, spec, specs, o.error)
+                    elif not o.ok:
+                        inp.error, inp.failed_stage = o.error, spec.name
+                    journal.record(inp.id, spec.name, status, fingerprint=inp.fingerprints[spec.name], error=o.error)
+        finally:
+            if warm is not None:
+                runner.executor.cancel(warm)
+        for inp in chunk:
+            if inp.alive:
+                self._finish(inp)
+                journal.record(inp.id, "outputs", "ok" if inp.complete else "failed",
+                               fingerprint=inp.fingerprints[specs[-1].name], error=inp.error)
+            if not inp.interrupted:
+                progress.input_finished(inp.complete, inp.duration_s or 0.0)
+        progress.chunk_finished(number)
+
+    def _needs(self, inp: Input, specs: list[StageSpec]) -> dict[str, bool]:
+        """Which stages must run for ``inp``: a stage whose artifact is not current, if a kept artifact
+        depends on it. A later current artifact spares its upstream stages entirely."""
+        needs: dict[str, bool] = {}
+        read: set[str] = set()  # artifacts that a stage which runs reads
+        for index in range(len(specs) - 1, -1, -1):
+            spec = specs[index]
+            previous = specs[index - 1] if index else None
+            item = self._work_item(spec, inp, previous)
+            current = not self.settings.force and current_artifact(item, spec.output) is not None
+            needs[spec.name] = not current and (spec.keep or spec.kind in read)
+            if needs[spec.name]:
+                read |= set(_input_keys(spec, previous))
+        return needs
+
+    @contextmanager
+    def _ctrl_c(self):
+        """First Ctrl-C: finish the current item, then stop. Second: stop the children now."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        presses = 0
+
+        def handler(signum, frame):
+            nonlocal presses
+            presses += 1
+            if presses == 1:
+                log.warning("Ctrl-C: finishing the current item, then stopping (Ctrl-C again to stop now)")
+                self.stop()
+            else:
+                log.warning("Ctrl-C again: stopping the stage children now")
+                raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _work_item(self, spec: StageSpec, inp: Input, previous: StageSpec | None) -> WorkItem:
+        if previous is None:
+            inputs = {"source": str(inp.source)}
+        else:  # artifacts a fast path went on without are left out (stages treat them as optional)
+            inputs = {key: str(inp.artifact(key)) for key in _input_keys(spec, previous) if key not in inp.skipped}
+        return WorkItem(id=inp.id, inputs=inputs, output=str(inp.artifact(spec.kind)),
+                        fingerprint=inp.fingerprints[spec.name])
+
+    def _finish(self, inp: Input) -> None:
+        import numpy as np  # numpy only: no model library in the parent
+
+        try:
+            transcript = load_artifact(inp.artifact("transcript"), TranscriptArtifact)
+            embeddings = load_artifact(inp.artifact("embeddings"), EmbeddingsArtifact)
+            vectors = np.load(inp.directory / embeddings.sidecar, allow_pickle=False)
+            inp.outputs = write_outputs(inp.directory, transcript, embeddings, vectors)
+            if self.settings.output_url:
+                self._upload(inp)
+            inp.duration_s = transcript.duration_s
+            if transcript.speakers_note and not inp.skipped:  # a fast-path skip already has its note
+                inp.notes.append(transcript.speakers_note)
+        except (PipelineError, OSError, ValueError) as exc:
+            inp.error, inp.failed_stage = f"writing outputs failed: {exc}", "outputs"
+            return
+        inp.complete = True
+        if not self.settings.keep_audio:
+            shutil.rmtree(inp.directory / ".work", ignore_errors=True)
+
+    def _upload(self, inp: Input) -> None:
+        """The input's outputs and artifacts to OUTPUT_URL/<id>/ (a failure fails it; a rerun uploads again)."""
+        url = f"{self.settings.output_url.rstrip('/')}/{inp.id}"
+        files = sorted(p for p in inp.directory.iterdir() if p.is_file())
+        try:
+            upload(files, url)
+        except Exception as exc:  # noqa: BLE001 - any protocol's failure fails this input; a rerun uploads again
+            raise OSError(f"upload to {redact(url)} failed: {type(exc).__name__}: {exc}") from None
+        inp.outputs = {name: redact(f"{url}/{Path(path).name}") for name, path in inp.outputs.items()}
+
+    def _report(self, run_id: str, started: datetime, wall_s: float, out: Path, inputs: list[Input],
+                stage_runs: list[StageRun]) -> RunReport:
+        reports = [
+            InputReport(
+                id=inp.id, source=redact(inp.url) if inp.url else str(inp.source), status=inp.status, error=inp.error,
+                failed_stage=inp.failed_stage, duration_s=inp.duration_s, outputs=inp.outputs, stages=inp.stages,
+                notes=inp.notes,
+            )
+            for inp in inputs
+        ]
+        return RunReport(
+            run_id=run_id, started_at=started, finished_at=datetime.now(timezone.utc), output_dir=str(out),
+            settings=_redacted(self.settings.model_dump(mode="json")), ok=sum(r.status == "ok" for r in reports),
+            failed=sum(r.status == "failed" for r in reports),
+            interrupted=sum(r.status == "interrupted" for r in reports),
+            chunk_size=self.settings.chunk_size, chunks=-(-len(inputs) // self.settings.chunk_size),
+            audio_s=sum(inp.duration_s or 0.0 for inp in inputs if inp.complete), wall_s=wall_s,
+            throughput=worked_audio / wall_s if (worked_audio := sum(
+                inp.duration_s or 0.0 for inp in inputs if inp.complete and inp.worked)) and wall_s > 0 else None,
+            inputs=reports, stages=stage_runs,
+        )
+
+
+def make_executor(settings: Settings) -> Executor:
+    """The executor the settings name (the Ray one is imported only when asked for)."""
+    if settings.executor == "ray":
+        from orchestrator.scale.ray_executor import RayExecutor
+
+        return RayExecutor(settings)
+    return LocalExecutor(ChildWatch.from_settings(settings))
+
+
+__all__ = ["Orchestrator", "expand_inputs", "item_ids", "make_executor"]

@@ -1,0 +1,266 @@
+"""Run one stage over many items: spawn, wait, validate, and apply the retry policy."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from contracts import (
+    Artifact,
+    ItemResult,
+    StageRequest,
+    StageResult,
+    WorkItem,
+    load_artifact,
+    load_model,
+    save_model,
+)
+from contracts.errors import ArtifactError
+from contracts.report import Attempt, StageRun
+from orchestrator.process.executor import Executor, WarmChild
+from orchestrator.run.outcome import Outcome, next_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What the parent knows of a stage: its name, module and output type (never its code)."""
+
+    name: str
+    module: str
+    output: type[Artifact]
+    batch_size: int = 1
+    settings: dict[str, Any] = field(default_factory=dict)
+    #: False for scratch artifacts (decoded audio) that only feed the next stage
+    keep: bool = True
+    #: the artifacts (by key) this stage reads; None: the previous stage's
+    inputs: tuple[str, ...] | None = None
+    #: the artifact's key (file name and input key) when not its kind, e.g. "asr" for the raw transcript
+    key: str | None = None
+    #: inputs this stage can do without (when the fast path skipped them); the others it needs
+    optional_inputs: tuple[str, ...] = ()
+    #: the fast path may go on without this stage when it runs out of memory even at batch size 1
+    skippable: bool = False
+    #: the stage computes on the GPU when there is one (decoding audio does not): executors that
+    #: place work (Ray) reserve a GPU for it
+    gpu: bool = True
+
+    @property
+    def kind(self) -> str:
+        """The output artifact's key ("audio", "asr", "transcript", ...): its file name and input key."""
+        return self.key or self.output.model_fields["kind"].default
+
+
+@dataclass
+class ItemOutcome:
+    ok: bool
+    reused: bool = False
+    #: not done because the run was stopped (Ctrl-C); a rerun resumes it
+    interrupted: bool = False
+    #: not done, and the input goes on without it (fast path); ``error`` says why
+    skipped: bool = False
+    error: str | None = None
+    seconds: float = 0.0
+    batch_size: int | None = None
+    retries: int = 0
+
+
+def fingerprint(spec: StageSpec, upstream: str) -> str:
+    """Identity of an artifact-to-be: the stage, its settings and its input's identity."""
+    blob = json.dumps({"stage": spec.name, "module": spec.module, "settings": spec.settings, "upstream": upstream},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def current_artifact(item: WorkItem, output: type[Artifact]) -> Artifact | None:
+    """The item's artifact if it is on disk, valid, and made from the same inputs and settings."""
+    path = Path(item.output)
+    if not path.exists():
+        return None
+    try:
+        artifact = load_artifact(path, output)
+    except ArtifactError as exc:
+        log.warning("redoing %s: %s", item.id, exc)
+        return None
+    if artifact.fingerprint != item.fingerprint or artifact.item_id != item.id:
+        log.info("redoing %s: %s is stale (inputs or settings changed)", item.id, path.name)
+        return None
+    return artifact
+
+
+class StageRunner:
+    """Runs a stage's items in as many children as the retry policy allows."""
+
+    def __init__(self, executor: Executor, run_dir: Path, env: dict[str, str], device: str,
+                 max_signal_retries: int, stop_path: Path | None = None) -> None:
+        self.executor = executor
+        self.stop_path = stop_path
+        self.run_dir = run_dir
+        self.env = env
+        self.device = device
+        self.max_signal_retries = max_signal_retries
+
+    @staticmethod
+    def _name(spec: StageSpec, chunk: int, attempt: int) -> str:
+        return f"chunk{chunk:03d}-{spec.name}-{attempt}"
+
+    def warm_up(self, spec: StageSpec, chunk: int) -> WarmChild | None:
+        """Start the first child of ``spec`` for ``chunk`` now, to import while the previous stage runs."""
+        name = self._name(spec, chunk, 1)
+        return self.executor.warm_up(spec.name, spec.module, self.run_dir / f"{name}.request.json",
+                                     self.run_dir / f"{name}.log")
+
+    def run(self, spec: StageSpec, items: list[WorkItem], *, reuse: bool = True, chunk: int = 1,
+            on_item: Callable[[str, ItemResult], None] | None = None,
+            warm: WarmChild | None = None) -> tuple[dict[str, ItemOutcome], StageRun]:
+        """Run ``items`` through ``spec`` until each is done or failed.
+
+        ``reuse=False`` (``--force``) redoes items even when their artifact is current;
+        ``on_item(stage, item_result)`` hears of each item a child finishes, as it finishes;
+        ``warm``, from :meth:`warm_up`, becomes the first child (it is stopped if there is nothing to do).
+        """
+        outcomes: dict[str, ItemOutcome] = {}
+        todo: list[WorkItem] = []
+        for item in items:
+            if reuse and current_artifact(item, spec.output) is not None:
+                outcomes[item.id] = ItemOutcome(ok=True, reused=True)
+            else:
+                todo.append(item)
+        report = StageRun(stage=spec.name, chunk=chunk, reused=len(outcomes))
+        attempts: list[Attempt] = []
+        batch_size = spec.batch_size
+        signal_retries = 0
+        retries = 0
+        while todo:
+            attempt = len(attempts) + 1
+            name = self._name(spec, chunk, attempt)
+            request = StageRequest(
+                request_id=name,
+                stage=spec.name,
+                module=spec.module,
+                items=todo,
+                batch_size=batch_size,
+                device=self.device,
+                settings=spec.settings,
+                env=self.env,
+                result_path=str(self.run_dir / f"{name}.result.json"),
+                progress_path=str(self.run_dir / f"{name}.items.jsonl"),
+                stop_path=str(self.stop_path) if self.stop_path else None,
+                attempt=attempt,
+            )
+            request_path = save_model(request, self.run_dir / f"{name}.request.json")
+            log.info("%s: starting child %d for %d item(s), batch size %d", spec.name, attempt, len(todo), batch_size)
+            follow = None
+            if on_item is not None:
+                follow = (Path(request.progress_path), lambda line, stage=spec.name: on_item(stage, _item_line(line)))
+            done = self.executor.run(spec.name, request_path, self.run_dir / f"{name}.log", progress=follow,
+                                     warm=warm if attempt == 1 else None, gpu=spec.gpu)
+            warm = None
+            result = self._read_result(request, done.outcome)
+            attempts.append(_attempt(attempt, batch_size, len(todo), done, result))
+
+            # what the child reported, from its result or, if it died first, from its progress lines
+            reported = {r.id: r for r in (result.items if result else _progress_items(request))}
+            left: list[WorkItem] = []
+            for item in todo:
+                item_result = reported.get(item.id)
+                if item_result is not None and not item_result.ok:
+                    outcomes[item.id] = ItemOutcome(ok=False, error=item_result.error, seconds=item_result.seconds,
+                                                    batch_size=batch_size, retries=retries)
+                elif current_artifact(item, spec.output) is not None:
+                    seconds = item_result.seconds if item_result else 0.0
+                    outcomes[item.id] = ItemOutcome(ok=True, seconds=seconds, batch_size=batch_size, retries=retries)
+                else:
+                    left.append(item)
+            todo = left
+            if not todo:
+                break
+            if done.outcome is Outcome.INTERRUPTED:
+                log.warning("%s: stopped; %d item(s) left for the next run", spec.name, len(todo))
+                for item in todo:
+                    outcomes[item.id] = ItemOutcome(ok=False, interrupted=True, error="interrupted",
+                                                    batch_size=batch_size, retries=retries)
+                break
+            decision = next_step(done.outcome, batch_size, signal_retries, self.max_signal_retries,
+                                 signal=done.signal, stage=spec.name, skippable=spec.skippable)
+            if decision.retry:
+                log.warning("%s", decision.reason)
+                if done.outcome is Outcome.KILLED:
+                    signal_retries += 1
+                batch_size = decision.batch_size
+                retries += 1
+                continue
+            reason = decision.reason
+            if done.last_error and done.outcome is not Outcome.OOM:
+                reason = f"{reason}: {done.last_error}"
+            if decision.skip:
+                log.warning("%s: %d item(s) go on without it: %s", spec.name, len(todo), reason)
+            else:
+                log.error("%s: %d item(s) failed: %s", spec.name, len(todo), reason)
+            for item in todo:
+                outcomes[item.id] = ItemOutcome(ok=False, skipped=decision.skip, error=reason, batch_size=batch_size,
+                                                retries=retries)
+            todo = []
+        if warm is not None:  # every item was reused: the warm child has no request coming
+            self.executor.cancel(warm)
+        ok = sum(o.ok and not o.reused for o in outcomes.values())
+        failed = sum(not o.ok and not o.interrupted and not o.skipped for o in outcomes.values())
+        report = report.model_copy(update={
+            "attempts": attempts, "ok": ok, "failed": failed, "wall_s": sum(a.wall_s for a in attempts),
+        })
+        return outcomes, report
+
+    def _read_result(self, request: StageRequest, outcome: Outcome) -> StageResult | None:
+        path = Path(request.result_path)
+        if not path.exists():
+            if outcome is Outcome.OK:
+                log.error("%s: child exited cleanly but wrote no result", request.stage)
+            return None
+        try:
+            result = load_model(path, StageResult)
+        except ArtifactError as exc:
+            log.error("%s: ignoring unusable result: %s", request.stage, exc)
+            return None
+        if result.request_id != request.request_id:
+            log.error("%s: result %s answers another request (%s)", request.stage, path, result.request_id)
+            return None
+        return result
+
+
+def _item_line(line: str) -> ItemResult:
+    return ItemResult.model_validate_json(line)
+
+
+def _progress_items(request: StageRequest) -> list[ItemResult]:
+    """Items a dead child reported before dying (its last line may be cut short)."""
+    items = []
+    try:
+        lines = Path(request.progress_path).read_text(encoding="utf-8").splitlines()
+    except (OSError, TypeError):
+        return items
+    for line in lines:
+        try:
+            items.append(_item_line(line))
+        except ValueError:
+            continue
+    return items
+
+
+def _attempt(number: int, batch_size: int, items: int, done, result: StageResult | None) -> Attempt:
+    extra: dict[str, Any] = {}
+    if result is not None:
+        extra = {
+            "import_s": result.import_s, "load_s": result.load_s, "compute_s": result.compute_s,
+            "model": result.model, "device": result.device, "peak_rss_mb": result.peak_rss_mb,
+            "peak_vram_mb": result.peak_vram_mb,
+        }
+    if done.gpu is not None:  # NVML's view of the child (issue 5)
+        extra |= {"gpu_process_peak_mib": done.gpu.process_peak_mib, "gpu_tree_after_mib": done.gpu.tree_after_mib,
+                  "gpu_leak": done.gpu.leak}
+    return Attempt(attempt=number, batch_size=batch_size, items=items, outcome=done.outcome.value,
+                   signal=done.signal, wall_s=done.wall_s, pid=done.pid, **extra)

@@ -1,0 +1,1 @@
+"""Running stage children beyond this machine (Ray)."""

@@ -1,0 +1,1 @@
+"""The run's performance log and ``pipeline report``."""

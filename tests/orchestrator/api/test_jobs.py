@@ -1,0 +1,147 @@
+"""Jobs: input paths confined to the allowed roots, and real jobs through the Orchestrator, across a restart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import httpx
+import pytest
+
+from contracts import load_model
+from contracts.api import JobRecord
+from contracts.errors import ApiError
+from orchestrator.api.client import Client
+from orchestrator.api.jobs import confine
+from orchestrator.api.server import start_in_thread
+from orchestrator.settings import Settings
+from tests.conftest import MAX_WER, MEDIA, SPEECH_TEXT, wer
+
+
+@pytest.fixture()
+def roots(tmp_path):
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.wav").write_bytes(b"x")
+    (root / "sub" / "b.mp4").write_bytes(b"x")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.wav").write_bytes(b"x")
+    return root, outside
+
+
+def _refused(raw: str, roots: list, status: int) -> str:
+    with pytest.raises(ApiError) as caught:
+        confine(raw, roots)
+    assert caught.value.status == status, caught.value
+    return caught.value.message
+
+
+def test_paths_inside_the_root_are_accepted_and_resolved(roots):
+    root, _ = roots
+    assert confine(str(root / "a.wav"), [root]) == [root.resolve() / "a.wav"]
+    assert confine("sub/b.mp4", [root]) == [root.resolve() / "sub" / "b.mp4"], "relative to the first root"
+    assert confine(str(root), [root]) == [root.resolve() / "a.wav", root.resolve() / "sub" / "b.mp4"]
+    os.symlink(root / "a.wav", root / "link-inside.wav")
+    assert confine(str(root / "link-inside.wav"), [root]) == [root.resolve() / "a.wav"]
+
+
+def test_outside_dotdot_and_symlinks_out_are_refused_with_a_reason(roots):
+    root, outside = roots
+    assert "outside the allowed input roots" in _refused(str(outside / "secret.wav"), [root], 403)
+    assert "'..'" in _refused(f"{root}/../outside/secret.wav", [root], 403)
+    assert "'..'" in _refused("sub/../../outside/secret.wav", [root], 403)
+    os.symlink(outside / "secret.wav", root / "escape.wav")
+    assert "symlink" in _refused(str(root / "escape.wav"), [root], 403)
+    os.symlink(outside, root / "escape-dir")
+    assert "symlink" in _refused(str(root / "escape-dir" / "secret.wav"), [root], 403)
+    (root / "mixed").mkdir()
+    (root / "mixed" / "ok.wav").write_bytes(b"x")
+    os.symlink(outside / "secret.wav", root / "mixed" / "sneaky.wav")
+    assert "sneaky.wav" in _refused(str(root / "mixed"), [root], 403), "a symlink inside a submitted directory"
+    assert "accepts no jobs" in _refused(str(root / "a.wav"), [], 403)
+
+
+def test_missing_empty_and_media_less_paths_are_422(roots):
+    root, _ = roots
+    assert "does not exist" in _refused(str(root / "missing.wav"), [root], 422)
+    assert _refused("", [root], 422)
+    (root / "empty").mkdir()
+    assert "without media" in _refused(str(root / "empty"), [root], 422)
+
+
+def test_the_http_answer_says_why(tmp_path, roots):
+    root, outside = roots
+    server = start_in_thread(Settings(server_dir=tmp_path / "server", port=0, input_roots=[root]))
+    try:
+        refused = httpx.post(f"{server.url}/v1/jobs", json={"paths": [str(outside / "secret.wav")]})
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "path_outside_roots"
+        assert httpx.post(f"{server.url}/v1/jobs", json={"paths": []}).status_code == 400
+        assert httpx.post(f"{server.url}/v1/jobs", json={"paths": ["missing.wav"]}).status_code == 422
+        assert httpx.get(f"{server.url}/v1/jobs/..%2F..%2Fetc").status_code == 404
+        assert not list((tmp_path / "server" / "jobs").iterdir()), "no job was created"
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_job_survives_a_server_restart_and_its_result_has_the_transcript(tmp_path):
+    root = tmp_path / "videos"
+    root.mkdir()
+    shutil.copy(MEDIA / "speech.wav", root / "speech.wav")
+    settings = Settings(server_dir=tmp_path / "server", port=0, input_roots=[root], embedding_profile="embedded",
+                        device="cpu")
+    # Given a job submitted to a server that stops while the job runs
+    first = start_in_thread(settings)
+    try:
+        with Client(first.url) as api:
+            job = api.submit_job("speech.wav")
+            assert job.status == "queued" and job.paths == [str((root / "speech.wav").resolve())]
+            deadline = time.monotonic() + 300
+            while api.job(job.id).stage != "asr" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            running = api.job(job.id)
+            assert running.status == "running" and running.inputs[0].stages["audio"] == "ok", "per-input progress"
+    finally:
+        first.stop()
+    on_disk = load_model(tmp_path / "server" / "jobs" / job.id / "job.json", JobRecord)
+    assert on_disk.status == "queued", "a stopped server leaves its job to resume"
+
+    # When a new server starts on the same directory
+    second = start_in_thread(settings)
+    try:
+        with Client(second.url) as api:
+            done = api.wait(job.id, timeout=600)
+            # Then the job completes, with per-input progress, a report and the transcript
+            assert done.status == "done", done.error
+            assert done.inputs[0].status == "ok" and done.inputs[0].stages.get("embeddings") in ("ok", "reused")
+            assert done.report is not None and done.report.ok == 1
+            assert done.runs == 2
+            assert done.inputs[0].stages["audio"] == "reused", "the restarted job resumed instead of starting over"
+            result = api.result(job.id, embeddings=True)
+            item = result.inputs[0]
+            assert item.status == "ok" and item.transcript is not None
+            assert wer(SPEECH_TEXT, item.text) <= MAX_WER, item.text
+            assert item.embeddings.count == len(item.transcript.segments) == len(item.vectors)
+            assert len(item.vectors[0]) == item.embeddings.dimension == 384
+            assert (tmp_path / "server" / "jobs" / job.id / "out" / "speech" / "transcript.srt").exists()
+    finally:
+        second.stop()
+
+
+@pytest.mark.slow
+def test_result_of_an_unfinished_job_is_409(tmp_path):
+    root = tmp_path / "videos"
+    root.mkdir()
+    shutil.copy(MEDIA / "speech.wav", root / "speech.wav")
+    server = start_in_thread(Settings(server_dir=tmp_path / "server", port=0, input_roots=[root],
+                                      embedding_profile="embedded", device="cpu"))
+    try:
+        with Client(server.url) as api:
+            job = api.submit_job(str(root))
+            with pytest.raises(ApiError) as caught:
+                api.result(job.id)
+            assert caught.value.status == 409
+    finally:
+        server.stop()

@@ -1,0 +1,71 @@
+"""The exit-status mapping and the one retry policy, as pure functions."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from contracts import ExitCode
+from orchestrator.run.outcome import Outcome, next_step, outcome_of
+
+
+@pytest.mark.parametrize(
+    ("exitcode", "expected"),
+    [
+        (0, (Outcome.OK, None)),
+        (ExitCode.FAILED, (Outcome.ERROR, None)),
+        (ExitCode.OOM, (Outcome.OOM, None)),
+        (ExitCode.CONTRACT_ERROR, (Outcome.CONTRACT_ERROR, None)),
+        (ExitCode.INTERRUPTED, (Outcome.INTERRUPTED, None)),
+        (-signal.SIGKILL, (Outcome.KILLED, 9)),
+        (-signal.SIGSEGV, (Outcome.KILLED, 11)),
+        (77, (Outcome.ERROR, None)),
+    ],
+)
+def test_outcome_of_exit_status(exitcode, expected):
+    assert outcome_of(int(exitcode)) == expected
+
+
+def test_oom_halves_the_batch_down_to_one():
+    sizes, batch = [], 16
+    while True:
+        decision = next_step(Outcome.OOM, batch, 0, 2, stage="asr")
+        if not decision.retry:
+            break
+        batch = decision.batch_size
+        sizes.append(batch)
+    assert sizes == [8, 4, 2, 1]
+    assert "batch size 1" in decision.reason
+    assert "smaller model" in decision.reason and "int8" in decision.reason and "fewer jobs" in decision.reason
+
+
+def test_odd_batch_sizes_round_down():
+    assert next_step(Outcome.OOM, 5, 0, 2).batch_size == 2
+    assert next_step(Outcome.OOM, 3, 0, 2).batch_size == 1
+
+
+def test_signal_kill_is_retried_a_bounded_number_of_times_with_the_same_batch():
+    first = next_step(Outcome.KILLED, 8, 0, 2, signal=9, stage="asr")
+    assert first.retry and first.batch_size == 8 and "SIGKILL" in first.reason
+    assert next_step(Outcome.KILLED, 8, 1, 2, signal=9).retry
+    last = next_step(Outcome.KILLED, 8, 2, 2, signal=9)
+    assert not last.retry and "SIGKILL" in last.reason
+
+
+@pytest.mark.parametrize("outcome", [Outcome.ERROR, Outcome.CONTRACT_ERROR, Outcome.INTERRUPTED, Outcome.OK])
+def test_other_outcomes_are_not_retried(outcome):
+    assert not next_step(outcome, 8, 0, 2).retry
+
+
+def test_fast_path_skips_a_skippable_stage_only_when_it_is_out_of_memory_at_batch_1():
+    """Given a skippable stage (diarization / enrollment with ENABLE_FAST_PATH), OOM still halves first;
+    at batch 1 the items go on without it instead of failing. Other stages and other failures are unchanged."""
+    halve = next_step(Outcome.OOM, 4, 0, 2, stage="enrollment", skippable=True)
+    assert (halve.retry, halve.batch_size, halve.skip) == (True, 2, False)
+    skip = next_step(Outcome.OOM, 1, 0, 2, stage="diarization", skippable=True)
+    assert (skip.retry, skip.skip) == (False, True) and "without speakers" in skip.reason
+    fail = next_step(Outcome.OOM, 1, 0, 2, stage="diarization", skippable=False)
+    assert (fail.retry, fail.skip) == (False, False) and "smaller model" in fail.reason
+    assert not next_step(Outcome.ERROR, 1, 0, 2, stage="diarization", skippable=True).skip
+    assert not next_step(Outcome.KILLED, 1, 2, 2, signal=9, skippable=True).skip

@@ -1,0 +1,117 @@
+"""The stage runner with real spawned children: OOM halving, signal retries, failures, logs."""
+
+from __future__ import annotations
+
+import logging
+
+from contracts import StageRequest, WorkItem, load_model
+from orchestrator.process.executor import LocalExecutor
+from orchestrator.run.runner import StageRunner, StageSpec
+from tests.fixtures.stages import NoteArtifact
+
+
+def _items(tmp_path, sources: dict[str, str]) -> list[WorkItem]:
+    return [WorkItem(id=k, inputs={"source": v}, output=str(tmp_path / k / "note.json"), fingerprint=f"fp-{k}")
+            for k, v in sources.items()]
+
+
+def _runner(tmp_path, retries=2) -> StageRunner:
+    return StageRunner(LocalExecutor(), tmp_path / "run", env={}, device="cpu", max_signal_retries=retries)
+
+
+def _request(tmp_path, name, attempt) -> StageRequest:
+    return load_model(tmp_path / "run" / f"chunk001-{name}-{attempt}.request.json", StageRequest)
+
+
+def _note(tmp_path, item_id) -> NoteArtifact:
+    return load_model(tmp_path / item_id / "note.json", NoteArtifact)
+
+
+def test_real_cpu_oom_is_recovered_by_halving_and_finished_items_are_kept(tmp_path):
+    # Given 3 items needing batch x (10, 10, 100) MiB, and 600 MiB of headroom,
+    # When the stage starts at batch 8 (item c needs 800 MiB),
+    runner = _runner(tmp_path)
+    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=8, settings={"headroom_mib": 600})
+    outcomes, report = runner.run(spec, _items(tmp_path, {"a": "10", "b": "10", "c": "100"}))
+    # Then the child dies of a real allocator OOM, the next child gets batch 4 and only item c.
+    assert [(a.batch_size, a.outcome) for a in report.attempts] == [(8, "oom"), (4, "ok")]
+    assert [i.id for i in _request(tmp_path, "memhog", 2).items] == ["c"]
+    assert all(o.ok for o in outcomes.values())
+    assert _note(tmp_path, "a").batch_size == 8 and _note(tmp_path, "b").batch_size == 8
+    assert _note(tmp_path, "c").batch_size == 4 and _note(tmp_path, "c").pid != _note(tmp_path, "a").pid
+    assert outcomes["c"].retries == 1 and outcomes["c"].batch_size == 4
+    assert "DefaultCPUAllocator" in (tmp_path / "run" / "chunk001-memhog-1.log").read_text()
+
+
+def test_oom_at_batch_one_fails_with_advice(tmp_path):
+    runner = _runner(tmp_path)
+    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=2, settings={"headroom_mib": 300})
+    outcomes, report = runner.run(spec, _items(tmp_path, {"big": "2000"}))
+    assert [a.batch_size for a in report.attempts] == [2, 1]
+    assert not outcomes["big"].ok
+    assert "batch size 1" in outcomes["big"].error and "smaller model" in outcomes["big"].error
+
+
+def test_child_killed_by_sigkill_is_reported_and_retried_without_redoing_work(tmp_path):
+    runner = _runner(tmp_path)
+    spec = StageSpec("killer", "tests.fixtures.stages_killer", NoteArtifact, batch_size=4,
+                     settings={"marker": str(tmp_path / "marker"), "kill_on": "b"})
+    outcomes, report = runner.run(spec, _items(tmp_path, {"a": "1", "b": "2", "c": "3"}))
+    assert [(a.outcome, a.signal) for a in report.attempts] == [("killed", 9), ("ok", None)]
+    assert [i.id for i in _request(tmp_path, "killer", 2).items] == ["b", "c"]
+    assert all(o.ok for o in outcomes.values())
+    assert _note(tmp_path, "a").pid != _note(tmp_path, "b").pid
+
+
+def test_repeated_sigkill_gives_up_after_the_retry_bound(tmp_path):
+    runner = _runner(tmp_path, retries=1)
+    spec = StageSpec("killer", "tests.fixtures.stages_killer", NoteArtifact, batch_size=1,
+                     settings={"marker": str(tmp_path / "marker"), "kill_on": "a", "always": True})
+    outcomes, report = runner.run(spec, _items(tmp_path, {"a": "1"}))
+    assert [a.outcome for a in report.attempts] == ["killed", "killed"]
+    assert not outcomes["a"].ok and "SIGKILL" in outcomes["a"].error
+
+
+def test_python_error_in_child_fails_its_items_with_the_reason(tmp_path):
+    outcomes, report = _runner(tmp_path).run(
+        StageSpec("broken", "tests.fixtures.stages_broken", NoteArtifact), _items(tmp_path, {"a": "1", "b": "2"}))
+    assert [a.outcome for a in report.attempts] == ["error"]
+    assert not outcomes["a"].ok and "weights.bin" in outcomes["a"].error
+
+
+def test_bad_item_fails_alone_and_child_output_reaches_parent_log_with_stage_prefix(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="orchestrator.child")
+    outcomes, report = _runner(tmp_path).run(
+        StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact), _items(tmp_path, {"x": "bad", "y": "good"}))
+    assert len(report.attempts) == 1
+    assert not outcomes["x"].ok and outcomes["x"].error == "x is bad input"
+    assert outcomes["y"].ok
+    lines = [r.getMessage() for r in caplog.records if r.name == "orchestrator.child"]
+    assert "[picky] picky says hello from y" in lines
+    assert any(line.startswith("[picky] stages.base: picky: x failed: x is bad input") for line in lines)
+
+
+def test_valid_current_artifacts_are_reused_and_stale_ones_redone(tmp_path):
+    spec = StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact)
+    items = _items(tmp_path, {"x": "1", "y": "2"})
+    _runner(tmp_path).run(spec, items)
+    (tmp_path / "y" / "note.json").write_text("{ truncated")
+    outcomes, report = _runner(tmp_path / "again").run(spec, items)
+    assert outcomes["x"].reused and not outcomes["y"].reused and outcomes["y"].ok
+    assert report.reused == 1 and [len(_request(tmp_path / "again", "picky", 1).items)] == [1]
+
+
+def test_warm_child_becomes_the_first_child_or_is_stopped_when_nothing_is_left(tmp_path):
+    runner = _runner(tmp_path)
+    spec = StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact)
+    items = _items(tmp_path, {"x": "1"})
+    warm = runner.warm_up(spec, chunk=1)
+    outcomes, report = runner.run(spec, items, warm=warm)
+    assert outcomes["x"].ok and report.attempts[0].pid == warm.proc.pid
+    assert "imported ahead" in (tmp_path / "run" / "chunk001-picky-1.log").read_text()
+
+    again = _runner(tmp_path / "again")
+    warm = again.warm_up(spec, chunk=1)
+    outcomes, report = again.run(spec, items, warm=warm)  # x is current: no request will come
+    assert outcomes["x"].reused and report.attempts == []
+    assert warm.proc.exitcode is not None, "the warm child was stopped"
