@@ -29,7 +29,8 @@ for spec in specs:
         inputs = {k: f"{out}/{i}/{k}.json" for k in keys} if keys else {"source": src}
         items.append(WorkItem(id=str(i), inputs=inputs, output=f"{out}/{i}/{spec.kind}.json", fingerprint="x"))
     request = StageRequest(request_id=spec.name, stage=spec.name, module=spec.module, items=items,
-                           batch_size=spec.batch_size, device="cpu", settings=spec.settings, result_path=f"{out}/r.json")
+                           batch_size=spec.batch_size, device="cpu", settings=spec.settings.model_dump(mode="json"),
+                           result_path=f"{out}/r.json")
     s0 = time.perf_counter()
     result = import_module(spec.module).STAGE.run(request)
     assert all(r.ok for r in result.items), result.items

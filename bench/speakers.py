@@ -32,9 +32,11 @@ DIALOGUES = ("host_guest", "host_stranger")
 
 def _request(tmp: Path, stage: str, items, batch_size: int, device: str, **settings):
     from contracts import StageRequest
+    from orchestrator.registry import stage_settings
 
     return StageRequest(request_id=stage, stage=stage, module=f"stages.{stage}", items=items, batch_size=batch_size,
-                        device=device, settings=settings, result_path=str(tmp / f"{stage}.result.json"))
+                        device=device, settings=stage_settings(stage, **settings).model_dump(mode="json"),
+                        result_path=str(tmp / f"{stage}.result.json"))
 
 
 def _rttm(name: str):

@@ -15,16 +15,8 @@ from pydantic import Field
 
 from contracts.artifacts import Strict
 
-# Names in ``StageRequest.env`` through which the parent's settings reach the children.
-#: the run's performance log (JSON lines)
+#: the name in ``StageRequest.env`` through which children learn the run's performance log (JSON lines)
 PERF_LOG_ENV = "PIPELINE_PERF_LOG"
-#: allocated % of total VRAM above which a child logs a NOTICE / a WARNING
-NOTICE_ENV = "PIPELINE_MEMORY_NOTICE_PCT"
-WARNING_ENV = "PIPELINE_MEMORY_WARNING_PCT"
-#: "1": also take a memory checkpoint after every item
-EVERY_ITEM_ENV = "PIPELINE_MEMORY_EVERY_ITEM"
-#: "1": allow TF32 on GPUs that have it
-TF32_ENV = "PIPELINE_TF32"
 
 EventKind = Literal["run_start", "stage_start", "checkpoint", "gpu_sample", "stage_end", "retry", "gpu_check"]
 

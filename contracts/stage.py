@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, JsonValue, model_validator
 
 from contracts.artifacts import Strict
 from contracts.perf import MemoryCheckpoint
+from contracts.stage_settings import MemorySettings
 
 
 class WorkItem(Strict):
@@ -32,8 +31,10 @@ class StageRequest(Strict):
     batch_size: int = Field(ge=1)
     #: "auto", "cpu", "cuda" or "cuda:N"; "auto" is resolved inside the child
     device: str = "auto"
-    #: stage-specific settings (model names, compute type, language, ...)
+    #: the stage's settings: the dump of its ``contracts.stage_settings`` model, validated by the child
     settings: dict[str, JsonValue] = Field(default_factory=dict)
+    #: memory checkpoint options (thresholds, every item, TF32)
+    memory: MemorySettings = MemorySettings()
     #: environment applied by the child before any heavy import
     env: dict[str, str] = Field(default_factory=dict)
     #: where the child writes its StageResult
@@ -52,9 +53,6 @@ class StageRequest(Strict):
         if len(ids) != len(set(ids)):
             raise ValueError("work item ids must be unique within a request")
         return self
-
-    def setting(self, key: str, default: Any = None) -> Any:
-        return self.settings.get(key, default)
 
 
 class ItemResult(Strict):

@@ -123,7 +123,7 @@ def enroll(
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         if settings.profiles_dir is None:
-            settings = settings.model_copy(update={"profiles_dir": Path("profiles")})
+            settings = settings.replace(profiles_dir=Path("profiles"))
     except ValidationError as exc:
         err = exc.errors()[0]
         typer.echo(f"error: invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)

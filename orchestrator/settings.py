@@ -15,10 +15,14 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from contracts.perf import EVERY_ITEM_ENV, NOTICE_ENV, TF32_ENV, WARNING_ENV
+from contracts.stage_settings import MemorySettings
 
 #: a batch size, or "auto": derived from the GPU's free memory (orchestrator.gpu.sizing), the default on the CPU
 BatchSize = Annotated[int, Field(ge=1)] | Literal["auto"]
+
+
+#: the memory options' defaults are declared once, in contracts (children see the same model)
+_MEMORY = MemorySettings.model_fields
 
 
 def _env(*names: str) -> AliasChoices:
@@ -128,13 +132,16 @@ class Settings(BaseSettings):
 
     # -- GPU memory (issue 5) ---------------------------------------------------
     #: children log a NOTICE when torch's allocated memory is above this % of the card
-    memory_notice_pct: float = Field(70.0, gt=0, le=100, validation_alias=_env("memory_notice_pct", NOTICE_ENV))
+    memory_notice_pct: float = Field(_MEMORY["notice_pct"].default, gt=0, le=100,
+                                     validation_alias=_env("memory_notice_pct", "PIPELINE_MEMORY_NOTICE_PCT"))
     #: ... and a WARNING above this %
-    memory_warning_pct: float = Field(85.0, gt=0, le=100, validation_alias=_env("memory_warning_pct", WARNING_ENV))
+    memory_warning_pct: float = Field(_MEMORY["warning_pct"].default, gt=0, le=100,
+                                      validation_alias=_env("memory_warning_pct", "PIPELINE_MEMORY_WARNING_PCT"))
     #: a memory checkpoint after every item, not only around model load and exit
-    memory_every_item: bool = Field(False, validation_alias=_env("memory_every_item", EVERY_ITEM_ENV))
+    memory_every_item: bool = Field(_MEMORY["every_item"].default,
+                                    validation_alias=_env("memory_every_item", "PIPELINE_MEMORY_EVERY_ITEM"))
     #: allow TF32 matmuls / cuDNN on GPUs that have it (Ampere and newer)
-    tf32: bool = Field(True, validation_alias=_env("tf32", TF32_ENV))
+    tf32: bool = Field(_MEMORY["tf32"].default, validation_alias=_env("tf32", "PIPELINE_TF32"))
     #: watch children on the GPU through NVML (a no-op without NVML)
     gpu_monitor: bool = Field(True, validation_alias=_env("gpu_monitor", "PIPELINE_GPU_MONITOR"))
     #: refuse to start a stage when its GPU has less free memory than the stage needs
@@ -227,6 +234,15 @@ class Settings(BaseSettings):
     def _blank_is_none(cls, value: str | None) -> str | None:
         return value or None
 
+    def memory(self) -> MemorySettings:
+        """The memory checkpoint options every stage child gets (``StageRequest.memory``)."""
+        return MemorySettings(notice_pct=self.memory_notice_pct, warning_pct=self.memory_warning_pct,
+                              every_item=self.memory_every_item, tf32=self.tf32)
+
+    def replace(self, **changes) -> Settings:
+        """A copy with ``changes`` applied and validated (``model_copy(update=...)`` would skip validation)."""
+        return type(self).model_validate({**self.model_dump(), **changes})
+
     def child_env(self) -> dict[str, str]:
         """Environment every stage child applies before importing anything heavy."""
         env = {
@@ -235,10 +251,6 @@ class Settings(BaseSettings):
             # torch.cuda.is_available() through NVML: no CUDA initialisation while a warm child waits
             "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
             "CUDA_DEVICE_ORDER": self.cuda_device_order,
-            NOTICE_ENV: str(self.memory_notice_pct),
-            WARNING_ENV: str(self.memory_warning_pct),
-            EVERY_ITEM_ENV: "1" if self.memory_every_item else "0",
-            TF32_ENV: "1" if self.tf32 else "0",
         }
         if self.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.cuda_visible_devices

@@ -33,6 +33,7 @@ from contracts import (
     load_artifact,
 )
 from contracts.errors import ArtifactError, InputError
+from contracts.stage_settings import AlignmentSettings
 from stages.base import TorchStage
 from stages.memory import is_oom
 
@@ -53,10 +54,12 @@ class AlignmentStage(TorchStage):
     input = TranscriptArtifact
     input_key = "asr"
     output = TranscriptArtifact
+    settings_model = AlignmentSettings
 
     def load(self, request: StageRequest, device: str) -> str | None:
-        self.want_align = bool(request.setting("align", True))
-        self.allow_hub = bool(request.setting("allow_hub", False))
+        settings: AlignmentSettings = self.settings
+        self.want_align = settings.align
+        self.allow_hub = settings.allow_hub
         self.aligners: dict[str, tuple] = {}
         self.unavailable: dict[str, str] = {}
         return None
@@ -73,9 +76,9 @@ class AlignmentStage(TorchStage):
         if diarization is not None:
             names = {m.speaker: m.name for m in enrollment.matches if m.name} if enrollment else {}
             segments = assign_speakers(segments, diarization.turns, names)
-            if enrollment is None and request.setting("skip_voice_embeddings"):
+            if enrollment is None and self.settings.skip_voice_embeddings:
                 speakers_note = "enrollment skipped (SKIP_VOICE_EMBEDDINGS): speakers keep their SPEAKER_nn labels"
-        elif request.setting("speakers", False):
+        elif self.settings.speakers:
             speakers_note = "no speakers: diarization did not run for this input (fast path; see run-report.json)"
         return asr.model_copy(update={
             "fingerprint": item.fingerprint,

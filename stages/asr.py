@@ -15,6 +15,7 @@ from pathlib import Path
 
 from contracts import AudioArtifact, Segment, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
+from contracts.stage_settings import AsrSettings
 from stages.base import TorchStage
 from stages.memory import is_oom
 
@@ -45,6 +46,7 @@ class AsrStage(TorchStage):
     input = AudioArtifact
     input_key = "audio"
     output = TranscriptArtifact
+    settings_model = AsrSettings
 
     def import_libraries(self) -> None:
         global np, torch, whisperx_asr
@@ -53,10 +55,11 @@ class AsrStage(TorchStage):
         import whisperx.asr as whisperx_asr
 
     def load(self, request: StageRequest, device: str) -> str:
-        requested = str(request.setting("model", EMBEDDED))
+        settings: AsrSettings = self.settings
+        requested = settings.model
         path, english_only = resolve_model(requested)
-        language = request.setting("language") or ("en" if english_only else None)
-        compute_type = str(request.setting("compute_type") or "auto")
+        language = settings.language or ("en" if english_only else None)
+        compute_type = settings.compute_type
         if compute_type == "auto":
             compute_type = default_compute_type(device)
         dev, _, index = device.partition(":")
@@ -68,8 +71,8 @@ class AsrStage(TorchStage):
                 compute_type=compute_type,
                 language=language,
                 vad_method="pyannote",  # its weights ship inside whisperx; "silero" needs torch.hub
-                local_files_only=not request.setting("allow_hub", False),
-                threads=int(request.setting("cpu_threads") or os.cpu_count() or 1),
+                local_files_only=not settings.allow_hub,
+                threads=os.cpu_count() or 1,
             )
         except Exception as exc:
             if is_oom(exc):
@@ -86,8 +89,8 @@ class AsrStage(TorchStage):
 
     def process(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> TranscriptArtifact:
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
-        chunk_size = int(request.setting("chunk_size") or 30)  # seconds of speech joined into one segment at most
-        result = self.model.transcribe(samples, batch_size=self.batch_size, language=self.language, chunk_size=chunk_size)
+        result = self.model.transcribe(samples, batch_size=self.batch_size, language=self.language,
+                                       chunk_size=self.settings.chunk_size)
         segments = []
         for raw in result["segments"]:
             text = raw["text"].strip()

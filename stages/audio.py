@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from contracts import AudioArtifact, InputError, StageRequest, WorkItem
+from contracts.stage_settings import AudioSettings
 from stages.base import Stage, save_array
 
 log = logging.getLogger(__name__)
@@ -20,6 +21,7 @@ class AudioStage(Stage):
     input = None
     input_key = "source"
     output = AudioArtifact
+    settings_model = AudioSettings
 
     def import_libraries(self) -> None:
         global av, np

@@ -23,6 +23,7 @@ from contracts import (
 )
 from contracts.errors import ArtifactError
 from contracts.io import atomic_write_bytes
+from contracts.stage_settings import StageSettings
 from stages.gpu_memory import MemoryCheckpoints
 from stages.memory import is_oom, peak_rss_mb
 
@@ -39,6 +40,9 @@ class Stage(ABC):
     input_key: ClassVar[str] = "source"
     #: artifact type written to each item's ``output``
     output: ClassVar[type[Artifact]]
+    #: what this stage may read of the run's settings; ``run`` validates ``request.settings`` into
+    #: ``self.settings`` before anything else (a mismatch is a contract error)
+    settings_model: ClassVar[type[StageSettings]]
 
     def import_libraries(self) -> None:
         """Import heavy libraries (timed separately from model loading)."""
@@ -67,6 +71,7 @@ class Stage(ABC):
     def run(self, request: StageRequest, on_item: Callable[[ItemResult], None] | None = None) -> StageResult:
         """Load the model once, then process every item; ``on_item`` hears of each finished one."""
         started = time.perf_counter()
+        self.settings = self.read_settings(request)
         self.import_libraries()
         imported = time.perf_counter()
         device = self.resolve_device(request.device)
@@ -112,6 +117,14 @@ class Stage(ABC):
             stopped=stopped,
             **memory.result_fields(),
         )
+
+    def read_settings(self, request: StageRequest) -> StageSettings:
+        """``request.settings`` validated against :attr:`settings_model` (ArtifactError: the request is broken)."""
+        try:
+            return self.settings_model.model_validate(request.settings)
+        except ValueError as exc:
+            raise ArtifactError(request.request_id, f"invalid stage settings for {self.name}: "
+                                                    f"{' '.join(str(exc).split())[:300]}") from exc
 
     def _one(self, item: WorkItem, request: StageRequest) -> ItemResult:
         t0 = time.perf_counter()

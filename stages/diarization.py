@@ -28,6 +28,7 @@ from pathlib import Path
 
 from contracts import AudioArtifact, DiarizationArtifact, SpeakerTurn, StageRequest, WorkItem
 from contracts.errors import ModelUnavailableError
+from contracts.stage_settings import DiarizationSettings
 from stages.base import TorchStage
 from stages.memory import is_oom
 
@@ -55,6 +56,7 @@ class DiarizationStage(TorchStage):
     input = AudioArtifact
     input_key = "audio"
     output = DiarizationArtifact
+    settings_model = DiarizationSettings
 
     def import_libraries(self) -> None:
         global np, torch
@@ -62,9 +64,10 @@ class DiarizationStage(TorchStage):
         import torch
 
     def load(self, request: StageRequest, device: str) -> str:
-        self.requested = str(request.setting("model") or AUTO)
-        self.min_speakers = request.setting("min_speakers")
-        self.max_speakers = request.setting("max_speakers")
+        settings: DiarizationSettings = self.settings
+        self.requested = settings.model
+        self.min_speakers = settings.min_speakers
+        self.max_speakers = settings.max_speakers
         self.fallback_reason = None
         self.pipeline = None
         if self.requested != EMBEDDED:
@@ -81,7 +84,7 @@ class DiarizationStage(TorchStage):
                 self.fallback_reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
                 log.warning("diarization: pyannote pipeline %r is not available (%s); using the embedded diarizer",
                             name, self.fallback_reason)
-        self.embedded = EmbeddedDiarizer(device, request.setting("weights_dir"), self.batch_size)
+        self.embedded = EmbeddedDiarizer(device, settings.weights_dir, self.batch_size)
         self.model_name = self.embedded.name
         return self.model_name
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from contracts import EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
+from contracts.stage_settings import EmbeddingsSettings
 from stages.base import TorchStage, save_array
 from stages.memory import is_oom
 
@@ -99,6 +100,7 @@ class EmbeddingsStage(TorchStage):
     input = TranscriptArtifact
     input_key = "transcript"
     output = EmbeddingsArtifact
+    settings_model = EmbeddingsSettings
 
     def import_libraries(self) -> None:
         global np, torch, SentenceTransformer
@@ -107,12 +109,10 @@ class EmbeddingsStage(TorchStage):
         from sentence_transformers import SentenceTransformer
 
     def load(self, request: StageRequest, device: str) -> str:
-        loaded = load_model(str(request.setting("profile", "speed")), device,
-                            allow_hub=bool(request.setting("allow_hub", False)),
-                            fallback=bool(request.setting("fallback", True)))
+        settings: EmbeddingsSettings = self.settings
+        loaded = load_model(settings.profile, device, allow_hub=settings.allow_hub, fallback=settings.fallback)
         self.model, self.model_name = loaded.model, loaded.name
         self.profile, self.requested, self.fallback_reason = loaded.profile, loaded.requested, loaded.fallback_reason
-        self.normalize = bool(request.setting("normalize", True))
         return self.model_name
 
     def process(self, item: WorkItem, transcript: TranscriptArtifact, request: StageRequest) -> EmbeddingsArtifact:
@@ -122,7 +122,7 @@ class EmbeddingsStage(TorchStage):
             vectors = self.model.encode(
                 texts,
                 batch_size=self.batch_size,
-                normalize_embeddings=self.normalize,
+                normalize_embeddings=True,
                 convert_to_numpy=True,
                 show_progress_bar=False,
             ).astype(np.float32, copy=False)
@@ -142,7 +142,7 @@ class EmbeddingsStage(TorchStage):
             fallback_reason=self.fallback_reason,
             dimension=dimension,
             count=int(vectors.shape[0]),
-            normalized=self.normalize,
+            normalized=True,
             device=self.device,
             batch_size=self.batch_size,
         )

@@ -23,8 +23,10 @@ from contracts import (
     WorkItem,
     load_artifact,
     load_model,
+    sha256_file,
 )
 from contracts.errors import ArtifactError, InputError
+from contracts.stage_settings import EnrollmentSettings
 from stages.base import TorchStage, save_array
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ class EnrollmentStage(TorchStage):
     input = DiarizationArtifact
     input_key = "diarization"
     output = SpeakerEmbeddingsArtifact
+    settings_model = EnrollmentSettings
 
     def import_libraries(self) -> None:
         global np, speaker_encoder
@@ -50,14 +53,10 @@ class EnrollmentStage(TorchStage):
         import stages.speaker_encoder as speaker_encoder
 
     def load(self, request: StageRequest, device: str) -> str:
-        from stages.voice_profile import _weights
-
-        self.kind = str(request.setting("encoder", speaker_encoder.CAMPPLUS))
-        self.encoder = speaker_encoder.load_encoder(
-            self.kind, device, ecapa_source=request.setting("ecapa_source"),
-            allow_hub=bool(request.setting("allow_hub", False)), weights=_weights(request),
-        )
-        self.profiles = load_profiles(request.setting("profiles_dir"), self.kind)
+        settings: EnrollmentSettings = self.settings
+        self.kind = settings.encoder
+        self.encoder = speaker_encoder.load_configured(settings, device)
+        self.profiles = load_profiles(settings.profiles_dir, self.kind, settings.profiles)
         log.info("enrollment: %d voice profile(s): %s", len(self.profiles), ", ".join(p.name for p in self.profiles))
         return self.encoder.name
 
@@ -122,12 +121,24 @@ def _cut(samples, start: float, end: float):
     return samples[int(start * SAMPLE_RATE):int(end * SAMPLE_RATE)]
 
 
-def load_profiles(directory: str | None, encoder: str) -> list[VoiceProfile]:
-    """Every valid profile in ``directory`` made with ``encoder`` (others are logged and left out)."""
+def load_profiles(directory: str | None, encoder: str, expected: dict[str, str] | None = None) -> list[VoiceProfile]:
+    """Every valid profile in ``directory`` made with ``encoder`` (others are logged and left out).
+
+    ``expected`` (file stem -> sha256, what the parent fingerprinted): only those files are read, and a
+    file that changed since the run was planned is left out with a warning, so the matching never uses
+    profiles the artifact's fingerprint does not account for.
+    """
     if not directory:
         return []
     profiles = []
     for path in sorted(Path(directory).glob("*.json")):
+        if expected is not None:
+            if path.stem not in expected:
+                log.warning("enrollment: ignoring %s: added after the run was planned (rerun to use it)", path)
+                continue
+            if sha256_file(path) != expected[path.stem]:
+                log.warning("enrollment: ignoring %s: changed after the run was planned (rerun to use it)", path)
+                continue
         try:
             profile = load_model(path, VoiceProfile)
         except ArtifactError as exc:

@@ -23,58 +23,16 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 from contracts import StageRequest
-from contracts.perf import (
-    EVERY_ITEM_ENV,
-    NOTICE_ENV,
-    PERF_LOG_ENV,
-    TF32_ENV,
-    WARNING_ENV,
-    MemoryCheckpoint,
-    PerfEvent,
-    append_event,
-)
+from contracts.perf import PERF_LOG_ENV, MemoryCheckpoint, PerfEvent, append_event
+from contracts.units import MIB, gib
 from stages.memory import peak_rss_mb
 
 log = logging.getLogger(__name__)
 
-MIB = 1024**2
-GIB_IN_MIB = 1024.0
-
-_TRUE = {"1", "true", "yes", "on"}
-
-
-@dataclass(frozen=True)
-class MemoryOptions:
-    #: allocated % of total above which a NOTICE is logged
-    notice_pct: float = 70.0
-    #: allocated % of total above which a WARNING is logged
-    warning_pct: float = 85.0
-    #: also take a checkpoint after every item
-    every_item: bool = False
-    #: allow TF32 matmuls / cuDNN on GPUs that have it (compute capability >= 8.0)
-    tf32: bool = True
-    #: the run's performance log, or None
-    perf_log: str | None = None
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> MemoryOptions:
-        """Read the options from a request's environment (missing names keep their defaults)."""
-        defaults = cls()
-        return cls(
-            notice_pct=float(env.get(NOTICE_ENV, defaults.notice_pct)),
-            warning_pct=float(env.get(WARNING_ENV, defaults.warning_pct)),
-            every_item=env.get(EVERY_ITEM_ENV, "").strip().lower() in _TRUE,
-            tf32=env.get(TF32_ENV, "1").strip().lower() in _TRUE,
-            perf_log=env.get(PERF_LOG_ENV) or None,
-        )
-
-
 def _gb(mib: float | None) -> str:
-    return f"{(mib or 0.0) / GIB_IN_MIB:.2f}GB"
+    return gib(mib, unit="GB")
 
 
 def _pct(part: float | None, total: float | None) -> float:
@@ -162,7 +120,8 @@ class MemoryCheckpoints:
         self.stage = stage
         self.device = device
         self.attempt = request.attempt
-        self.options = MemoryOptions.from_env(request.env)
+        self.options = request.memory
+        self.perf_log = request.env.get(PERF_LOG_ENV) or None
         self.taken: list[MemoryCheckpoint] = []
         self._perf_failed = False
         self.tf32 = configure_cuda(device, self.options.tf32)
@@ -205,10 +164,10 @@ class MemoryCheckpoints:
         return {**self.peaks(), "checkpoints": list(self.taken)}
 
     def _append(self, checkpoint: MemoryCheckpoint) -> None:
-        if not self.options.perf_log or self._perf_failed:
+        if not self.perf_log or self._perf_failed:
             return
         try:
-            append_event(self.options.perf_log, PerfEvent.of_checkpoint(checkpoint, self.stage, self.attempt, os.getpid()))
+            append_event(self.perf_log, PerfEvent.of_checkpoint(checkpoint, self.stage, self.attempt, os.getpid()))
         except OSError as exc:
             self._perf_failed = True
-            log.warning("cannot append to performance log %s: %s", self.options.perf_log, exc)
+            log.warning("cannot append to performance log %s: %s", self.perf_log, exc)

@@ -358,6 +358,16 @@ def load_encoder(kind: str, device: str = "cpu", *, ecapa_source: str | None = N
     raise ModelUnavailableError(f"unknown speaker encoder {kind!r}: use {CAMPPLUS!r} or {ECAPA!r}")
 
 
+def load_configured(settings, device: str = "cpu") -> SpeakerEncoder:
+    """The encoder an ``EncoderSettings`` (enrollment, voice_profile) names: the embedded CAM++ weights
+    from ``settings.weights_dir``, or ECAPA from ``settings.ecapa_source``."""
+    from stages.weights import weight_path
+
+    weights = weight_path("campplus", settings.weights_dir) if settings.encoder == CAMPPLUS else None
+    return load_encoder(settings.encoder, device, ecapa_source=settings.ecapa_source, allow_hub=settings.allow_hub,
+                        weights=weights)
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine similarity of two vectors (normalised here, so any scale works)."""
     a = np.asarray(a, dtype=np.float64).reshape(-1)

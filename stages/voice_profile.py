@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from contracts import InputError, ProfileClip, StageRequest, VoiceProfile, WorkItem, sha256_file
+from contracts.stage_settings import VoiceProfileSettings
 from stages.base import TorchStage
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class VoiceProfileStage(TorchStage):
     #: the first clip; the others are ``clip1``, ``clip2``, ... in the item's inputs
     input_key = "clip0"
     output = VoiceProfile
+    settings_model = VoiceProfileSettings
 
     def import_libraries(self) -> None:
         global av, np, speaker_encoder, audio
@@ -40,12 +42,10 @@ class VoiceProfileStage(TorchStage):
         audio.STAGE.import_libraries()
 
     def load(self, request: StageRequest, device: str) -> str:
-        self.kind = str(request.setting("encoder", speaker_encoder.CAMPPLUS))
-        self.encoder = speaker_encoder.load_encoder(
-            self.kind, device, ecapa_source=request.setting("ecapa_source"),
-            allow_hub=bool(request.setting("allow_hub", False)), weights=_weights(request),
-        )
-        threshold = request.setting("threshold")
+        settings: VoiceProfileSettings = self.settings
+        self.kind = settings.encoder
+        self.encoder = speaker_encoder.load_configured(settings, device)
+        threshold = settings.threshold
         self.threshold = float(DEFAULT_THRESHOLDS[self.kind] if threshold is None else threshold)
         return self.encoder.name
 
@@ -67,7 +67,7 @@ class VoiceProfileStage(TorchStage):
         return VoiceProfile(
             item_id=item.id,
             fingerprint=item.fingerprint,
-            name=str(request.setting("name") or item.id),
+            name=self.settings.name,
             encoder=self.kind,
             encoder_model=self.encoder.name,
             dimension=int(vectors.shape[1]),
@@ -86,14 +86,6 @@ class VoiceProfileStage(TorchStage):
 
 def _clip_number(key: str) -> int:
     return int(key.removeprefix("clip")) if key.removeprefix("clip").isdigit() else 1 << 30
-
-
-def _weights(request: StageRequest):
-    from stages.weights import weight_path
-
-    if request.setting("encoder", "campplus") != "campplus":
-        return None
-    return weight_path("campplus", request.setting("weights_dir"))
 
 
 STAGE = VoiceProfileStage()

@@ -65,3 +65,12 @@ def reference_model():
     from stages.embeddings import embedded_model_path
 
     return SentenceTransformer(str(embedded_model_path()), device="cpu")
+
+
+
+def stage_settings(stage: str, **fields) -> dict:
+    """The settings dump the parent would send ``stage`` for default Settings, with some of the stage's
+    own ``fields`` replaced (validated by its model, as in a real run)."""
+    from orchestrator.registry import stage_settings as build
+
+    return build(stage, **fields).model_dump(mode="json")

@@ -239,7 +239,7 @@ class JobQueue:
         record = self._update(job_id, status="running", started_at=datetime.now(timezone.utc),
                               runs=record.runs + 1, error=None)
         self._running = job_id
-        settings = self.settings.model_copy(update={"output_dir": Path(record.output_dir)})
+        settings = self.settings.replace(output_dir=Path(record.output_dir))
         orchestrator = Orchestrator(settings)
         with self._cond:
             self._current = orchestrator

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from contracts.units import GIB_MIB as GIB
+
 log = logging.getLogger(__name__)
 
-GIB = 1024.0  # MiB
 
 #: seed 002: the data of one batch gets at most 1/8 of the card
 BATCH_FRACTION = 1 / 8
@@ -67,21 +67,6 @@ ASR_REPOS: dict[str, str] = {
     "small": "Systran/faster-whisper-small",
     "base": "Systran/faster-whisper-base",
 }
-
-
-def stage_need(stage: str, settings: Mapping[str, object]) -> Need | None:
-    """What ``stage`` needs on the GPU for the settings in its request (None: it does not use the GPU)."""
-    if stage == "asr":
-        return ASR_NEEDS.get(str(settings.get("model", "embedded")).rstrip("/").split("/")[-1], UNKNOWN)
-    if stage == "embeddings":
-        return EMBEDDING_NEEDS.get(str(settings.get("profile", "speed")), UNKNOWN)
-    return None
-
-
-def stage_need_mib(stage: str, settings: Mapping[str, object]) -> float:
-    """Free memory a stage needs to start with a batch of one (0 for stages without a GPU model)."""
-    need = stage_need(stage, settings)
-    return 0.0 if need is None else need.model_mib + need.per_item_mib
 
 
 def _floor_pow2(n: int) -> int:
@@ -149,10 +134,6 @@ def pick_asr_model(total_mib: float | None, free_mib: float | None, *, offline: 
 
 # -- wiring into the settings --------------------------------------------------
 
-#: batch sizes used for "auto" when no GPU is seen (the settings' defaults)
-CPU_BATCH_SIZES = {"asr": 16, "embeddings": 128}
-
-
 def resolve_auto(settings, reader=None):
     """``settings`` with every "auto" (``asr_model``, batch sizes) replaced by a value for the GPU at hand.
 
@@ -179,17 +160,18 @@ def resolve_auto(settings, reader=None):
                                     cached=cached_asr_models(default_hub_cache()))
         updates["asr_model"] = model
         log.info("asr_model=auto -> %s (%s)", model, why)
-    for name, stage, stage_settings in (
-        ("asr_batch_size", "asr", {"model": updates.get("asr_model", settings.asr_model)}),
-        ("embedding_batch_size", "embeddings", {"profile": settings.embedding_profile}),
+    asr_model = str(updates.get("asr_model", settings.asr_model))
+    for name, need in (
+        ("asr_batch_size", ASR_NEEDS.get(asr_model.rstrip("/").split("/")[-1], UNKNOWN)),
+        ("embedding_batch_size", EMBEDDING_NEEDS.get(settings.embedding_profile, UNKNOWN)),
     ):
         if name not in autos:
             continue
-        if device is None:
-            updates[name] = CPU_BATCH_SIZES[stage]
+        if device is None:  # the settings' own defaults, which are the CPU's
+            updates[name] = type(settings).model_fields[name].default
             log.info("%s=auto -> %d (no GPU seen)", name, updates[name])
         else:
-            updates[name] = auto_batch_size(device.free_mib, device.total_mib, stage_need(stage, stage_settings))
+            updates[name] = auto_batch_size(device.free_mib, device.total_mib, need)
             log.info("%s=auto -> %d (GPU %d: %.0f MiB free of %.0f MiB)", name, updates[name], device.index,
                      device.free_mib, device.total_mib)
-    return settings.model_copy(update=updates)
+    return settings.replace(**updates)

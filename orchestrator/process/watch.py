@@ -24,7 +24,7 @@ from contracts.perf import PERF_LOG_ENV
 from orchestrator.process.pidfiles import ChildRegistry
 from orchestrator.gpu.nvml import GpuDevice, GpuMonitor, GpuWatch, StageGpuCheck, visible_devices
 from orchestrator.telemetry.perf_log import PerfLog
-from orchestrator.gpu.sizing import stage_need_mib
+from orchestrator.registry import gpu_need_mib
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class ChildWatch:
         if self.monitor is not None:
             try:
                 watching.gpu = self.monitor.before(stage, request.device, visible_devices(request.env),
-                                                   stage_need_mib(stage, request.settings))
+                                                   gpu_need_mib(stage, request.settings))
             except GpuMemoryError as exc:
                 watching.refused = str(exc)
                 log.error("%s: not started: %s", stage, exc)

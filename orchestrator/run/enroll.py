@@ -10,13 +10,15 @@ import hashlib
 import logging
 import re
 import uuid
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from contracts import VoiceProfile, WorkItem, load_model
 from contracts.errors import InputError, PipelineError, SettingsError, StageError
 from orchestrator.process.executor import LocalExecutor
-from orchestrator.run.runner import StageRunner, StageSpec, fingerprint
+from orchestrator.registry import VOICE_PROFILE
+from orchestrator.run.runner import StageRunner, fingerprint
 from orchestrator.settings import Settings
 from orchestrator.process.watch import ChildWatch
 
@@ -42,12 +44,8 @@ def enroll(settings: Settings, name: str, clips: list[str | Path], executor: Loc
         raise InputError(f"clip not found: {', '.join(missing)}")
     directory = Path(settings.profiles_dir)
     output = directory / f"{profile_file_name(name)}.json"
-    spec = StageSpec("voice_profile", "stages.voice_profile", VoiceProfile, batch_size=settings.voice_enrollment_batch_size,
-                     settings={
-                         "name": name, "encoder": settings.speaker_encoder, "ecapa_source": settings.ecapa_source,
-                         "allow_hub": settings.allow_hub, "threshold": settings.speaker_threshold,
-                         "weights_dir": None if settings.weights_dir is None else str(settings.weights_dir),
-                     })
+    spec = VOICE_PROFILE.spec(settings)
+    spec = replace(spec, settings=VOICE_PROFILE.settings_model.model_validate({**spec.settings.model_dump(), "name": name}))
     identity = "|".join(f"{Path(c).resolve()}:{hashlib.sha256(Path(c).read_bytes()).hexdigest()}" for c in clips)
     item = WorkItem(id=profile_file_name(name), inputs={f"clip{i}": str(c) for i, c in enumerate(clips)},
                     output=str(output), fingerprint=fingerprint(spec, identity))
@@ -56,7 +54,8 @@ def enroll(settings: Settings, name: str, clips: list[str | Path], executor: Loc
     own = executor is None
     executor = executor or LocalExecutor(ChildWatch.from_settings(settings))
     try:
-        runner = StageRunner(executor, run_dir, settings.child_env(), settings.device, settings.max_signal_retries)
+        runner = StageRunner(executor, run_dir, settings.child_env(), settings.device, settings.max_signal_retries,
+                             memory=settings.memory())
         outcomes, _ = runner.run(spec, [item], reuse=False)
     finally:
         if own:

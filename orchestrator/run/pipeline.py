@@ -23,15 +23,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from contracts import (
-    AudioArtifact,
-    DiarizationArtifact,
     EmbeddingsArtifact,
-    SpeakerEmbeddingsArtifact,
     TranscriptArtifact,
     WorkItem,
     load_artifact,
     save_model,
-    sha256_file,
 )
 from contracts.errors import PipelineError
 from contracts.report import InputReport, ItemStage, RunReport, StageRun
@@ -51,7 +47,8 @@ from orchestrator.run.remote import (
     url_stem,
     url_suffix,
 )
-from orchestrator.run.runner import StageRunner, StageSpec, current_artifact, fingerprint
+from orchestrator.registry import StageSpec, process_specs
+from orchestrator.run.runner import StageRunner, current_artifact, fingerprint
 from orchestrator.settings import Settings
 from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.process.watch import ChildWatch
@@ -166,48 +163,6 @@ def _source_identity(path: Path) -> str:
     return f"{path.absolute()}:{st.st_size}:{st.st_mtime_ns}"
 
 
-# -- speaker stages (issue 3) ---------------------------------------------------------------
-
-
-def speaker_specs(s: Settings) -> list[StageSpec]:
-    """diarization -> enrollment -> alignment (+ merge into transcript.json); the last always runs."""
-    specs = []
-    if s.speakers:
-        specs.append(StageSpec("diarization", "stages.diarization", DiarizationArtifact,
-                               batch_size=s.voice_enrollment_batch_size,  # its speaker-embedding batches
-                               inputs=("audio",), skippable=s.enable_fast_path, settings={
-            "model": s.diarization_model, "min_speakers": s.min_speakers, "max_speakers": s.max_speakers,
-            "allow_hub": s.allow_hub, "weights_dir": _str(s.weights_dir),
-        }))
-        profiles = profile_fingerprints(s.profiles_dir)
-        if profiles and not s.skip_voice_embeddings:
-            specs.append(StageSpec("enrollment", "stages.enrollment", SpeakerEmbeddingsArtifact,
-                                   batch_size=s.voice_enrollment_batch_size, inputs=("diarization", "audio"),
-                                   skippable=s.enable_fast_path, settings={
-                "encoder": s.speaker_encoder, "ecapa_source": s.ecapa_source, "allow_hub": s.allow_hub,
-                "profiles_dir": _str(s.profiles_dir), "profiles": profiles, "weights_dir": _str(s.weights_dir),
-            }))
-    keys = ("asr", "audio") + tuple(spec.kind for spec in specs)
-    specs.append(StageSpec("alignment", "stages.alignment", TranscriptArtifact, batch_size=1, inputs=keys,
-                           optional_inputs=("diarization", "speaker_embeddings"), settings={
-        "align": s.align, "allow_hub": s.allow_hub, "language": s.asr_language, "speakers": s.speakers,
-        "skip_voice_embeddings": s.skip_voice_embeddings,
-    }))
-    return specs
-
-
-def profile_fingerprints(directory: Path | None) -> dict[str, str]:
-    """name -> sha256 of each voice profile file in ``directory``: part of the enrollment fingerprint,
-    so enrolling a new voice redoes the matching."""
-    if directory is None or not Path(directory).is_dir():
-        return {}
-    return {path.stem: sha256_file(path) for path in sorted(Path(directory).glob("*.json"))}
-
-
-def _str(path: Path | None) -> str | None:
-    return None if path is None else str(path)
-
-
 def _input_keys(spec: StageSpec, previous: StageSpec | None) -> tuple[str, ...]:
     if previous is None:
         return ()
@@ -250,7 +205,7 @@ class Orchestrator:
         self.settings = settings or Settings()
         if self.settings.output_url:  # build locally (shared storage), upload each finished input
             local = staging_dir(self.settings.output_url, self.settings.staging_dir)
-            self.settings = self.settings.model_copy(update={"output_dir": local})
+            self.settings = self.settings.replace(output_dir=local)
         self.executor = executor or make_executor(self.settings)
         self._stopping = False
         self._stop_file: Path | None = None
@@ -265,19 +220,8 @@ class Orchestrator:
         self.executor.close()
 
     def stage_specs(self) -> list[StageSpec]:
-        s = resolve_auto(self.settings)  # asr_model / batch sizes "auto" -> values for the GPU at hand
-        return [
-            StageSpec("audio", "stages.audio", AudioArtifact, batch_size=1, keep=False, gpu=False),
-            StageSpec("asr", "stages.asr", TranscriptArtifact, batch_size=s.asr_batch_size, key="asr", settings={
-                "model": s.asr_model, "language": s.asr_language, "compute_type": s.asr_compute_type,
-                "allow_hub": s.allow_hub, "chunk_size": s.asr_chunk_size or (6 if s.speakers else 30),
-            }),
-            *speaker_specs(s),
-            StageSpec("embeddings", "stages.embeddings", EmbeddingsArtifact, batch_size=s.embedding_batch_size,
-                      inputs=("transcript",), settings={
-                "profile": s.embedding_profile, "fallback": s.embedding_fallback, "allow_hub": s.allow_hub,
-            }),
-        ]
+        """The stages this run needs, from the registry (``auto`` settings resolved for the GPU at hand)."""
+        return process_specs(resolve_auto(self.settings))
 
     def stop(self) -> None:
         """Ask for a graceful stop: each child finishes its current item, then the run ends."""
@@ -319,7 +263,7 @@ class Orchestrator:
                 log.warning("device %s: under Ray each task sees only the GPU Ray gives it; using cuda", device)
                 device = "cuda"
         runner = StageRunner(self.executor, run_dir, env, device, self.settings.max_signal_retries,
-                             stop_path=self._stop_file)
+                             stop_path=self._stop_file, memory=self.settings.memory())
         stage_runs: list[StageRun] = []
         progress.start(len(inputs), resumed, len(chunks))
         hard_stop = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,39 +21,12 @@ from contracts import (
 )
 from contracts.errors import ArtifactError
 from contracts.report import Attempt, StageRun
+from contracts.stage_settings import MemorySettings
 from orchestrator.process.executor import Executor, WarmChild
+from orchestrator.registry import StageSpec
 from orchestrator.run.outcome import Outcome, next_step
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """What the parent knows of a stage: its name, module and output type (never its code)."""
-
-    name: str
-    module: str
-    output: type[Artifact]
-    batch_size: int = 1
-    settings: dict[str, Any] = field(default_factory=dict)
-    #: False for scratch artifacts (decoded audio) that only feed the next stage
-    keep: bool = True
-    #: the artifacts (by key) this stage reads; None: the previous stage's
-    inputs: tuple[str, ...] | None = None
-    #: the artifact's key (file name and input key) when not its kind, e.g. "asr" for the raw transcript
-    key: str | None = None
-    #: inputs this stage can do without (when the fast path skipped them); the others it needs
-    optional_inputs: tuple[str, ...] = ()
-    #: the fast path may go on without this stage when it runs out of memory even at batch size 1
-    skippable: bool = False
-    #: the stage computes on the GPU when there is one (decoding audio does not): executors that
-    #: place work (Ray) reserve a GPU for it
-    gpu: bool = True
-
-    @property
-    def kind(self) -> str:
-        """The output artifact's key ("audio", "asr", "transcript", ...): its file name and input key."""
-        return self.key or self.output.model_fields["kind"].default
 
 
 @dataclass
@@ -72,8 +45,8 @@ class ItemOutcome:
 
 def fingerprint(spec: StageSpec, upstream: str) -> str:
     """Identity of an artifact-to-be: the stage, its settings and its input's identity."""
-    blob = json.dumps({"stage": spec.name, "module": spec.module, "settings": spec.settings, "upstream": upstream},
-                      sort_keys=True, default=str)
+    blob = json.dumps({"stage": spec.name, "module": spec.module, "settings": spec.settings.model_dump(mode="json"),
+                       "upstream": upstream}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -97,8 +70,11 @@ class StageRunner:
     """Runs a stage's items in as many children as the retry policy allows."""
 
     def __init__(self, executor: Executor, run_dir: Path, env: dict[str, str], device: str,
-                 max_signal_retries: int, stop_path: Path | None = None) -> None:
+                 max_signal_retries: int, stop_path: Path | None = None,
+                 memory: MemorySettings | None = None) -> None:
         self.executor = executor
+        #: memory checkpoint options for every child (None: the contract's defaults)
+        self.memory = memory or MemorySettings()
         self.stop_path = stop_path
         self.run_dir = run_dir
         self.env = env
@@ -146,7 +122,8 @@ class StageRunner:
                 items=todo,
                 batch_size=batch_size,
                 device=self.device,
-                settings=spec.settings,
+                settings=spec.settings.model_dump(mode="json"),
+                memory=self.memory,
                 env=self.env,
                 result_path=str(self.run_dir / f"{name}.result.json"),
                 progress_path=str(self.run_dir / f"{name}.items.jsonl"),

@@ -26,7 +26,6 @@ import os
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 from contracts import ExitCode
@@ -69,7 +68,10 @@ def stage_task(stage: str, request_path: str, log_path: str, watch: dict[str, An
     logging.getLogger("orchestrator.scale.ray_executor").info(
         "%s: ray task on %s, pid %d, CUDA_VISIBLE_DEVICES=%s", stage, os.uname().nodename, os.getpid(),
         os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"))
-    executor = LocalExecutor(ChildWatch.from_settings(SimpleNamespace(**watch)))
+    from orchestrator.settings import Settings
+
+    # validated, and without reading this node's environment: only what the driver sent counts
+    executor = LocalExecutor(ChildWatch.from_settings(Settings.model_validate(watch)))
     try:
         return executor.run(stage, Path(request_path), Path(log_path))
     finally:

@@ -20,7 +20,7 @@ from contracts import (
 )
 from stages.alignment import AlignmentStage, assign_speakers, speaker_at
 from stages.audio import AudioStage
-from tests.conftest import MEDIA
+from tests.conftest import MEDIA, stage_settings
 
 EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 TURNS = [SpeakerTurn(start=0.0, end=4.0, speaker="SPEAKER_00"), SpeakerTurn(start=4.5, end=8.0, speaker="SPEAKER_01")]
@@ -76,7 +76,7 @@ def _run(tmp, keys, **settings) -> TranscriptArtifact:
     item = WorkItem(id="s", inputs={k: str(tmp / f"{k}.json") for k in keys}, output=str(tmp / "transcript.json"),
                     fingerprint="fp-final")
     result = AlignmentStage().run(StageRequest(request_id="r", stage="alignment", module="stages.alignment",
-                                               batch_size=1, device="cpu", settings=settings, items=[item],
+                                               batch_size=1, device="cpu", settings=stage_settings("alignment", **settings), items=[item],
                                                result_path=str(tmp / "r.json")))
     assert result.items[0].ok, result.items
     return load_artifact(tmp / "transcript.json", TranscriptArtifact)

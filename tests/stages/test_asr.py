@@ -8,7 +8,7 @@ from contracts import StageRequest, TranscriptArtifact, WorkItem, load_artifact
 from contracts.errors import ModelUnavailableError
 from stages.asr import AsrStage, embedded_model_path, resolve_model
 from stages.audio import STAGE as AUDIO
-from tests.conftest import MAX_WER, SPEECH_TEXT, wer
+from tests.conftest import MAX_WER, SPEECH_TEXT, wer, stage_settings
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 def _request(tmp_path, audio_json, batch_size=4, **settings) -> StageRequest:
     return StageRequest(
         request_id="r", stage="asr", module="stages.asr", batch_size=batch_size, device="cpu",
-        settings=settings, result_path=str(tmp_path / "res.json"),
+        settings=stage_settings("asr", **settings), result_path=str(tmp_path / "res.json"),
         items=[WorkItem(id="s", inputs={"audio": str(audio_json)}, output=str(tmp_path / "transcript.json"),
                         fingerprint="fp-asr")],
     )

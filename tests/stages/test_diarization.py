@@ -8,7 +8,7 @@ import pytest
 from contracts import AudioArtifact, DiarizationArtifact, StageRequest, WorkItem, load_artifact
 from stages.audio import AudioStage
 from stages.diarization import DiarizationStage, cluster, relabel
-from tests.conftest import MEDIA
+from tests.conftest import MEDIA, stage_settings
 
 SPEAKERS = MEDIA / "speakers"
 DIALOGUES = ("host_guest", "host_stranger")
@@ -38,7 +38,7 @@ def hypothesis(art: DiarizationArtifact):
 
 def request(tmp_path, stage: str, items, **settings) -> StageRequest:
     return StageRequest(request_id=f"r-{stage}", stage=stage, module=f"stages.{stage}", items=items, batch_size=4,
-                        device="cpu", settings=settings, result_path=str(tmp_path / f"{stage}-result.json"))
+                        device="cpu", settings=stage_settings(stage, **settings), result_path=str(tmp_path / f"{stage}-result.json"))
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import pytest
 from contracts import EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem, load_artifact, save_model
 from contracts.errors import ModelUnavailableError
 from stages.embeddings import PROFILES, EmbeddingsStage, embedded_model_path, resolve_model
+from tests.conftest import stage_settings
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +34,7 @@ def transcript_json(tmp_path):
 def _request(tmp_path, transcript_json, batch_size=2, **settings) -> StageRequest:
     return StageRequest(
         request_id="r", stage="embeddings", module="stages.embeddings", batch_size=batch_size, device="cpu",
-        settings=settings, result_path=str(tmp_path / "res.json"),
+        settings=stage_settings("embeddings", **settings), result_path=str(tmp_path / "res.json"),
         items=[WorkItem(id="t", inputs={"transcript": str(transcript_json)}, output=str(tmp_path / "embeddings.json"),
                         fingerprint="fp-emb")],
     )

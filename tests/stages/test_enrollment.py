@@ -17,7 +17,7 @@ from contracts import (
 from stages.audio import AudioStage
 from stages.enrollment import EnrollmentStage, load_profiles, match_speakers
 from stages.voice_profile import VoiceProfileStage
-from tests.conftest import MEDIA
+from tests.conftest import MEDIA, stage_settings
 
 SPEAKERS = MEDIA / "speakers"
 DIALOGUES = ("host_guest", "host_stranger")
@@ -27,7 +27,7 @@ CLUSTERS = {"Host": "SPEAKER_00", "Guest": "SPEAKER_01", "Stranger": "SPEAKER_01
 
 def request(tmp_path, stage: str, items, batch_size=4, **settings) -> StageRequest:
     return StageRequest(request_id=f"r-{stage}", stage=stage, module=f"stages.{stage}", items=items,
-                        batch_size=batch_size, device="cpu", settings=settings,
+                        batch_size=batch_size, device="cpu", settings=stage_settings(stage, **settings),
                         result_path=str(tmp_path / f"{stage}-result.json"))
 
 

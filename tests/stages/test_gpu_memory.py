@@ -11,16 +11,10 @@ from pathlib import Path
 import pytest
 
 from contracts import StageRequest, WorkItem
-from contracts.perf import (
-    EVERY_ITEM_ENV,
-    NOTICE_ENV,
-    PERF_LOG_ENV,
-    TF32_ENV,
-    WARNING_ENV,
-    MemoryCheckpoint,
-    read_events,
-)
-from stages.gpu_memory import MemoryOptions, format_checkpoint, pressure
+from contracts.perf import PERF_LOG_ENV, MemoryCheckpoint, read_events
+from contracts.stage_settings import MemorySettings
+from orchestrator.settings import Settings
+from stages.gpu_memory import format_checkpoint, pressure
 from tests.conftest import MEDIA, ROOT
 from tests.fixtures.stages import PICKY
 
@@ -58,19 +52,28 @@ def test_thresholds_are_strictly_above_70_and_85(pct, expected):
         assert got[1] == f"NOTICE: GPU memory usage is elevated ({pct:.1f}%). Monitor for potential OOM conditions."
 
 
-def test_thresholds_come_from_the_request_environment():
-    options = MemoryOptions.from_env({NOTICE_ENV: "50", WARNING_ENV: "60", EVERY_ITEM_ENV: "1", TF32_ENV: "0",
-                                      PERF_LOG_ENV: "/x/run.jsonl"})
-    assert options == MemoryOptions(notice_pct=50, warning_pct=60, every_item=True, tf32=False, perf_log="/x/run.jsonl")
+def test_thresholds_come_from_the_settings_and_the_seed_env_names(monkeypatch):
+    monkeypatch.setenv("PIPELINE_MEMORY_NOTICE_PCT", "50")
+    monkeypatch.setenv("PIPELINE_MEMORY_WARNING_PCT", "60")
+    monkeypatch.setenv("PIPELINE_MEMORY_EVERY_ITEM", "true")
+    monkeypatch.setenv("PIPELINE_TF32", "0")
+    options = Settings().memory()
+    assert options == MemorySettings(notice_pct=50, warning_pct=60, every_item=True, tf32=False)
     assert pressure(55, options.notice_pct, options.warning_pct)[1].startswith("NOTICE")
     assert pressure(61, options.notice_pct, options.warning_pct)[1].startswith("WARNING")
-    assert MemoryOptions.from_env({}) == MemoryOptions()
+    monkeypatch.delenv("PIPELINE_MEMORY_NOTICE_PCT")
+    monkeypatch.delenv("PIPELINE_MEMORY_WARNING_PCT")
+    monkeypatch.delenv("PIPELINE_MEMORY_EVERY_ITEM")
+    monkeypatch.delenv("PIPELINE_TF32")
+    assert Settings().memory() == MemorySettings()
+    with pytest.raises(ValueError):
+        MemorySettings(notice_pct=90, warning_pct=80)
 
 
-def _request(tmp_path, env, items=("a", "b")) -> StageRequest:
+def _request(tmp_path, env, items=("a", "b"), every_item=False) -> StageRequest:
     return StageRequest(
         request_id="picky-1", stage="picky", module="tests.fixtures.stages_picky", batch_size=2, device="cpu",
-        env=env, result_path=str(tmp_path / "result.json"),
+        env=env, result_path=str(tmp_path / "result.json"), memory=MemorySettings(every_item=every_item),
         items=[WorkItem(id=i, inputs={"source": "good"}, output=str(tmp_path / i / "note.json"), fingerprint="fp")
                for i in items],
     )
@@ -80,7 +83,7 @@ def test_stage_loop_takes_cpu_checkpoints_logs_them_and_appends_them_to_the_perf
     perf = tmp_path / "performance_logs" / "run.jsonl"
     caplog.set_level(logging.INFO, logger="stages.gpu_memory")
     # When a stage runs on the CPU with per-item checkpoints asked for
-    result = PICKY.run(_request(tmp_path, {PERF_LOG_ENV: str(perf), EVERY_ITEM_ENV: "1"}))
+    result = PICKY.run(_request(tmp_path, {PERF_LOG_ENV: str(perf)}, every_item=True))
     # Then every checkpoint is in the result, in order, measured as RSS
     points = ["before model load", "model loaded", "after item 1/2", "after item 2/2", "before exit"]
     assert [c.point for c in result.checkpoints] == points
@@ -139,7 +142,7 @@ def test_on_a_gpu_checkpoints_see_a_real_allocation_and_the_peak(tmp_path):
     TENSOR.import_libraries()
     request = StageRequest(
         request_id="t", stage="tensor", module="tests.fixtures.stages_tensor", batch_size=1, device="cuda",
-        result_path=str(tmp_path / "r.json"), env={EVERY_ITEM_ENV: "1"},
+        result_path=str(tmp_path / "r.json"), memory=MemorySettings(every_item=True),
         items=[WorkItem(id="a", inputs={"source": "512"}, output=str(tmp_path / "a.json"), fingerprint="fp")],
     )
     result = TENSOR.run(request)

@@ -13,7 +13,8 @@ from contracts.perf import PERF_LOG_ENV
 from orchestrator.process.pidfiles import ChildRegistry
 from orchestrator.process.executor import LocalExecutor
 from orchestrator.gpu.nvml import NvmlReader
-from orchestrator.run.runner import StageRunner, StageSpec
+from orchestrator.registry import StageSpec
+from orchestrator.run.runner import StageRunner
 from orchestrator.process.watch import ChildWatch
 from tests.conftest import ROOT
 from tests.fixtures.stages import NoteArtifact

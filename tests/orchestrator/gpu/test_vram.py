@@ -13,7 +13,6 @@ from orchestrator.gpu.sizing import (
     cached_asr_models,
     pick_asr_model,
     resolve_auto,
-    stage_need_mib,
 )
 
 GIB = 1024.0
@@ -71,13 +70,6 @@ def test_cached_models_are_found_in_the_hub_cache_layout(tmp_path):
     (snapshot / "model.bin").write_bytes(b"x")
     (tmp_path / "models--Systran--faster-whisper-small" / "snapshots" / "def").mkdir(parents=True)  # incomplete
     assert cached_asr_models(tmp_path) == {"medium"}
-
-
-def test_stage_needs_follow_the_request_settings():
-    assert stage_need_mib("audio", {}) == 0
-    assert stage_need_mib("asr", {"model": "large-v3"}) == ASR_NEEDS["large-v3"].model_mib + 160
-    assert stage_need_mib("asr", {"model": "/models/large-v3/"}) == stage_need_mib("asr", {"model": "large-v3"})
-    assert stage_need_mib("embeddings", {"profile": "quality"}) > stage_need_mib("embeddings", {"profile": "speed"})
 
 
 # -- wiring -------------------------------------------------------------------------

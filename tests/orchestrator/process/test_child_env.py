@@ -9,22 +9,24 @@ from pydantic import ValidationError
 
 from contracts import WorkItem, load_model
 from orchestrator.process.executor import LocalExecutor
-from orchestrator.run.runner import StageRunner, StageSpec
+from orchestrator.registry import StageSpec
+from orchestrator.run.runner import StageRunner
 from orchestrator.settings import Settings
 from orchestrator.process.watch import ChildWatch
 from orchestrator.process.pidfiles import ChildRegistry
-from tests.fixtures.stages import NoteArtifact
+from tests.fixtures.stages import FixtureSettings, NoteArtifact
 
-NAMES = ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTORCH_CUDA_ALLOC_CONF", "PIPELINE_MEMORY_NOTICE_PCT",
-         "PIPELINE_MEMORY_WARNING_PCT", "PIPELINE_MEMORY_EVERY_ITEM", "PIPELINE_TF32"]
+NAMES = ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTORCH_CUDA_ALLOC_CONF", "PIPELINE_MEMORY_NOTICE_PCT"]
 
 
-def test_memory_settings_reach_the_child_environment(monkeypatch):
+def test_memory_settings_are_typed_and_gpu_settings_reach_the_child_environment(monkeypatch):
     monkeypatch.setenv("PIPELINE_MEMORY_NOTICE_PCT", "60")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
-    env = Settings(memory_warning_pct=80, tf32=False).child_env()
-    assert env["PIPELINE_MEMORY_NOTICE_PCT"] == "60.0" and env["PIPELINE_MEMORY_WARNING_PCT"] == "80.0"
-    assert env["PIPELINE_TF32"] == "0" and env["PIPELINE_MEMORY_EVERY_ITEM"] == "0"
+    settings = Settings(memory_warning_pct=80, tf32=False)
+    memory = settings.memory()
+    assert (memory.notice_pct, memory.warning_pct, memory.tf32, memory.every_item) == (60, 80, False, False)
+    env = settings.child_env()
+    assert not any(name.startswith("PIPELINE_MEMORY") for name in env), "memory options travel typed, not as env"
     assert env["CUDA_VISIBLE_DEVICES"] == "1,0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
@@ -48,15 +50,16 @@ def test_warning_threshold_below_notice_is_rejected():
 def test_a_real_child_sees_the_gpu_environment(tmp_path, monkeypatch):
     # Given settings naming GPU 1 and a 50 % notice threshold, and a parent whose own environment says otherwise
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    env = Settings(cuda_visible_devices="1", memory_notice_pct=50).child_env()
-    runner = StageRunner(LocalExecutor(ChildWatch(ChildRegistry(tmp_path / "pids"))), tmp_path / "run", env=env,
-                         device="cpu", max_signal_retries=0)
+    settings = Settings(cuda_visible_devices="1", memory_notice_pct=50)
+    runner = StageRunner(LocalExecutor(ChildWatch(ChildRegistry(tmp_path / "pids"))), tmp_path / "run",
+                         env=settings.child_env(), device="cpu", max_signal_retries=0, memory=settings.memory())
     item = WorkItem(id="a", inputs={"source": "x"}, output=str(tmp_path / "a" / "note.json"), fingerprint="fp")
     outcomes, _ = runner.run(StageSpec("envprobe", "tests.fixtures.stages_envprobe", NoteArtifact,
-                                       settings={"names": NAMES}), [item])
+                                       settings=FixtureSettings(**{"names": NAMES})), [item])
     assert outcomes["a"].ok
     seen = json.loads(load_model(tmp_path / "a" / "note.json", NoteArtifact).text)
     # Then the child runs with the settings' values, not the inherited ones
+    # (the memory options arrive typed in the request, not as environment variables)
     assert seen == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PIPELINE_MEMORY_NOTICE_PCT": "50.0",
-                    "PIPELINE_MEMORY_WARNING_PCT": "85.0", "PIPELINE_MEMORY_EVERY_ITEM": "0", "PIPELINE_TF32": "1"}
+                    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PIPELINE_MEMORY_NOTICE_PCT": None,
+                    "memory": {"notice_pct": 50.0, "warning_pct": 85.0, "every_item": False, "tf32": True}}

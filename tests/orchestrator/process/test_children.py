@@ -23,16 +23,17 @@ from pathlib import Path
 from contracts import WorkItem
 from orchestrator.process.pidfiles import ChildRegistry
 from orchestrator.process.executor import LocalExecutor
-from orchestrator.run.runner import StageRunner, StageSpec
+from orchestrator.registry import StageSpec
+from orchestrator.run.runner import StageRunner
 from orchestrator.process.watch import ChildWatch
-from tests.fixtures.stages import NoteArtifact
+from tests.fixtures.stages import FixtureSettings, NoteArtifact
 
 tmp = Path(sys.argv[1])
 runner = StageRunner(LocalExecutor(ChildWatch(ChildRegistry(tmp / "pids")), die_with_parent=False), tmp / "run", env={}, device="cpu",
                      max_signal_retries=0)
 item = WorkItem(id="a", inputs={"source": "x"}, output=str(tmp / "a" / "note.json"), fingerprint="fp")
-outcomes, _ = runner.run(StageSpec("sleeper", "tests.fixtures.stages_sleeper", NoteArtifact, settings={
-    "started": str(tmp / "started"), "release": str(tmp / "release"), "sleep_s": 120}), [item])
+outcomes, _ = runner.run(StageSpec("sleeper", "tests.fixtures.stages_sleeper", NoteArtifact, settings=FixtureSettings(**{
+    "started": str(tmp / "started"), "release": str(tmp / "release"), "sleep_s": 120})), [item])
 print("ok" if outcomes["a"].ok else "failed")
 """
 

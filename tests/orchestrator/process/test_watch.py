@@ -9,9 +9,11 @@ from contracts.perf import PERF_LOG_ENV, read_events
 from orchestrator.process.pidfiles import ChildRegistry
 from orchestrator.process.executor import LocalExecutor
 from orchestrator.gpu.nvml import GpuDevice, GpuMonitor, GpuProcess, GpuSnapshot, RecordedReader
-from orchestrator.run.runner import StageRunner, StageSpec
+from orchestrator.registry import BY_NAME, StageSpec
+from orchestrator.settings import Settings
+from orchestrator.run.runner import StageRunner
 from orchestrator.process.watch import ChildWatch
-from tests.fixtures.stages import NoteArtifact
+from tests.fixtures.stages import FixtureSettings, NoteArtifact
 
 GIB = 1024.0
 
@@ -37,12 +39,14 @@ def test_stage_is_not_started_on_a_gpu_another_process_fills(tmp_path):
     # Given seed 004's card: another process holds 14.17 GiB of a 14.74 GiB T4
     trainer = GpuProcess(pid=75955, used_mib=14.17 * GIB, command="python3 train.py")
     runner = _runner(tmp_path, [card(14.5 * GIB, [trainer])])
-    spec = StageSpec("asr", "tests.fixtures.stages_picky", NoteArtifact, settings={"model": "large-v3"})
+    # (the asr stage's real settings from the registry, run by a fixture stage that accepts any settings)
+    spec = StageSpec("asr", "tests.fixtures.stages_picky", NoteArtifact,
+                     settings=BY_NAME["asr"].build(Settings(asr_model="large-v3")))
     # When the asr stage (large-v3 needs ~4.6 GiB) is run
     outcomes, report = runner.run(spec, _items(tmp_path, "a", "b"))
     # Then no child starts and each item fails with who holds the memory
     assert [a.pid for a in report.attempts] == [None]
-    assert not (tmp_path / "run" / "asr-1.result.json").exists()
+    assert not list((tmp_path / "run").glob("*.result.json"))
     for outcome in outcomes.values():
         assert not outcome.ok
         assert "Process 75955 (python3 train.py) has 14.17 GiB memory in use" in outcome.error
@@ -89,7 +93,7 @@ def test_performance_log_gets_parent_and_child_events_in_order(tmp_path):
 def test_a_respawn_is_logged_as_a_retry_with_the_new_batch_size(tmp_path):
     perf = tmp_path / "perf.jsonl"
     runner = _runner(tmp_path, [card(500)], env={PERF_LOG_ENV: str(perf)})
-    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=8, settings={"headroom_mib": 600})
+    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=8, settings=FixtureSettings(**{"headroom_mib": 600}))
     items = [WorkItem(id=k, inputs={"source": v}, output=str(tmp_path / k / "note.json"), fingerprint="fp")
              for k, v in {"a": "10", "c": "100"}.items()]
     runner.run(spec, items)

@@ -6,8 +6,9 @@ import logging
 
 from contracts import StageRequest, WorkItem, load_model
 from orchestrator.process.executor import LocalExecutor
-from orchestrator.run.runner import StageRunner, StageSpec
-from tests.fixtures.stages import NoteArtifact
+from orchestrator.registry import StageSpec
+from orchestrator.run.runner import StageRunner
+from tests.fixtures.stages import FixtureSettings, NoteArtifact
 
 
 def _items(tmp_path, sources: dict[str, str]) -> list[WorkItem]:
@@ -31,7 +32,7 @@ def test_real_cpu_oom_is_recovered_by_halving_and_finished_items_are_kept(tmp_pa
     # Given 3 items needing batch x (10, 10, 100) MiB, and 600 MiB of headroom,
     # When the stage starts at batch 8 (item c needs 800 MiB),
     runner = _runner(tmp_path)
-    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=8, settings={"headroom_mib": 600})
+    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=8, settings=FixtureSettings(**{"headroom_mib": 600}))
     outcomes, report = runner.run(spec, _items(tmp_path, {"a": "10", "b": "10", "c": "100"}))
     # Then the child dies of a real allocator OOM, the next child gets batch 4 and only item c.
     assert [(a.batch_size, a.outcome) for a in report.attempts] == [(8, "oom"), (4, "ok")]
@@ -45,7 +46,7 @@ def test_real_cpu_oom_is_recovered_by_halving_and_finished_items_are_kept(tmp_pa
 
 def test_oom_at_batch_one_fails_with_advice(tmp_path):
     runner = _runner(tmp_path)
-    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=2, settings={"headroom_mib": 300})
+    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=2, settings=FixtureSettings(**{"headroom_mib": 300}))
     outcomes, report = runner.run(spec, _items(tmp_path, {"big": "2000"}))
     assert [a.batch_size for a in report.attempts] == [2, 1]
     assert not outcomes["big"].ok
@@ -55,7 +56,7 @@ def test_oom_at_batch_one_fails_with_advice(tmp_path):
 def test_child_killed_by_sigkill_is_reported_and_retried_without_redoing_work(tmp_path):
     runner = _runner(tmp_path)
     spec = StageSpec("killer", "tests.fixtures.stages_killer", NoteArtifact, batch_size=4,
-                     settings={"marker": str(tmp_path / "marker"), "kill_on": "b"})
+                     settings=FixtureSettings(**{"marker": str(tmp_path / "marker"), "kill_on": "b"}))
     outcomes, report = runner.run(spec, _items(tmp_path, {"a": "1", "b": "2", "c": "3"}))
     assert [(a.outcome, a.signal) for a in report.attempts] == [("killed", 9), ("ok", None)]
     assert [i.id for i in _request(tmp_path, "killer", 2).items] == ["b", "c"]
@@ -66,7 +67,7 @@ def test_child_killed_by_sigkill_is_reported_and_retried_without_redoing_work(tm
 def test_repeated_sigkill_gives_up_after_the_retry_bound(tmp_path):
     runner = _runner(tmp_path, retries=1)
     spec = StageSpec("killer", "tests.fixtures.stages_killer", NoteArtifact, batch_size=1,
-                     settings={"marker": str(tmp_path / "marker"), "kill_on": "a", "always": True})
+                     settings=FixtureSettings(**{"marker": str(tmp_path / "marker"), "kill_on": "a", "always": True}))
     outcomes, report = runner.run(spec, _items(tmp_path, {"a": "1"}))
     assert [a.outcome for a in report.attempts] == ["killed", "killed"]
     assert not outcomes["a"].ok and "SIGKILL" in outcomes["a"].error

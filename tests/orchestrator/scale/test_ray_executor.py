@@ -36,10 +36,11 @@ import psutil  # noqa: E402
 from contracts import StageRequest, WorkItem, load_model  # noqa: E402
 from orchestrator import Settings  # noqa: E402
 from orchestrator.scale.ray_executor import RayExecutor  # noqa: E402
-from orchestrator.run.runner import StageRunner, StageSpec  # noqa: E402
+from orchestrator.registry import StageSpec
+from orchestrator.run.runner import StageRunner  # noqa: E402
 from tests.conftest import MEDIA, ROOT, wait_for  # noqa: E402
 from tests.fixtures.generate import clips  # noqa: E402
-from tests.fixtures.stages import NoteArtifact  # noqa: E402
+from tests.fixtures.stages import FixtureSettings, NoteArtifact  # noqa: E402
 
 RAY = Path(sys.executable).parent / "ray"
 
@@ -98,7 +99,7 @@ def test_task_oom_is_resubmitted_with_half_the_batch(executor, tmp_path):
     # Given 3 items needing batch x (10, 10, 100) MiB, 600 MiB of headroom, and batch 8 (item c: 800 MiB)
     runner = StageRunner(executor, tmp_path / "run", env={}, device="cpu", max_signal_retries=2)
     spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=8,
-                     settings={"headroom_mib": 600})
+                     settings=FixtureSettings(**{"headroom_mib": 600}))
     outcomes, report = runner.run(spec, _items(tmp_path, {"a": "10", "b": "10", "c": "100"}))
     # Then the task's child dies of a real allocator OOM and the next task gets batch 4 and only item c
     assert [(a.batch_size, a.outcome) for a in report.attempts] == [(8, "oom"), (4, "ok")]
@@ -115,7 +116,7 @@ def test_a_killed_ray_worker_is_retried_for_the_unfinished_items(executor, tmp_p
     started, release = tmp_path / "started", tmp_path / "release"
     runner = StageRunner(executor, tmp_path / "run", env={}, device="cpu", max_signal_retries=2)
     spec = StageSpec("sleeper", "tests.fixtures.stages_sleeper", NoteArtifact, batch_size=2,
-                     settings={"started": str(started), "release": str(release), "sleep_s": 120})
+                     settings=FixtureSettings(**{"started": str(started), "release": str(release), "sleep_s": 120}))
     killed: dict[str, int] = {}
 
     def kill_the_worker():

@@ -1,0 +1,107 @@
+"""What each stage child may read of the run's settings: one typed model per stage.
+
+The parent builds them from ``orchestrator.settings.Settings`` in one place (the
+stage registry, ``orchestrator.registry``), validates them there, and sends their
+dump in ``StageRequest.settings``; the child validates the dump again against its
+stage's model (``Stage.settings_model``) before it reads anything. Fields have no
+defaults on purpose: a setting is either sent or it does not exist, so the parent
+and the children cannot drift apart (``tests/contracts/test_stage_settings.py``).
+
+``MemorySettings`` is the one exception: the same memory checkpoint options reach
+every stage, and their defaults are declared here once (``Settings`` reads them).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class StageSettings(BaseModel):
+    """Base of every stage's settings: frozen, unknown keys refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AudioSettings(StageSettings):
+    """Decoding needs no knob."""
+
+
+class AsrSettings(StageSettings):
+    #: "embedded", a CTranslate2 directory or a model name ("auto" is resolved by the parent)
+    model: str
+    #: spoken language; None: English for ".en" models, detected otherwise
+    language: str | None
+    #: CTranslate2 compute type; "auto": float16 on CUDA, int8 on CPU
+    compute_type: str
+    allow_hub: bool
+    #: most seconds of speech whisperX joins into one segment
+    chunk_size: int = Field(ge=1, le=30)
+
+
+class DiarizationSettings(StageSettings):
+    #: "auto", "embedded", or a pyannote pipeline name / local config path
+    model: str
+    min_speakers: int | None = Field(ge=1)
+    max_speakers: int | None = Field(ge=1)
+    # (no allow_hub: the pyannote pipeline reaches the hub or not through the child's HF_HUB_OFFLINE)
+    #: the embedded speaker weights (None: the project's .cache/weights)
+    weights_dir: str | None
+
+
+class EncoderSettings(StageSettings):
+    """The speaker encoder, shared by enrollment and ``pipeline enroll``."""
+
+    encoder: Literal["campplus", "ecapa"]
+    ecapa_source: str
+    allow_hub: bool
+    weights_dir: str | None
+
+
+class EnrollmentSettings(EncoderSettings):
+    profiles_dir: str | None
+    #: profile name -> sha256 of its file: a new enrollment changes the fingerprint, so matching is redone
+    profiles: dict[str, str]
+
+
+class VoiceProfileSettings(EncoderSettings):
+    #: the profile's name (``pipeline enroll NAME``)
+    name: str = Field(min_length=1)
+    #: similarity written into the profile; None: the encoder's default
+    threshold: float | None = Field(ge=-1, le=1)
+
+
+class AlignmentSettings(StageSettings):
+    #: word alignment with the wav2vec2 aligner when its model is available
+    align: bool
+    allow_hub: bool
+    #: speakers are on (diarization ran or was skipped by the fast path)
+    speakers: bool
+    skip_voice_embeddings: bool
+
+
+class EmbeddingsSettings(StageSettings):
+    #: "speed", "quality", "embedded" or a model name
+    profile: str
+    fallback: bool
+    allow_hub: bool
+
+
+class MemorySettings(StageSettings):
+    """Memory checkpoints inside every child (the seeds' thresholds)."""
+
+    #: allocated % of total VRAM above which a NOTICE is logged
+    notice_pct: float = Field(70.0, gt=0, le=100)
+    #: ... and a WARNING
+    warning_pct: float = Field(85.0, gt=0, le=100)
+    #: also a checkpoint after every item
+    every_item: bool = False
+    #: allow TF32 matmuls / cuDNN on GPUs that have it (compute capability >= 8.0)
+    tf32: bool = True
+
+    @model_validator(mode="after")
+    def _warning_above_notice(self) -> MemorySettings:
+        if self.warning_pct < self.notice_pct:
+            raise ValueError(f"warning_pct ({self.warning_pct}) must not be below notice_pct ({self.notice_pct})")
+        return self
