@@ -31,21 +31,30 @@ def main(request_path: str, log_path: str | None = None, warm_module: str | None
     With ``warm_module``, import that stage's libraries first and then wait for the
     request file to appear (the parent writes it when the previous stage is done).
     """
+    bootstrap(log_path)
+    if warm_module:
+        _import_ahead(warm_module, request_path)
+    leave(run_request(request_path))
+
+
+def bootstrap(log_path: str | None) -> None:
+    """What every child of this project does first: ignore Ctrl-C, send its output to ``log_path``,
+    log in the format the parent re-logs (``LEVEL name: message``)."""
     # Ctrl-C in a terminal reaches the whole process group; the parent decides what
     # happens (it asks for a graceful stop with the request's stop file, or kills).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if log_path:
-        _redirect_output(log_path)
+        redirect_output(log_path)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr, force=True)
-    if warm_module:
-        _import_ahead(warm_module, request_path)
-    code = run_request(request_path)
+
+
+def leave(code: ExitCode) -> None:
+    """End the child with ``code``, flushing logs but skipping interpreter teardown: results are already
+    fsynced, and torch / CUDA teardown can take seconds; the OS reclaims all memory (and the GPU driver
+    the whole CUDA context) when the process ends."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    # Skip interpreter teardown: the result is already fsynced, and torch /
-    # CUDA teardown can take seconds; the OS reclaims all memory (and the GPU
-    # driver the whole CUDA context) when the process ends.
     os._exit(int(code))
 
 
@@ -108,7 +117,7 @@ def exit_code_for(exc: BaseException, stage: str) -> ExitCode:
     return ExitCode.FAILED
 
 
-def _redirect_output(log_path: str) -> None:
+def redirect_output(log_path: str) -> None:
     """Send this process's stdout and stderr (also native libraries' output) to ``log_path``."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)

@@ -15,8 +15,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import signal
-import sys
 import time
 from importlib import import_module
 
@@ -33,7 +31,7 @@ from contracts.worker import (
     TaskFailed,
     WorkerConfig,
 )
-from stages.child import LOG_FORMAT, _redirect_output
+from stages.child import bootstrap, leave
 from stages.memory import is_oom
 
 log = logging.getLogger(__name__)
@@ -142,14 +140,7 @@ def _send(conn, message) -> None:
 
 def main(conn, config_json: str, log_path: str | None = None) -> None:
     """Entry of the worker child (called by ``orchestrator.api.workers`` in the spawned process)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server owns Ctrl-C
-    if log_path:
-        _redirect_output(log_path)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr, force=True)
+    bootstrap(log_path)  # the server owns Ctrl-C; output to the worker's log
     config = WorkerConfig.model_validate_json(config_json)
     os.environ.update(config.env)
-    code = serve(conn, config)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(int(code))  # skip interpreter / CUDA teardown: the OS takes everything back
+    leave(serve(conn, config))

@@ -25,7 +25,6 @@ import itertools
 import logging
 import os
 import re
-import signal
 import threading
 import time
 from collections import deque
@@ -33,7 +32,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import multiprocess
 import numpy as np
 from multiprocess.connection import wait as wait_for
 
@@ -50,7 +48,7 @@ from contracts.worker import (
     TaskFailed,
     WorkerConfig,
 )
-from orchestrator.process.executor import _die_with_parent, _Follow, _LogLines
+from orchestrator.process.toolkit import CONTEXT, FileFollower, LogRelay, spawn, stop
 from orchestrator.api.metrics import Metrics
 from orchestrator.run.outcome import OOM_ADVICE, Outcome, next_step, outcome_of
 from orchestrator.settings import Settings
@@ -60,16 +58,6 @@ log = logging.getLogger(__name__)
 WORKER_MODULE = "stages.embedding_worker"
 #: a text is retried on a fresh worker this many times after its worker was killed
 MAX_CRASH_RETRIES = 1
-
-
-def _worker_entry(conn, config_json: str, log_path: str, parent_pid: int | None) -> None:
-    """Spawn target: runs in the child only; the server never imports the worker's model code."""
-    from importlib import import_module
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if parent_pid is not None:
-        _die_with_parent(parent_pid)
-    import_module("stages.embedding_worker").main(conn, config_json, log_path)
 
 
 class WorkerDied(Exception):
@@ -84,17 +72,17 @@ class WorkerDied(Exception):
 class _Process:
     """One worker child and its end of the pipe."""
 
-    def __init__(self, ctx, config: WorkerConfig, log_path: Path) -> None:
+    def __init__(self, config: WorkerConfig, log_path: Path) -> None:
         self.config = config
         self.log_path = log_path
-        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        parent_conn, child_conn = CONTEXT.Pipe(duplex=True)
         self.conn = parent_conn
-        self.proc = ctx.Process(target=_worker_entry, name=config.name, daemon=True,
-                                args=(child_conn, config.model_dump_json(), str(log_path), os.getpid()))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
-        self.follow = _Follow(log_path, _LogLines(config.name))
-        self.proc.start()
+        self.follow = FileFollower(log_path, LogRelay(config.name))
+        # the server never imports the worker's model code: the child does
+        self.proc = spawn(f"{WORKER_MODULE}:main", (child_conn, config.model_dump_json(), str(log_path)),
+                          name=config.name)
         child_conn.close()
         self.follow.start()
         self.ready: Ready | None = None
@@ -145,12 +133,7 @@ class _Process:
             except (OSError, ValueError):
                 pass
             self.proc.join(grace_s)
-        if self.proc.exitcode is None:
-            self.proc.terminate()
-            self.proc.join(2)
-        if self.proc.exitcode is None:
-            self.proc.kill()
-            self.proc.join()
+        stop(self.proc, grace_s=2.0)
         self.conn.close()
         self.follow.stop()
 
@@ -226,7 +209,6 @@ class ProfileWorker:
                                    allow_hub=settings.allow_hub, fallback=settings.embedding_fallback,
                                    env=settings.child_env(), options=options or {})
         self.cap = settings.embed_max_batch
-        self._ctx = multiprocess.get_context("spawn")
         self._queue: deque[_Part] = deque()
         self._queued_texts = 0
         self._cond = threading.Condition()
@@ -430,7 +412,7 @@ class ProfileWorker:
         self._starts += 1
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
         log_path = Path(self.settings.server_dir) / "workers" / f"{self.name}-{stamp}-{os.getpid()}-{self._starts}.log"
-        worker = _Process(self._ctx, self.config, log_path)
+        worker = _Process(self.config, log_path)
         self.metrics.worker_starts.inc(profile=self.profile)
         log.info("%s: starting worker pid %s (log %s)", self.name, worker.pid, log_path)
         try:

@@ -33,8 +33,12 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.errors import GpuMemoryError
+from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
+
+#: the monitor's defaults are the settings' (declared once, in orchestrator.settings)
+_DEFAULTS = Settings.model_fields
 
 MIB = 1024**2
 
@@ -312,8 +316,10 @@ class StageGpuCheck:
 class GpuMonitor:
     """Watches stage children on the GPU through a :class:`GpuReader`; a no-op when there is no NVML."""
 
-    def __init__(self, reader: GpuReader | None = None, *, tolerance_mib: float = 256.0, sample_s: float | None = 0.5,
-                 settle_s: float = 5.0, check_free: bool = True) -> None:
+    def __init__(self, reader: GpuReader | None = None, *,
+                 tolerance_mib: float = _DEFAULTS["gpu_leak_tolerance_mib"].default,
+                 sample_s: float | None = _DEFAULTS["gpu_sample_s"].default, settle_s: float = 5.0,
+                 check_free: bool = _DEFAULTS["gpu_check_free"].default) -> None:
         self.reader = reader if reader is not None else NvmlReader()
         self.tolerance_mib = tolerance_mib
         self.sample_s = sample_s

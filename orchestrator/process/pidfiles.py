@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from contracts.io import atomic_write_text
+from orchestrator.process.toolkit import stop_tree
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class ChildRegistry:
             elif record.parent_alive():
                 done.running.append(record)
             else:
-                error = _stop_tree(record.pid, grace_s)
+                error = stop_tree(record.pid, grace_s)
                 if error is None:
                     done.stopped.append(record)
                     self.remove(record.pid)
@@ -141,39 +142,3 @@ class ChildRegistry:
                 else:
                     done.failed.append((record, error))
         return done
-
-
-def _stop_tree(pid: int, grace_s: float) -> str | None:
-    """Terminate ``pid`` and its descendants; None when they are gone, else why not."""
-    try:
-        root = psutil.Process(pid)
-        procs = [*root.children(recursive=True), root]
-    except psutil.NoSuchProcess:
-        return None
-    except psutil.Error as exc:
-        return str(exc)
-    for proc in procs:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
-        except psutil.Error as exc:
-            return f"cannot signal pid {proc.pid}: {exc}"
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-        except psutil.Error as exc:
-            return f"cannot kill pid {proc.pid}: {exc}"
-    _, alive = psutil.wait_procs(alive, timeout=grace_s)
-    alive = [p for p in alive if _running(p)]
-    return f"still running: {[p.pid for p in alive]}" if alive else None
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

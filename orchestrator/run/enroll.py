@@ -20,7 +20,7 @@ from orchestrator.process.executor import LocalExecutor
 from orchestrator.registry import VOICE_PROFILE
 from orchestrator.run.runner import StageRunner, fingerprint
 from orchestrator.settings import Settings
-from orchestrator.process.watch import ChildWatch
+from orchestrator.process.hooks import default_hooks
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def enroll(settings: Settings, name: str, clips: list[str | Path], executor: Loc
     run_dir = directory / ".runs" / f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
     run_dir.mkdir(parents=True, exist_ok=True)
     own = executor is None
-    executor = executor or LocalExecutor(ChildWatch.from_settings(settings))
+    executor = executor or LocalExecutor(default_hooks(settings))
     try:
         runner = StageRunner(executor, run_dir, settings.child_env(), settings.device, settings.max_signal_retries,
                              memory=settings.memory())

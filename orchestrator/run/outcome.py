@@ -21,6 +21,8 @@ class Outcome(str, Enum):
     #: killed by a signal (SIGKILL from the kernel's OOM killer or a user, SIGSEGV, ...)
     KILLED = "killed"
     INTERRUPTED = "interrupted"
+    #: never started: a hook refused it (e.g. its GPU lacks the free memory the stage needs)
+    REFUSED = "refused"
 
 
 def outcome_of(exitcode: int | None) -> tuple[Outcome, int | None]:
@@ -103,6 +105,8 @@ def next_step(
         return Decision(False, batch_size, f"{stage} finished without writing a valid artifact")
     if outcome is Outcome.INTERRUPTED:
         return Decision(False, batch_size, f"{stage} was interrupted")
+    if outcome is Outcome.REFUSED:
+        return Decision(False, batch_size, f"{stage} was not started")
     if outcome is Outcome.CONTRACT_ERROR:
         return Decision(False, batch_size, f"{stage} child rejected its request or an input artifact")
     return Decision(False, batch_size, f"{stage} child failed")

@@ -51,7 +51,7 @@ from orchestrator.registry import StageSpec, process_specs
 from orchestrator.run.runner import StageRunner, current_artifact, fingerprint
 from orchestrator.settings import Settings
 from orchestrator.gpu.sizing import resolve_auto
-from orchestrator.process.watch import ChildWatch
+from orchestrator.process.hooks import default_hooks
 
 log = logging.getLogger(__name__)
 
@@ -495,7 +495,7 @@ def make_executor(settings: Settings) -> Executor:
         from orchestrator.scale.ray_executor import RayExecutor
 
         return RayExecutor(settings)
-    return LocalExecutor(ChildWatch.from_settings(settings))
+    return LocalExecutor(default_hooks(settings))
 
 
 __all__ = ["Orchestrator", "expand_inputs", "item_ids", "make_executor"]

@@ -16,8 +16,6 @@ from contracts import (
     StageResult,
     WorkItem,
     load_artifact,
-    load_model,
-    save_model,
 )
 from contracts.errors import ArtifactError
 from contracts.report import Attempt, StageRun
@@ -130,15 +128,13 @@ class StageRunner:
                 stop_path=str(self.stop_path) if self.stop_path else None,
                 attempt=attempt,
             )
-            request_path = save_model(request, self.run_dir / f"{name}.request.json")
             log.info("%s: starting child %d for %d item(s), batch size %d", spec.name, attempt, len(todo), batch_size)
             follow = None
             if on_item is not None:
                 follow = (Path(request.progress_path), lambda line, stage=spec.name: on_item(stage, _item_line(line)))
-            done = self.executor.run(spec.name, request_path, self.run_dir / f"{name}.log", progress=follow,
-                                     warm=warm if attempt == 1 else None, gpu=spec.gpu)
+            done, result = self.executor.run(request, self.run_dir / f"{name}.request.json", self.run_dir / f"{name}.log",
+                                             progress=follow, warm=warm if attempt == 1 else None, gpu=spec.gpu)
             warm = None
-            result = self._read_result(request, done.outcome)
             attempts.append(_attempt(attempt, batch_size, len(todo), done, result))
 
             # what the child reported, from its result or, if it died first, from its progress lines
@@ -191,22 +187,6 @@ class StageRunner:
             "attempts": attempts, "ok": ok, "failed": failed, "wall_s": sum(a.wall_s for a in attempts),
         })
         return outcomes, report
-
-    def _read_result(self, request: StageRequest, outcome: Outcome) -> StageResult | None:
-        path = Path(request.result_path)
-        if not path.exists():
-            if outcome is Outcome.OK:
-                log.error("%s: child exited cleanly but wrote no result", request.stage)
-            return None
-        try:
-            result = load_model(path, StageResult)
-        except ArtifactError as exc:
-            log.error("%s: ignoring unusable result: %s", request.stage, exc)
-            return None
-        if result.request_id != request.request_id:
-            log.error("%s: result %s answers another request (%s)", request.stage, path, result.request_id)
-            return None
-        return result
 
 
 def _item_line(line: str) -> ItemResult:

@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from contracts import ExitCode
+from contracts import ExitCode, StageRequest, StageResult
 from contracts.errors import SettingsError
-from orchestrator.process.executor import ChildExit, WarmChild, following
+from orchestrator.process.executor import ChildExit, WarmChild, read_result
+from orchestrator.process.toolkit import following
 from orchestrator.run.outcome import Outcome
 
 log = logging.getLogger(__name__)
@@ -56,10 +58,15 @@ def _watch_config(settings) -> dict[str, Any]:
         "gpu_monitor", "gpu_leak_tolerance_mib", "gpu_sample_s", "gpu_check_free", "pid_dir")}
 
 
-def stage_task(stage: str, request_path: str, log_path: str, watch: dict[str, Any]) -> ChildExit:
+def stage_task(request_json: str, request_path: str, log_path: str,
+               watch: dict[str, Any]) -> tuple[ChildExit, StageResult | None]:
     """Body of the Ray task, run in a Ray worker: the stage in a spawned child, as on one machine."""
     from orchestrator.process.executor import LocalExecutor
-    from orchestrator.process.watch import ChildWatch
+    from orchestrator.process.hooks import default_hooks
+    from orchestrator.settings import Settings
+
+    request = StageRequest.model_validate_json(request_json)
+    stage = request.stage
 
     # The driver follows the child's log file itself; this worker's own lines (GPU checks,
     # warnings) go into the same file, so they reach the driver the same way.
@@ -68,12 +75,10 @@ def stage_task(stage: str, request_path: str, log_path: str, watch: dict[str, An
     logging.getLogger("orchestrator.scale.ray_executor").info(
         "%s: ray task on %s, pid %d, CUDA_VISIBLE_DEVICES=%s", stage, os.uname().nodename, os.getpid(),
         os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"))
-    from orchestrator.settings import Settings
-
     # validated, and without reading this node's environment: only what the driver sent counts
-    executor = LocalExecutor(ChildWatch.from_settings(Settings.model_validate(watch)))
+    executor = LocalExecutor(default_hooks(Settings.model_validate(watch)))
     try:
-        return executor.run(stage, Path(request_path), Path(log_path))
+        return executor.run(request, Path(request_path), Path(log_path))
     finally:
         executor.stop_all(grace_s=2.0)
 
@@ -133,24 +138,26 @@ class RayExecutor:
     def cancel(self, warm: WarmChild) -> None:
         pass
 
-    def run(self, stage: str, request_path: Path, log_path: Path,
+    def run(self, request: StageRequest, request_path: Path, log_path: Path,
             progress: tuple[Path, Callable[[str], None]] | None = None, warm: WarmChild | None = None,
-            gpu: bool = True) -> ChildExit:
+            gpu: bool = True) -> tuple[ChildExit, StageResult | None]:
         ray = _ray()
+        stage = request.stage
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
         name = request_path.name.removesuffix(".request.json")
         options = self.task_options(name, gpu)
         started = time.perf_counter()
         # lines as "[chunk002-asr-1] ...": chunks run in parallel here
-        with following(log_path, name, progress) as log_lines:
-            ref = self._task.options(**options).remote(stage, str(request_path), str(log_path),
+        with following(log_path, name, progress) as relay:
+            ref = self._task.options(**options).remote(request.model_dump_json(), str(request_path), str(log_path),
                                                        _watch_config(self.settings))
             with self._lock:
                 self._running[name] = ref
             done: ChildExit | None = None
+            result: StageResult | None = None
             try:
-                done = self._wait(ray, ref, stage, name)
+                done, result = self._wait(ray, ref, stage, name)
             finally:
                 if done is None:  # interrupted while waiting: never leave the task running
                     ray.cancel(ref, force=True)
@@ -159,13 +166,15 @@ class RayExecutor:
                     cancelled = name in self._cancelled
                     self._cancelled.discard(name)
         if cancelled and done.outcome is not Outcome.OK:
-            done = _exit(Outcome.INTERRUPTED, ExitCode.INTERRUPTED, "stopped")
+            done, result = _exit(Outcome.INTERRUPTED, ExitCode.INTERRUPTED, "stopped"), None
         wall_s = time.perf_counter() - started
+        if result is None and done.outcome is not Outcome.REFUSED:  # the task died after its child wrote a result
+            result = read_result(request, done.outcome)
         return ChildExit(exitcode=done.exitcode, outcome=done.outcome, signal=done.signal, wall_s=wall_s,
-                         pid=done.pid, last_error=log_lines.last_error or done.last_error, gpu=done.gpu)
+                         pid=done.pid, last_error=relay.last_error or done.last_error, gpu=done.gpu), result
 
-    def _wait(self, ray, ref, stage: str, name: str) -> ChildExit:
-        """The task's ChildExit, or what Ray's failure means for the retry policy."""
+    def _wait(self, ray, ref, stage: str, name: str) -> tuple[ChildExit, StageResult | None]:
+        """The task's (ChildExit, result), or what Ray's failure means for the retry policy (no result)."""
         exc = ray.exceptions
         while True:
             ready, _ = ray.wait([ref], timeout=0.5)
@@ -174,18 +183,19 @@ class RayExecutor:
         try:
             return ray.get(ref)
         except exc.TaskCancelledError:
-            return _exit(Outcome.INTERRUPTED, ExitCode.INTERRUPTED, "cancelled")
+            return _exit(Outcome.INTERRUPTED, ExitCode.INTERRUPTED, "cancelled"), None
         except exc.OutOfMemoryError as err:  # Ray's memory monitor killed the worker: host memory ran out
             log.warning("%s: ray killed %s for memory: %s", stage, name, _first_line(err))
-            return _exit(Outcome.OOM, ExitCode.OOM, "ray memory monitor: " + _first_line(err))
+            return _exit(Outcome.OOM, ExitCode.OOM, "ray memory monitor: " + _first_line(err)), None
         except (exc.WorkerCrashedError, exc.NodeDiedError, exc.LocalRayletDiedError, exc.ActorDiedError,
                 exc.ObjectLostError) as err:
             log.warning("%s: ray worker of %s died: %s", stage, name, _first_line(err))
-            return ChildExit(exitcode=-9, outcome=Outcome.KILLED, signal=9, wall_s=0.0, pid=None,
-                             last_error=f"ray worker died: {_first_line(err)}")
+            # as if the worker (and the child with it) had been killed: the retry policy respawns it
+            return ChildExit(exitcode=-signal.SIGKILL, outcome=Outcome.KILLED, signal=signal.SIGKILL, wall_s=0.0,
+                             pid=None, last_error=f"ray worker died: {_first_line(err)}"), None
         except exc.RayError as err:  # the task's own code raised (before or after the child)
             log.error("%s: ray task %s failed: %s", stage, name, _first_line(err))
-            return _exit(Outcome.ERROR, ExitCode.FAILED, _first_line(err))
+            return _exit(Outcome.ERROR, ExitCode.FAILED, _first_line(err)), None
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         """Cancel every running task (its worker is killed; the stage child dies with it)."""
@@ -196,9 +206,6 @@ class RayExecutor:
         for name, ref in running.items():
             log.warning("cancelling ray task %s", name)
             ray.cancel(ref, force=True)
-
-    def running_pids(self) -> list[int]:
-        return []  # on other nodes: see the pid files there (pipeline gpu)
 
     def close(self) -> None:
         self.stop_all()

@@ -50,3 +50,21 @@ def test_importing_every_parent_module_loads_no_heavy_module():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_no_module_imports_a_private_name_of_another_module():
+    # Given every Python file of the project (tests and benchmarks included)
+    offenders = []
+    for package in ("orchestrator", "stages", "contracts", "bench", "tests"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                # Then no `from x import _name` and no `import x._private`
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
+                    offenders += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
+                                  if a.name.startswith("_")]
+                    if node.module and any(part.startswith("_") for part in node.module.split(".")):
+                        offenders.append(f"{path.relative_to(ROOT)}: {node.module}")
+                elif isinstance(node, ast.Import):
+                    offenders += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names
+                                  if any(part.startswith("_") for part in a.name.split("."))]
+    assert offenders == []

@@ -15,10 +15,10 @@ from orchestrator.process.executor import LocalExecutor
 from orchestrator.gpu.nvml import NvmlReader
 from orchestrator.registry import StageSpec
 from orchestrator.run.runner import StageRunner
-from orchestrator.process.watch import ChildWatch
+from orchestrator.process.hooks import default_hooks
 from tests.conftest import ROOT
 from tests.fixtures.stages import NoteArtifact
-from tests.orchestrator.process.test_children import _gone, _start_parent
+from tests.orchestrator.process.test_children import gone, start_parent
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -40,7 +40,7 @@ def test_gpu_without_nvml_says_so_and_exits_0(tmp_path):
 
 def test_gpu_cleanup_stops_the_orphan_of_a_killed_pipeline_and_says_which(tmp_path):
     # Given a pipeline killed while its stage child runs
-    parent, child = _start_parent(tmp_path)
+    parent, child = start_parent(tmp_path)
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=10)
     listed = json.loads(cli("gpu", "--json", "--pid-dir", str(tmp_path / "pids")).stdout)
@@ -50,14 +50,14 @@ def test_gpu_cleanup_stops_the_orphan_of_a_killed_pipeline_and_says_which(tmp_pa
     # Then that child is stopped and named
     assert done.returncode == 0, done.stderr
     assert f"stopped orphaned stage child pid {child} (sleeper stage child of pipeline pid {parent.pid}" in done.stdout
-    assert _gone(child)
+    assert gone(child)
     again = cli("gpu", "--cleanup", "--json", "--pid-dir", str(tmp_path / "pids"))
     assert json.loads(again.stdout)["cleanup"] == {"stopped": [], "left_running": [], "stale_removed": [], "failed": []}
 
 
 def test_report_prints_a_table_and_writes_a_png_for_a_real_run(tmp_path):
     perf = tmp_path / "out" / "performance_logs" / "20260101T000000Z-abcdef.jsonl"
-    runner = StageRunner(LocalExecutor(ChildWatch(ChildRegistry(tmp_path / "pids"))), tmp_path / "run",
+    runner = StageRunner(LocalExecutor(default_hooks(registry=ChildRegistry(tmp_path / "pids"))), tmp_path / "run",
                          env={PERF_LOG_ENV: str(perf)}, device="cpu", max_signal_retries=0)
     items = [WorkItem(id=i, inputs={"source": "good"}, output=str(tmp_path / i / "note.json"), fingerprint="fp")
              for i in ("a", "b")]

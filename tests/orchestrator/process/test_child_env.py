@@ -12,7 +12,7 @@ from orchestrator.process.executor import LocalExecutor
 from orchestrator.registry import StageSpec
 from orchestrator.run.runner import StageRunner
 from orchestrator.settings import Settings
-from orchestrator.process.watch import ChildWatch
+from orchestrator.process.hooks import default_hooks
 from orchestrator.process.pidfiles import ChildRegistry
 from tests.fixtures.stages import FixtureSettings, NoteArtifact
 
@@ -51,7 +51,7 @@ def test_a_real_child_sees_the_gpu_environment(tmp_path, monkeypatch):
     # Given settings naming GPU 1 and a 50 % notice threshold, and a parent whose own environment says otherwise
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     settings = Settings(cuda_visible_devices="1", memory_notice_pct=50)
-    runner = StageRunner(LocalExecutor(ChildWatch(ChildRegistry(tmp_path / "pids"))), tmp_path / "run",
+    runner = StageRunner(LocalExecutor(default_hooks(registry=ChildRegistry(tmp_path / "pids"))), tmp_path / "run",
                          env=settings.child_env(), device="cpu", max_signal_retries=0, memory=settings.memory())
     item = WorkItem(id="a", inputs={"source": "x"}, output=str(tmp_path / "a" / "note.json"), fingerprint="fp")
     outcomes, _ = runner.run(StageSpec("envprobe", "tests.fixtures.stages_envprobe", NoteArtifact,

@@ -25,11 +25,11 @@ from orchestrator.process.pidfiles import ChildRegistry
 from orchestrator.process.executor import LocalExecutor
 from orchestrator.registry import StageSpec
 from orchestrator.run.runner import StageRunner
-from orchestrator.process.watch import ChildWatch
+from orchestrator.process.hooks import default_hooks
 from tests.fixtures.stages import FixtureSettings, NoteArtifact
 
 tmp = Path(sys.argv[1])
-runner = StageRunner(LocalExecutor(ChildWatch(ChildRegistry(tmp / "pids")), die_with_parent=False), tmp / "run", env={}, device="cpu",
+runner = StageRunner(LocalExecutor(default_hooks(registry=ChildRegistry(tmp / "pids")), die_with_parent=False), tmp / "run", env={}, device="cpu",
                      max_signal_retries=0)
 item = WorkItem(id="a", inputs={"source": "x"}, output=str(tmp / "a" / "note.json"), fingerprint="fp")
 outcomes, _ = runner.run(StageSpec("sleeper", "tests.fixtures.stages_sleeper", NoteArtifact, settings=FixtureSettings(**{
@@ -38,7 +38,7 @@ print("ok" if outcomes["a"].ok else "failed")
 """
 
 
-def _start_parent(tmp_path) -> tuple[subprocess.Popen, int]:
+def start_parent(tmp_path) -> tuple[subprocess.Popen, int]:
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -51,7 +51,7 @@ def _start_parent(tmp_path) -> tuple[subprocess.Popen, int]:
     return parent, int((tmp_path / "started").read_text())
 
 
-def _gone(pid: int) -> bool:
+def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -59,7 +59,7 @@ def _gone(pid: int) -> bool:
 
 
 def test_executor_records_a_running_child_and_removes_the_record_when_it_exits(tmp_path):
-    parent, child = _start_parent(tmp_path)
+    parent, child = start_parent(tmp_path)
     registry = ChildRegistry(tmp_path / "pids")
     # While the child runs, its pid file names it, its start time and its parent
     [record] = registry.records()
@@ -67,7 +67,7 @@ def test_executor_records_a_running_child_and_removes_the_record_when_it_exits(t
     assert record.create_time == pytest.approx(psutil.Process(child).create_time(), abs=0.05)
     # and cleanup leaves a child whose pipeline still runs alone
     done = registry.cleanup(grace_s=1)
-    assert [r.pid for r in done.running] == [child] and not done.stopped and not _gone(child)
+    assert [r.pid for r in done.running] == [child] and not done.stopped and not gone(child)
     # When the stage finishes, the record is gone
     (tmp_path / "release").touch()
     out, err = parent.communicate(timeout=60)
@@ -77,18 +77,18 @@ def test_executor_records_a_running_child_and_removes_the_record_when_it_exits(t
 
 def test_orphan_of_a_crashed_pipeline_is_stopped_and_reported(tmp_path):
     # Given a pipeline parent killed (SIGKILL: no cleanup of its own) while its stage child runs
-    parent, child = _start_parent(tmp_path)
+    parent, child = start_parent(tmp_path)
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=10)
     time.sleep(0.2)
-    assert not _gone(child), "a spawn child outlives its killed parent: the orphan this feature is for"
+    assert not gone(child), "a spawn child outlives its killed parent: the orphan this feature is for"
     registry = ChildRegistry(tmp_path / "pids")
     assert [r.pid for r in registry.orphans()] == [child]
     # When cleanup runs
     done = registry.cleanup(grace_s=5)
     # Then exactly that child was stopped, and said so
     assert [r.pid for r in done.stopped] == [child] and not done.failed
-    assert _gone(child)
+    assert gone(child)
     assert registry.records() == []
 
 

@@ -66,6 +66,8 @@ def test_second_ctrl_c_stops_the_children_now(tmp_path, inputs):
     directory = _asr_started_working(out)
     child = child_pid(directory / "chunk001-asr-1.log")
     proc.send_signal(signal.SIGINT)
+    # two signals sent back to back may be merged by the kernel: send the second once the first was handled
+    wait_for(lambda: (directory / "STOP").exists(), timeout=30, what="the first Ctrl-C to be handled")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]

@@ -36,7 +36,8 @@ import psutil  # noqa: E402
 from contracts import StageRequest, WorkItem, load_model  # noqa: E402
 from orchestrator import Settings  # noqa: E402
 from orchestrator.scale.ray_executor import RayExecutor  # noqa: E402
-from orchestrator.registry import StageSpec
+from orchestrator.process.toolkit import stop_tree  # noqa: E402
+from orchestrator.registry import StageSpec  # noqa: E402
 from orchestrator.run.runner import StageRunner  # noqa: E402
 from tests.conftest import MEDIA, ROOT, wait_for  # noqa: E402
 from tests.fixtures.generate import clips  # noqa: E402
@@ -65,8 +66,19 @@ def cluster():
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        subprocess.run([str(RAY), "stop", "--force"], capture_output=True, timeout=120)
+        # only this cluster's processes (their command lines name its temp dir): `ray stop` would stop
+        # every Ray process of the user on this machine
+        for pid in _processes_naming(temp):
+            stop_tree(pid, grace_s=10)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _processes_naming(text: str) -> list[int]:
+    pids = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if any(text in part for part in proc.info["cmdline"] or ()):
+            pids.append(proc.info["pid"])
+    return pids
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from orchestrator.gpu.nvml import GpuDevice, GpuMonitor, GpuProcess, GpuSnapshot
 from orchestrator.registry import BY_NAME, StageSpec
 from orchestrator.settings import Settings
 from orchestrator.run.runner import StageRunner
-from orchestrator.process.watch import ChildWatch
+from orchestrator.process.hooks import default_hooks
 from tests.fixtures.stages import FixtureSettings, NoteArtifact
 
 GIB = 1024.0
@@ -26,7 +26,7 @@ def card(used: float, processes=()) -> GpuSnapshot:
 
 def _runner(tmp_path, readings, env=None) -> StageRunner:
     monitor = GpuMonitor(RecordedReader(readings), sample_s=None, settle_s=0.3)
-    watch = ChildWatch(ChildRegistry(tmp_path / "pids"), monitor)
+    watch = default_hooks(registry=ChildRegistry(tmp_path / "pids"), monitor=monitor)
     return StageRunner(LocalExecutor(watch), tmp_path / "run", env=env or {}, device="auto", max_signal_retries=0)
 
 
