@@ -43,13 +43,6 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
 
 
-def metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def run_api(url: str, texts: list[str], request_size: int, clients: int) -> tuple[float, list[float]]:
     from orchestrator.api.client import Client
 
@@ -107,6 +100,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from orchestrator.api.client import Client
+    from orchestrator.api.metrics import sample
     from orchestrator.api.server import start_in_thread
     from orchestrator.settings import Settings
 
@@ -122,8 +116,8 @@ def main() -> None:
                 before = api.metrics()
                 throughput, latencies = run_api(server.url, texts, args.request_size, clients)
                 after = api.metrics()
-                batches = (metric(after, "isostage_embedding_batch_size_count")
-                           - metric(before, "isostage_embedding_batch_size_count"))
+                batches = (sample(after, "isostage_embedding_batch_size_count", profile="embedded")
+                           - sample(before, "isostage_embedding_batch_size_count", profile="embedded"))
                 rows.append({"clients": clients, "api": throughput, "p50": percentile(latencies, 50),
                              "p99": percentile(latencies, 99), "batch": len(texts) / batches if batches else float("nan")})
     finally:

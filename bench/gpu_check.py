@@ -23,9 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from contracts.units import gib  # noqa: E402
+
 
 def _gib(mib: float | None) -> str:
-    return "—" if mib is None else f"{mib / 1024:.2f} GiB"
+    return "—" if mib is None else gib(mib)
 
 
 def main() -> int:

@@ -258,13 +258,3 @@ class SpeakerEmbeddingsArtifact(Artifact):
         if len(named) != len(set(named)):
             raise ValueError("an enrolled name can be given to one speaker only")
         return self
-
-
-ARTIFACT_TYPES: dict[str, type[Artifact]] = {
-    "audio": AudioArtifact,
-    "transcript": TranscriptArtifact,
-    "embeddings": EmbeddingsArtifact,
-    "diarization": DiarizationArtifact,
-    "speaker_embeddings": SpeakerEmbeddingsArtifact,
-    "voice_profile": VoiceProfile,
-}

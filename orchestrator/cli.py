@@ -179,6 +179,7 @@ def report(
     from rich.console import Console
 
     from contracts.errors import SettingsError
+    from contracts.units import gib
     from orchestrator.telemetry.perf_report import build, table
 
     setup_logging(False)
@@ -191,8 +192,8 @@ def report(
     console.print(table(built.summaries, title=f"run {built.log.stem}"))
     peaks = built.peaks
     if peaks.device_peak_mib is not None or peaks.largest_stage_mib is not None:
-        device = "—" if peaks.device_peak_mib is None else f"{peaks.device_peak_mib / 1024:.2f} GiB"
-        largest = "—" if peaks.largest_stage_mib is None else f"{peaks.largest_stage_mib / 1024:.2f} GiB ({peaks.largest_stage})"
+        device = "—" if peaks.device_peak_mib is None else gib(peaks.device_peak_mib)
+        largest = "—" if peaks.largest_stage_mib is None else f"{gib(peaks.largest_stage_mib)} ({peaks.largest_stage})"
         console.print(f"peak VRAM of the run (device, NVML): {device}; largest single stage: {largest}")
     console.print(f"log: {built.log}\nplot: {built.png}")
 

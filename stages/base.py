@@ -24,8 +24,7 @@ from contracts import (
 from contracts.errors import ArtifactError
 from contracts.io import atomic_write_bytes
 from contracts.stage_settings import StageSettings
-from stages.gpu_memory import MemoryCheckpoints
-from stages.memory import is_oom, peak_rss_mb
+from stages.memory import MemoryCheckpoints, is_oom, peak_rss_mb
 
 log = logging.getLogger(__name__)
 

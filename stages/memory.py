@@ -1,9 +1,38 @@
-"""Recognising out-of-memory errors without importing torch."""
+"""Memory inside a stage child: recognising out-of-memory, and checkpoints in the seeds' log format.
+
+:func:`is_oom` tells an allocation failure (CUDA, cuDNN, cuBLAS, CTranslate2, the CPU allocator,
+``MemoryError``) from any other error, without importing torch.
+
+On a CUDA device (torch already imported by the stage)::
+
+    [GPU Memory] asr model loaded: Allocated: 1.52GB (6.3%) | Reserved: 1.75GB (7.3%) | Free: 20.10GB | Total: 23.99GB
+    NOTICE: GPU memory usage is elevated (72.4%). Monitor for potential OOM conditions.
+    WARNING: GPU memory usage is critically high (88.0%). Consider reducing batch size or using a smaller model.
+
+On the CPU (no CUDA, or a stage without torch such as ``audio``)::
+
+    [CPU Memory] audio model loaded: RSS: 0.21GB | Peak RSS: 0.21GB (CPU run: process RSS, not VRAM)
+
+"GB" is 1024**3 bytes, as torch and the seeds' logs count it. Allocated and
+Reserved are torch's caching allocator; memory that other libraries allocate
+themselves (CTranslate2 in the ``asr`` stage) shows only in Free, and in the
+parent's NVML per-process readings. Torch is never imported here just to take
+a reading: a stage that did not import it is measured by its RSS.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 import resource
 import sys
+import time
+
+from contracts import StageRequest
+from contracts.perf import PERF_LOG_ENV, MemoryCheckpoint, PerfEvent, append_event
+from contracts.units import MIB, gib
+
+log = logging.getLogger(__name__)
 
 # Messages raised by torch (CUDA and CPU allocators), cuDNN, cuBLAS and
 # CTranslate2 when an allocation fails.
@@ -40,3 +69,145 @@ def peak_rss_mb() -> float:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes
     return peak / 1024 / 1024 if sys.platform == "darwin" else peak / 1024
+
+
+def _gb(mib: float | None) -> str:
+    return gib(mib, unit="GB")
+
+
+def _pct(part: float | None, total: float | None) -> float:
+    return 100.0 * (part or 0.0) / total if total else 0.0
+
+
+def format_checkpoint(stage: str, checkpoint: MemoryCheckpoint) -> str:
+    """The checkpoint's log line (pure)."""
+    head = f"{stage} {checkpoint.point}"
+    if checkpoint.kind == "gpu":
+        total = checkpoint.total_mb
+        return (
+            f"[GPU Memory] {head}: Allocated: {_gb(checkpoint.allocated_mb)} ({_pct(checkpoint.allocated_mb, total):.1f}%)"
+            f" | Reserved: {_gb(checkpoint.reserved_mb)} ({_pct(checkpoint.reserved_mb, total):.1f}%)"
+            f" | Free: {_gb(checkpoint.free_mb)} | Total: {_gb(total)}"
+        )
+    return (
+        f"[CPU Memory] {head}: RSS: {_gb(checkpoint.rss_mb)} | Peak RSS: {_gb(checkpoint.peak_rss_mb)}"
+        " (CPU run: process RSS, not VRAM)"
+    )
+
+
+def pressure(allocated_pct: float, notice_pct: float = 70.0, warning_pct: float = 85.0) -> tuple[int, str] | None:
+    """(log level, message) when allocated memory is above a threshold, else None (pure)."""
+    if allocated_pct > warning_pct:
+        return logging.WARNING, (
+            f"WARNING: GPU memory usage is critically high ({allocated_pct:.1f}%). "
+            "Consider reducing batch size or using a smaller model."
+        )
+    if allocated_pct > notice_pct:
+        return logging.INFO, (
+            f"NOTICE: GPU memory usage is elevated ({allocated_pct:.1f}%). Monitor for potential OOM conditions."
+        )
+    return None
+
+
+def cuda_torch(device: str):
+    """torch, when the stage already imported it and runs on an available CUDA device; else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not device.startswith("cuda"):
+        return None
+    try:
+        return torch if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - a broken driver must not stop the stage; measure RSS instead
+        return None
+
+
+def read_checkpoint(point: str, device: str) -> MemoryCheckpoint:
+    """Measure memory now: torch's allocator and the device on CUDA, the process's RSS otherwise."""
+    now = time.time()
+    torch = cuda_torch(device)
+    if torch is not None:
+        dev = torch.device(device)
+        free, total = torch.cuda.mem_get_info(dev)
+        return MemoryCheckpoint(
+            point=point, t=now, kind="gpu",
+            allocated_mb=torch.cuda.memory_allocated(dev) / MIB,
+            reserved_mb=torch.cuda.memory_reserved(dev) / MIB,
+            free_mb=free / MIB, total_mb=total / MIB,
+        )
+    import psutil
+
+    rss = psutil.Process().memory_info().rss / MIB
+    # the kernel updates the high-water mark lazily: never report a peak below the current value
+    return MemoryCheckpoint(point=point, t=now, kind="cpu", rss_mb=rss, peak_rss_mb=max(rss, peak_rss_mb()))
+
+
+def configure_cuda(device: str, tf32: bool) -> bool:
+    """Turn TF32 on where the GPU has it (Ampere and newer); return whether it is on."""
+    torch = cuda_torch(device)
+    if torch is None:
+        return False
+    major, _ = torch.cuda.get_device_capability(torch.device(device))
+    enabled = tf32 and major >= 8
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    log.info("TF32: %s (%s, compute capability %d.x)", enabled, torch.cuda.get_device_name(torch.device(device)), major)
+    return enabled
+
+
+class MemoryCheckpoints:
+    """The checkpoints of one stage child: logged, kept for the StageResult, appended to the performance log."""
+
+    def __init__(self, stage: str, device: str, request: StageRequest) -> None:
+        self.stage = stage
+        self.device = device
+        self.attempt = request.attempt
+        self.options = request.memory
+        self.perf_log = request.env.get(PERF_LOG_ENV) or None
+        self.taken: list[MemoryCheckpoint] = []
+        self._perf_failed = False
+        self.tf32 = configure_cuda(device, self.options.tf32)
+
+    def check(self, point: str) -> MemoryCheckpoint:
+        checkpoint = read_checkpoint(point, self.device)
+        self.taken.append(checkpoint)
+        log.info("%s", format_checkpoint(self.stage, checkpoint))
+        if checkpoint.kind == "gpu":
+            warned = pressure(checkpoint.allocated_pct or 0.0, self.options.notice_pct, self.options.warning_pct)
+            if warned is not None:
+                log.log(*warned)
+        self._append(checkpoint)
+        return checkpoint
+
+    def check_quietly(self, point: str) -> None:
+        """A checkpoint on the way out of a failure: never replaces the error being raised."""
+        try:
+            self.check(point)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("no %r checkpoint: %s", point, exc)
+
+    def after_item(self, number: int, total: int) -> None:
+        if self.options.every_item:
+            self.check(f"after item {number}/{total}")
+
+    def peaks(self) -> dict[str, float | None]:
+        """Peak allocated / reserved VRAM of this child in MiB (None when it ran without CUDA)."""
+        torch = cuda_torch(self.device)
+        if torch is None:
+            return {"peak_vram_mb": None, "peak_vram_reserved_mb": None}
+        dev = torch.device(self.device)
+        return {
+            "peak_vram_mb": torch.cuda.max_memory_allocated(dev) / MIB,
+            "peak_vram_reserved_mb": torch.cuda.max_memory_reserved(dev) / MIB,
+        }
+
+    def result_fields(self) -> dict:
+        """Fields for the StageResult: peaks and every checkpoint taken."""
+        return {**self.peaks(), "checkpoints": list(self.taken)}
+
+    def _append(self, checkpoint: MemoryCheckpoint) -> None:
+        if not self.perf_log or self._perf_failed:
+            return
+        try:
+            append_event(self.perf_log, PerfEvent.of_checkpoint(checkpoint, self.stage, self.attempt, os.getpid()))
+        except OSError as exc:
+            self._perf_failed = True
+            log.warning("cannot append to performance log %s: %s", self.perf_log, exc)

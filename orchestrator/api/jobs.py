@@ -277,6 +277,3 @@ class JobQueue:
                      finished_at=datetime.now(timezone.utc),
                      error=None if status == "done" else f"{report.failed} of {len(report.inputs)} input(s) failed")
         log.info("job %s: %s (%d ok, %d failed)", job_id, status, report.ok, report.failed)
-
-    def report_path(self, job_id: str) -> Path:
-        return Path(self.get(job_id).output_dir) / REPORT_NAME

@@ -1,173 +1,113 @@
-"""A small Prometheus registry for ``GET /metrics``: counters, gauges and one histogram, text format 0.0.4.
+"""The server's Prometheus series (``GET /metrics``), through ``prometheus-client``.
 
-Written by hand (a few dozen lines) rather than adding prometheus-client: the
-server needs labelled counters, gauges set at scrape time and a histogram of
-micro-batch sizes, nothing more.
+Each app gets its own :class:`~prometheus_client.CollectorRegistry` (tests run
+several servers in one process). Counters and the micro-batch histogram are
+updated as things happen; values that are only true at scrape time (jobs by
+status, NVML memory) come from a collector the server registers
+(:class:`ScrapeCollector`). :func:`sample` reads one value back from a page
+with prometheus-client's own text parser (tests, bench).
 """
 
 from __future__ import annotations
 
-import math
-import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-Labels = tuple[tuple[str, str], ...]
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
 
+# no `<name>_created` series: they double every counter's lines and nothing here reads them
+disable_created_metrics()
 
-def _labels(labels: dict[str, str] | None) -> Labels:
-    return tuple(sorted((labels or {}).items()))
+#: the content type of :meth:`Metrics.render`'s page
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-
-def _fmt_labels(labels: Labels, extra: tuple[tuple[str, str], ...] = ()) -> str:
-    pairs = labels + extra
-    if not pairs:
-        return ""
-    body = ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
-    return "{" + body + "}"
-
-
-def _escape(value: str) -> str:
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _num(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-class _Metric:
-    kind = "untyped"
-
-    def __init__(self, name: str, help: str) -> None:
-        self.name = name
-        self.help = help
-        self._lock = threading.Lock()
-
-    def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-
-
-class Counter(_Metric):
-    kind = "counter"
-
-    def __init__(self, name: str, help: str) -> None:
-        super().__init__(name, help)
-        self._values: dict[Labels, float] = {}
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = _labels(labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
-
-    def value(self, **labels: str) -> float:
-        with self._lock:
-            return self._values.get(_labels(labels), 0.0)
-
-    def lines(self) -> list[str]:
-        with self._lock:
-            items = sorted(self._values.items())
-        return [f"{self.name}{_fmt_labels(k)} {_num(v)}" for k, v in items] or [f"{self.name} 0"]
-
-
-class Gauge(Counter):
-    kind = "gauge"
-
-    def set(self, value: float, **labels: str) -> None:
-        with self._lock:
-            self._values[_labels(labels)] = float(value)
-
-    def replace(self, values: Iterable[tuple[dict[str, str], float]]) -> None:
-        """Set every series at once (series not given disappear): for values read at scrape time."""
-        fresh = {_labels(labels): float(value) for labels, value in values}
-        with self._lock:
-            self._values = fresh
-
-    def lines(self) -> list[str]:
-        with self._lock:
-            items = sorted(self._values.items())
-        return [f"{self.name}{_fmt_labels(k)} {_num(v)}" for k, v in items]
-
-
-class Histogram(_Metric):
-    kind = "histogram"
-
-    def __init__(self, name: str, help: str, buckets: Iterable[float]) -> None:
-        super().__init__(name, help)
-        self.buckets = tuple(sorted(buckets)) + (math.inf,)
-        self._series: dict[Labels, list[float]] = {}  # bucket counts..., sum, count
-
-    def observe(self, value: float, **labels: str) -> None:
-        key = _labels(labels)
-        with self._lock:
-            series = self._series.setdefault(key, [0.0] * (len(self.buckets) + 2))
-            for i, bound in enumerate(self.buckets):
-                if value <= bound:
-                    series[i] += 1
-            series[-2] += value
-            series[-1] += 1
-
-    def counts(self, **labels: str) -> dict[float, float]:
-        """Cumulative count per upper bound, for tests and /health."""
-        with self._lock:
-            series = self._series.get(_labels(labels))
-        return dict(zip(self.buckets, series or [0.0] * len(self.buckets)))
-
-    def lines(self) -> list[str]:
-        out = []
-        with self._lock:
-            items = sorted((k, list(v)) for k, v in self._series.items())
-        for key, series in items:
-            for bound, count in zip(self.buckets, series):
-                out.append(f"{self.name}_bucket{_fmt_labels(key, (('le', _num(bound)),))} {_num(count)}")
-            out.append(f"{self.name}_sum{_fmt_labels(key)} {_num(series[-2])}")
-            out.append(f"{self.name}_count{_fmt_labels(key)} {_num(series[-1])}")
-        return out
-
-
-class Registry:
-    def __init__(self) -> None:
-        self._metrics: list[_Metric] = []
-
-    def add(self, metric):
-        self._metrics.append(metric)
-        return metric
-
-    def render(self) -> str:
-        lines: list[str] = []
-        for metric in self._metrics:
-            lines += metric.header() + metric.lines()
-        return "\n".join(lines) + "\n"
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 class Metrics:
-    """Every series the server exports."""
+    """Every series the server exports, in one registry."""
 
     def __init__(self) -> None:
-        r = self.registry = Registry()
-        self.requests = r.add(Counter("isostage_http_requests_total", "HTTP requests by route, method and status."))
-        self.texts = r.add(Counter("isostage_embedding_texts_total", "Texts embedded, by profile."))
-        self.batch_size = r.add(Histogram("isostage_embedding_batch_size",
-                                          "Texts per micro-batch sent to an embedding worker.",
-                                          (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)))
-        self.batch_seconds = r.add(Counter("isostage_embedding_batch_seconds_total",
-                                           "Seconds embedding workers spent encoding, by profile."))
-        self.queue = r.add(Gauge("isostage_embedding_queue_length", "Texts waiting for a micro-batch, by profile."))
-        self.worker_starts = r.add(Counter("isostage_worker_starts_total", "Embedding worker processes started."))
-        self.worker_restarts = r.add(Counter("isostage_worker_restarts_total",
-                                             "Embedding workers replaced, by reason (crash, recycle, oom_exit)."))
-        self.worker_stops = r.add(Counter("isostage_worker_stops_total", "Embedding workers stopped, by reason."))
-        self.oom_retries = r.add(Counter("isostage_worker_oom_retries_total",
-                                         "Micro-batches retried at half size after an out-of-memory."))
-        self.crash_retries = r.add(Counter("isostage_worker_crash_retries_total",
-                                           "Texts retried on a fresh worker after a worker crash."))
-        self.workers_up = r.add(Gauge("isostage_worker_up", "1 while the profile's worker process is running."))
-        self.jobs = r.add(Gauge("isostage_jobs", "Jobs by status."))
-        self.job_queue = r.add(Gauge("isostage_job_queue_length", "Jobs waiting to run."))
-        self.gpu_used = r.add(Gauge("isostage_gpu_memory_used_mib", "Device memory in use (NVML), by GPU."))
-        self.gpu_total = r.add(Gauge("isostage_gpu_memory_total_mib", "Device memory (NVML), by GPU."))
-        self.gpu_worker = r.add(Gauge("isostage_worker_gpu_memory_mib",
-                                      "GPU memory held by each embedding worker process (NVML)."))
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("isostage_http_requests", "HTTP requests by route, method and status.",
+                                ["route", "method", "status"], registry=r)
+        self.texts = Counter("isostage_embedding_texts", "Texts embedded, by profile.", ["profile"], registry=r)
+        self.batch_size = Histogram("isostage_embedding_batch_size", "Texts per micro-batch sent to an embedding worker.",
+                                    ["profile"], buckets=BATCH_BUCKETS, registry=r)
+        self.batch_seconds = Counter("isostage_embedding_batch_seconds",
+                                     "Seconds embedding workers spent encoding, by profile.", ["profile"], registry=r)
+        self.queue = Gauge("isostage_embedding_queue_length", "Texts waiting for a micro-batch, by profile.",
+                           ["profile"], registry=r)
+        self.worker_starts = Counter("isostage_worker_starts", "Embedding worker processes started.", ["profile"],
+                                     registry=r)
+        self.worker_restarts = Counter("isostage_worker_restarts",
+                                       "Embedding workers replaced, by reason (crash, recycle, oom_exit).",
+                                       ["profile", "reason"], registry=r)
+        self.worker_stops = Counter("isostage_worker_stops", "Embedding workers stopped, by reason.",
+                                    ["profile", "reason"], registry=r)
+        self.oom_retries = Counter("isostage_worker_oom_retries",
+                                   "Micro-batches retried at half size after an out-of-memory.", ["profile"], registry=r)
+        self.crash_retries = Counter("isostage_worker_crash_retries",
+                                     "Texts retried on a fresh worker after a worker crash.", ["profile"], registry=r)
+        self.workers_up = Gauge("isostage_worker_up", "1 while the profile's worker process is running.", ["profile"],
+                                registry=r)
 
-    def render(self) -> str:
-        return self.registry.render()
+    def render(self) -> bytes:
+        """The Prometheus text page (:data:`CONTENT_TYPE`)."""
+        return generate_latest(self.registry)
+
+    def value(self, name: str, **labels: str) -> float:
+        """One sample's current value (0 when the series does not exist yet)."""
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+
+class ScrapeCollector:
+    """Gauges read when Prometheus scrapes: jobs by status, the job queue, GPU memory (NVML)."""
+
+    def __init__(self, job_counts: Callable[[], dict[str, int]], queued: Callable[[], int],
+                 gpu: Callable[[], Iterable[tuple[str, float, float, dict[str, float]]]]) -> None:
+        """``gpu()`` yields (gpu index, used MiB, total MiB, {worker profile: MiB it holds})."""
+        self.job_counts, self.queued, self.gpu = job_counts, queued, gpu
+
+    def collect(self):
+        jobs = GaugeMetricFamily("isostage_jobs", "Jobs by status.", labels=["status"])
+        for status, count in sorted(self.job_counts().items()):
+            jobs.add_metric([status], count)
+        yield jobs
+        yield GaugeMetricFamily("isostage_job_queue_length", "Jobs waiting to run.", value=self.queued())
+        used = GaugeMetricFamily("isostage_gpu_memory_used_mib", "Device memory in use (NVML), by GPU.", labels=["gpu"])
+        total = GaugeMetricFamily("isostage_gpu_memory_total_mib", "Device memory (NVML), by GPU.", labels=["gpu"])
+        held = GaugeMetricFamily("isostage_worker_gpu_memory_mib",
+                                 "GPU memory held by each embedding worker process (NVML).", labels=["profile", "gpu"])
+        for index, used_mib, total_mib, workers in self.gpu():
+            used.add_metric([index], used_mib)
+            total.add_metric([index], total_mib)
+            for profile, mib in workers.items():
+                held.add_metric([profile, index], mib)
+        yield from (used, total, held)
+
+
+def sample(page: str, name: str, **labels: str) -> float:
+    """One sample of a Prometheus text page, read with prometheus-client's parser (0 when absent).
+
+    Label values are compared as text, except ``le`` which is compared as a number ("1" == "1.0").
+    """
+    def same(got: dict[str, str]) -> bool:
+        if set(got) != set(labels):
+            return False
+        return all(float(got[k]) == float(v) if k == "le" else got[k] == v for k, v in labels.items())
+
+    for family in text_string_to_metric_families(page):
+        for s in family.samples:
+            if s.name == name and same(s.labels):
+                return s.value
+    return 0.0

@@ -28,6 +28,7 @@ from pathlib import Path
 from fastapi import FastAPI, Query
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security.utils import get_authorization_scheme_param
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts import EmbeddingsArtifact, TranscriptArtifact, load_artifact, load_model
@@ -49,9 +50,10 @@ from contracts.errors import ApiError, ArtifactError
 from contracts.report import RunReport
 from orchestrator.gpu.nvml import NvmlReader
 from orchestrator.api.jobs import JobQueue
-from orchestrator.api.metrics import Metrics
+from orchestrator.api.metrics import CONTENT_TYPE, Metrics, ScrapeCollector
 from orchestrator.settings import Settings
 from orchestrator.api.workers import EmbeddingPool
+from orchestrator.run.pipeline import REPORT_NAME
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +87,18 @@ def route_of(path: str) -> str:
 
 
 class Guard:
-    """ASGI middleware: bearer token, request body limit, request metrics."""
+    """ASGI middleware: bearer token, request body limit, request metrics.
+
+    The token is checked here rather than with a route dependency (``fastapi.security.HTTPBearer``)
+    because it must also cover ``/openapi.json``, ``/docs`` and unknown paths, and come before the
+    body is read (so an unauthenticated client cannot make the server buffer a large body); the
+    header is parsed with FastAPI's own helper.
+    """
 
     def __init__(self, app, settings: Settings, metrics: Metrics) -> None:
         self.app = app
         token = settings.api_token.get_secret_value() if settings.api_token else ""
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.expected = token.encode() if token else None
         self.max_body = settings.max_body_bytes
         self.metrics = metrics
 
@@ -108,14 +116,14 @@ class Guard:
         try:
             await self._guarded(scope, receive, counting_send)
         finally:
-            self.metrics.requests.inc(route=route_of(scope["path"]), method=scope["method"],
-                                      status=str(status_seen["status"]))
+            self.metrics.requests.labels(route=route_of(scope["path"]), method=scope["method"],
+                                         status=str(status_seen["status"])).inc()
 
     async def _guarded(self, scope, receive, send) -> None:
         headers = dict(scope.get("headers") or [])
         if self.expected is not None and scope["path"] not in OPEN_PATHS:
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            scheme, given = get_authorization_scheme_param(headers.get(b"authorization", b"").decode("latin-1"))
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode("latin-1"), self.expected):
                 await _error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
                              code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
                 return
@@ -189,7 +197,7 @@ def job_result(record: JobRecord, include_vectors: bool) -> JobResult:
     import numpy as np
 
     report = None
-    report_path = Path(record.output_dir) / "run-report.json"
+    report_path = Path(record.output_dir) / REPORT_NAME
     if report_path.exists():
         report = load_model(report_path, RunReport)
     by_id = {i.id: i for i in report.inputs} if report else {}
@@ -217,6 +225,7 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
     pool = pool or EmbeddingPool(settings, metrics)
     jobs = JobQueue(settings)
     gpu = NvmlReader()
+    metrics.registry.register(ScrapeCollector(jobs.counts, lambda: jobs.queued, lambda: _gpu_memory(pool, gpu)))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -304,28 +313,22 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
     @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
     async def prometheus() -> Response:
         """Prometheus text format."""
-        await asyncio.to_thread(_refresh, metrics, pool, jobs, gpu)
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        page = await asyncio.to_thread(metrics.render)  # the scrape collector reads NVML: off the event loop
+        return Response(page, media_type=CONTENT_TYPE)
 
     app.add_middleware(Guard, settings=settings, metrics=metrics)
     return app
 
 
-def _refresh(metrics: Metrics, pool: EmbeddingPool, jobs: JobQueue, gpu: NvmlReader) -> None:
-    """Gauges read at scrape time: queues, jobs, and GPU memory when NVML is there."""
-    for worker in pool.workers():
-        metrics.queue.set(worker.queued_texts, profile=worker.profile)
-    metrics.jobs.replace(({"status": s}, n) for s, n in jobs.counts().items())
-    metrics.job_queue.set(jobs.queued)
+def _gpu_memory(pool: EmbeddingPool, gpu: NvmlReader):
+    """(gpu index, used MiB, total MiB, {worker profile: MiB}) per device NVML sees; nothing without NVML."""
     snapshot = gpu.read()
     if not snapshot.available:
         return
-    metrics.gpu_used.replace(({"gpu": str(d.index)}, d.used_mib) for d in snapshot.devices)
-    metrics.gpu_total.replace(({"gpu": str(d.index)}, d.total_mib) for d in snapshot.devices)
     pids = {w.pid: w.profile for w in pool.workers() if w.pid is not None}
-    metrics.gpu_worker.replace(
-        ({"profile": pids[p.pid], "gpu": str(d.index)}, p.used_mib or 0.0)
-        for d in snapshot.devices for p in d.processes if p.pid in pids)
+    for d in snapshot.devices:
+        held = {pids[p.pid]: p.used_mib or 0.0 for p in d.processes if p.pid in pids}
+        yield str(d.index), d.used_mib, d.total_mib, held
 
 
 def uvicorn_config(app, settings: Settings, **extra):

@@ -307,14 +307,14 @@ class ProfileWorker:
                 batch.append(part)
                 size += part.count
             self._queued_texts -= size
-            self.metrics.queue.set(self._queued_texts, profile=self.profile)
+            self.metrics.queue.labels(profile=self.profile).set(self._queued_texts)
             return batch
 
     def _requeue(self, parts: list[_Part]) -> None:
         with self._cond:
             self._queue.extendleft(reversed(parts))
             self._queued_texts += sum(p.count for p in parts)
-            self.metrics.queue.set(self._queued_texts, profile=self.profile)
+            self.metrics.queue.labels(profile=self.profile).set(self._queued_texts)
 
     def _run(self, batch: list[_Part]) -> None:
         live = [p for p in batch if not p.request.done]
@@ -340,7 +340,7 @@ class ProfileWorker:
             log.warning("%s: %s", self.name, decision.reason)
             if decision.retry:
                 self.cap = min(self.cap, decision.batch_size)
-                self.metrics.oom_retries.inc(profile=self.profile)
+                self.metrics.oom_retries.labels(profile=self.profile).inc()
                 self._requeue(live)
             else:
                 self._fail(live, ApiError(503, decision.reason, code="out_of_memory"))
@@ -355,16 +355,16 @@ class ProfileWorker:
         recycle = bool(self.settings.worker_recycle_after) and worker.batches >= self.settings.worker_recycle_after
         if recycle:  # detached before the answers go out: whoever sees them sees the worker gone
             self._worker = None
-        self.metrics.batch_size.observe(reply.count, profile=self.profile)
-        self.metrics.texts.inc(reply.count, profile=self.profile)
-        self.metrics.batch_seconds.inc(reply.seconds, profile=self.profile)
+        self.metrics.batch_size.labels(profile=self.profile).observe(reply.count)
+        self.metrics.texts.labels(profile=self.profile).inc(reply.count)
+        self.metrics.batch_seconds.labels(profile=self.profile).inc(reply.seconds)
         offset = 0
         for part in parts:
             part.request.fill(part.start, rows[offset:offset + part.count], reply.tokens[offset:offset + part.count], model)
             offset += part.count
         if recycle:
             log.info("%s: recycling worker pid %s after %d micro-batches", self.name, worker.pid, worker.batches)
-            self.metrics.worker_restarts.inc(profile=self.profile, reason="recycle")
+            self.metrics.worker_restarts.labels(profile=self.profile, reason="recycle").inc()
             self._stop_process(worker, "recycle")
 
     def _crashed(self, parts: list[_Part], exc: WorkerDied) -> None:
@@ -373,7 +373,7 @@ class ProfileWorker:
         log.error("%s: worker pid %s died mid-batch (%s%s)", self.name, pid, outcome.value,
                   f", signal {sig}" if sig else "")
         self._discard_worker()
-        self.metrics.worker_restarts.inc(profile=self.profile, reason="crash")
+        self.metrics.worker_restarts.labels(profile=self.profile, reason="crash").inc()
         retry = []
         for part in parts:
             decision = next_step(outcome, part.count, part.crashes, MAX_CRASH_RETRIES, signal=sig, stage=self.name)
@@ -386,7 +386,7 @@ class ProfileWorker:
                 part.request.fail(ApiError(503, f"the embedding worker crashed: {decision.reason}",
                                            code="worker_crashed"))
         if retry:
-            self.metrics.crash_retries.inc(sum(p.count for p in retry), profile=self.profile)
+            self.metrics.crash_retries.labels(profile=self.profile).inc(sum(p.count for p in retry))
             self._requeue(retry)
 
     def _fail_start(self, parts: list[_Part], exc: WorkerDied) -> None:
@@ -413,7 +413,7 @@ class ProfileWorker:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
         log_path = Path(self.settings.server_dir) / "workers" / f"{self.name}-{stamp}-{os.getpid()}-{self._starts}.log"
         worker = _Process(self.config, log_path)
-        self.metrics.worker_starts.inc(profile=self.profile)
+        self.metrics.worker_starts.labels(profile=self.profile).inc()
         log.info("%s: starting worker pid %s (log %s)", self.name, worker.pid, log_path)
         try:
             ready = worker.wait_ready(self.settings.worker_start_timeout_s)
@@ -422,7 +422,7 @@ class ProfileWorker:
             raise
         self._worker = worker
         self._last_active = time.monotonic()
-        self.metrics.workers_up.set(1, profile=self.profile)
+        self.metrics.workers_up.labels(profile=self.profile).set(1)
         log.info("%s: worker pid %d ready: %s on %s", self.name, ready.pid, ready.model, ready.device)
         return worker
 
@@ -430,7 +430,7 @@ class ProfileWorker:
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.stop(grace_s=0)
-        self.metrics.workers_up.set(0, profile=self.profile)
+        self.metrics.workers_up.labels(profile=self.profile).set(0)
 
     def _stop_worker(self, reason: str) -> None:
         worker, self._worker = self._worker, None
@@ -441,8 +441,8 @@ class ProfileWorker:
         log.info("%s: stopping worker pid %s (%s)", self.name, worker.pid, reason)
         worker.stop()
         self.cap = self.settings.embed_max_batch  # a fresh worker starts from the configured cap again
-        self.metrics.worker_stops.inc(profile=self.profile, reason=reason)
-        self.metrics.workers_up.set(0, profile=self.profile)
+        self.metrics.worker_stops.labels(profile=self.profile, reason=reason).inc()
+        self.metrics.workers_up.labels(profile=self.profile).set(0)
 
 
 class EmbeddingPool:

@@ -88,22 +88,13 @@ def auto_batch_size(free_mib: float, total_mib: float, need: Need, *, fraction: 
     return max(1, min(cap, _floor_pow2(int(budget // need.per_item_mib))))
 
 
-def default_hub_cache() -> Path:
-    """The Hugging Face hub cache directory, by the hub's own variables (HF_HUB_CACHE, HF_HOME)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-    return home / "hub"
+def cached_asr_models(hub_cache: Path | None = None) -> set[str]:
+    """faster-whisper names whose weights are in the Hugging Face cache (usable offline), looked up with
+    ``huggingface_hub`` (its cache layout, its ``HF_HUB_CACHE`` / ``HF_HOME`` when ``hub_cache`` is None)."""
+    from huggingface_hub import try_to_load_from_cache  # no model library: the hub client only
 
-
-def cached_asr_models(hub_cache: Path) -> set[str]:
-    """faster-whisper names whose weights are in the hub cache (usable offline)."""
-    found = set()
-    for name, repo in ASR_REPOS.items():
-        snapshots = hub_cache / f"models--{repo.replace('/', '--')}" / "snapshots"
-        if any(snapshots.glob("*/model.bin")):
-            found.add(name)
-    return found
+    return {name for name, repo in ASR_REPOS.items()
+            if isinstance(try_to_load_from_cache(repo, "model.bin", cache_dir=hub_cache), str)}
 
 
 def pick_asr_model(total_mib: float | None, free_mib: float | None, *, offline: bool,
@@ -157,7 +148,7 @@ def resolve_auto(settings, reader=None):
     updates: dict[str, object] = {}
     if "asr_model" in autos:
         model, why = pick_asr_model(total, free, offline=not settings.allow_hub,
-                                    cached=cached_asr_models(default_hub_cache()))
+                                    cached=cached_asr_models())
         updates["asr_model"] = model
         log.info("asr_model=auto -> %s (%s)", model, why)
     asr_model = str(updates.get("asr_model", settings.asr_model))

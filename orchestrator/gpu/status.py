@@ -15,6 +15,7 @@ from rich.text import Text
 
 from orchestrator.process.pidfiles import ChildRecord, ChildRegistry, Cleanup
 from orchestrator.gpu.nvml import GpuSnapshot
+from contracts.units import gib
 
 
 def _record(r: ChildRecord) -> dict[str, Any]:
@@ -53,8 +54,8 @@ def render(snapshot: GpuSnapshot, registry: ChildRegistry) -> Group:
         for name in ("GPU", "PID", "MiB", "command"):
             procs.add_column(name, justify="right" if name in ("GPU", "PID", "MiB") else "left")
         for d in snapshot.devices:
-            devices.add_row(str(d.index), d.name, f"{d.used_mib / 1024:.2f} GiB", f"{d.free_mib / 1024:.2f} GiB",
-                            f"{d.total_mib / 1024:.2f} GiB", f"{100 * d.used_mib / d.total_mib:.1f}")
+            devices.add_row(str(d.index), d.name, gib(d.used_mib), gib(d.free_mib),
+                            gib(d.total_mib), f"{100 * d.used_mib / d.total_mib:.1f}")
             for p in sorted(d.processes, key=lambda p: -(p.used_mib or 0)):
                 command = p.command
                 if p.pid in ours:

@@ -23,7 +23,7 @@ from typing import Callable, Protocol
 
 from contracts import StageRequest, StageResult, load_model, save_model
 from contracts.errors import ArtifactError
-from orchestrator.gpu.nvml import StageGpuCheck
+from orchestrator.gpu.guard import StageGpuCheck
 from orchestrator.process.hooks import ChildHook, ChildRun, default_hooks
 from orchestrator.process.toolkit import following, spawn, stop
 from orchestrator.run.outcome import Outcome, outcome_of

@@ -24,7 +24,8 @@ from typing import Protocol
 from contracts import StageRequest, StageResult
 from contracts.errors import GpuMemoryError
 from contracts.perf import PERF_LOG_ENV
-from orchestrator.gpu.nvml import GpuDevice, GpuMonitor, GpuWatch, StageGpuCheck, visible_devices
+from orchestrator.gpu.guard import GpuMonitor, GpuWatch, StageGpuCheck
+from orchestrator.gpu.nvml import GpuDevice, visible_devices
 from orchestrator.process.pidfiles import ChildRegistry
 from orchestrator.registry import gpu_need_mib
 from orchestrator.run.outcome import Outcome

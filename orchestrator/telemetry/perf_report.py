@@ -16,8 +16,8 @@ from rich.table import Table
 from contracts.errors import SettingsError
 from contracts.perf import PerfEvent, read_events
 from orchestrator.telemetry.perf_log import DIRECTORY
+from contracts.units import GIB_MIB as GIB, gib
 
-GIB = 1024.0  # MiB
 
 
 def find_perf_log(path: str | Path) -> Path:

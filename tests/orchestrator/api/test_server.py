@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from schemathesis.checks import not_a_server_error
 
 from contracts.errors import ApiError
 from orchestrator.api.client import Client
+from orchestrator.api.metrics import sample
 from orchestrator.api.server import start_in_thread
 from orchestrator.settings import Settings
 from tests.conftest import ROOT
@@ -45,18 +45,6 @@ def server(tmp_path_factory):
 def api(server):
     with Client(server.url) as client:
         yield client
-
-
-def _metric(text: str, name: str, **labels: str) -> float:
-    """One sample of a Prometheus text page (0 when absent)."""
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        series, _, value = line.rpartition(" ")
-        if series == (f"{name}{{{want}}}" if want else name):
-            return float(value)
-    return 0.0
 
 
 def _post(server, body, **kwargs) -> httpx.Response:
@@ -122,12 +110,12 @@ def test_32_concurrent_clients_are_all_right_and_share_micro_batches(server, api
         t.join()
     assert not errors, errors[:3]
     after = api.metrics()
-    batches = (_metric(after, "isostage_embedding_batch_size_count", profile="embedded")
-               - _metric(before, "isostage_embedding_batch_size_count", profile="embedded"))
-    singles = (_metric(after, "isostage_embedding_batch_size_bucket", profile="embedded", le="1")
-               - _metric(before, "isostage_embedding_batch_size_bucket", profile="embedded", le="1"))
-    texts_done = (_metric(after, "isostage_embedding_texts_total", profile="embedded")
-                  - _metric(before, "isostage_embedding_texts_total", profile="embedded"))
+    batches = (sample(after, "isostage_embedding_batch_size_count", profile="embedded")
+               - sample(before, "isostage_embedding_batch_size_count", profile="embedded"))
+    singles = (sample(after, "isostage_embedding_batch_size_bucket", profile="embedded", le="1")
+               - sample(before, "isostage_embedding_batch_size_bucket", profile="embedded", le="1"))
+    texts_done = (sample(after, "isostage_embedding_texts_total", profile="embedded")
+                  - sample(before, "isostage_embedding_texts_total", profile="embedded"))
     assert texts_done == 32 * 6
     assert batches < 32 * 3, "96 requests were not batched together"
     assert batches - singles > 0, "no micro-batch held more than one text"
@@ -180,7 +168,7 @@ def test_health_and_metrics(server):
     for name in ("isostage_http_requests_total", "isostage_embedding_batch_size", "isostage_embedding_queue_length",
                  "isostage_worker_restarts_total", "isostage_worker_oom_retries_total", "isostage_job_queue_length"):
         assert f"# TYPE {name} " in metrics.text
-    assert re.search(r'isostage_http_requests_total\{method="GET",route="/health",status="200"\} [1-9]', metrics.text)
+    assert sample(metrics.text, "isostage_http_requests_total", method="GET", route="/health", status="200") >= 1
 
 
 # -- crash of the worker --------------------------------------------------------------
@@ -190,7 +178,7 @@ def test_worker_kill_9_mid_request_the_request_is_still_answered(server, api, re
     api.embed("warm", model="embedded")
     old_pid = next(w.pid for w in api.health().workers if w.profile == "embedded")
     texts = [f"long sentence {i}: " + "the quick brown fox jumps over the lazy dog " * 12 for i in range(64)]
-    restarts = _metric(api.metrics(), "isostage_worker_restarts_total", profile="embedded", reason="crash")
+    restarts = sample(api.metrics(), "isostage_worker_restarts_total", profile="embedded", reason="crash")
     answer: dict = {}
 
     def request() -> None:
@@ -200,7 +188,7 @@ def test_worker_kill_9_mid_request_the_request_is_still_answered(server, api, re
     thread = threading.Thread(target=request)
     thread.start()
     deadline = time.monotonic() + 30
-    while _metric(api.metrics(), "isostage_embedding_texts_total", profile="embedded") == 0 and time.monotonic() < deadline:
+    while sample(api.metrics(), "isostage_embedding_texts_total", profile="embedded") == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.3)  # a micro-batch of the request is now in the worker
     os.kill(old_pid, signal.SIGKILL)
@@ -208,7 +196,7 @@ def test_worker_kill_9_mid_request_the_request_is_still_answered(server, api, re
     assert "vectors" in answer, "the request was not answered"
     np.testing.assert_allclose(answer["vectors"], reference_model.encode(texts, normalize_embeddings=True), atol=1e-5)
     after = api.metrics()
-    assert _metric(after, "isostage_worker_restarts_total", profile="embedded", reason="crash") == restarts + 1
+    assert sample(after, "isostage_worker_restarts_total", profile="embedded", reason="crash") == restarts + 1
     new_pid = next(w.pid for w in api.health().workers if w.profile == "embedded")
     assert new_pid not in (None, old_pid) and not psutil.pid_exists(old_pid)
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from orchestrator.settings import Settings
+from orchestrator.api.metrics import sample
 from orchestrator.api.workers import EmbeddingPool
 
 pytestmark = pytest.mark.slow
@@ -25,10 +26,10 @@ def test_oom_in_the_worker_halves_the_micro_batch_and_the_request_still_succeeds
         result = pool.embed("embedded", TEXTS).result(timeout=300)
         worker = pool.worker("embedded")
         # Then the 16-text micro-batch ran out of memory, was retried as two of 8, and the answer is right
-        assert pool.metrics.oom_retries.value(profile="embedded") == 1
+        assert pool.metrics.value("isostage_worker_oom_retries_total", profile="embedded") == 1
         assert worker.cap == 8
-        counts = pool.metrics.batch_size.counts(profile="embedded")
-        assert counts[8] == 2 and counts[16] == 2, counts
+        bucket = lambda le: pool.metrics.value("isostage_embedding_batch_size_bucket", profile="embedded", le=le)  # noqa: E731
+        assert bucket("4.0") == 0 and bucket("8.0") == 2 and bucket("16.0") == 2, "two micro-batches of 8 computed"
         assert worker.pid is not None, "the worker survived its out-of-memory"
         np.testing.assert_allclose(result.vectors, reference_model.encode(TEXTS, normalize_embeddings=True), atol=1e-5)
     finally:
@@ -44,7 +45,7 @@ def test_oom_at_batch_size_1_fails_the_request_with_advice(tmp_path):
             pool.embed("embedded", ["one", "two"]).result(timeout=300)
         assert getattr(caught.value, "status", None) == 503
         assert "even at batch size 1" in str(caught.value)
-        assert pool.metrics.oom_retries.value(profile="embedded") == 1  # 2 -> 1, then give up
+        assert pool.metrics.value("isostage_worker_oom_retries_total", profile="embedded") == 1  # 2 -> 1, then give up
     finally:
         pool.close()
 
@@ -63,13 +64,13 @@ def test_idle_worker_is_stopped_and_a_later_request_starts_a_fresh_one(tmp_path)
             pid = next(w.pid for w in api.health().workers if w.profile == "embedded")
             assert psutil.pid_exists(pid)
             # When nothing arrives for longer than the idle timeout
-            stopped = 'isostage_worker_stops_total{profile="embedded",reason="idle"} 1'
+            stopped = lambda: sample(api.metrics(), "isostage_worker_stops_total", profile="embedded", reason="idle") == 1  # noqa: E731
             deadline = time.monotonic() + 30
-            while (psutil.pid_exists(pid) or stopped not in api.metrics()) and time.monotonic() < deadline:
+            while (psutil.pid_exists(pid) or not stopped()) and time.monotonic() < deadline:
                 time.sleep(0.1)
             # Then the worker process is gone (its memory, and on a GPU its CUDA context, went back)
             assert not psutil.pid_exists(pid)
-            assert stopped in api.metrics()
+            assert stopped()
             worker = next(w for w in api.health().workers if w.profile == "embedded")
             assert not worker.running and worker.pid is None
             # And the next request is served by a new worker
@@ -89,7 +90,7 @@ def test_worker_is_recycled_after_n_micro_batches(tmp_path):
             pids.append(pool.worker("embedded").pid)
         # two micro-batches on the first worker, which is then recycled; the third starts a new one
         assert pids[0] is not None and pids[1] is None and pids[2] not in (None, pids[0])
-        assert pool.metrics.worker_restarts.value(profile="embedded", reason="recycle") == 1
-        assert pool.metrics.worker_starts.value(profile="embedded") == 2
+        assert pool.metrics.value("isostage_worker_restarts_total", profile="embedded", reason="recycle") == 1
+        assert pool.metrics.value("isostage_worker_starts_total", profile="embedded") == 2
     finally:
         pool.close()

@@ -10,19 +10,10 @@ import time
 import pytest
 
 from contracts.errors import GpuMemoryError
-from orchestrator.gpu.nvml import (
-    GpuDevice,
-    GpuMonitor,
-    GpuProcess,
-    GpuSnapshot,
-    NvmlReader,
-    RecordedReader,
-    check_after,
-    free_memory_error,
-    nvml_index,
-)
+from orchestrator.gpu.guard import GpuMonitor, check_after, free_memory_error
+from orchestrator.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot, NvmlReader, RecordedReader, nvml_index
+from contracts.units import GIB_MIB as GIB
 
-GIB = 1024.0
 ME = os.getpid()
 TRAINER = GpuProcess(pid=75955, used_mib=14.17 * GIB, command="python3 train_konkanivani_asr.py")
 
@@ -53,7 +44,7 @@ def test_enough_free_memory_or_a_stage_without_gpu_needs_is_no_error():
 
 def test_monitor_refuses_to_start_a_stage_and_logs_the_others(caplog):
     monitor = GpuMonitor(RecordedReader([snap(t4(14.5 * GIB, [TRAINER]))]), sample_s=None)
-    with caplog.at_level(logging.WARNING, logger="orchestrator.gpu.nvml"), pytest.raises(GpuMemoryError, match="75955"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.gpu.guard"), pytest.raises(GpuMemoryError, match="75955"):
         monitor.before("asr", "cuda", None, need_mib=3 * GIB)
     assert "other processes hold memory on GPU 0: Process 75955" in caplog.text
 
@@ -109,7 +100,7 @@ def test_monitor_logs_a_leak_error_when_memory_never_comes_back(caplog):
     reader = RecordedReader([snap(t4(500)), snap(t4(4000))])
     monitor = GpuMonitor(reader, sample_s=None, settle_s=0.3)
     watch = monitor.before("asr", "cuda", None, need_mib=0)
-    with caplog.at_level(logging.ERROR, logger="orchestrator.gpu.nvml"):
+    with caplog.at_level(logging.ERROR, logger="orchestrator.gpu.guard"):
         check = monitor.after(watch)
     assert check.leak and "asr: GPU memory leak" in caplog.text
 
@@ -146,10 +137,10 @@ def test_without_nvml_the_reader_says_why_and_the_monitor_is_a_quiet_no_op(caplo
         pytest.skip("this machine has NVML")
     assert snapshot.reason and "NVML" in snapshot.reason
     monitor = GpuMonitor(reader)
-    with caplog.at_level(logging.DEBUG, logger="orchestrator.gpu.nvml"):
+    with caplog.at_level(logging.DEBUG, logger="orchestrator.gpu.guard"):
         assert monitor.before("asr", "cuda", None, need_mib=10 * GIB) is None
         assert monitor.before("embeddings", "auto", None, need_mib=10 * GIB) is None
-    said = [r for r in caplog.records if r.name == "orchestrator.gpu.nvml"]
+    said = [r for r in caplog.records if r.name == "orchestrator.gpu.guard"]
     assert len(said) == 1 and said[0].levelno == logging.DEBUG and "GPU monitor off" in said[0].getMessage()
 
 

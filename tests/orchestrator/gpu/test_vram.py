@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.units import GIB_MIB as GIB
 from orchestrator.gpu.nvml import GpuDevice, GpuSnapshot, RecordedReader
 from orchestrator.settings import Settings
 from orchestrator.gpu.sizing import (
@@ -15,7 +16,6 @@ from orchestrator.gpu.sizing import (
     resolve_auto,
 )
 
-GIB = 1024.0
 
 
 def test_batch_data_gets_one_eighth_of_the_card_rounded_down_to_a_power_of_two():
@@ -64,11 +64,23 @@ def test_asr_auto_without_a_gpu_is_the_embedded_model():
         "embedded", "no GPU seen: the embedded Whisper tiny.en runs on the CPU")
 
 
+def _cache(root, repo: str, files: dict[str, bytes]) -> None:
+    """The hub cache's layout as huggingface_hub writes it: blobs, a snapshot of links, refs/main."""
+    folder = root / f"models--{repo.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "blobs").mkdir()
+    for name, data in files.items():
+        blob = folder / "blobs" / f"blob-{name}"
+        blob.write_bytes(data)
+        (folder / "snapshots" / commit / name).symlink_to(blob)
+
+
 def test_cached_models_are_found_in_the_hub_cache_layout(tmp_path):
-    snapshot = tmp_path / "models--Systran--faster-whisper-medium" / "snapshots" / "abc123"
-    snapshot.mkdir(parents=True)
-    (snapshot / "model.bin").write_bytes(b"x")
-    (tmp_path / "models--Systran--faster-whisper-small" / "snapshots" / "def").mkdir(parents=True)  # incomplete
+    _cache(tmp_path, "Systran/faster-whisper-medium", {"model.bin": b"x", "config.json": b"{}"})
+    _cache(tmp_path, "Systran/faster-whisper-small", {"config.json": b"{}"})  # incomplete: no weights
     assert cached_asr_models(tmp_path) == {"medium"}
 
 
@@ -82,7 +94,9 @@ def test_settings_accept_auto_for_batch_sizes_and_model(monkeypatch):
 
 
 def test_auto_on_a_recorded_24_gib_card_resolves_to_gpu_values(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache: offline, no hub model is usable
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))  # empty: offline, nothing usable
     card = GpuDevice(index=0, name="RTX 4090", total_mib=24 * GIB, used_mib=500, free_mib=24 * GIB - 500)
     reader = RecordedReader([GpuSnapshot(available=True, devices=[card])])
     s = resolve_auto(Settings(asr_model="auto", asr_batch_size="auto", embedding_batch_size="auto"), reader)

@@ -8,14 +8,15 @@ from contracts import WorkItem
 from contracts.perf import PERF_LOG_ENV, read_events
 from orchestrator.process.pidfiles import ChildRegistry
 from orchestrator.process.executor import LocalExecutor
-from orchestrator.gpu.nvml import GpuDevice, GpuMonitor, GpuProcess, GpuSnapshot, RecordedReader
+from orchestrator.gpu.guard import GpuMonitor
+from orchestrator.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot, RecordedReader
 from orchestrator.registry import BY_NAME, StageSpec
 from orchestrator.settings import Settings
 from orchestrator.run.runner import StageRunner
 from orchestrator.process.hooks import default_hooks
 from tests.fixtures.stages import FixtureSettings, NoteArtifact
+from contracts.units import GIB_MIB as GIB
 
-GIB = 1024.0
 
 
 def card(used: float, processes=()) -> GpuSnapshot:
@@ -56,7 +57,7 @@ def test_stage_is_not_started_on_a_gpu_another_process_fills(tmp_path):
 def test_memory_not_back_after_a_child_is_a_leak_error_in_log_and_report(tmp_path, caplog):
     # Given device usage that is 3.5 GiB above its baseline after the child exited
     runner = _runner(tmp_path, [card(500), card(4000)])
-    with caplog.at_level(logging.ERROR, logger="orchestrator.gpu.nvml"):
+    with caplog.at_level(logging.ERROR, logger="orchestrator.gpu.guard"):
         outcomes, report = runner.run(StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact),
                                       _items(tmp_path, "a"))
     assert outcomes["a"].ok

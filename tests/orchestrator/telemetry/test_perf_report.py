@@ -7,8 +7,8 @@ import pytest
 from contracts.errors import SettingsError
 from contracts.perf import PerfEvent, append_event
 from orchestrator.telemetry.perf_report import find_perf_log, plot, run_peaks, summarize
+from contracts.units import GIB_MIB as GIB
 
-GIB = 1024.0
 
 
 def ev(t, event, stage=None, attempt=1, **fields) -> PerfEvent:

@@ -13,12 +13,12 @@ import pytest
 from contracts import StageRequest, WorkItem
 from contracts.perf import PERF_LOG_ENV, MemoryCheckpoint, read_events
 from contracts.stage_settings import MemorySettings
+from contracts.units import GIB_MIB as GIB
 from orchestrator.settings import Settings
-from stages.gpu_memory import format_checkpoint, pressure
+from stages.memory import format_checkpoint, pressure
 from tests.conftest import MEDIA, ROOT
 from tests.fixtures.stages import PICKY
 
-GIB = 1024.0  # MiB
 
 
 def test_gpu_line_matches_the_seed_format_exactly():
@@ -81,7 +81,7 @@ def _request(tmp_path, env, items=("a", "b"), every_item=False) -> StageRequest:
 
 def test_stage_loop_takes_cpu_checkpoints_logs_them_and_appends_them_to_the_perf_log(tmp_path, caplog):
     perf = tmp_path / "performance_logs" / "run.jsonl"
-    caplog.set_level(logging.INFO, logger="stages.gpu_memory")
+    caplog.set_level(logging.INFO, logger="stages.memory")
     # When a stage runs on the CPU with per-item checkpoints asked for
     result = PICKY.run(_request(tmp_path, {PERF_LOG_ENV: str(perf)}, every_item=True))
     # Then every checkpoint is in the result, in order, measured as RSS
