@@ -81,18 +81,18 @@ def main() -> int:
         rows = []
         for s in summaries:
             check = checks.get((s.stage, s.attempt))
-            after = "—" if s.after_mib is None else f"{s.after_mib:.0f} MiB"
+            after = "—" if s.gpu_tree_after_mib is None else f"{s.gpu_tree_after_mib:.0f} MiB"
             before_after = "—"
             if check is not None:
                 before_after = f"{check.baseline_used_mib or 0:.0f} -> {check.device_used_mib:.0f} MiB"
             print(f"{s.stage:<11} {s.attempt:>3} {s.batch_size or 0:>5} {s.outcome or '?':<8} {s.device or '?':<7} "
-                  f"{_gib(s.peak_vram_mb):>11} {_gib(s.process_peak_mib):>11} {after:>12} {before_after:>24}"
-                  + (f"  LEAK: {s.leak}" if s.leak else ""))
+                  f"{_gib(s.peak_vram_mb):>11} {_gib(s.gpu_process_peak_mib):>11} {after:>12} {before_after:>24}"
+                  + (f"  LEAK: {s.gpu_leak}" if s.gpu_leak else ""))
             rows.append({"stage": s.stage, "attempt": s.attempt, "batch_size": s.batch_size, "outcome": s.outcome,
-                         "device": s.device, "peak_torch_mib": s.peak_vram_mb, "peak_nvml_mib": s.process_peak_mib,
-                         "tree_after_exit_mib": s.after_mib, "device_after_mib": check.device_used_mib if check else None,
+                         "device": s.device, "peak_torch_mib": s.peak_vram_mb, "peak_nvml_mib": s.gpu_process_peak_mib,
+                         "tree_after_exit_mib": s.gpu_tree_after_mib, "device_after_mib": check.device_used_mib if check else None,
                          "device_before_mib": check.baseline_used_mib if check else None,
-                         "leak": s.leak})
+                         "leak": s.gpu_leak})
         proof = [r for r in rows if r["tree_after_exit_mib"] is not None]
         zero = all(r["tree_after_exit_mib"] == 0 for r in proof) and bool(proof)
         print(f"\n0 MiB proof: {'every' if zero else 'NOT every'} stage child left 0 MiB held by our process tree "

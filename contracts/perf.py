@@ -7,13 +7,14 @@ mid-stage), the parent stage start/end, GPU samples, retries and leak checks.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from contracts.artifacts import Strict
+from contracts.report import Attempt
+from contracts.jsonl import append_line, read_lines
 
 #: the name in ``StageRequest.env`` through which children learn the run's performance log (JSON lines)
 PERF_LOG_ENV = "PIPELINE_PERF_LOG"
@@ -64,18 +65,13 @@ class PerfEvent(Strict):
     total_mb: float | None = None
     rss_mb: float | None = None
     peak_rss_mb: float | None = None
-    # stage start / end, retry
+    # stage start, retry
     device: str | None = None
     batch_size: int | None = None
     items: int | None = None
-    ok: int | None = None
-    failed: int | None = None
-    outcome: str | None = None
-    wall_s: float | None = None
-    compute_s: float | None = None
-    items_per_s: float | None = None
-    peak_vram_mb: float | None = None
     previous_outcome: str | None = None
+    # stage end: the child's record, the same one the run report keeps
+    record: Attempt | None = None
     previous_batch_size: int | None = None
     # gpu sample / gpu check (NVML, parent's view)
     gpu_index: int | None = None
@@ -84,7 +80,6 @@ class PerfEvent(Strict):
     baseline_used_mib: float | None = None
     device_total_mib: float | None = None
     process_mib: float | None = None
-    process_peak_mib: float | None = None
     leak: str | None = None
 
     @classmethod
@@ -93,27 +88,10 @@ class PerfEvent(Strict):
 
 
 def append_event(path: str | Path, event: PerfEvent) -> None:
-    """Append ``event`` as one JSON line with a single ``write`` (O_APPEND), so writers never interleave."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = (event.model_dump_json(exclude_none=True) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    """Append ``event`` as one line of the performance log (a single O_APPEND write: writers never interleave)."""
+    append_line(path, event, exclude_none=True)
 
 
 def read_events(path: str | Path) -> list[PerfEvent]:
     """Every valid event of a performance log; a torn last line (a killed writer) is skipped."""
-    events = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                events.append(PerfEvent.model_validate_json(line))
-            except ValueError:
-                continue
-    return events
+    return read_lines(path, PerfEvent)

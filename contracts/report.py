@@ -11,13 +11,22 @@ from contracts.artifacts import Strict
 
 
 class Attempt(Strict):
-    """One stage child: how it was asked to run and how it ended."""
+    """One stage child: how it was asked to run and how it ended.
 
+    The one telemetry record of a child: the run report's ``stages[].attempts`` and the
+    performance log's ``stage_end`` event (which ``pipeline report`` reads) hold the same record.
+    """
+
+    stage: str
     attempt: int = Field(ge=1)
     batch_size: int = Field(ge=1)
     items: int = Field(ge=0)
     outcome: str
     signal: int | None = None
+    #: items the child finished / failed (absent when it died before reporting)
+    ok: int | None = None
+    failed: int | None = None
+    items_per_s: float | None = None
     #: parent's view: spawn to exit
     wall_s: float = Field(ge=0)
     #: child's view (absent when the child died before reporting)
@@ -36,6 +45,14 @@ class Attempt(Strict):
     gpu_tree_after_mib: float | None = None
     #: the leak error, when memory did not come back
     gpu_leak: str | None = None
+    #: highest torch-allocated % of the card at a checkpoint (None on the CPU)
+    max_allocated_pct: float | None = None
+
+    @property
+    def peak_gpu_mib(self) -> float | None:
+        """The child's own peak on the GPU: NVML's view when there is one (it sees CTranslate2), else torch's."""
+        values = [v for v in (self.gpu_process_peak_mib, self.peak_vram_mb) if v]
+        return max(values) if values else None
 
 
 class StageRun(Strict):

@@ -17,6 +17,7 @@ from importlib import import_module
 
 from contracts import ExitCode, StageRequest, load_model, save_model
 from contracts.errors import ArtifactError
+from contracts.jsonl import append_line
 from stages.base import Stage
 from stages.memory import is_oom
 
@@ -96,8 +97,7 @@ def _progress_writer(path: str | None):
         return None
 
     def write(item) -> None:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(item.model_dump_json() + "\n")
+        append_line(path, item)
 
     return write
 

@@ -23,6 +23,7 @@ from typing import Callable, Protocol
 
 from contracts import StageRequest, StageResult, load_model, save_model
 from contracts.errors import ArtifactError
+from contracts.report import Attempt
 from orchestrator.gpu.guard import StageGpuCheck
 from orchestrator.process.hooks import ChildHook, ChildRun, default_hooks
 from orchestrator.process.toolkit import following, spawn, stop
@@ -60,6 +61,8 @@ class ChildExit:
     last_error: str | None
     #: what NVML saw of the child (None without NVML, or on the CPU)
     gpu: StageGpuCheck | None = None
+    #: the child's telemetry record (None only when the executor itself failed to run it)
+    record: Attempt | None = None
 
 
 class Executor(Protocol):
@@ -151,7 +154,7 @@ class LocalExecutor:
             for hook in reversed(entered):
                 hook.exited(child)
             return ChildExit(exitcode=None, outcome=Outcome.REFUSED, signal=None, wall_s=0.0, pid=None,
-                             last_error=child.refused), None
+                             last_error=child.refused, record=child.record()), None
         started = time.perf_counter()
         with following(log_path, stage, progress) as relay:
             proc = warm.proc if warm is not None else self._spawn(stage, request_path, log_path)
@@ -166,12 +169,12 @@ class LocalExecutor:
                 if proc.exitcode is None:  # interrupted while waiting: never leave a child behind
                     stop(proc)
                 outcome, signal = outcome_of(proc.exitcode)
-                child.outcome, child.wall_s = outcome, time.perf_counter() - started
+                child.outcome, child.signal, child.wall_s = outcome, signal, time.perf_counter() - started
                 child.result = read_result(request, outcome)
                 for hook in reversed(self.hooks):
                     hook.exited(child)
         return ChildExit(exitcode=proc.exitcode, outcome=outcome, signal=signal, wall_s=child.wall_s, pid=proc.pid,
-                         last_error=relay.last_error, gpu=child.gpu), child.result
+                         last_error=relay.last_error, gpu=child.gpu, record=child.record()), child.result
 
     def slots(self) -> int:
         return 1

@@ -24,6 +24,7 @@ from typing import Protocol
 from contracts import StageRequest, StageResult
 from contracts.errors import GpuMemoryError
 from contracts.perf import PERF_LOG_ENV
+from contracts.report import Attempt
 from orchestrator.gpu.guard import GpuMonitor, GpuWatch, StageGpuCheck
 from orchestrator.gpu.nvml import GpuDevice, visible_devices
 from orchestrator.process.pidfiles import ChildRegistry
@@ -45,6 +46,7 @@ class ChildRun:
     #: why the child was not started (a hook refused), if so
     refused: str | None = None
     outcome: Outcome | None = None
+    signal: int | None = None
     wall_s: float = 0.0
     result: StageResult | None = None
     #: what NVML saw of the child (set by the GPU guard)
@@ -55,6 +57,26 @@ class ChildRun:
     @property
     def stage(self) -> str:
         return self.request.stage
+
+    def record(self) -> Attempt:
+        """The child's telemetry record (run report and performance log alike)."""
+        request, result, check = self.request, self.result, self.gpu
+        fields: dict = {}
+        if result is not None:
+            ok = sum(i.ok for i in result.items)
+            gpu_points = [c.allocated_pct for c in result.checkpoints if c.kind == "gpu" and c.allocated_pct is not None]
+            fields |= {"ok": ok, "failed": len(result.items) - ok,
+                       "items_per_s": ok / result.compute_s if result.compute_s > 0 else None,
+                       "import_s": result.import_s, "load_s": result.load_s, "compute_s": result.compute_s,
+                       "model": result.model, "device": result.device, "peak_rss_mb": result.peak_rss_mb,
+                       "peak_vram_mb": result.peak_vram_mb, "max_allocated_pct": max(gpu_points, default=None)}
+        if check is not None:  # NVML's view of the child
+            fields |= {"gpu_process_peak_mib": check.process_peak_mib, "gpu_tree_after_mib": check.tree_after_mib,
+                       "gpu_leak": check.leak}
+        outcome = self.outcome.value if self.outcome is not None else Outcome.ERROR.value
+        return Attempt(stage=self.stage, attempt=request.attempt, batch_size=request.batch_size,
+                       items=len(request.items), outcome=outcome, signal=self.signal, wall_s=self.wall_s,
+                       pid=self.pid, **fields)
 
 
 class ChildHook(Protocol):
@@ -140,23 +162,15 @@ class PerfLogHook:
                               process_mib=held)
 
     def exited(self, child: ChildRun) -> None:
-        request, result, check, perf = child.request, child.result, child.gpu, self._log(child)
-        fields: dict = {"batch_size": request.batch_size, "items": len(request.items)}
-        if result is not None:
-            ok = sum(i.ok for i in result.items)
-            fields |= {"ok": ok, "failed": len(result.items) - ok, "compute_s": result.compute_s,
-                       "items_per_s": ok / result.compute_s if result.compute_s > 0 else None,
-                       "peak_vram_mb": result.peak_vram_mb, "peak_rss_mb": result.peak_rss_mb,
-                       "device": result.device}
+        request, check, perf = child.request, child.gpu, self._log(child)
         if check is not None:
-            fields |= {"gpu_index": check.index, "process_peak_mib": check.process_peak_mib}
             perf.emit("gpu_check", stage=child.stage, attempt=request.attempt, pid=child.pid, gpu_index=check.index,
                       device_used_mib=check.after_used_mib, baseline_used_mib=check.baseline_used_mib,
                       process_mib=check.tree_after_mib, leak=check.leak)
-        outcome = child.outcome.value if child.outcome is not None else None
-        perf.emit("stage_end", stage=child.stage, attempt=request.attempt, pid=child.pid, outcome=outcome,
-                  wall_s=child.wall_s, **fields)
-        self._last[child.stage] = (outcome, request.batch_size)
+        record = child.record()
+        perf.emit("stage_end", stage=child.stage, attempt=request.attempt, pid=child.pid,
+                  gpu_index=check.index if check is not None else None, record=record)
+        self._last[child.stage] = (record.outcome, request.batch_size)
 
 
 def default_hooks(settings: Settings | None = None, *, registry: ChildRegistry | None = None,

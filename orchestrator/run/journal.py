@@ -10,13 +10,11 @@ previous run is being resumed.
 
 from __future__ import annotations
 
-import json
-import logging
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from contracts.jsonl import append_line, read_lines
+
 
 JOURNAL_NAME = "journal.jsonl"
 
@@ -30,25 +28,11 @@ class Journal:
     def record(self, item: str, stage: str, status: str, **extra) -> None:
         event = {"time": datetime.now(timezone.utc).isoformat(), "run": self.run_id, "item": item,
                  "stage": stage, "status": status, **extra}
-        line = json.dumps(event, ensure_ascii=False) + "\n"
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_line(self.path, event, fsync=True)
 
     def events(self) -> list[dict]:
         """Every readable event (a line cut short by a crash is skipped)."""
-        try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            return []
-        events = []
-        for line in lines:
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                log.debug("skipping a cut-short journal line in %s", self.path)
-        return events
+        return read_lines(self.path)
 
     def completed(self) -> dict[str, str]:
         """item id -> fingerprint of its last completed run (stage "outputs", status "ok")."""

@@ -7,20 +7,21 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from contracts import (
     Artifact,
     ItemResult,
     StageRequest,
-    StageResult,
     WorkItem,
     load_artifact,
 )
 from contracts.errors import ArtifactError
+from contracts.jsonl import read_lines
 from contracts.report import Attempt, StageRun
 from contracts.stage_settings import MemorySettings
 from orchestrator.process.executor import Executor, WarmChild
+from orchestrator.process.hooks import ChildRun
 from orchestrator.registry import StageSpec
 from orchestrator.run.outcome import Outcome, next_step
 
@@ -135,7 +136,9 @@ class StageRunner:
             done, result = self.executor.run(request, self.run_dir / f"{name}.request.json", self.run_dir / f"{name}.log",
                                              progress=follow, warm=warm if attempt == 1 else None, gpu=spec.gpu)
             warm = None
-            attempts.append(_attempt(attempt, batch_size, len(todo), done, result))
+            attempts.append(done.record or ChildRun(request=request, request_path=Path(request.result_path),
+                                                    outcome=done.outcome, signal=done.signal, wall_s=done.wall_s,
+                                                    pid=done.pid, result=result, gpu=done.gpu).record())
 
             # what the child reported, from its result or, if it died first, from its progress lines
             reported = {r.id: r for r in (result.items if result else _progress_items(request))}
@@ -195,29 +198,4 @@ def _item_line(line: str) -> ItemResult:
 
 def _progress_items(request: StageRequest) -> list[ItemResult]:
     """Items a dead child reported before dying (its last line may be cut short)."""
-    items = []
-    try:
-        lines = Path(request.progress_path).read_text(encoding="utf-8").splitlines()
-    except (OSError, TypeError):
-        return items
-    for line in lines:
-        try:
-            items.append(_item_line(line))
-        except ValueError:
-            continue
-    return items
-
-
-def _attempt(number: int, batch_size: int, items: int, done, result: StageResult | None) -> Attempt:
-    extra: dict[str, Any] = {}
-    if result is not None:
-        extra = {
-            "import_s": result.import_s, "load_s": result.load_s, "compute_s": result.compute_s,
-            "model": result.model, "device": result.device, "peak_rss_mb": result.peak_rss_mb,
-            "peak_vram_mb": result.peak_vram_mb,
-        }
-    if done.gpu is not None:  # NVML's view of the child (issue 5)
-        extra |= {"gpu_process_peak_mib": done.gpu.process_peak_mib, "gpu_tree_after_mib": done.gpu.tree_after_mib,
-                  "gpu_leak": done.gpu.leak}
-    return Attempt(attempt=number, batch_size=batch_size, items=items, outcome=done.outcome.value,
-                   signal=done.signal, wall_s=done.wall_s, pid=done.pid, **extra)
+    return read_lines(request.progress_path, ItemResult) if request.progress_path else []

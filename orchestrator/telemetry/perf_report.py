@@ -15,6 +15,7 @@ from rich.table import Table
 
 from contracts.errors import SettingsError
 from contracts.perf import PerfEvent, read_events
+from contracts.report import Attempt
 from orchestrator.telemetry.perf_log import DIRECTORY
 from contracts.units import GIB_MIB as GIB, gib
 
@@ -38,67 +39,27 @@ def find_perf_log(path: str | Path) -> Path:
                         f"{DIRECTORY}/, or OUT/.runs/<run>)")
 
 
-@dataclass
-class AttemptSummary:
-    stage: str
-    attempt: int
-    batch_size: int | None = None
-    items: int | None = None
-    outcome: str | None = None
-    ok: int | None = None
-    failed: int | None = None
-    wall_s: float | None = None
-    items_per_s: float | None = None
-    device: str | None = None
-    #: torch's peak allocated in the child (MiB)
-    peak_vram_mb: float | None = None
-    #: NVML: the child's peak on its GPU (MiB)
-    process_peak_mib: float | None = None
-    #: NVML: what our tree held after the child exited (0.0 is the proof)
-    after_mib: float | None = None
-    leak: str | None = None
-    peak_rss_mb: float | None = None
-    #: highest allocated % of total seen at a checkpoint
-    max_allocated_pct: float | None = None
-
-    @property
-    def peak_gpu_mib(self) -> float | None:
-        """The stage's own peak on the GPU: NVML's view when there is one (it sees CTranslate2), else torch's."""
-        values = [v for v in (self.process_peak_mib, self.peak_vram_mb) if v]
-        return max(values) if values else None
-
-
-def summarize(events: list[PerfEvent]) -> list[AttemptSummary]:
-    """One summary per stage child, in the order they started (pure)."""
-    rows: dict[tuple[str, int], AttemptSummary] = {}
-
-    def row(e: PerfEvent) -> AttemptSummary | None:
-        if e.stage is None or e.attempt is None:
-            return None
-        return rows.setdefault((e.stage, e.attempt), AttemptSummary(stage=e.stage, attempt=e.attempt))
-
+def summarize(events: list[PerfEvent]) -> list[Attempt]:
+    """One record per stage child, in the order they ended (pure): the ``stage_end`` event's record,
+    with what the live events add when the child died before reporting (checkpoints, NVML samples)."""
+    live: dict[tuple[str, int], dict[str, float | None]] = {}
+    records: list[Attempt] = []
     for e in events:
-        r = row(e)
-        if r is None:
+        if e.stage is None or e.attempt is None:
             continue
-        if e.event == "stage_start":
-            r.batch_size, r.items, r.device = e.batch_size, e.items, e.device
-        elif e.event == "stage_end":
-            r.outcome, r.ok, r.failed, r.wall_s, r.items_per_s = e.outcome, e.ok, e.failed, e.wall_s, e.items_per_s
-            r.peak_vram_mb = e.peak_vram_mb if e.peak_vram_mb is not None else r.peak_vram_mb
-            r.process_peak_mib = _max(r.process_peak_mib, e.process_peak_mib)
-            r.peak_rss_mb = _max(r.peak_rss_mb, e.peak_rss_mb)
-            r.device = e.device or r.device
-        elif e.event == "checkpoint":
-            r.peak_rss_mb = _max(r.peak_rss_mb, e.peak_rss_mb, e.rss_mb)
+        seen = live.setdefault((e.stage, e.attempt), {})
+        if e.event == "checkpoint":
+            seen["peak_rss_mb"] = _max(seen.get("peak_rss_mb"), e.peak_rss_mb, e.rss_mb)
             if e.kind == "gpu" and e.total_mb:
-                r.max_allocated_pct = _max(r.max_allocated_pct, 100.0 * (e.allocated_mb or 0.0) / e.total_mb)
-                r.peak_vram_mb = _max(r.peak_vram_mb, e.allocated_mb)
+                seen["max_allocated_pct"] = _max(seen.get("max_allocated_pct"),
+                                                 100.0 * (e.allocated_mb or 0.0) / e.total_mb)
+                seen["peak_vram_mb"] = _max(seen.get("peak_vram_mb"), e.allocated_mb)
         elif e.event == "gpu_sample":
-            r.process_peak_mib = _max(r.process_peak_mib, e.process_mib)
-        elif e.event == "gpu_check":
-            r.after_mib, r.leak = e.process_mib, e.leak
-    return list(rows.values())
+            seen["gpu_process_peak_mib"] = _max(seen.get("gpu_process_peak_mib"), e.process_mib)
+        elif e.event == "stage_end" and e.record is not None:
+            missing = {k: v for k, v in seen.items() if getattr(e.record, k) is None and v is not None}
+            records.append(Attempt.model_validate({**e.record.model_dump(), **missing}) if missing else e.record)
+    return records
 
 
 def _max(*values: float | None) -> float | None:
@@ -115,7 +76,7 @@ class RunPeaks:
     largest_stage: str | None
 
 
-def run_peaks(events: list[PerfEvent], summaries: list[AttemptSummary]) -> RunPeaks:
+def run_peaks(events: list[PerfEvent], summaries: list[Attempt]) -> RunPeaks:
     """Peak VRAM of the run vs the largest single stage: with one child per stage they should be about equal."""
     device = _max(*(e.device_used_mib for e in events if e.event in ("gpu_sample", "gpu_check")))
     staged = [(s.peak_gpu_mib, s.stage) for s in summaries if s.peak_gpu_mib]
@@ -128,10 +89,10 @@ def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
 
 
 def _gib(mib: float | None) -> str:
-    return "—" if mib is None else f"{mib / GIB:.2f} GiB"
+    return "—" if mib is None else gib(mib)
 
 
-def table(summaries: list[AttemptSummary], title: str = "") -> Table:
+def table(summaries: list[Attempt], title: str = "") -> Table:
     t = Table(title=title or None)
     for name, justify in [("stage", "left"), ("try", "right"), ("batch", "right"), ("outcome", "left"),
                           ("ok/failed", "right"), ("wall", "right"), ("items/s", "right"), ("device", "left"),
@@ -139,16 +100,16 @@ def table(summaries: list[AttemptSummary], title: str = "") -> Table:
                           ("after exit", "left"), ("peak RSS", "right")]:
         t.add_column(name, justify=justify)
     for s in summaries:
-        if s.leak:
-            after = f"[red]LEAK: {s.leak}[/red]"
-        elif s.after_mib is not None:
-            after = f"[green]{s.after_mib:.0f} MiB held[/green]"
+        if s.gpu_leak:
+            after = f"[red]LEAK: {s.gpu_leak}[/red]"
+        elif s.gpu_tree_after_mib is not None:
+            after = f"[green]{s.gpu_tree_after_mib:.0f} MiB held[/green]"
         else:
             after = "—"
         t.add_row(s.stage, str(s.attempt), _fmt(s.batch_size, digits=0) if s.batch_size else "—", s.outcome or "?",
                   f"{s.ok if s.ok is not None else '—'}/{s.failed if s.failed is not None else '—'}",
                   _fmt(s.wall_s, " s"), _fmt(s.items_per_s, digits=2), s.device or "—", _gib(s.peak_vram_mb),
-                  _gib(s.process_peak_mib), _fmt(s.max_allocated_pct, " %"), after, _gib(s.peak_rss_mb))
+                  _gib(s.gpu_process_peak_mib), _fmt(s.max_allocated_pct, " %"), after, _gib(s.peak_rss_mb))
     return t
 
 
@@ -261,7 +222,7 @@ def _spans(ax, events: list[PerfEvent], t0: float, colors) -> None:
 class Report:
     log: Path
     png: Path
-    summaries: list[AttemptSummary]
+    summaries: list[Attempt]
     peaks: RunPeaks
 
 

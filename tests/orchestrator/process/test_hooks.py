@@ -86,8 +86,9 @@ def test_performance_log_gets_parent_and_child_events_in_order(tmp_path):
     ]
     start, end = events[0], events[-1]
     assert (start.stage, start.attempt, start.batch_size, start.items) == ("picky", 1, 1, 2)
-    assert end.outcome == "ok" and end.ok == 2 and end.failed == 0 and end.items_per_s > 0
-    assert end.wall_s > 0 and end.pid == events[1].pid
+    record = end.record
+    assert record.outcome == "ok" and record.ok == 2 and record.failed == 0 and record.items_per_s > 0
+    assert record.wall_s > 0 and end.pid == record.pid == events[1].pid
     assert [e.t for e in events] == sorted(e.t for e in events)
 
 
@@ -100,7 +101,7 @@ def test_a_respawn_is_logged_as_a_retry_with_the_new_batch_size(tmp_path):
     runner.run(spec, items)
     [retry] = [e for e in read_events(perf) if e.event == "retry"]
     assert (retry.attempt, retry.batch_size, retry.previous_outcome, retry.previous_batch_size) == (2, 4, "oom", 8)
-    ends = [(e.attempt, e.outcome) for e in read_events(perf) if e.event == "stage_end"]
+    ends = [(e.attempt, e.record.outcome) for e in read_events(perf) if e.event == "stage_end"]
     assert ends == [(1, "oom"), (2, "ok")]
     at_failure = [e for e in read_events(perf) if e.point == "at failure"]
     assert len(at_failure) == 1 and at_failure[0].attempt == 1

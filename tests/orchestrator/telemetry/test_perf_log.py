@@ -30,7 +30,11 @@ def test_real_run_logs_checkpoints_of_every_stage_and_reports_them(tmp_path):
         assert [e.point for e in mine if e.event == "checkpoint"] == ["before model load", "model loaded", "before exit"]
         assert all(e.kind == "cpu" and e.rss_mb > 0 for e in mine if e.event == "checkpoint")  # no GPU here
         assert [e.event for e in mine][0] == "stage_start" and mine[-1].event == "stage_end"
-        assert mine[-1].outcome == "ok" and mine[-1].ok == 1 and mine[-1].items_per_s > 0
+        end = mine[-1].record
+        assert end.outcome == "ok" and end.ok == 1 and end.items_per_s > 0
+        # the performance log's record is the run report's record of the same child
+        [in_report] = [a for run in report.stages if run.stage == stage for a in run.attempts]
+        assert in_report == end
     asr_rss = max(e.rss_mb for e in events if e.stage == "asr" and e.event == "checkpoint")
     audio_rss = max(e.rss_mb for e in events if e.stage == "audio" and e.event == "checkpoint")
     assert asr_rss > 3 * audio_rss, "the asr child (torch + whisperx + model) is far bigger than the audio one"

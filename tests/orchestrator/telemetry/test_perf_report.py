@@ -6,6 +6,7 @@ import pytest
 
 from contracts.errors import SettingsError
 from contracts.perf import PerfEvent, append_event
+from contracts.report import Attempt
 from orchestrator.telemetry.perf_report import find_perf_log, plot, run_peaks, summarize
 from contracts.units import GIB_MIB as GIB
 
@@ -13,6 +14,12 @@ from contracts.units import GIB_MIB as GIB
 
 def ev(t, event, stage=None, attempt=1, **fields) -> PerfEvent:
     return PerfEvent(t=1000.0 + t, event=event, stage=stage, attempt=attempt if stage else None, **fields)
+
+
+def end(t, stage, attempt=1, batch_size=1, items=2, **record) -> PerfEvent:
+    """A stage_end event with the child's record."""
+    return ev(t, "stage_end", stage, attempt, record=Attempt(stage=stage, attempt=attempt, batch_size=batch_size,
+                                                             items=items, **record))
 
 
 def gpu_cp(t, stage, point, allocated, attempt=1):
@@ -26,28 +33,29 @@ EVENTS = [
     ev(0, "stage_start", "audio", batch_size=1, items=2, device="auto"),
     ev(0.3, "checkpoint", "audio", point="before model load", kind="cpu", rss_mb=70, peak_rss_mb=70),
     ev(0.5, "checkpoint", "audio", point="before exit", kind="cpu", rss_mb=90, peak_rss_mb=95),
-    ev(0.6, "stage_end", "audio", outcome="ok", ok=2, failed=0, wall_s=0.6, items_per_s=20.0, device="cpu"),
+    end(0.6, "audio", outcome="ok", ok=2, failed=0, wall_s=0.6, items_per_s=20.0, device="cpu"),
     ev(1, "stage_start", "asr", batch_size=16, items=2, device="cuda"),
     gpu_cp(9, "asr", "before model load", 0),
     ev(9.5, "gpu_sample", "asr", gpu_index=0, process_mib=3000, device_used_mib=3500, device_total_mib=24 * GIB),
     gpu_cp(10, "asr", "at failure", 200),
-    ev(10.5, "stage_end", "asr", outcome="oom", wall_s=9.5, batch_size=16, items=2),
+    end(10.5, "asr", outcome="oom", wall_s=9.5, batch_size=16),
     ev(11, "retry", "asr", attempt=2, batch_size=8, previous_outcome="oom", previous_batch_size=16),
     ev(11, "stage_start", "asr", attempt=2, batch_size=8, items=2, device="cuda"),
     gpu_cp(19, "asr", "model loaded", 300, attempt=2),
     ev(19.5, "gpu_sample", "asr", attempt=2, gpu_index=0, process_mib=3300, device_used_mib=3800),
     gpu_cp(20, "asr", "before exit", 250, attempt=2),
     ev(20.2, "gpu_check", "asr", attempt=2, gpu_index=0, process_mib=0.0, device_used_mib=520),
-    ev(20.3, "stage_end", "asr", attempt=2, outcome="ok", ok=2, failed=0, wall_s=9.3, items_per_s=1.5,
-       peak_vram_mb=310, process_peak_mib=3300, device="cuda"),
+    end(20.3, "asr", attempt=2, batch_size=8, outcome="ok", ok=2, failed=0, wall_s=9.3, items_per_s=1.5,
+        peak_vram_mb=310, gpu_process_peak_mib=3300, gpu_tree_after_mib=0.0, device="cuda"),
     ev(21, "stage_start", "embeddings", batch_size=128, items=2, device="cuda"),
     gpu_cp(27, "embeddings", "model loaded", 18 * GIB),
     ev(27.5, "gpu_sample", "embeddings", gpu_index=0, process_mib=19 * GIB, device_used_mib=19.5 * GIB),
     gpu_cp(28, "embeddings", "before exit", 20.5 * GIB),
     ev(28.5, "gpu_check", "embeddings", gpu_index=0, process_mib=0.0, device_used_mib=2000,
        leak="embeddings: GPU memory leak: GPU 0 usage did not return to its pre-stage baseline"),
-    ev(28.6, "stage_end", "embeddings", outcome="ok", ok=2, failed=0, wall_s=7.6, items_per_s=40.0,
-       peak_vram_mb=20.6 * GIB, process_peak_mib=19 * GIB, device="cuda"),
+    end(28.6, "embeddings", batch_size=128, outcome="ok", ok=2, failed=0, wall_s=7.6, items_per_s=40.0,
+        peak_vram_mb=20.6 * GIB, gpu_process_peak_mib=19 * GIB, gpu_tree_after_mib=0.0, device="cuda",
+        gpu_leak="embeddings: GPU memory leak: GPU 0 usage did not return to its pre-stage baseline"),
 ]
 
 
@@ -55,12 +63,13 @@ def test_summary_has_one_row_per_child_with_its_peaks_and_proof():
     rows = {(s.stage, s.attempt): s for s in summarize(EVENTS)}
     assert list(rows) == [("audio", 1), ("asr", 1), ("asr", 2), ("embeddings", 1)]
     assert rows["audio", 1].peak_rss_mb == 95 and rows["audio", 1].peak_gpu_mib is None
-    assert rows["asr", 1].outcome == "oom" and rows["asr", 1].process_peak_mib == 3000
+    # the first asr child died out of memory: its NVML peak comes from the live samples
+    assert rows["asr", 1].outcome == "oom" and rows["asr", 1].gpu_process_peak_mib == 3000
     asr = rows["asr", 2]
-    assert (asr.batch_size, asr.ok, asr.after_mib, asr.leak) == (8, 2, 0.0, None)
+    assert (asr.batch_size, asr.ok, asr.gpu_tree_after_mib, asr.gpu_leak) == (8, 2, 0.0, None)
     assert asr.peak_gpu_mib == 3300  # NVML sees CTranslate2's memory that torch does not
     emb = rows["embeddings", 1]
-    assert emb.leak.startswith("embeddings: GPU memory leak")
+    assert emb.gpu_leak.startswith("embeddings: GPU memory leak")
     assert emb.max_allocated_pct == pytest.approx(100 * 20.5 / 24)
 
 

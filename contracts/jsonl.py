@@ -1,0 +1,60 @@
+"""JSON-lines files: one writer and one tolerant reader for every ``.jsonl`` of a run.
+
+Each record is appended with a single ``write`` on an ``O_APPEND`` descriptor,
+so processes appending to the same file (children and the parent, to the
+performance log) never interleave within a line. A writer killed mid-line
+leaves a torn last line; :func:`read_lines` skips it (and any line that does
+not validate), so a reader never fails on what a crash left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def append_line(path: str | Path, record: BaseModel | dict, *, fsync: bool = False, exclude_none: bool = False) -> None:
+    """Append ``record`` (a model, or a JSON-able dict) as one line; ``fsync``: on disk before returning."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(record, BaseModel):
+        text = record.model_dump_json(exclude_none=exclude_none)
+    else:
+        text = json.dumps(record, ensure_ascii=False)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (text + "\n").encode("utf-8"))
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_lines(path: str | Path, model: type[M] | None = None) -> list:
+    """Every valid record of ``path``, as ``model`` instances (or dicts); [] when the file does not exist.
+
+    A torn or invalid line (a writer killed mid-line) is skipped with a debug message.
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    records = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            records.append(model.model_validate_json(line) if model is not None else json.loads(line))
+        except ValueError:
+            log.debug("skipping an unreadable line of %s", path)
+    return records
