@@ -39,14 +39,19 @@ class Artifact(Strict):
     created_at: datetime = Field(default_factory=_now)
 
 
-class AudioArtifact(Artifact):
+class SidecarArtifact(Artifact):
+    """An artifact whose arrays live in a ``.npy`` sidecar next to it, checked by sha256 on every read."""
+
+    source: str
+    sidecar: str = Field(pattern=r"^[^/\\]+\.npy$")
+    sha256: str = Sha256
+
+
+class AudioArtifact(SidecarArtifact):
     """Decoded audio: 16 kHz mono float32 samples in a ``.npy`` sidecar."""
 
     kind: Literal["audio"] = "audio"
-    source: str
     source_size: int = Field(ge=0)
-    sidecar: str = Field(pattern=r"^[^/\\]+\.npy$")
-    sha256: str = Sha256
     sample_rate: Literal[16000] = 16000
     num_samples: int = Field(gt=0)
     duration_s: float = Field(gt=0)
@@ -117,13 +122,10 @@ class TranscriptArtifact(Artifact):
         return self
 
 
-class EmbeddingsArtifact(Artifact):
+class EmbeddingsArtifact(SidecarArtifact):
     """One embedding per transcript segment, rows in segment order."""
 
     kind: Literal["embeddings"] = "embeddings"
-    source: str
-    sidecar: str = Field(pattern=r"^[^/\\]+\.npy$")
-    sha256: str = Sha256
     #: the model actually used (after any fallback)
     model: str
     #: what was asked for: a profile ("speed", "quality") or a model name
@@ -232,13 +234,10 @@ class SpeakerMatch(Strict):
     name: str | None = None
 
 
-class SpeakerEmbeddingsArtifact(Artifact):
+class SpeakerEmbeddingsArtifact(SidecarArtifact):
     """Speaker embeddings of each diarization turn (rows of the ``.npy`` sidecar) and the profile matches."""
 
     kind: Literal["speaker_embeddings"] = "speaker_embeddings"
-    source: str
-    sidecar: str = Field(pattern=r"^[^/\\]+\.npy$")
-    sha256: str = Sha256
     #: encoder kind and the model actually loaded
     encoder: str
     encoder_model: str

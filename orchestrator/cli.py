@@ -61,6 +61,7 @@ def process(
     from rich.console import Console
 
     from orchestrator import Orchestrator, Settings
+    from orchestrator.run.pipeline import REPORT_NAME
     from orchestrator.run.progress import LogProgress, RichProgress, summary_table
     from orchestrator.run.remote import is_url
 
@@ -99,7 +100,7 @@ def process(
         if item.status == "failed":
             typer.echo(f"FAILED {item.source}: [{item.failed_stage}] {item.error}", err=True)
     typer.echo(f"{report.ok} ok, {report.failed} failed, {report.interrupted} interrupted; "
-               f"report: {Path(report.output_dir) / 'run-report.json'}", err=True)
+               f"report: {Path(report.output_dir) / REPORT_NAME}", err=True)
     if report.interrupted:
         raise typer.Exit(ExitCode.INTERRUPTED)
     raise typer.Exit(ExitCode.OK if report.failed == 0 else ExitCode.FAILED)

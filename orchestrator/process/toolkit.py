@@ -84,8 +84,8 @@ class Stoppable(Protocol):
         """True once the process has exited (and, for our own children, been reaped)."""
 
 
-class _OwnChild:
-    """A process we spawned: waiting reaps it through ``multiprocess`` (so its exit code is kept)."""
+class _Handle:
+    """A process to stop: ``terminate`` / ``kill`` go to it; subclasses say how to wait for it."""
 
     def __init__(self, proc) -> None:
         self.proc = proc
@@ -96,22 +96,17 @@ class _OwnChild:
     def kill(self) -> None:
         self.proc.kill()
 
+
+class _OwnChild(_Handle):
+    """A process we spawned: waiting reaps it through ``multiprocess`` (so its exit code is kept)."""
+
     def wait(self, timeout: float) -> bool:
         self.proc.join(timeout)
         return self.proc.exitcode is not None
 
 
-class _Other:
+class _Other(_Handle):
     """Any other process (a grandchild, an orphan of a crashed run), through psutil."""
-
-    def __init__(self, proc: psutil.Process) -> None:
-        self.proc = proc
-
-    def terminate(self) -> None:
-        self.proc.terminate()
-
-    def kill(self) -> None:
-        self.proc.kill()
 
     def wait(self, timeout: float) -> bool:
         try:
