@@ -110,3 +110,6 @@ class RunReport(Strict):
     throughput: float | None = None
     inputs: list[InputReport]
     stages: list[StageRun]
+    #: one line per model that was asked for but not used, for the whole run: asked for, got, why, how to
+    #: get the asked one (also printed on the console)
+    substitutions: list[str] = Field(default_factory=list)

@@ -12,26 +12,65 @@ from pydantic import ValidationError
 
 from contracts import ExitCode
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Subprocess-isolated GPU transcription pipeline.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Subprocess-isolated GPU transcription pipeline.")
 log = logging.getLogger("orchestrator.cli")
 
 
-def setup_logging(verbose: bool, console=None) -> None:
-    """Plain log lines on pipes and files; on a terminal, rich logging above the progress display."""
-    level = logging.DEBUG if verbose else logging.INFO
-    logging.getLogger("asyncssh").setLevel(logging.WARNING)  # sftp:// logs every channel at INFO
+#: what the console shows at each verbosity (the children's logs are always in OUT/.runs/<run>/*.log)
+QUIET, NORMAL, VERBOSE = -1, 0, 1
+
+
+def setup_logging(verbosity: int, console=None) -> None:
+    """Plain log lines on pipes and files; on a terminal, rich logging above the progress display.
+
+    ``NORMAL``: progress lines and warnings of this process; the stage children's own log lines stay in
+    their log files. ``VERBOSE`` (-v): everything at debug level, the children's lines streamed as
+    ``[stage] ...``. ``QUIET`` (-q): warnings and errors only (failures and the summary are printed anyway).
+    """
+    level = logging.DEBUG if verbosity >= VERBOSE else logging.WARNING
     if console is not None and console.is_terminal:
         from rich.logging import RichHandler
 
         logging.basicConfig(level=level, format="%(name)s: %(message)s", datefmt="%H:%M:%S", force=True,
                             handlers=[RichHandler(console=console, show_path=False)])
-        return
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S", stream=sys.stderr, force=True)
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+                            datefmt="%H:%M:%S", stream=sys.stderr, force=True)
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)  # sftp:// logs every channel at INFO
+    if verbosity == NORMAL:  # progress lines (and this command's own) at INFO
+        for name in ("orchestrator.run.progress", "orchestrator.cli"):
+            logging.getLogger(name).setLevel(logging.INFO)
+    if verbosity < VERBOSE:  # children's lines: in their log files only
+        logging.getLogger("orchestrator.child").setLevel(logging.CRITICAL + 1)
+
+
+def _verbosity(verbose: bool, quiet: bool = False) -> int:
+    return VERBOSE if verbose else QUIET if quiet else NORMAL
+
+
+def _batch(value: str | None, option: str) -> int | str | None:
+    """A batch size flag: a positive number or "auto" (sized from the GPU's free memory)."""
+    if value is None or value == "auto":
+        return value
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise typer.BadParameter(f"{value!r} is neither a positive number nor 'auto'", param_hint=option)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"pipeline (isostage) {version('isostage')}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _main() -> None:
+def _main(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = None,
+) -> None:
     """Every model stage runs in its own spawned child process with a fresh CUDA context."""
 
 
@@ -42,10 +81,10 @@ def process(
     device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N [env PIPELINE_DEVICE].")] = None,
     asr_model: Annotated[Optional[str], typer.Option(help="'embedded', a CTranslate2 directory or a model name [env ASR_MODEL].")] = None,
     language: Annotated[Optional[str], typer.Option(help="Spoken language code [env ASR_LANGUAGE].")] = None,
-    asr_batch_size: Annotated[Optional[int], typer.Option(min=1, help="[env ASR_BATCH_SIZE, default 16]")] = None,
+    asr_batch_size: Annotated[Optional[str], typer.Option(help="A number or auto [env ASR_BATCH_SIZE, default 16].")] = None,
     embedding_profile: Annotated[Optional[str], typer.Option(help="speed, quality, embedded or a model name [env EMBEDDING_PROFILE].")] = None,
-    embedding_batch_size: Annotated[Optional[int], typer.Option(min=1, help="[env EMBEDDING_BATCH_SIZE, default 128]")] = None,
-    allow_hub: Annotated[Optional[bool], typer.Option("--allow-hub/--offline", help="Allow model downloads [env PIPELINE_ALLOW_HUB].")] = None,
+    embedding_batch_size: Annotated[Optional[str], typer.Option(help="A number or auto [env EMBEDDING_BATCH_SIZE, default 128].")] = None,
+    allow_hub: Annotated[Optional[bool], typer.Option("--allow-hub/--offline", help="Allow or forbid model downloads; unset: allowed when the hub answers [env PIPELINE_ALLOW_HUB, default auto].")] = None,
     chunk_size: Annotated[Optional[int], typer.Option(min=1, help="Inputs per stage child [env PIPELINE_CHUNK_SIZE, default 50].")] = None,
     speakers: Annotated[Optional[bool], typer.Option("--speakers/--no-speakers", help="Diarize and label speakers [env PIPELINE_SPEAKERS, default on].")] = None,
     profiles: Annotated[Optional[Path], typer.Option("--profiles", help="Voice profiles to name speakers with (pipeline enroll) [env PIPELINE_PROFILES_DIR].")] = None,
@@ -55,18 +94,22 @@ def process(
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster: auto or HOST:PORT; unset: a local one for this run [env RAY_ADDRESS].")] = None,
     parallel_chunks: Annotated[Optional[int], typer.Option(min=1, help="Chunks in flight [env PIPELINE_PARALLEL_CHUNKS; default 1 locally, the cluster's GPUs under Ray].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")] = False,
 ) -> None:
     """Transcribe and embed each input; write DIR/<input>/... and DIR/run-report.json."""
     from rich.console import Console
 
     from orchestrator import Orchestrator, Settings
     from orchestrator.run.pipeline import REPORT_NAME
-    from orchestrator.run.progress import LogProgress, RichProgress, summary_table
+    from orchestrator.run.progress import LogProgress, Progress, RichProgress, summary_table
     from orchestrator.run.remote import is_url
 
     console = Console(stderr=True)
-    setup_logging(verbose, console)
+    verbosity = _verbosity(verbose, quiet)
+    setup_logging(verbosity, console)
+    asr_batch_size = _batch(asr_batch_size, "--asr-batch-size")
+    embedding_batch_size = _batch(embedding_batch_size, "--embedding-batch-size")
     overrides = {
         "output_dir": None if output is None or is_url(output) else Path(output),
         "output_url": output if output is not None and is_url(output) else None, "device": device, "asr_model": asr_model, "asr_language": language,
@@ -82,7 +125,10 @@ def process(
         err = exc.errors()[0]
         typer.echo(f"error: invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
-    progress = RichProgress(console) if console.is_terminal else LogProgress()
+    if verbosity == QUIET:
+        progress = Progress()  # counts only
+    else:
+        progress = RichProgress(console) if console.is_terminal else LogProgress()
     from contracts.errors import SettingsError
 
     try:
@@ -94,8 +140,12 @@ def process(
     except KeyboardInterrupt:
         typer.echo("interrupted: stage children stopped; rerun the same command to resume", err=True)
         raise typer.Exit(ExitCode.INTERRUPTED) from None
+    for line in report.substitutions:
+        typer.echo(f"NOTE {line}", err=True)
     if console.is_terminal:
         console.print(summary_table(report))
+    else:
+        Console(stderr=True, width=max(console.width, 120)).print(summary_table(report, plain=True))
     for item in report.inputs:
         if item.status == "failed":
             typer.echo(f"FAILED {item.source}: [{item.failed_stage}] {item.error}", err=True)
@@ -113,13 +163,13 @@ def enroll(
     profiles: Annotated[Optional[Path], typer.Option("--profiles", help="Profiles directory [env PIPELINE_PROFILES_DIR, default ./profiles].")] = None,
     encoder: Annotated[Optional[str], typer.Option(help="campplus (embedded) or ecapa [env SPEAKER_ENCODER].")] = None,
     threshold: Annotated[Optional[float], typer.Option(help="Similarity needed to give this name [env SPEAKER_THRESHOLD].")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage child's too.")] = False,
 ) -> None:
     """Build a voice profile NAME from CLIPS (its own stage child); `process --profiles DIR` then names the speaker."""
     from orchestrator import Settings
     from orchestrator.run.enroll import enroll as run_enroll
 
-    setup_logging(verbose)
+    setup_logging(_verbosity(verbose))
     overrides = {"speaker_encoder": encoder, "speaker_threshold": threshold, "profiles_dir": profiles}
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -158,7 +208,7 @@ def gpu(
     from orchestrator.gpu.nvml import NvmlReader
     from orchestrator.gpu.status import as_json, render, render_cleanup
 
-    setup_logging(False)
+    setup_logging(NORMAL)
     registry = ChildRegistry(pid_dir or Settings().pid_dir)
     done = registry.cleanup() if cleanup else None
     snapshot = NvmlReader().read()
@@ -183,7 +233,7 @@ def report(
     from contracts.units import gib
     from orchestrator.telemetry.perf_report import build, table
 
-    setup_logging(False)
+    setup_logging(NORMAL)
     try:
         built = build(run, png)
     except SettingsError as exc:
@@ -205,16 +255,17 @@ def serve(
     port: Annotated[Optional[int], typer.Option(min=0, max=65535, help="[env PIPELINE_PORT, default 8000]")] = None,
     token: Annotated[Optional[str], typer.Option(help="Require 'Authorization: Bearer TOKEN' on every request but /health [env PIPELINE_API_TOKEN].")] = None,
     input_root: Annotated[Optional[list[Path]], typer.Option("--input-root", help="Directory jobs may read from (repeatable) [env PIPELINE_INPUT_ROOTS, ':'-separated]; none: jobs are refused.")] = None,
-    server_dir: Annotated[Optional[Path], typer.Option(help="Job state, job outputs and worker logs [env PIPELINE_SERVER_DIR, default ./server].")] = None,
+    server_dir: Annotated[Optional[Path], typer.Option(help="Job state, job outputs and worker logs [env PIPELINE_SERVER_DIR, default: a per-user state directory].")] = None,
     embedding_profile: Annotated[Optional[str], typer.Option(help="Embedding profile of jobs [env EMBEDDING_PROFILE].")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the workers' too.")] = False,
 ) -> None:
     """HTTP API: OpenAI-compatible POST /v1/embeddings, POST/GET /v1/jobs, GET /health, GET /metrics."""
     from contracts.errors import SettingsError
     from orchestrator import Settings
     from orchestrator.api.server import serve as run_server
 
-    setup_logging(verbose)
+    setup_logging(VERBOSE if verbose else NORMAL)
+    logging.getLogger("orchestrator.api").setLevel(logging.INFO)  # a server's log: requests, workers, jobs
     overrides = {"host": host, "port": port, "api_token": token, "input_roots": input_root, "server_dir": server_dir,
                  "embedding_profile": embedding_profile}
     try:
@@ -231,7 +282,7 @@ def serve(
 
 
 def main() -> None:
-    app()
+    app(prog_name="pipeline")
 
 
 if __name__ == "__main__":

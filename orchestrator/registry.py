@@ -145,7 +145,7 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("asr", "stages.asr", TranscriptArtifact, AsrSettings, key="asr", inputs=("audio",),
              build=lambda s: AsrSettings(
                  model=s.asr_model, language=s.asr_language, compute_type=s.asr_compute_type,
-                 allow_hub=s.allow_hub,
+                 allow_hub=s.hub,
                  chunk_size=s.asr_chunk_size or (ASR_CHUNK_WITH_SPEAKERS if s.speakers else ASR_CHUNK_DEFAULT)),
              batch_size=lambda s: s.asr_batch_size, needs=ASR_NEEDS, need_key=lambda c: _model_name(c.model)),
     StageDef("diarization", "stages.diarization", DiarizationArtifact, DiarizationSettings, inputs=("audio",),
@@ -158,7 +158,7 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("enrollment", "stages.enrollment", SpeakerEmbeddingsArtifact, EnrollmentSettings,
              inputs=("diarization", "audio"),
              build=lambda s: EnrollmentSettings(
-                 encoder=s.speaker_encoder, ecapa_source=s.ecapa_source, allow_hub=s.allow_hub,
+                 encoder=s.speaker_encoder, ecapa_source=s.ecapa_source, allow_hub=s.hub,
                  weights_dir=_str(s.weights_dir), profiles_dir=_str(s.profiles_dir),
                  profiles=profile_fingerprints(s.profiles_dir)),
              batch_size=lambda s: s.voice_enrollment_batch_size,
@@ -167,12 +167,12 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("alignment", "stages.alignment", TranscriptArtifact, AlignmentSettings,
              inputs=("asr", "audio", "diarization", "speaker_embeddings"),
              optional_inputs=("diarization", "speaker_embeddings"),
-             build=lambda s: AlignmentSettings(align=s.align, allow_hub=s.allow_hub, speakers=s.speakers,
+             build=lambda s: AlignmentSettings(align=s.align, allow_hub=s.hub, speakers=s.speakers,
                                                skip_voice_embeddings=s.skip_voice_embeddings),
              needs=ALIGNMENT_NEEDS, need_key=lambda c: "wav2vec2" if c.align else None),
     StageDef("embeddings", "stages.embeddings", EmbeddingsArtifact, EmbeddingsSettings, inputs=("transcript",),
              build=lambda s: EmbeddingsSettings(profile=s.embedding_profile, fallback=s.embedding_fallback,
-                                                allow_hub=s.allow_hub),
+                                                allow_hub=s.hub),
              batch_size=lambda s: s.embedding_batch_size, needs=EMBEDDING_NEEDS, need_key=lambda c: c.profile),
 )
 
@@ -180,7 +180,7 @@ STAGES: tuple[StageDef, ...] = (
 VOICE_PROFILE = StageDef(
     "voice_profile", "stages.voice_profile", VoiceProfile, VoiceProfileSettings,
     build=lambda s: VoiceProfileSettings(
-        name="speaker", encoder=s.speaker_encoder, ecapa_source=s.ecapa_source, allow_hub=s.allow_hub,
+        name="speaker", encoder=s.speaker_encoder, ecapa_source=s.ecapa_source, allow_hub=s.hub,
         weights_dir=_str(s.weights_dir), threshold=s.speaker_threshold),
     batch_size=lambda s: s.voice_enrollment_batch_size, needs=SPEAKER_NEEDS, need_key=lambda c: c.encoder)
 

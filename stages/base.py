@@ -25,6 +25,7 @@ from contracts.errors import ArtifactError
 from contracts.io import atomic_write_bytes
 from contracts.stage_settings import StageSettings
 from stages.memory import MemoryCheckpoints, is_oom, peak_rss_mb
+from stages.noise import quiet_libraries
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class Stage(ABC):
         started = time.perf_counter()
         self.settings = self.read_settings(request)
         self.import_libraries()
+        quiet_libraries()  # again: some libraries set their loggers' level when imported
         imported = time.perf_counter()
         device = self.resolve_device(request.device)
         self.batch_size = request.batch_size

@@ -19,6 +19,7 @@ from contracts import ExitCode, StageRequest, load_model, save_model
 from contracts.errors import ArtifactError
 from contracts.jsonl import append_line
 from stages.base import Stage
+from stages.noise import quiet_libraries
 from stages.memory import is_oom
 
 log = logging.getLogger("stages.child")
@@ -47,6 +48,7 @@ def bootstrap(log_path: str | None) -> None:
     if log_path:
         redirect_output(log_path)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr, force=True)
+    quiet_libraries()
 
 
 def leave(code: ExitCode) -> None:

@@ -23,6 +23,8 @@ The embedded diarizer is built from real pretrained parts and a kept library:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from pathlib import Path
 
@@ -75,7 +77,14 @@ class DiarizationStage(TorchStage):
             try:
                 from whisperx.diarize import DiarizationPipeline
 
-                self.pipeline = DiarizationPipeline(model_name=name, device=device)
+                # pyannote prints its "could not download ... gated" advice to stdout: the fallback below says
+                # it in one line (and the run's console names the substitution), so keep it at debug level
+                with contextlib.redirect_stdout(io.StringIO()) as said:
+                    try:
+                        self.pipeline = DiarizationPipeline(model_name=name, device=device)
+                    finally:
+                        if said.getvalue().strip():
+                            log.debug("diarization: pyannote said: %s", " ".join(said.getvalue().split()))
                 self.model_name = f"pyannote:{name}"
                 return self.model_name
             except Exception as exc:

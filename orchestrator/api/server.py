@@ -53,6 +53,7 @@ from orchestrator.api.jobs import JobQueue
 from orchestrator.api.metrics import CONTENT_TYPE, Metrics, ScrapeCollector
 from orchestrator.settings import Settings
 from orchestrator.api.workers import EmbeddingPool
+from orchestrator.run.hub import resolve_hub
 from orchestrator.run.pipeline import REPORT_NAME
 
 log = logging.getLogger(__name__)
@@ -221,6 +222,7 @@ def job_result(record: JobRecord, include_vectors: bool) -> JobResult:
 def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI:
     """The FastAPI application; raises :class:`SettingsError` for a non-loopback host without a token."""
     settings.check_serve()
+    settings = resolve_hub(settings)  # allow_hub=auto: decided once, at start (workers load models later)
     metrics = pool.metrics if pool is not None else Metrics()
     pool = pool or EmbeddingPool(settings, metrics)
     jobs = JobQueue(settings)

@@ -206,7 +206,7 @@ class ProfileWorker:
         self.metrics = metrics
         self.name = f"embed-{_safe(profile)}"
         self.config = WorkerConfig(name=self.name, profile=profile, module=module, device=settings.device,
-                                   allow_hub=settings.allow_hub, fallback=settings.embedding_fallback,
+                                   allow_hub=settings.hub, fallback=settings.embedding_fallback,
                                    env=settings.child_env(), options=options or {})
         self.cap = settings.embed_max_batch
         self._queue: deque[_Part] = deque()

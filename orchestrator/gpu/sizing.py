@@ -147,7 +147,7 @@ def resolve_auto(settings, reader=None):
     total, free = (device.total_mib, device.free_mib) if device else (None, None)
     updates: dict[str, object] = {}
     if "asr_model" in autos:
-        model, why = pick_asr_model(total, free, offline=not settings.allow_hub,
+        model, why = pick_asr_model(total, free, offline=not settings.hub,
                                     cached=cached_asr_models())
         updates["asr_model"] = model
         log.info("asr_model=auto -> %s (%s)", model, why)

@@ -18,6 +18,7 @@ from contracts import VoiceProfile, WorkItem, load_model
 from contracts.errors import InputError, PipelineError, SettingsError, StageError
 from orchestrator.process.executor import LocalExecutor
 from orchestrator.registry import VOICE_PROFILE
+from orchestrator.run.hub import resolve_hub
 from orchestrator.run.runner import StageRunner, fingerprint
 from orchestrator.settings import Settings
 from orchestrator.process.hooks import default_hooks
@@ -37,6 +38,7 @@ def enroll(settings: Settings, name: str, clips: list[str | Path], executor: Loc
     """Embed ``clips`` of one speaker in a child and write the profile; return its path."""
     if settings.profiles_dir is None:
         raise SettingsError("no profiles directory: pass --profiles DIR or set PIPELINE_PROFILES_DIR")
+    settings = resolve_hub(settings)
     if not clips:
         raise SettingsError("enroll needs at least one clip of the speaker")
     missing = [str(c) for c in clips if not Path(c).is_file()]

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from contracts import (
+    DiarizationArtifact,
     EmbeddingsArtifact,
     TranscriptArtifact,
     WorkItem,
@@ -32,6 +33,7 @@ from contracts import (
 from contracts.errors import PipelineError
 from contracts.report import InputReport, ItemStage, RunReport, StageRun
 from orchestrator.process.executor import Executor, LocalExecutor
+from orchestrator.run.hub import resolve_hub
 from orchestrator.run.journal import JOURNAL_NAME, Journal
 from orchestrator.run.outputs import write_outputs
 from orchestrator.telemetry.perf_log import child_env as perf_log_env
@@ -83,6 +85,8 @@ class Input:
     #: artifacts (by key) the fast path went on without, and what the report says about it
     skipped: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    #: models asked for but not used (see ``model_substitutions``)
+    substitutions: list[str] = field(default_factory=list)
 
     @property
     def alive(self) -> bool:
@@ -236,6 +240,7 @@ class Orchestrator:
         are reused, missing/corrupt/stale ones are redone (``force`` redoes all).
         """
         progress = progress or LogProgress()
+        self.settings = resolve_hub(self.settings)  # allow_hub=auto: ask the hub endpoint once per run
         started = datetime.now(timezone.utc)
         clock = time.monotonic()
         out = Path(self.settings.output_dir)
@@ -449,6 +454,10 @@ class Orchestrator:
             inp.duration_s = transcript.duration_s
             if transcript.speakers_note and not inp.skipped:  # a fast-path skip already has its note
                 inp.notes.append(transcript.speakers_note)
+            diarization = None
+            if inp.artifact("diarization").exists():
+                diarization = load_artifact(inp.artifact("diarization"), DiarizationArtifact)
+            inp.substitutions = model_substitutions(transcript, embeddings, diarization)
         except (PipelineError, OSError, ValueError) as exc:
             inp.error, inp.failed_stage = f"writing outputs failed: {exc}", "outputs"
             return
@@ -486,7 +495,32 @@ class Orchestrator:
             throughput=worked_audio / wall_s if (worked_audio := sum(
                 inp.duration_s or 0.0 for inp in inputs if inp.complete and inp.worked)) and wall_s > 0 else None,
             inputs=reports, stages=stage_runs,
+            substitutions=list(dict.fromkeys(line for inp in inputs for line in inp.substitutions)),
         )
+
+
+def _short(reason: str | None, limit: int = 100) -> str:
+    text = " ".join((reason or "not available").split())
+    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
+
+
+def model_substitutions(transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact,
+                        diarization: DiarizationArtifact | None) -> list[str]:
+    """One line per model this input asked for and did not get: asked for, got, why, how to get it."""
+    lines = []
+    if embeddings.fallback_reason:
+        lines.append(f"embeddings: asked for {embeddings.profile!r} ({embeddings.requested_model}), used the embedded "
+                     f"all-MiniLM-L6-v2: {_short(embeddings.fallback_reason)} To use it: run once with --allow-hub on "
+                     "a machine that reaches the hub (it is then cached); EMBEDDING_PROFILE=embedded to keep this one")
+    if diarization is not None and diarization.fallback_reason:
+        lines.append(f"diarization: asked for {diarization.requested_model!r}, used {diarization.model}: "
+                     f"{_short(diarization.fallback_reason)} To use it: accept its conditions on hf.co, set HF_TOKEN "
+                     "and run once with --allow-hub; DIARIZATION_MODEL=embedded to keep this one")
+    if transcript.diarization and not transcript.aligned:
+        lines.append(f"alignment: no word timing ({_short(transcript.alignment_note)}): speakers were labelled from "
+                     "segment timing. To align words: run once with --allow-hub (the aligner is then cached), or "
+                     "--no-speakers")
+    return lines
 
 
 def make_executor(settings: Settings) -> Executor:

@@ -95,7 +95,15 @@ class Progress:
 
 
 class LogProgress(Progress):
-    """Plain log lines, for logs and pipes (seed 001 style)."""
+    """Plain log lines, for logs and pipes (seed 001 style): one when a stage starts on a chunk, one when an
+    input of a multi-input run finishes, and otherwise at most one every ``every_s`` seconds."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._shown_at = 0.0
+        self._shown_stages = ""
+        self._shown_done = 0
 
     def show_start(self, resumed: int) -> None:
         if resumed:
@@ -103,7 +111,16 @@ class LogProgress(Progress):
         log.info("%d input(s) in %d chunk(s)", self.total, self.chunks)
 
     def show(self) -> None:
-        log.info("%s", self.line())
+        with self._lock:
+            stages = " ".join(f"{c}:{s[0]}" for c, s in sorted(self.active.items()))
+            done = self.done + self.failed
+            due = (stages != self._shown_stages or (done != self._shown_done and self.total > 1)
+                   or time.monotonic() - self._shown_at >= self.every_s)
+            if not due:
+                return
+            self._shown_at, self._shown_stages, self._shown_done = time.monotonic(), stages, done
+            line = self.line()
+        log.info("%s", line)
 
 
 class RichProgress(Progress):
@@ -140,12 +157,14 @@ class RichProgress(Progress):
         self.bar.stop()
 
 
-def summary_table(report: RunReport):
-    """A rich Table of every input: status, stages, audio length, error."""
+def summary_table(report: RunReport, plain: bool = False):
+    """A rich Table of every input: status, stages, audio length, error (``plain``: few lines, for pipes)."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"run {report.run_id}: {report.ok} ok, {report.failed} failed, {report.interrupted} interrupted",
-                  title_justify="left")
+    title = None if plain else f"run {report.run_id}: {report.ok} ok, {report.failed} failed, {report.interrupted} interrupted"
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if plain else box.HEAVY_HEAD,
+                  show_edge=not plain)
     for column in ("input", "status", "audio", "asr", "embeddings", "error"):
         table.add_column(column, overflow="fold")
     for item in report.inputs:
