@@ -38,6 +38,10 @@ class SettingsError(PipelineError):
     """Settings or command-line options are invalid."""
 
 
+class OutputBusyError(SettingsError):
+    """Another run holds the output directory."""
+
+
 class ApiError(PipelineError):
     """The HTTP API answered with an error (status and OpenAI-style error body)."""
 

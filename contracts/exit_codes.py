@@ -17,3 +17,5 @@ class ExitCode(IntEnum):
     CONTRACT_ERROR = 4
     #: interrupted by the user (Ctrl-C)
     INTERRUPTED = 130
+    #: CLI: stopped by SIGTERM (a service manager), after writing the report
+    TERMINATED = 143

@@ -58,6 +58,13 @@ def _batch(value: str | None, option: str) -> int | str | None:
     raise typer.BadParameter(f"{value!r} is neither a positive number nor 'auto'", param_hint=option)
 
 
+def _stopped_code(orch) -> ExitCode:
+    """130 after Ctrl-C, 143 after SIGTERM (as shells and service managers expect)."""
+    import signal
+
+    return ExitCode.TERMINATED if orch is not None and orch.stopped_by == signal.SIGTERM else ExitCode.INTERRUPTED
+
+
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import version
@@ -94,6 +101,7 @@ def process(
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster: auto or HOST:PORT; unset: a local one for this run [env RAY_ADDRESS].")] = None,
     parallel_chunks: Annotated[Optional[int], typer.Option(min=1, help="Chunks in flight [env PIPELINE_PARALLEL_CHUNKS; default 1 locally, the cluster's GPUs under Ray].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait while another run uses the output directory [env PIPELINE_WAIT].")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")] = False,
 ) -> None:
@@ -117,7 +125,7 @@ def process(
         "embedding_batch_size": embedding_batch_size, "allow_hub": allow_hub, "chunk_size": chunk_size,
         "force": force or None, "speakers": speakers, "profiles_dir": profiles, "min_speakers": min_speakers,
         "max_speakers": max_speakers, "executor": executor, "ray_address": ray_address,
-        "parallel_chunks": parallel_chunks,
+        "parallel_chunks": parallel_chunks, "wait_for_output": wait or None,
     }
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -131,6 +139,7 @@ def process(
         progress = RichProgress(console) if console.is_terminal else LogProgress()
     from contracts.errors import SettingsError
 
+    orch = None
     try:
         with Orchestrator(settings) as orch:
             report = orch.process(inputs, progress=progress)
@@ -139,7 +148,7 @@ def process(
         raise typer.Exit(ExitCode.USAGE) from None
     except KeyboardInterrupt:
         typer.echo("interrupted: stage children stopped; rerun the same command to resume", err=True)
-        raise typer.Exit(ExitCode.INTERRUPTED) from None
+        raise typer.Exit(_stopped_code(orch)) from None
     for line in report.substitutions:
         typer.echo(f"NOTE {line}", err=True)
     if console.is_terminal:
@@ -152,7 +161,7 @@ def process(
     typer.echo(f"{report.ok} ok, {report.failed} failed, {report.interrupted} interrupted; "
                f"report: {Path(report.output_dir) / REPORT_NAME}", err=True)
     if report.interrupted:
-        raise typer.Exit(ExitCode.INTERRUPTED)
+        raise typer.Exit(_stopped_code(orch))
     raise typer.Exit(ExitCode.OK if report.failed == 0 else ExitCode.FAILED)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from contracts.stage_settings import MemorySettings
 
@@ -34,8 +34,25 @@ def _env(*names: str) -> AliasChoices:
     return AliasChoices(*names)
 
 
+class _DocumentedEnv(EnvSettingsSource):
+    """The environment, but only the documented names (``PIPELINE_*`` and the seeds' names such as
+    ``EMBEDDING_BATCH_SIZE``): a bare ``HOST``, ``DEVICE`` or ``FORCE`` of some other program changes nothing.
+    A field's own name (``host``) still works as a constructor keyword."""
+
+    def _load_env_vars(self):
+        documented = {alias.lower() for name, field in self.settings_cls.model_fields.items()
+                      for alias in getattr(field.validation_alias, "choices", ())
+                      if isinstance(alias, str) and alias != name}
+        return {key: value for key, value in super()._load_env_vars().items() if key.lower() in documented}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True, frozen=True)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _DocumentedEnv(settings_cls), dotenv_settings, file_secret_settings
 
     #: where per-input outputs and run-report.json go (PIPELINE_OUTPUT_DIR)
     output_dir: Path = Field(Path("out"), validation_alias=_env("output_dir", "PIPELINE_OUTPUT_DIR"))
@@ -127,6 +144,10 @@ class Settings(BaseSettings):
     #: chunks processed at once, each stage-major in its own children (None: what the executor can
     #: place: 1 locally, the cluster's GPUs (or CPUs) under Ray)
     parallel_chunks: int | None = Field(None, ge=1, validation_alias=_env("parallel_chunks", "PIPELINE_PARALLEL_CHUNKS"))
+    #: after SIGTERM, children still working this many seconds later are stopped (their items resume next run)
+    stop_grace_s: float = Field(30.0, ge=0, validation_alias=_env("stop_grace_s", "PIPELINE_STOP_GRACE_S"))
+    #: wait for another run that holds the output directory instead of stopping with exit 2
+    wait_for_output: bool = Field(False, validation_alias=_env("wait_for_output", "PIPELINE_WAIT"))
     #: redo every stage even when a valid, current artifact exists
     force: bool = Field(False, validation_alias=_env("force", "PIPELINE_FORCE"))
     #: respawns of a stage child killed by a signal before its items fail

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 import signal
 import threading
@@ -35,6 +36,7 @@ from contracts.report import InputReport, ItemStage, RunReport, StageRun
 from orchestrator.process.executor import Executor, LocalExecutor
 from orchestrator.run.hub import resolve_hub
 from orchestrator.run.journal import JOURNAL_NAME, Journal
+from orchestrator.run.lock import OutputLock
 from orchestrator.run.outputs import write_outputs
 from orchestrator.telemetry.perf_log import child_env as perf_log_env
 from orchestrator.run.progress import LogProgress, Progress
@@ -213,6 +215,8 @@ class Orchestrator:
         self.executor = executor or make_executor(self.settings)
         self._stopping = False
         self._stop_file: Path | None = None
+        #: the signal that stopped the last run (SIGINT, SIGTERM), if one did
+        self.stopped_by: int | None = None
 
     def __enter__(self) -> Orchestrator:
         return self
@@ -237,9 +241,15 @@ class Orchestrator:
         """Process every input in chunks; a bad input fails alone. Writes and returns the run report.
 
         Rerunning with the same output directory resumes: valid, current artifacts
-        are reused, missing/corrupt/stale ones are redone (``force`` redoes all).
+        are reused, missing/corrupt/stale ones are redone (``force`` redoes all). One run
+        at a time per output directory (:class:`~orchestrator.run.lock.OutputLock`).
         """
+        with OutputLock(Path(self.settings.output_dir), wait=self.settings.wait_for_output):
+            return self._process(paths, progress)
+
+    def _process(self, paths: list[str | Path], progress: Progress | None) -> RunReport:
         progress = progress or LogProgress()
+        self.stopped_by = None
         self.settings = resolve_hub(self.settings)  # allow_hub=auto: ask the hub endpoint once per run
         started = datetime.now(timezone.utc)
         clock = time.monotonic()
@@ -411,27 +421,38 @@ class Orchestrator:
 
     @contextmanager
     def _ctrl_c(self):
-        """First Ctrl-C: finish the current item, then stop. Second: stop the children now."""
+        """First Ctrl-C or SIGTERM: finish the current item, then stop (after SIGTERM, at most
+        ``stop_grace_s`` later the children are stopped anyway). Second: stop the children now."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
         presses = 0
+        timer: threading.Timer | None = None
 
         def handler(signum, frame):
-            nonlocal presses
+            nonlocal presses, timer
             presses += 1
+            name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
             if presses == 1:
-                log.warning("Ctrl-C: finishing the current item, then stopping (Ctrl-C again to stop now)")
+                self.stopped_by = signum
+                log.warning("%s: finishing the current item, then stopping (Ctrl-C again to stop now)", name)
                 self.stop()
+                if signum == signal.SIGTERM:  # a service manager waits a bounded time: so do we
+                    timer = threading.Timer(self.settings.stop_grace_s, os.kill, (os.getpid(), signal.SIGINT))
+                    timer.daemon = True
+                    timer.start()
             else:
-                log.warning("Ctrl-C again: stopping the stage children now")
+                log.warning("%s again: stopping the stage children now", name)
                 raise KeyboardInterrupt
 
-        previous = signal.signal(signal.SIGINT, handler)
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            if timer is not None:
+                timer.cancel()
+            for sig, before in previous.items():
+                signal.signal(sig, before)
 
     def _work_item(self, spec: StageSpec, inp: Input, previous: StageSpec | None) -> WorkItem:
         if previous is None:

@@ -55,3 +55,19 @@ def test_speaker_defaults_follow_seed_001():
 def test_invalid_speaker_settings_are_rejected(bad):
     with pytest.raises(ValueError):
         Settings(**bad)
+
+
+def test_bare_environment_names_of_other_programs_change_nothing(monkeypatch):
+    # Given an environment that other programs set (docker, CI, shells)
+    for name, value in {"HOST": "0.0.0.0", "PORT": "1", "DEVICE": "cuda", "FORCE": "true", "SPEAKERS": "false",
+                        "CHUNK_SIZE": "3", "OUTPUT_DIR": "/elsewhere"}.items():
+        monkeypatch.setenv(name, value)
+    s = Settings()
+    # Then none of them is read: only the documented names are
+    assert (s.host, s.port, s.device, s.force, s.speakers, s.chunk_size) == ("127.0.0.1", 8000, "auto", False, True, 50)
+    assert str(s.output_dir) == "out"
+    monkeypatch.setenv("PIPELINE_CHUNK_SIZE", "7")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert (Settings().chunk_size, Settings().cuda_visible_devices) == (7, "1")
+    # and constructor keywords still work by field name
+    assert Settings(host="::1", chunk_size=2).chunk_size == 2

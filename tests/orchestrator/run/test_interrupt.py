@@ -75,3 +75,17 @@ def test_second_ctrl_c_stops_the_children_now(tmp_path, inputs):
     wait_for(lambda: not Path(f"/proc/{child}").exists(), timeout=10, what="the ASR child to be gone")
     report = json.loads((out / "run-report.json").read_text())
     assert report["ok"] == 0 and report["interrupted"] == 6
+
+
+def test_sigterm_stops_like_the_first_ctrl_c_writes_the_report_and_exits_143(tmp_path, inputs):
+    out = tmp_path / "out"
+    proc = start(out, inputs)
+    directory = _asr_started_working(out)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-2000:]
+    assert "SIGTERM: finishing the current item" in err
+    report = json.loads((out / "run-report.json").read_text())
+    assert report["interrupted"] == 6 and report["ok"] == 0
+    done = [json.loads(line) for line in (directory / "chunk001-asr-1.items.jsonl").read_text().splitlines()]
+    assert 1 <= len(done) < 6 and all(item["ok"] for item in done), "the current item finished, the rest wait"

@@ -1,0 +1,68 @@
+"""One run per output directory: a lock the kernel releases when its holder dies.
+
+``OUT/.lock`` is locked with ``fcntl.flock`` for the whole run and holds the
+holder's pid, host and start time. A second run on the same output directory
+gets :class:`~contracts.errors.OutputBusyError` (exit 2) naming the holder, or
+waits for it (``--wait``). The lock belongs to the open file, so a holder killed
+with SIGKILL never leaves a stale lock behind: the file may stay, the lock does not.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+from datetime import datetime, timezone
+from pathlib import Path
+
+from contracts.errors import OutputBusyError
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".lock"
+
+
+class OutputLock:
+    def __init__(self, directory: Path, wait: bool = False) -> None:
+        self.path = Path(directory) / LOCK_NAME
+        self.wait = wait
+        self._fd: int | None = None
+
+    def __enter__(self) -> OutputLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                if not self.wait:
+                    raise OutputBusyError(
+                        f"output directory {self.path.parent} is in use by {holder}: wait for it (--wait) or choose "
+                        "another --output") from None
+                log.warning("output directory %s is in use by %s: waiting for it", self.path.parent, holder)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)
+            record = {"pid": os.getpid(), "host": socket.gethostname(),
+                      "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            os.pwrite(fd, json.dumps(record).encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock (the file stays: the next holder rewrites it)
+            self._fd = None
+
+
+def _holder(fd: int) -> str:
+    try:
+        record = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pipeline pid {record['pid']} on {record['host']} (started {record['started_at']})"
+    except (ValueError, KeyError, OSError):
+        return "another pipeline run"
