@@ -22,7 +22,7 @@ from contracts.artifacts import (
 from contracts.errors import ArtifactError, InputError, PipelineError
 from contracts.exit_codes import ExitCode
 from contracts.io import load_artifact, load_model, save_model, sha256_file
-from contracts.stage import ItemResult, StageRequest, StageResult, WorkItem
+from contracts.stage import InFlight, ItemResult, StageRequest, StageResult, WorkItem
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -32,6 +32,7 @@ __all__ = [
     "DiarizationArtifact",
     "EmbeddingsArtifact",
     "ExitCode",
+    "InFlight",
     "InputError",
     "ItemResult",
     "PipelineError",

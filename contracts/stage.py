@@ -44,6 +44,9 @@ class StageRequest(Strict):
     progress_path: str | None = None
     #: when this file exists, the child finishes the item in progress and stops (graceful Ctrl-C)
     stop_path: str | None = None
+    #: where the child says which item it is working on (an :class:`InFlight`, rewritten before each item):
+    #: the parent's watchdog reads it, and a child that dies blames only that item
+    inflight_path: str | None = None
     #: 1 for the first child of this stage, counting every respawn
     attempt: int = Field(default=1, ge=1)
 
@@ -53,6 +56,16 @@ class StageRequest(Strict):
         if len(ids) != len(set(ids)):
             raise ValueError("work item ids must be unique within a request")
         return self
+
+
+class InFlight(Strict):
+    """The items a child is working on right now (one file per child, rewritten atomically)."""
+
+    ids: list[str]
+    #: when it started on them (seconds since the epoch)
+    since: float
+    #: seconds of audio in them, once known (the watchdog's limit grows with it)
+    audio_s: float | None = None
 
 
 class ItemResult(Strict):

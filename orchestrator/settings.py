@@ -150,6 +150,13 @@ class Settings(BaseSettings):
     wait_for_output: bool = Field(False, validation_alias=_env("wait_for_output", "PIPELINE_WAIT"))
     #: redo every stage even when a valid, current artifact exists
     force: bool = Field(False, validation_alias=_env("force", "PIPELINE_FORCE"))
+    #: deaths of a stage child (signal, watchdog) an input may be in flight at before it fails alone
+    max_item_crashes: int = Field(2, ge=1, validation_alias=_env("max_item_crashes", "PIPELINE_MAX_ITEM_CRASHES"))
+    #: the watchdog stops a child that works on one input longer than this many seconds ...
+    watchdog_floor_s: float = Field(600.0, gt=0, validation_alias=_env("watchdog_floor_s", "PIPELINE_WATCHDOG_FLOOR_S"))
+    #: ... or this many seconds per second of the input's audio, whichever is more (0: the floor only)
+    watchdog_per_audio_s: float = Field(
+        10.0, ge=0, validation_alias=_env("watchdog_per_audio_s", "PIPELINE_WATCHDOG_PER_AUDIO_S"))
     #: respawns of a stage child killed by a signal before its items fail
     max_signal_retries: int = Field(2, ge=0, validation_alias=_env("max_signal_retries", "PIPELINE_MAX_SIGNAL_RETRIES"))
     #: keep the decoded audio (.work/audio.npy) after an input succeeds

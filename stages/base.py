@@ -12,6 +12,7 @@ from typing import Callable, ClassVar
 
 from contracts import (
     Artifact,
+    InFlight,
     InputError,
     ItemResult,
     PipelineError,
@@ -129,8 +130,11 @@ class Stage(ABC):
 
     def _one(self, item: WorkItem, request: StageRequest) -> ItemResult:
         t0 = time.perf_counter()
+        self._in_flight(request, item, None)
         try:
             upstream = self._read_input(item)
+            if getattr(upstream, "duration_s", None):
+                self._in_flight(request, item, upstream.duration_s)
             artifact = self.process(item, upstream, request)
             if not isinstance(artifact, self.output):
                 raise TypeError(f"{self.name} produced {type(artifact).__name__}, expected {self.output.__name__}")
@@ -145,6 +149,11 @@ class Stage(ABC):
         seconds = time.perf_counter() - t0
         log.info("%s: %s done in %.2fs", self.name, item.id, seconds)
         return ItemResult(id=item.id, ok=True, output=item.output, seconds=seconds)
+
+    @staticmethod
+    def _in_flight(request: StageRequest, item: WorkItem, audio_s: float | None) -> None:
+        if request.inflight_path:
+            save_model(InFlight(ids=[item.id], since=time.time(), audio_s=audio_s), request.inflight_path)
 
     def _read_input(self, item: WorkItem) -> Artifact | str:
         try:

@@ -34,32 +34,35 @@ from contracts.units import MIB, gib
 
 log = logging.getLogger(__name__)
 
-# Messages raised by torch (CUDA and CPU allocators), cuDNN, cuBLAS and
-# CTranslate2 when an allocation fails.
-_OOM_MARKERS = (
-    "out of memory",
+# What the allocators of torch (CUDA and CPU), cuDNN, cuBLAS and CTranslate2 put in the plain RuntimeError they
+# raise when an allocation fails. Only a RuntimeError itself (not a subclass, not another type) is read this way:
+# an error about an input that merely says "out of memory" (a decoder's, ours) is not an allocation failure.
+_ALLOCATOR_MARKERS = (
+    "cuda out of memory",
+    "cuda failed with error out of memory",  # CTranslate2
     "cudnn_status_not_enough_memory",
     "cudnn_status_alloc_failed",
     "cublas_status_alloc_failed",
     "defaultcpuallocator: can't allocate memory",
-    "can't allocate memory",
     "std::bad_alloc",
 )
 
 
 def is_oom(exc: BaseException) -> bool:
-    """True for CUDA OOM, cuDNN OOM, CPU allocator OOM and MemoryError (also when chained)."""
+    """True for an allocation failure: ``MemoryError``, torch's ``OutOfMemoryError`` (CUDA), and the
+    RuntimeError of the CUDA / CPU allocators, cuDNN, cuBLAS and CTranslate2 (also when chained)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, MemoryError):
             return True
-        if type(current).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError
+        if type(current).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (torch.cuda.OutOfMemoryError)
             return True
-        message = str(current).lower()
-        if any(marker in message for marker in _OOM_MARKERS):
-            return True
+        if type(current) is RuntimeError:
+            message = str(current).lower()
+            if any(marker in message for marker in _ALLOCATOR_MARKERS):
+                return True
         current = current.__cause__ or current.__context__
     return False
 

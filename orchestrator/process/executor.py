@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from contracts import StageRequest, StageResult, load_model, save_model
+from contracts import InFlight, StageRequest, StageResult, load_model, save_model
 from contracts.errors import ArtifactError
 from contracts.report import Attempt
 from orchestrator.gpu.guard import StageGpuCheck
@@ -63,6 +63,10 @@ class ChildExit:
     gpu: StageGpuCheck | None = None
     #: the child's telemetry record (None only when the executor itself failed to run it)
     record: Attempt | None = None
+    #: the items the child was working on when it ended (None: it was between items, or said nothing)
+    in_flight: list[str] | None = None
+    #: the watchdog stopped it: no progress within its limit
+    hung: bool = False
 
 
 class Executor(Protocol):
@@ -95,10 +99,33 @@ class Executor(Protocol):
         """Release what the executor holds (connections, clusters it started)."""
 
 
+@dataclass(frozen=True)
+class Watchdog:
+    """How long a child may work on one item: ``floor_s``, or ``per_audio_s`` seconds per second of its audio."""
+
+    floor_s: float
+    per_audio_s: float
+
+    @classmethod
+    def from_settings(cls, settings) -> Watchdog:
+        return cls(settings.watchdog_floor_s, settings.watchdog_per_audio_s)
+
+    def limit_s(self, audio_s: float | None) -> float:
+        return max(self.floor_s, self.per_audio_s * (audio_s or 0.0))
+
+    def overdue(self, in_flight: InFlight | None, now: float) -> float | None:
+        """The limit the item in flight has passed, or None."""
+        if in_flight is None:
+            return None
+        limit = self.limit_s(in_flight.audio_s)
+        return limit if now - in_flight.since > limit else None
+
+
 class LocalExecutor:
     """Runs each stage request in a spawned child on this machine (one GPU: one chunk at a time)."""
 
-    def __init__(self, hooks: list[ChildHook] | None = None, die_with_parent: bool = True) -> None:
+    def __init__(self, hooks: list[ChildHook] | None = None, die_with_parent: bool = True,
+                 watchdog: Watchdog | None = None) -> None:
         """``hooks`` run around every child (default: :func:`~orchestrator.process.hooks.default_hooks`);
         ``die_with_parent``: children get SIGKILL when this process dies (Linux); without it, a killed
         parent leaves orphans that only ``pipeline gpu --cleanup`` stops."""
@@ -106,6 +133,8 @@ class LocalExecutor:
         self._running: dict[int, object] = {}
         self._lock = threading.Lock()
         self.hooks = hooks if hooks is not None else default_hooks()
+        #: stops a child that makes no progress on an item (None: never)
+        self.watchdog = watchdog
 
     def warm_up(self, stage: str, module: str, request_path: Path, log_path: Path) -> WarmChild:
         """Start the child for a request that will be written at ``request_path`` later (see :class:`WarmChild`)."""
@@ -161,8 +190,9 @@ class LocalExecutor:
             child.pid = proc.pid
             for hook in self.hooks:
                 hook.started(child)
+            hung = None
             try:
-                proc.join()
+                hung = self._wait(proc, request)
             finally:
                 with self._lock:
                     self._running.pop(proc.pid, None)
@@ -173,8 +203,28 @@ class LocalExecutor:
                 child.result = read_result(request, outcome)
                 for hook in reversed(self.hooks):
                     hook.exited(child)
+        last_error = relay.last_error
+        if hung is not None:
+            last_error = f"no progress within {hung:.0f} s (watchdog; PIPELINE_WATCHDOG_FLOOR_S / _PER_AUDIO_S)"
+        in_flight = read_in_flight(request)
         return ChildExit(exitcode=proc.exitcode, outcome=outcome, signal=signal, wall_s=child.wall_s, pid=proc.pid,
-                         last_error=relay.last_error, gpu=child.gpu, record=child.record()), child.result
+                         last_error=last_error, gpu=child.gpu, record=child.record(),
+                         in_flight=in_flight.ids if in_flight else None, hung=hung is not None), child.result
+
+    def _wait(self, proc, request: StageRequest) -> float | None:
+        """Wait for the child; stop it when the watchdog says it hangs (returns the limit it passed)."""
+        while True:
+            proc.join(1.0)
+            if proc.exitcode is not None:
+                return None
+            if self.watchdog is None:
+                continue
+            limit = self.watchdog.overdue(read_in_flight(request), time.time())
+            if limit is not None:
+                log.error("%s: no progress on %s within %.0f s: stopping the child", request.stage,
+                          ", ".join(read_in_flight(request).ids), limit)
+                stop(proc, grace_s=5.0)
+                return limit
 
     def slots(self) -> int:
         return 1
@@ -188,6 +238,16 @@ class LocalExecutor:
             procs = list(self._running.values())
         for proc in procs:
             stop(proc, grace_s)
+
+
+def read_in_flight(request: StageRequest) -> InFlight | None:
+    """What the child said it was working on (None: nothing, or between items)."""
+    if not request.inflight_path or not Path(request.inflight_path).exists():
+        return None
+    try:
+        return load_model(request.inflight_path, InFlight)
+    except ArtifactError:
+        return None
 
 
 def read_result(request: StageRequest, outcome: Outcome) -> StageResult | None:

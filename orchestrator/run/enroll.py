@@ -16,7 +16,7 @@ from pathlib import Path
 
 from contracts import VoiceProfile, WorkItem, load_model
 from contracts.errors import InputError, PipelineError, SettingsError, StageError
-from orchestrator.process.executor import LocalExecutor
+from orchestrator.process.executor import LocalExecutor, Watchdog
 from orchestrator.registry import VOICE_PROFILE
 from orchestrator.run.hub import resolve_hub
 from orchestrator.run.runner import StageRunner, fingerprint
@@ -54,7 +54,7 @@ def enroll(settings: Settings, name: str, clips: list[str | Path], executor: Loc
     run_dir = directory / ".runs" / f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
     run_dir.mkdir(parents=True, exist_ok=True)
     own = executor is None
-    executor = executor or LocalExecutor(default_hooks(settings))
+    executor = executor or LocalExecutor(default_hooks(settings), watchdog=Watchdog.from_settings(settings))
     try:
         runner = StageRunner(executor, run_dir, settings.child_env(), settings.device, settings.max_signal_retries,
                              memory=settings.memory())

@@ -110,3 +110,47 @@ def next_step(
     if outcome is Outcome.CONTRACT_ERROR:
         return Decision(False, batch_size, f"{stage} child rejected its request or an input artifact")
     return Decision(False, batch_size, f"{stage} child failed")
+
+
+@dataclass(frozen=True)
+class Blame:
+    """What a child's death means for the items it was working on (see :func:`blame`)."""
+
+    #: items that fail (or, for a skippable stage out of memory, go on without it) now, alone
+    culprits: tuple[str, ...]
+    #: why, for each culprit
+    reason: str
+    #: the batch size for the items left
+    batch_size: int
+    #: culprits go on without the stage (fast path) instead of failing
+    skip: bool = False
+
+
+def blame(outcome: Outcome, in_flight: list[str], crashes: dict[str, int], max_item_crashes: int, batch_size: int,
+          worked_batch: int | None, signal: int | None = None, stage: str = "stage", hung: bool = False,
+          skippable: bool = False) -> Blame | None:
+    """Culprit isolation: a child that died (signal, watchdog) or ran out of memory at batch size 1
+    while working on ``in_flight`` items suspects only those; the others go on.
+
+    ``crashes`` (item -> deaths it was in flight at) is updated for a death; an item fails alone when it
+    reaches ``max_item_crashes``. Out of memory at batch size 1 isolates at once, and the others resume
+    at ``worked_batch`` (the largest batch that finished an item), not at 1. None: nobody to blame
+    (the child was between items, or it is not a death): the stage-wide policy (:func:`next_step`) applies.
+    """
+    if not in_flight:
+        return None
+    if outcome is Outcome.KILLED:
+        for item in in_flight:
+            crashes[item] = crashes.get(item, 0) + 1
+        culprits = tuple(i for i in in_flight if crashes[i] >= max_item_crashes)
+        how = "hung (no progress within the watchdog's limit)" if hung else (
+            f"was killed by {signal_name(signal)}" if signal else "was killed")
+        count = crashes[in_flight[0]]
+        reason = f"crashed the {stage} child {count} time{'s' if count > 1 else ''}: it {how} while on this input"
+        return Blame(culprits, reason, batch_size)
+    if outcome is Outcome.OOM and batch_size == 1:
+        reason = f"{stage} ran out of memory on this input even at batch size 1"
+        if skippable:
+            return Blame(tuple(in_flight), f"{reason}; {FAST_PATH}", worked_batch or 1, skip=True)
+        return Blame(tuple(in_flight), f"{reason}: {OOM_ADVICE}", worked_batch or 1)
+    return None

@@ -33,7 +33,7 @@ from contracts import (
 )
 from contracts.errors import PipelineError
 from contracts.report import InputReport, ItemStage, RunReport, StageRun
-from orchestrator.process.executor import Executor, LocalExecutor
+from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.run.hub import resolve_hub
 from orchestrator.run.journal import JOURNAL_NAME, Journal
 from orchestrator.run.lock import OutputLock
@@ -278,7 +278,8 @@ class Orchestrator:
                 log.warning("device %s: under Ray each task sees only the GPU Ray gives it; using cuda", device)
                 device = "cuda"
         runner = StageRunner(self.executor, run_dir, env, device, self.settings.max_signal_retries,
-                             stop_path=self._stop_file, memory=self.settings.memory())
+                             stop_path=self._stop_file, memory=self.settings.memory(),
+                             max_item_crashes=self.settings.max_item_crashes)
         stage_runs: list[StageRun] = []
         progress.start(len(inputs), resumed, len(chunks))
         hard_stop = False
@@ -550,7 +551,7 @@ def make_executor(settings: Settings) -> Executor:
         from orchestrator.scale.ray_executor import RayExecutor
 
         return RayExecutor(settings)
-    return LocalExecutor(default_hooks(settings))
+    return LocalExecutor(default_hooks(settings), watchdog=Watchdog.from_settings(settings))
 
 
 __all__ = ["Orchestrator", "expand_inputs", "item_ids", "make_executor"]

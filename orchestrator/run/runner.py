@@ -23,7 +23,7 @@ from contracts.stage_settings import MemorySettings
 from orchestrator.process.executor import Executor, WarmChild
 from orchestrator.process.hooks import ChildRun
 from orchestrator.registry import StageSpec
-from orchestrator.run.outcome import Outcome, next_step
+from orchestrator.run.outcome import Outcome, blame, next_step
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class StageRunner:
 
     def __init__(self, executor: Executor, run_dir: Path, env: dict[str, str], device: str,
                  max_signal_retries: int, stop_path: Path | None = None,
-                 memory: MemorySettings | None = None) -> None:
+                 memory: MemorySettings | None = None, max_item_crashes: int = 2) -> None:
         self.executor = executor
         #: memory checkpoint options for every child (None: the contract's defaults)
         self.memory = memory or MemorySettings()
@@ -79,6 +79,8 @@ class StageRunner:
         self.env = env
         self.device = device
         self.max_signal_retries = max_signal_retries
+        #: deaths of a child an input may be in flight at before it fails alone (culprit isolation)
+        self.max_item_crashes = max_item_crashes
 
     @staticmethod
     def _name(spec: StageSpec, chunk: int, attempt: int) -> str:
@@ -111,6 +113,9 @@ class StageRunner:
         batch_size = spec.batch_size
         signal_retries = 0
         retries = 0
+        #: item -> deaths of a child while it was in flight; the largest batch size that finished an item
+        crashes: dict[str, int] = {}
+        worked: int | None = None
         while todo:
             attempt = len(attempts) + 1
             name = self._name(spec, chunk, attempt)
@@ -127,6 +132,7 @@ class StageRunner:
                 result_path=str(self.run_dir / f"{name}.result.json"),
                 progress_path=str(self.run_dir / f"{name}.items.jsonl"),
                 stop_path=str(self.stop_path) if self.stop_path else None,
+                inflight_path=str(self.run_dir / f"{name}.inflight.json"),
                 attempt=attempt,
             )
             log.info("%s: starting child %d for %d item(s), batch size %d", spec.name, attempt, len(todo), batch_size)
@@ -151,6 +157,7 @@ class StageRunner:
                 elif current_artifact(item, spec.output) is not None:
                     seconds = item_result.seconds if item_result else 0.0
                     outcomes[item.id] = ItemOutcome(ok=True, seconds=seconds, batch_size=batch_size, retries=retries)
+                    worked = max(worked or 0, batch_size)
                 else:
                     left.append(item)
             todo = left
@@ -162,6 +169,23 @@ class StageRunner:
                     outcomes[item.id] = ItemOutcome(ok=False, interrupted=True, error="interrupted",
                                                     batch_size=batch_size, retries=retries)
                 break
+            suspects = [i for i in (done.in_flight or []) if i in {item.id for item in todo}]
+            blamed = blame(done.outcome, suspects, crashes, self.max_item_crashes, batch_size, worked,
+                           signal=done.signal, stage=spec.name, hung=done.hung, skippable=spec.skippable)
+            if blamed is not None:
+                for item in todo:
+                    if item.id in blamed.culprits:
+                        log.error("%s: %s %s: %s", spec.name, item.id, "goes on without it" if blamed.skip
+                                  else "failed alone", blamed.reason)
+                        outcomes[item.id] = ItemOutcome(ok=False, skipped=blamed.skip, error=blamed.reason,
+                                                        batch_size=batch_size, retries=retries)
+                todo = [item for item in todo if item.id not in blamed.culprits]
+                if todo:
+                    log.warning("%s: %s (%s); %d other item(s) go on at batch size %d", spec.name, blamed.reason,
+                                ", ".join(suspects), len(todo), blamed.batch_size)
+                batch_size = blamed.batch_size
+                retries += 1
+                continue
             decision = next_step(done.outcome, batch_size, signal_retries, self.max_signal_retries,
                                  signal=done.signal, stage=spec.name, skippable=spec.skippable)
             if decision.retry:

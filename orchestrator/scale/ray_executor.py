@@ -55,13 +55,14 @@ def _ray():
 def _watch_config(settings) -> dict[str, Any]:
     """What a node needs to watch a child like the local executor does (no secrets travel)."""
     return {name: getattr(settings, name) for name in (
-        "gpu_monitor", "gpu_leak_tolerance_mib", "gpu_sample_s", "gpu_check_free", "pid_dir")}
+        "gpu_monitor", "gpu_leak_tolerance_mib", "gpu_sample_s", "gpu_check_free", "pid_dir", "watchdog_floor_s",
+        "watchdog_per_audio_s")}
 
 
 def stage_task(request_json: str, request_path: str, log_path: str,
                watch: dict[str, Any]) -> tuple[ChildExit, StageResult | None]:
     """Body of the Ray task, run in a Ray worker: the stage in a spawned child, as on one machine."""
-    from orchestrator.process.executor import LocalExecutor
+    from orchestrator.process.executor import LocalExecutor, Watchdog
     from orchestrator.process.hooks import default_hooks
     from orchestrator.settings import Settings
 
@@ -76,7 +77,8 @@ def stage_task(request_json: str, request_path: str, log_path: str,
         "%s: ray task on %s, pid %d, CUDA_VISIBLE_DEVICES=%s", stage, os.uname().nodename, os.getpid(),
         os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"))
     # validated, and without reading this node's environment: only what the driver sent counts
-    executor = LocalExecutor(default_hooks(Settings.model_validate(watch)))
+    settings = Settings.model_validate(watch)
+    executor = LocalExecutor(default_hooks(settings), watchdog=Watchdog.from_settings(settings))
     try:
         return executor.run(request, Path(request_path), Path(log_path))
     finally:

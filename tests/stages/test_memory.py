@@ -39,3 +39,12 @@ def test_oom_wrapped_in_another_error_is_recognised():
 @pytest.mark.parametrize("exc", [RuntimeError("shape mismatch"), ValueError("bad input"), KeyError("x")])
 def test_other_errors_are_not_oom(exc):
     assert not is_oom(exc)
+
+
+@pytest.mark.parametrize("exc", [
+    __import__("contracts").InputError("decoder: out of memory while reading frame 12"),
+    ValueError("the file says: out of memory"),
+    type("DecoderError", (RuntimeError,), {})("av: out of memory"),
+])
+def test_an_input_whose_error_merely_says_out_of_memory_is_not_oom(exc):
+    assert not is_oom(exc)

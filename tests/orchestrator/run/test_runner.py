@@ -116,3 +116,45 @@ def test_warm_child_becomes_the_first_child_or_is_stopped_when_nothing_is_left(t
     outcomes, report = again.run(spec, items, warm=warm)  # x is current: no request will come
     assert outcomes["x"].reused and report.attempts == []
     assert warm.proc.exitcode is not None, "the warm child was stopped"
+
+
+# -- culprit isolation (issue 12) -------------------------------------------------------------------
+
+
+def test_an_input_that_crashes_its_child_every_time_fails_alone(tmp_path):
+    # Given a stage that segfaults whenever it reaches input b (a poison input), in a chunk of four
+    spec = StageSpec("killer", "tests.fixtures.stages_killer", NoteArtifact, batch_size=4,
+                     settings=FixtureSettings(marker=str(tmp_path / "marker"), kill_on="b", always=True,
+                                              signal="SIGSEGV"))
+    outcomes, report = _runner(tmp_path).run(spec, _items(tmp_path, {"a": "1", "b": "2", "c": "3", "d": "4"}))
+    # Then b, in flight at both deaths, fails alone with the reason; the others are done
+    assert [(a.outcome, a.signal) for a in report.attempts] == [("killed", 11), ("killed", 11), ("ok", None)]
+    assert not outcomes["b"].ok
+    assert outcomes["b"].error == "crashed the killer child 2 times: it was killed by SIGSEGV while on this input"
+    assert all(outcomes[i].ok for i in "acd")
+    assert [i.id for i in _request(tmp_path, "killer", 3).items] == ["c", "d"]
+
+
+def test_a_hung_input_is_stopped_by_the_watchdog_and_fails_alone(tmp_path):
+    from orchestrator.process.executor import Watchdog
+
+    runner = StageRunner(LocalExecutor(watchdog=Watchdog(floor_s=2.0, per_audio_s=0.0)), tmp_path / "run", env={},
+                         device="cpu", max_signal_retries=2, max_item_crashes=1)
+    spec = StageSpec("hanger", "tests.fixtures.stages_hanger", NoteArtifact, settings=FixtureSettings(hang_on="b"))
+    outcomes, report = runner.run(spec, _items(tmp_path, {"a": "1", "b": "2", "c": "3"}))
+    assert [a.outcome for a in report.attempts] == ["killed", "ok"]
+    assert not outcomes["b"].ok and "hung (no progress within the watchdog's limit)" in outcomes["b"].error
+    assert outcomes["a"].ok and outcomes["c"].ok
+
+
+def test_an_input_too_big_even_at_batch_one_fails_alone_and_the_rest_go_back_to_the_batch_that_worked(tmp_path):
+    # Given 600 MiB of headroom and inputs needing batch x (10, 2000, 10, 10) MiB, starting at batch 4
+    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=4,
+                     settings=FixtureSettings(headroom_mib=600))
+    outcomes, report = _runner(tmp_path).run(spec, _items(tmp_path, {"a": "10", "b": "2000", "c": "10", "d": "10"}))
+    # Then b runs out of memory at 4, 2 and 1 (real allocator OOMs), fails alone with advice,
+    assert [(a.batch_size, a.outcome) for a in report.attempts] == [(4, "oom"), (2, "oom"), (1, "oom"), (4, "ok")]
+    assert not outcomes["b"].ok and "on this input even at batch size 1" in outcomes["b"].error
+    # and c, d run at batch 4, the largest size that finished an input (a), not stuck at 1
+    assert _note(tmp_path, "c").batch_size == 4 and _note(tmp_path, "d").batch_size == 4
+    assert all(outcomes[i].ok for i in "acd")
