@@ -25,7 +25,7 @@ from contracts import ItemResult, load_model, save_model
 from contracts.api import JOB_ID, JobInput, JobRecord, JobReport
 from contracts.errors import ApiError, ArtifactError
 from contracts.report import RunReport
-from orchestrator.run.pipeline import REPORT_NAME, Orchestrator, expand_inputs, item_ids
+from orchestrator.run.pipeline import Orchestrator, expand_inputs, item_ids, shown
 from orchestrator.run.progress import LogProgress
 from orchestrator.settings import Settings
 
@@ -194,7 +194,7 @@ class JobQueue:
         job_id = f"{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
         out = self.directory / job_id / "out"
         record = JobRecord(id=job_id, paths=[str(f) for f in files], output_dir=str(out), created_at=now,
-                           inputs=[JobInput(id=i, source=str(f)) for i, f in zip(item_ids(files), files)])
+                           inputs=[JobInput(id=i, source=shown(f)) for i, f in zip(item_ids(files), files)])
         with self._cond:
             if self._closing:
                 raise ApiError(503, "the server is shutting down", code="shutting_down")

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -32,6 +33,7 @@ from contracts import (
     save_model,
 )
 from contracts.errors import PipelineError
+from contracts.io import atomic_write_text
 from contracts.report import InputReport, ItemStage, RunReport, StageRun
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.run.hub import resolve_hub
@@ -63,6 +65,8 @@ MEDIA_SUFFIXES = frozenset(
     ".mp4 .mkv .mov .avi .webm .m4v .flv .ts .mpg .mpeg .wmv .wav .mp3 .m4a .aac .flac .ogg .opus .wma .aiff".split()
 )
 REPORT_NAME = "run-report.json"
+#: the output directory's index: source -> id, so ids stay stable across runs and never collide
+ID_INDEX = ".ids.json"
 
 
 @dataclass
@@ -73,6 +77,8 @@ class Input:
     directory: Path
     #: the fsspec URL the input comes from, if not a local path
     url: str | None = None
+    #: the source as the report shows it, when its name is not UTF-8 (escaped bytes)
+    shown_source: str | None = None
     #: expected fingerprint of each stage's artifact, chained from the source's identity
     fingerprints: dict[str, str] = field(default_factory=dict)
     error: str | None = None
@@ -125,25 +131,69 @@ def expand_inputs(paths: list[str | Path]) -> list[Path | str]:
     return out
 
 
-def item_ids(paths: list[Path | str]) -> list[str]:
-    """Readable, unique, filesystem-safe ids: the file stem, plus a path hash when stems collide."""
+#: names of the run's own files and folders in the output directory: never an input's id
+RESERVED_IDS = frozenset(name.lower() for name in (REPORT_NAME, JOURNAL_NAME, "performance_logs", ".runs", ".lock",
+                                                   ID_INDEX, "profiles"))
+#: an id's stem is cut to this many UTF-8 bytes, so "<stem>-<hash>" stays a valid file name (255 bytes)
+MAX_STEM_BYTES = 200
+
+
+def source_key(path: Path | str) -> str:
+    """What identifies a source across runs: its URL, or its absolute path (any bytes, escaped)."""
+    return str(path) if is_url(path) else shown(Path(path).absolute())
+
+
+def shown(path: Path | str) -> str:
+    """A path as text that is always valid UTF-8: bytes that are not are written as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace") if not is_url(path) else str(path)
+
+
+def item_ids(paths: list[Path | str], known: dict[str, str] | None = None) -> list[str]:
+    """Readable, unique, filesystem-safe ids: the file stem; with a hash of the source when stems collide
+    (also when they differ only by case), when the stem is one of the run's own names, or when another
+    source already has it in this output directory. ``known`` (source key -> id, the output directory's
+    index) keeps every source's id stable across runs."""
+    known = known or {}
+    taken = {item_id.lower(): key for key, item_id in known.items()}
+    keys = [source_key(p) for p in paths]
     stems = [_safe_stem(Path(url_stem(p)) if is_url(p) else Path(p)) for p in paths]
     counts: dict[str, int] = {}
     for stem in stems:
-        counts[stem] = counts.get(stem, 0) + 1
+        counts[stem.lower()] = counts.get(stem.lower(), 0) + 1
     ids = []
-    for path, stem in zip(paths, stems):
-        if counts[stem] > 1:
-            digest = hashlib.sha1(str(path if is_url(path) else Path(path).absolute()).encode()).hexdigest()[:8]
-            stem = f"{stem}-{digest}"
-        ids.append(stem)
+    for key, stem in zip(keys, stems):
+        if key in known:
+            ids.append(known[key])
+            continue
+        candidate = stem
+        if counts[stem.lower()] > 1 or stem.lower() in RESERVED_IDS or taken.get(stem.lower(), key) != key:
+            candidate = f"{stem}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+        taken[candidate.lower()] = key
+        ids.append(candidate)
     return ids
 
 
 def _safe_stem(path: Path) -> str:
-    stem = unicodedata.normalize("NFC", path.stem).strip() or "input"
-    stem = "".join("_" if ch in '/\\\0' or ord(ch) < 32 else ch for ch in stem)
-    return stem.lstrip(".") or "input"
+    # bytes that are not UTF-8 (surrogate escapes of os.fsdecode) become "_", as do separators and controls
+    text = path.stem.encode("utf-8", "surrogateescape").decode("utf-8", "replace").replace("\ufffd", "_")
+    stem = unicodedata.normalize("NFC", text).strip() or "input"
+    stem = "".join("_" if ch in '/\\\0' or ord(ch) < 32 else ch for ch in stem).lstrip(".") or "input"
+    cut = stem.encode("utf-8")[:MAX_STEM_BYTES].decode("utf-8", "ignore")
+    return cut or "input"
+
+
+def load_ids(out: Path) -> dict[str, str]:
+    """The output directory's index of source -> id (empty when there is none, or it is unreadable)."""
+    try:
+        index = json.loads((out / ID_INDEX).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in index.items()} if isinstance(index, dict) else {}
+
+
+def save_ids(out: Path, index: dict[str, str]) -> None:
+    """Write the index atomically (JSON with \\u escapes: any source path survives)."""
+    atomic_write_text(out / ID_INDEX, json.dumps(index, ensure_ascii=True, indent=1, sort_keys=True))
 
 
 def _redacted(settings: dict) -> dict:
@@ -158,7 +208,24 @@ def _input(item_id: str, source: Path | str, out: Path) -> Input:
         source = str(source)
         return Input(id=item_id, source=directory / ".work" / f"source{url_suffix(source)}", directory=directory,
                      url=source)
-    return Input(id=item_id, source=Path(source), directory=directory)
+    source = Path(source)
+    if shown(source) != str(source):
+        # a name that is not UTF-8 cannot travel in a request (JSON): the child reads it through a link
+        link = directory / ".work" / f"source{_safe_suffix(source)}"
+        try:
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(source.absolute())
+        except OSError as exc:
+            log.warning("cannot link %s: %s", shown(source), exc)
+        return Input(id=item_id, source=link, directory=directory, shown_source=shown(source))
+    return Input(id=item_id, source=source, directory=directory)
+
+
+def _safe_suffix(path: Path) -> str:
+    suffix = path.suffix.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return suffix if suffix.isascii() and "\ufffd" not in suffix else ""
 
 
 def _source_identity(path: Path) -> str:
@@ -260,7 +327,10 @@ class Orchestrator:
         self._stopping, self._stop_file = False, run_dir / "STOP"
         specs = self.stage_specs()
         sources = expand_inputs(paths)
-        inputs = [_input(i, p, out) for i, p in zip(item_ids(sources), sources)]
+        index = load_ids(out)
+        ids = item_ids(sources, index)
+        save_ids(out, index | {source_key(s): i for s, i in zip(sources, ids)})
+        inputs = [_input(i, p, out) for i, p in zip(ids, sources)]
         for inp in inputs:
             _chain_fingerprints(inp, specs)
         journal = Journal(out / JOURNAL_NAME, run_id)
@@ -501,7 +571,8 @@ class Orchestrator:
                 stage_runs: list[StageRun]) -> RunReport:
         reports = [
             InputReport(
-                id=inp.id, source=redact(inp.url) if inp.url else str(inp.source), status=inp.status, error=inp.error,
+                id=inp.id, source=redact(inp.url) if inp.url else inp.shown_source or str(inp.source),
+                status=inp.status, error=inp.error,
                 failed_stage=inp.failed_stage, duration_s=inp.duration_s, outputs=inp.outputs, stages=inp.stages,
                 notes=inp.notes,
             )
