@@ -101,12 +101,15 @@ def test_each_bad_input_fails_alone_with_a_one_line_reason(run):
 
 
 @pytest.mark.slow
-def test_child_logs_reach_the_parent_log_with_the_stage_name(run):
-    done, _ = run
-    assert "[asr] stages.child: asr: pid" in done.stderr
+def test_child_logs_go_to_their_files_not_the_console(run):
+    done, out = run
+    [run_dir] = (out / ".runs").iterdir()
+    logs = {path.name.split("-")[1]: path.read_text() for path in run_dir.glob("chunk001-*-1.log")}
+    assert "stages.child: asr: pid" in logs["asr"]
     # the ASR child was started while the audio stage ran, and imported whisperX ahead of its request
-    assert "[asr] stages.child: stages.asr: imported ahead in" in done.stderr
-    assert "[embeddings] stages.embeddings: embeddings: model 'BAAI/bge-small-en-v1.5'" in done.stderr
+    assert "stages.child: stages.asr: imported ahead in" in logs["asr"]
+    assert "stages.embeddings: embeddings: model 'BAAI/bge-small-en-v1.5'" in logs["embeddings"]
+    assert "[asr]" not in done.stderr, "the console shows them only with -v (tests/test_cli_console.py)"
 
 
 @pytest.mark.parametrize(

@@ -148,9 +148,7 @@ def blame(outcome: Outcome, in_flight: list[str], crashes: dict[str, int], max_i
         count = crashes[in_flight[0]]
         reason = f"crashed the {stage} child {count} time{'s' if count > 1 else ''}: it {how} while on this input"
         return Blame(culprits, reason, batch_size)
-    if outcome is Outcome.OOM and batch_size == 1:
-        reason = f"{stage} ran out of memory on this input even at batch size 1"
-        if skippable:
-            return Blame(tuple(in_flight), f"{reason}; {FAST_PATH}", worked_batch or 1, skip=True)
-        return Blame(tuple(in_flight), f"{reason}: {OOM_ADVICE}", worked_batch or 1)
+    if outcome is Outcome.OOM and batch_size == 1:  # the same words as next_step's, for this input alone
+        final = next_step(outcome, 1, 0, 0, stage=stage, skippable=skippable)
+        return Blame(tuple(in_flight), final.reason, worked_batch or 1, skip=final.skip)
     return None

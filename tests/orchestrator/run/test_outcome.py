@@ -69,3 +69,34 @@ def test_fast_path_skips_a_skippable_stage_only_when_it_is_out_of_memory_at_batc
     assert (fail.retry, fail.skip) == (False, False) and "smaller model" in fail.reason
     assert not next_step(Outcome.ERROR, 1, 0, 2, stage="diarization", skippable=True).skip
     assert not next_step(Outcome.KILLED, 1, 2, 2, signal=9, skippable=True).skip
+
+
+# -- culprit isolation: blame() ----------------------------------------------------------------------
+
+from orchestrator.run.outcome import blame  # noqa: E402
+
+
+def test_a_death_blames_only_the_item_in_flight_and_fails_it_at_the_bound():
+    crashes: dict[str, int] = {}
+    first = blame(Outcome.KILLED, ["b"], crashes, 2, 4, None, signal=11, stage="asr")
+    assert first.culprits == () and crashes == {"b": 1} and first.batch_size == 4
+    second = blame(Outcome.KILLED, ["b"], crashes, 2, 4, None, signal=11, stage="asr")
+    assert second.culprits == ("b",) and second.reason.startswith("crashed the asr child 2 times: it was killed by SIGSEGV")
+
+
+def test_a_hang_is_named_as_such():
+    hung = blame(Outcome.KILLED, ["x"], {}, 1, 1, None, signal=15, stage="audio", hung=True)
+    assert hung.culprits == ("x",) and "hung (no progress" in hung.reason
+
+
+def test_oom_blames_only_at_batch_one_and_the_rest_resume_at_the_batch_that_worked():
+    assert blame(Outcome.OOM, ["b"], {}, 2, 4, 8) is None, "above 1: halve first (next_step)"
+    at_one = blame(Outcome.OOM, ["b"], {}, 2, 1, 8, stage="asr")
+    assert at_one.culprits == ("b",) and at_one.batch_size == 8 and "smaller model" in at_one.reason
+    skip = blame(Outcome.OOM, ["b"], {}, 2, 1, None, stage="diarization", skippable=True)
+    assert skip.skip and skip.batch_size == 1 and "fast path" in skip.reason
+
+
+def test_nobody_in_flight_means_the_stage_wide_policy():
+    assert blame(Outcome.KILLED, [], {}, 2, 4, None) is None
+    assert blame(Outcome.ERROR, ["a"], {}, 2, 4, None) is None

@@ -154,7 +154,7 @@ def test_an_input_too_big_even_at_batch_one_fails_alone_and_the_rest_go_back_to_
     outcomes, report = _runner(tmp_path).run(spec, _items(tmp_path, {"a": "10", "b": "2000", "c": "10", "d": "10"}))
     # Then b runs out of memory at 4, 2 and 1 (real allocator OOMs), fails alone with advice,
     assert [(a.batch_size, a.outcome) for a in report.attempts] == [(4, "oom"), (2, "oom"), (1, "oom"), (4, "ok")]
-    assert not outcomes["b"].ok and "on this input even at batch size 1" in outcomes["b"].error
+    assert not outcomes["b"].ok and "even at batch size 1: try a smaller model" in outcomes["b"].error
     # and c, d run at batch 4, the largest size that finished an input (a), not stuck at 1
     assert _note(tmp_path, "c").batch_size == 4 and _note(tmp_path, "d").batch_size == 4
     assert all(outcomes[i].ok for i in "acd")
