@@ -88,7 +88,7 @@ class JobInput(Strict):
     id: str
     source: str
     #: "pending" until its run finishes, then the run report's status
-    status: Literal["pending", "ok", "failed", "interrupted"] = "pending"
+    status: Literal["pending", "ok", "partial", "failed", "interrupted"] = "pending"
     #: per stage: "running", "ok", "failed", "reused"
     stages: dict[str, str] = Field(default_factory=dict)
     error: str | None = None
@@ -132,7 +132,7 @@ class JobRecord(Strict):
 class JobInputResult(Strict):
     id: str
     source: str
-    status: Literal["ok", "failed", "interrupted", "pending"]
+    status: Literal["ok", "partial", "failed", "interrupted", "pending"]
     error: str | None = None
     transcript: TranscriptArtifact | None = None
     #: the transcript's text, segments joined by spaces

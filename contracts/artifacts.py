@@ -59,6 +59,10 @@ class AudioArtifact(SidecarArtifact):
     source_codec: str
     source_sample_rate: int = Field(gt=0)
     source_channels: int = Field(gt=0)
+    #: how long the container says the stream is (None: it does not say)
+    expected_duration_s: float | None = None
+    #: set when only part of the stream decoded: "decoded 4.9 s of 10.8 s (Invalid data found ...)"
+    damage: str | None = None
 
     @model_validator(mode="after")
     def _duration_matches(self) -> AudioArtifact:
@@ -114,6 +118,8 @@ class TranscriptArtifact(Artifact):
     speaker_encoder: str | None = None
     #: why segments carry no speaker or only cluster labels (fast path, skipped enrollment, ...)
     speakers_note: str | None = None
+    #: the source was damaged: only part of it was transcribed (the audio artifact's ``damage``)
+    source_damage: str | None = None
 
     @model_validator(mode="after")
     def _ids(self) -> TranscriptArtifact:

@@ -80,8 +80,9 @@ class ItemStage(Strict):
 class InputReport(Strict):
     id: str
     source: str
-    #: "interrupted": the run was stopped (Ctrl-C) before this input finished; rerun to resume
-    status: Literal["ok", "failed", "interrupted"]
+    #: "interrupted": the run was stopped (Ctrl-C) before this input finished; rerun to resume;
+    #: "partial": complete, but its source was damaged and only part of it decoded (``error`` says how much)
+    status: Literal["ok", "partial", "failed", "interrupted"]
     error: str | None = None
     failed_stage: str | None = None
     duration_s: float | None = None
@@ -101,6 +102,8 @@ class RunReport(Strict):
     ok: int
     failed: int
     interrupted: int = 0
+    #: inputs complete but damaged part-way (not counted in ``ok``)
+    partial: int = 0
     chunk_size: int
     chunks: int
     #: seconds of audio in the inputs that finished ok (reused ones included)

@@ -25,7 +25,8 @@ class StageSettings(BaseModel):
 
 
 class AudioSettings(StageSettings):
-    """Decoding needs no knob."""
+    #: a source damaged part-way: keep what decoded (the input is reported ``partial``) or fail it
+    on_damaged: Literal["keep", "fail"]
 
 
 class AsrSettings(StageSettings):

@@ -101,6 +101,7 @@ def process(
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster: auto or HOST:PORT; unset: a local one for this run [env RAY_ADDRESS].")] = None,
     parallel_chunks: Annotated[Optional[int], typer.Option(min=1, help="Chunks in flight [env PIPELINE_PARALLEL_CHUNKS; default 1 locally, the cluster's GPUs under Ray].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")] = False,
+    on_damaged: Annotated[Optional[str], typer.Option(help="A source damaged part-way: keep what decoded (reported partial) or fail it [env PIPELINE_ON_DAMAGED, default keep].")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait while another run uses the output directory [env PIPELINE_WAIT].")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")] = False,
@@ -125,7 +126,7 @@ def process(
         "embedding_batch_size": embedding_batch_size, "allow_hub": allow_hub, "chunk_size": chunk_size,
         "force": force or None, "speakers": speakers, "profiles_dir": profiles, "min_speakers": min_speakers,
         "max_speakers": max_speakers, "executor": executor, "ray_address": ray_address,
-        "parallel_chunks": parallel_chunks, "wait_for_output": wait or None,
+        "parallel_chunks": parallel_chunks, "wait_for_output": wait or None, "on_damaged": on_damaged,
     }
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -158,7 +159,10 @@ def process(
     for item in report.inputs:
         if item.status == "failed":
             typer.echo(f"FAILED {item.source}: [{item.failed_stage}] {item.error}", err=True)
-    typer.echo(f"{report.ok} ok, {report.failed} failed, {report.interrupted} interrupted; "
+        elif item.status == "partial":
+            typer.echo(f"PARTIAL {item.source}: {item.error}", err=True)
+    partial = f", {report.partial} partial" if report.partial else ""
+    typer.echo(f"{report.ok} ok{partial}, {report.failed} failed, {report.interrupted} interrupted; "
                f"report: {Path(report.output_dir) / REPORT_NAME}", err=True)
     if report.interrupted:
         raise typer.Exit(_stopped_code(orch))

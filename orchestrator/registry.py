@@ -54,7 +54,7 @@ class StageSpec:
     module: str
     output: type[Artifact]
     batch_size: int = 1
-    settings: StageSettings = field(default_factory=AudioSettings)
+    settings: StageSettings = field(default_factory=StageSettings)
     #: False for scratch artifacts (decoded audio) that only feed the next stage
     keep: bool = True
     #: the artifacts (by key) this stage reads; None: the previous stage's
@@ -140,7 +140,7 @@ ALIGNMENT_NEEDS: dict[str, Need] = {"wav2vec2": Need(1.0 * GIB_MIB, 64)}
 
 
 STAGES: tuple[StageDef, ...] = (
-    StageDef("audio", "stages.audio", AudioArtifact, AudioSettings, build=lambda s: AudioSettings(),
+    StageDef("audio", "stages.audio", AudioArtifact, AudioSettings, build=lambda s: AudioSettings(on_damaged=s.on_damaged),
              gpu=False, keep=False),
     StageDef("asr", "stages.asr", TranscriptArtifact, AsrSettings, key="asr", inputs=("audio",),
              build=lambda s: AsrSettings(

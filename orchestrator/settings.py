@@ -146,6 +146,8 @@ class Settings(BaseSettings):
     parallel_chunks: int | None = Field(None, ge=1, validation_alias=_env("parallel_chunks", "PIPELINE_PARALLEL_CHUNKS"))
     #: after SIGTERM, children still working this many seconds later are stopped (their items resume next run)
     stop_grace_s: float = Field(30.0, ge=0, validation_alias=_env("stop_grace_s", "PIPELINE_STOP_GRACE_S"))
+    #: a source damaged part-way: "keep" what decoded (reported as partial) or "fail" the input
+    on_damaged: Literal["keep", "fail"] = Field("keep", validation_alias=_env("on_damaged", "PIPELINE_ON_DAMAGED"))
     #: wait for another run that holds the output directory instead of stopping with exit 2
     wait_for_output: bool = Field(False, validation_alias=_env("wait_for_output", "PIPELINE_WAIT"))
     #: redo every stage even when a valid, current artifact exists

@@ -111,6 +111,7 @@ class AsrStage(TorchStage):
             batch_size=self.batch_size,
             aligned=False,
             duration_s=audio.duration_s,
+            source_damage=audio.damage,
         )
 
     def close(self) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 from pathlib import Path
 
 from contracts import AudioArtifact, InputError, StageRequest, WorkItem
@@ -32,6 +34,10 @@ class AudioStage(Stage):
         source = Path(upstream)
         size = check_readable(source)
         samples, info = decode(source)
+        if info["damage"] and self.settings.on_damaged == "fail":
+            raise InputError(f"damaged media: {info['damage']} (PIPELINE_ON_DAMAGED=keep transcribes what decoded)")
+        if info["damage"]:
+            log.warning("audio: %s is damaged: %s; keeping what decoded", source, info["damage"])
         sidecar = Path(item.output).with_suffix(".npy")
         digest = save_array(sidecar, samples)
         return AudioArtifact(
@@ -48,17 +54,31 @@ class AudioStage(Stage):
 
 
 def check_readable(path: Path) -> int:
-    """Fail with a one-line reason when ``path`` cannot be a media file; return its size."""
-    if not path.exists():
-        raise InputError(f"file not found: {path}")
-    if path.is_dir():
+    """Fail with a one-line reason when ``path`` cannot be a media file; return its size.
+
+    Never opens what is not a regular file: a FIFO or a device would block the decoder forever.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise InputError(f"broken symbolic link: {path}") from None
+        raise InputError(f"file not found: {path}") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputError(f"symbolic link loop: {path}") from None
+        raise InputError(f"cannot read ({exc.strerror}): {path}") from None
+    if stat.S_ISDIR(info.st_mode):
         raise InputError(f"directory without media files ({', '.join(sorted(MEDIA_HINT))}...): {path}")
+    if not stat.S_ISREG(info.st_mode):
+        kind = ("FIFO" if stat.S_ISFIFO(info.st_mode) else "socket" if stat.S_ISSOCK(info.st_mode)
+                else "device file" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "special file")
+        raise InputError(f"not a regular file ({kind}): {path}")
     if not os.access(path, os.R_OK):
         raise InputError(f"permission denied: {path}")
-    size = path.stat().st_size
-    if size == 0:
+    if info.st_size == 0:
         raise InputError(f"empty file (0 bytes): {path}")
-    return size
+    return info.st_size
 
 
 def decode(path: Path):
@@ -76,7 +96,10 @@ def decode(path: Path):
             "source_codec": stream.codec_context.name or "unknown",
             "source_sample_rate": int(stream.codec_context.sample_rate or stream.rate or 0) or 1,
             "source_channels": int(stream.codec_context.channels or 1),
+            "expected_duration_s": _expected_duration(container, stream),
+            "damage": None,
         }
+        error = None
         resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
         chunks = []
         try:
@@ -86,13 +109,31 @@ def decode(path: Path):
         except av.FFmpegError as exc:
             if not chunks:
                 raise InputError(f"audio stream cannot be decoded ({_reason(exc)}): {path}") from None
-            log.warning("audio: %s is damaged after %d frames; keeping what decoded (%s)", path, len(chunks), _reason(exc))
+            error = _reason(exc)
         for out in resampler.resample(None):
             chunks.append(out.to_ndarray().reshape(-1))
     samples = np.concatenate(chunks).astype(np.float32, copy=False) if chunks else np.zeros(0, np.float32)
     if samples.size == 0:
         raise InputError(f"audio stream holds no samples (zero length): {path}")
+    decoded, expected = samples.size / SAMPLE_RATE, info["expected_duration_s"]
+    short = expected is not None and decoded < expected * DAMAGED_FRACTION - 0.5
+    if error or short:
+        of = f" of {expected:.1f} s" if expected else ""
+        info["damage"] = f"decoded {decoded:.1f} s{of}" + (f" ({error})" if error else "")
     return samples, info
+
+
+#: a stream that decodes to less than this share of the length its container states is damaged
+DAMAGED_FRACTION = 0.98
+
+
+def _expected_duration(container, stream) -> float | None:
+    """The stream's length as the container states it, in seconds (None when it does not say)."""
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    if container.duration:
+        return container.duration / 1_000_000  # AV_TIME_BASE
+    return None
 
 
 def _reason(exc: Exception) -> str:

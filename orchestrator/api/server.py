@@ -207,7 +207,7 @@ def job_result(record: JobRecord, include_vectors: bool) -> JobResult:
         done = by_id.get(item.id)
         result = JobInputResult(id=item.id, source=item.source, status=done.status if done else item.status,
                                 error=done.error if done else item.error, outputs=done.outputs if done else {})
-        if done is not None and done.status == "ok":
+        if done is not None and done.status in ("ok", "partial"):
             directory = Path(record.output_dir) / item.id
             transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
             embeddings = load_artifact(directory / "embeddings.json", EmbeddingsArtifact)

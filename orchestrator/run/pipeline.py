@@ -95,6 +95,8 @@ class Input:
     notes: list[str] = field(default_factory=list)
     #: models asked for but not used (see ``model_substitutions``)
     substitutions: list[str] = field(default_factory=list)
+    #: the source was damaged part-way: how much decoded (the input is complete but ``partial``)
+    damage: str | None = None
 
     @property
     def alive(self) -> bool:
@@ -104,7 +106,9 @@ class Input:
     def status(self) -> str:
         if self.interrupted:
             return "interrupted"
-        return "ok" if self.complete else "failed"
+        if not self.complete:
+            return "failed"
+        return "partial" if self.damage else "ok"
 
     def artifact(self, kind: str) -> Path:
         """Where this input's artifact of ``kind`` lives (decoded audio is scratch)."""
@@ -550,6 +554,7 @@ class Orchestrator:
             if inp.artifact("diarization").exists():
                 diarization = load_artifact(inp.artifact("diarization"), DiarizationArtifact)
             inp.substitutions = model_substitutions(transcript, embeddings, diarization)
+            inp.damage = transcript.source_damage
         except (PipelineError, OSError, ValueError) as exc:
             inp.error, inp.failed_stage = f"writing outputs failed: {exc}", "outputs"
             return
@@ -572,7 +577,7 @@ class Orchestrator:
         reports = [
             InputReport(
                 id=inp.id, source=redact(inp.url) if inp.url else inp.shown_source or str(inp.source),
-                status=inp.status, error=inp.error,
+                status=inp.status, error=inp.error or (f"damaged source: {inp.damage}" if inp.damage else None),
                 failed_stage=inp.failed_stage, duration_s=inp.duration_s, outputs=inp.outputs, stages=inp.stages,
                 notes=inp.notes,
             )
@@ -583,6 +588,7 @@ class Orchestrator:
             settings=_redacted(self.settings.model_dump(mode="json")), ok=sum(r.status == "ok" for r in reports),
             failed=sum(r.status == "failed" for r in reports),
             interrupted=sum(r.status == "interrupted" for r in reports),
+            partial=sum(r.status == "partial" for r in reports),
             chunk_size=self.settings.chunk_size, chunks=-(-len(inputs) // self.settings.chunk_size),
             audio_s=sum(inp.duration_s or 0.0 for inp in inputs if inp.complete), wall_s=wall_s,
             throughput=worked_audio / wall_s if (worked_audio := sum(

@@ -171,7 +171,7 @@ def summary_table(report: RunReport, plain: bool = False):
         stages = {name: f"{s.status} {s.seconds:.1f}s" + (f" x{s.retries + 1}" if s.retries else "")
                   for name, s in item.stages.items()}
         audio = f"{item.duration_s:.1f}s" if item.duration_s else "-"
-        style = {"ok": "green", "failed": "red", "interrupted": "yellow"}[item.status]
+        style = {"ok": "green", "partial": "yellow", "failed": "red", "interrupted": "yellow"}[item.status]
         table.add_row(item.id, f"[{style}]{item.status}[/]", audio, stages.get("asr", "-"), stages.get("embeddings", "-"),
                       item.error or "")
     table.caption = (f"{report.audio_s / 3600:.2f} h audio in {report.wall_s:.0f} s"

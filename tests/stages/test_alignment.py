@@ -51,7 +51,7 @@ def test_names_replace_cluster_labels_and_words_decide_the_segment():
 def inputs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("align")
     AudioStage().run(StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1, device="cpu",
-                                  result_path=str(tmp / "a.json"),
+                                  result_path=str(tmp / "a.json"), settings=stage_settings("audio"),
                                   items=[WorkItem(id="s", inputs={"source": str(MEDIA / "speech.wav")},
                                                   output=str(tmp / "audio.json"), fingerprint="fp")]))
     save_model(TranscriptArtifact(

@@ -27,7 +27,7 @@ def audio_json(tmp_path_factory, media):
     tmp = tmp_path_factory.mktemp("audio")
     AUDIO.import_libraries()
     AUDIO.run(StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1,
-                           result_path=str(tmp / "r.json"),
+                           result_path=str(tmp / "r.json"), settings=stage_settings("audio"),
                            items=[WorkItem(id="s", inputs={"source": str(media / "speech.wav")},
                                            output=str(tmp / "audio.json"), fingerprint="fp")]))
     return tmp / "audio.json"

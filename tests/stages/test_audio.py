@@ -7,13 +7,15 @@ import pytest
 
 from contracts import AudioArtifact, InputError, StageRequest, WorkItem, load_artifact
 from stages.audio import STAGE
+from tests.conftest import stage_settings
 
 STAGE.import_libraries()
 
 
-def _run(tmp_path, sources: dict[str, str]):
+def _run(tmp_path, sources: dict[str, str], **settings):
     request = StageRequest(
         request_id="r", stage="audio", module="stages.audio", batch_size=1, result_path=str(tmp_path / "res.json"),
+        settings=stage_settings("audio", **settings),
         items=[WorkItem(id=k, inputs={"source": v}, output=str(tmp_path / k / "audio.json"), fingerprint="fp")
                for k, v in sources.items()],
     )
@@ -77,3 +79,65 @@ def test_directory_is_not_media(tmp_path):
         from stages.audio import check_readable
 
         check_readable(tmp_path)
+
+
+# -- damaged media and files that are not media (issue 12) --------------------------------------------
+
+
+def damaged_mp4(path, media):
+    """speech.mp4 with 4 kB of its audio data overwritten in the middle: it decodes part-way, then fails."""
+    import random
+
+    data = bytearray((media / "speech.mp4").read_bytes())
+    rng = random.Random(1)
+    start = int(len(data) * 0.45)
+    data[start:start + 4000] = bytes(rng.randrange(256) for _ in range(4000))
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_audio_damaged_part_way_is_kept_and_says_how_much_decoded(tmp_path, media):
+    result = _run(tmp_path, {"d": str(damaged_mp4(tmp_path / "damaged.mp4", media))})
+    assert result.items[0].ok
+    art = load_artifact(tmp_path / "d" / "audio.json", AudioArtifact)
+    assert art.expected_duration_s == pytest.approx(10.8, abs=0.1)
+    assert art.damage.startswith(f"decoded {art.duration_s:.1f} s of 10.8 s (") and art.duration_s < 8
+    whole = _run(tmp_path / "w", {"w": str(media / "speech.mp4")})
+    assert whole.items[0].ok and load_artifact(tmp_path / "w" / "w" / "audio.json", AudioArtifact).damage is None
+
+
+def test_damaged_audio_fails_when_asked(tmp_path, media):
+    result = _run(tmp_path, {"d": str(damaged_mp4(tmp_path / "damaged.mp4", media))}, on_damaged="fail")
+    assert not result.items[0].ok and result.items[0].error.startswith("damaged media: decoded ")
+
+
+def test_files_that_are_not_regular_files_fail_alone_without_being_opened(tmp_path, media):
+    import os
+    import socket
+
+    os.mkfifo(tmp_path / "fifo.mp4")  # opening it would block the decoder forever
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock.mp4"))
+    (tmp_path / "loop.mp4").symlink_to(tmp_path / "loop.mp4")
+    (tmp_path / "dangling.mp4").symlink_to(tmp_path / "nowhere.mp4")
+    try:
+        result = _run(tmp_path, {"fifo": str(tmp_path / "fifo.mp4"), "sock": str(tmp_path / "sock.mp4"),
+                                 "dev": "/dev/null", "loop": str(tmp_path / "loop.mp4"),
+                                 "dangling": str(tmp_path / "dangling.mp4"), "ok": str(media / "speech.wav")})
+    finally:
+        sock.close()
+    errors = {r.id: r.error for r in result.items}
+    assert errors["fifo"].startswith("not a regular file (FIFO)")
+    assert errors["sock"].startswith("not a regular file (socket)")
+    assert errors["dev"].startswith("not a regular file (device file)")
+    assert errors["loop"].startswith("symbolic link loop")
+    assert errors["dangling"].startswith("broken symbolic link")
+    assert errors["ok"] is None
+
+
+@pytest.mark.skipif(__import__("os").geteuid() == 0, reason="root reads every file: permissions cannot be tested")
+def test_an_unreadable_file_fails_with_permission_denied(tmp_path, media):
+    path = tmp_path / "locked.wav"
+    path.write_bytes((media / "speech.wav").read_bytes())
+    path.chmod(0)
+    assert _run(tmp_path, {"x": str(path)}).items[0].error.startswith("permission denied")

@@ -109,7 +109,7 @@ logging.basicConfig(level=logging.INFO)
 from contracts import StageRequest, WorkItem
 from stages.audio import STAGE
 req = StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1, device="cuda",
-                   result_path=sys.argv[2], items=[WorkItem(id="s", inputs={"source": sys.argv[1]},
+                   result_path=sys.argv[2], settings={"on_damaged": "keep"}, items=[WorkItem(id="s", inputs={"source": sys.argv[1]},
                    output=sys.argv[3], fingerprint="fp")])
 STAGE.import_libraries()
 result = STAGE.run(req)
