@@ -17,7 +17,7 @@ import socket
 from datetime import datetime, timezone
 from pathlib import Path
 
-from contracts.errors import OutputBusyError
+from contracts.errors import OutputBusyError, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,12 @@ class OutputLock:
         self._fd: int | None = None
 
     def __enter__(self) -> OutputLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # read-only, not a directory, no permission: nothing could be written there
+            raise SettingsError(f"cannot write to output directory {self.path.parent}: "
+                                f"{exc.strerror or exc}") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -62,3 +62,11 @@ def test_the_cli_refuses_a_busy_output_with_exit_2_or_waits(tmp_path):
     _, err = waiting.communicate(timeout=300)
     assert waiting.returncode == 1, err[-2000:]  # it ran: the missing input failed alone
     wait_for(lambda: (out / "run-report.json").exists(), timeout=5, what="the report")
+
+
+def test_an_output_directory_that_cannot_be_written_is_a_usage_error_at_once(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    cmd = [sys.executable, "-m", "orchestrator.cli", "process", str(tmp_path / "x.mp4"), "--output",
+           str(tmp_path / "file" / "out")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "cannot write to output directory" in done.stderr, done.stderr
