@@ -37,20 +37,26 @@ def _asr_started_working(out: Path) -> Path:
     return directory
 
 
-def test_first_ctrl_c_finishes_the_current_item_then_a_rerun_resumes(tmp_path, inputs):
-    out = tmp_path / "out"
+def _stop_gracefully(out: Path, inputs: Path, sig: int, code: int, said: str) -> list[dict]:
+    """Start a run, send ``sig`` once the ASR child works, check the graceful stop; the ASR items it finished."""
     proc = start(out, inputs)
     directory = _asr_started_working(out)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == code, err[-2000:]
+    assert f"{said}: finishing the current item" in err
     report = json.loads((out / "run-report.json").read_text())
     asr = [json.loads(line) for line in (directory / "chunk001-asr-1.items.jsonl").read_text().splitlines()]
     # the ASR child stopped between items: some done (whole artifacts), the rest left for later
     assert 1 <= len(asr) < 6 and all(item["ok"] for item in asr)
     assert report["interrupted"] == 6 and report["ok"] == 0
     assert all((out / item["id"] / "asr.json").is_file() for item in asr)  # the raw ASR transcript
-    assert "finishing the current item" in err
+    return asr
+
+
+def test_first_ctrl_c_finishes_the_current_item_then_a_rerun_resumes(tmp_path, inputs):
+    out = tmp_path / "out"
+    asr = _stop_gracefully(out, inputs, signal.SIGINT, 130, "Ctrl-C")
 
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "process", str(inputs), "--output", str(out), "--chunk-size", "8",
@@ -78,14 +84,4 @@ def test_second_ctrl_c_stops_the_children_now(tmp_path, inputs):
 
 
 def test_sigterm_stops_like_the_first_ctrl_c_writes_the_report_and_exits_143(tmp_path, inputs):
-    out = tmp_path / "out"
-    proc = start(out, inputs)
-    directory = _asr_started_working(out)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 143, err[-2000:]
-    assert "SIGTERM: finishing the current item" in err
-    report = json.loads((out / "run-report.json").read_text())
-    assert report["interrupted"] == 6 and report["ok"] == 0
-    done = [json.loads(line) for line in (directory / "chunk001-asr-1.items.jsonl").read_text().splitlines()]
-    assert 1 <= len(done) < 6 and all(item["ok"] for item in done), "the current item finished, the rest wait"
+    _stop_gracefully(tmp_path / "out", inputs, signal.SIGTERM, 143, "SIGTERM")
