@@ -24,13 +24,14 @@ def srt_speakers(path) -> list[str]:
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("speakers")
     profiles, out = tmp / "profiles", tmp / "out"
+    # -v: the children's own log lines on the console too (the tests below look for their pids)
     host = pipeline("enroll", "Host", str(SPEAKERS / "host_enroll_1.wav"), str(SPEAKERS / "host_enroll_2.wav"),
-                    "--profiles", str(profiles))
+                    "--profiles", str(profiles), "-v")
     assert host.returncode == 0, host.stderr[-3000:]
     guest = pipeline("enroll", "Guest", str(SPEAKERS / "guest_enroll_1.wav"), "--profiles", str(profiles))
     assert guest.returncode == 0, guest.stderr[-3000:]
     done = pipeline("process", str(SPEAKERS / "host_guest.mp4"), str(SPEAKERS / "host_stranger.mp4"),
-                    "--profiles", str(profiles), "--output", str(out), "--embedding-profile", "embedded")
+                    "--profiles", str(profiles), "--output", str(out), "--embedding-profile", "embedded", "-v")
     assert done.returncode == 0, done.stderr[-3000:]
     return host, done, profiles, out
 

@@ -196,7 +196,8 @@ def test_sftp_inputs_and_outputs_through_the_cli(sftp_root, tmp_path):
     clips(tmp_path / "remote" / "in", 1, seconds=2.5)
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "process", f"{sftp_root}/remote/in/", "--output",
-         f"{sftp_root}/remote/out", "--no-speakers", "--embedding-profile", "embedded", "--device", "cpu"],
+         f"{sftp_root}/remote/out", "--no-speakers", "--embedding-profile", "embedded", "--device", "cpu",
+         "-v"],  # every log line on the console: the password must be in none of them
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PIPELINE_STAGING_DIR": str(tmp_path / "staging")})
     assert done.returncode == 0, done.stderr[-3000:]

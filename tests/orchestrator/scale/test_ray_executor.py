@@ -259,7 +259,8 @@ def test_chunks_run_at_the_same_time_on_the_cluster(cluster, tmp_path):
     clips(tmp_path / "in", 4, seconds=2.0)
     out = tmp_path / "out"
     # Given a 2-CPU cluster and 2 chunks, with no --parallel-chunks: the cluster's slots decide
-    done = subprocess.run(_cli(out, tmp_path / "in", "--executor", "ray", "--ray-address", cluster, "--no-speakers"),
+    done = subprocess.run(_cli(out, tmp_path / "in", "--executor", "ray", "--ray-address", cluster, "--no-speakers",
+                               "-v"),
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2 chunk(s) at a time" in done.stderr
