@@ -116,3 +116,5 @@ class RunReport(Strict):
     #: one line per model that was asked for but not used, for the whole run: asked for, got, why, how to
     #: get the asked one (also printed on the console)
     substitutions: list[str] = Field(default_factory=list)
+    #: one line per model repository the children downloaded into the Hugging Face cache during the run
+    downloads: list[str] = Field(default_factory=list)

@@ -150,7 +150,7 @@ def process(
     except KeyboardInterrupt:
         typer.echo("interrupted: stage children stopped; rerun the same command to resume", err=True)
         raise typer.Exit(_stopped_code(orch)) from None
-    for line in report.substitutions:
+    for line in report.downloads + report.substitutions:
         typer.echo(f"NOTE {line}", err=True)
     if console.is_terminal:
         console.print(summary_table(report))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import httpx
 
@@ -48,3 +49,24 @@ def resolve_hub(settings: Settings) -> Settings:
     else:
         log.info("hub: %s: running offline (cached and embedded models only)", why)
     return settings.replace(allow_hub=reachable)
+
+
+def cached_repos(cache_dir: Path | str | None = None) -> dict[str, int]:
+    """repo id -> bytes on disk of every repository in the Hugging Face cache (huggingface_hub's scan)."""
+    from huggingface_hub import scan_cache_dir  # the hub client only: no model library
+
+    try:
+        return {repo.repo_id: repo.size_on_disk for repo in scan_cache_dir(cache_dir).repos}
+    except Exception as exc:  # noqa: BLE001 - no cache yet, or an unreadable one: nothing to compare
+        log.debug("hub cache not scanned: %s", exc)
+        return {}
+
+
+def downloads(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """One line per repository the run downloaded (new in the cache, or grown), for the console."""
+    lines = []
+    for repo, size in sorted(after.items()):
+        grown = size - before.get(repo, 0)
+        if grown > 0:
+            lines.append(f"downloaded {repo} ({grown / 2**20:.0f} MiB) into the Hugging Face cache")
+    return lines

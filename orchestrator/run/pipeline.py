@@ -36,7 +36,7 @@ from contracts.errors import PipelineError
 from contracts.io import atomic_write_text
 from contracts.report import InputReport, ItemStage, RunReport, StageRun
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
-from orchestrator.run.hub import resolve_hub
+from orchestrator.run.hub import cached_repos, downloads, resolve_hub
 from orchestrator.run.journal import JOURNAL_NAME, Journal
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.outputs import write_outputs
@@ -322,6 +322,7 @@ class Orchestrator:
         progress = progress or LogProgress()
         self.stopped_by = None
         self.settings = resolve_hub(self.settings)  # allow_hub=auto: ask the hub endpoint once per run
+        cache_before = cached_repos() if self.settings.hub else None  # to name what the children download
         started = datetime.now(timezone.utc)
         clock = time.monotonic()
         out = Path(self.settings.output_dir)
@@ -376,6 +377,8 @@ class Orchestrator:
             if inp.alive and not inp.complete:
                 inp.interrupted = True
         report = self._report(run_id, started, time.monotonic() - clock, out, inputs, stage_runs)
+        if cache_before is not None:
+            report = RunReport.model_validate({**report.model_dump(), "downloads": downloads(cache_before, cached_repos())})
         save_model(report, out / REPORT_NAME)
         save_model(report, run_dir / REPORT_NAME)
         if self.settings.output_url:

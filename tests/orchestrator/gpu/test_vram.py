@@ -64,14 +64,13 @@ def test_asr_auto_without_a_gpu_is_the_embedded_model():
         "embedded", "no GPU seen: the embedded Whisper tiny.en runs on the CPU")
 
 
-def _cache(root, repo: str, files: dict[str, bytes]) -> None:
+def write_cache(root, repo: str, files: dict[str, bytes], commit: str = "0123456789abcdef0123456789abcdef01234567") -> None:
     """The hub cache's layout as huggingface_hub writes it: blobs, a snapshot of links, refs/main."""
     folder = root / f"models--{repo.replace('/', '--')}"
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    (folder / "refs").mkdir(parents=True)
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
     (folder / "refs" / "main").write_text(commit)
-    (folder / "snapshots" / commit).mkdir(parents=True)
-    (folder / "blobs").mkdir()
+    (folder / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+    (folder / "blobs").mkdir(exist_ok=True)
     for name, data in files.items():
         blob = folder / "blobs" / f"blob-{name}"
         blob.write_bytes(data)
@@ -79,8 +78,8 @@ def _cache(root, repo: str, files: dict[str, bytes]) -> None:
 
 
 def test_cached_models_are_found_in_the_hub_cache_layout(tmp_path):
-    _cache(tmp_path, "Systran/faster-whisper-medium", {"model.bin": b"x", "config.json": b"{}"})
-    _cache(tmp_path, "Systran/faster-whisper-small", {"config.json": b"{}"})  # incomplete: no weights
+    write_cache(tmp_path, "Systran/faster-whisper-medium", {"model.bin": b"x", "config.json": b"{}"})
+    write_cache(tmp_path, "Systran/faster-whisper-small", {"config.json": b"{}"})  # incomplete: no weights
     assert cached_asr_models(tmp_path) == {"medium"}
 
 

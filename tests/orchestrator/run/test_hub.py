@@ -101,3 +101,20 @@ def test_forced_hub_access_asks_nobody(hub, monkeypatch, forced):
 def test_unresolved_auto_is_offline_for_children():
     assert Settings().allow_hub == "auto" and not Settings().hub
     assert Settings().child_env()["HF_HUB_OFFLINE"] == "1"
+
+
+def test_what_the_children_downloaded_is_named_once_per_repository(tmp_path):
+    from orchestrator.run.hub import cached_repos, downloads
+    from tests.orchestrator.gpu.test_vram import write_cache
+
+    write_cache(tmp_path, "Systran/faster-whisper-small", {"config.json": b"{}"})
+    before = cached_repos(tmp_path)
+    # the run's children fetch a model and the rest of another one
+    write_cache(tmp_path, "BAAI/bge-small-en-v1.5", {"model.safetensors": b"x" * (3 << 20)})
+    write_cache(tmp_path, "Systran/faster-whisper-small", {"model.bin": b"y" * (2 << 20)}, commit="1" * 40)
+    after = cached_repos(tmp_path)
+    assert downloads(before, after) == [
+        "downloaded BAAI/bge-small-en-v1.5 (3 MiB) into the Hugging Face cache",
+        "downloaded Systran/faster-whisper-small (2 MiB) into the Hugging Face cache",
+    ]
+    assert downloads(after, after) == [] and cached_repos(tmp_path / "none") == {}
