@@ -37,7 +37,7 @@ from contracts.stage_settings import (
     VoiceProfileSettings,
 )
 from contracts.units import GIB_MIB
-from orchestrator.gpu.sizing import ASR_NEEDS, EMBEDDING_NEEDS, UNKNOWN, Need
+from orchestrator.gpu.sizing import ASR_NEEDS, EMBEDDING_NEEDS, UNKNOWN, Need, model_key
 from orchestrator.settings import Settings
 
 #: seconds of speech whisperX joins into one segment when ASR_CHUNK_SIZE is not set: short with speakers
@@ -122,11 +122,6 @@ def _str(path: Path | None) -> str | None:
     return None if path is None else str(path)
 
 
-def _model_name(model: str) -> str:
-    """A model setting's last path part ("/models/large-v3/" -> "large-v3"): the need tables' key."""
-    return model.rstrip("/").split("/")[-1]
-
-
 def _fast_path(s: Settings) -> bool:
     return s.enable_fast_path
 
@@ -147,7 +142,7 @@ STAGES: tuple[StageDef, ...] = (
                  model=s.asr_model, language=s.asr_language, compute_type=s.asr_compute_type,
                  allow_hub=s.hub,
                  chunk_size=s.asr_chunk_size or (ASR_CHUNK_WITH_SPEAKERS if s.speakers else ASR_CHUNK_DEFAULT)),
-             batch_size=lambda s: s.asr_batch_size, needs=ASR_NEEDS, need_key=lambda c: _model_name(c.model)),
+             batch_size=lambda s: s.asr_batch_size, needs=ASR_NEEDS, need_key=lambda c: model_key(c.model)),
     StageDef("diarization", "stages.diarization", DiarizationArtifact, DiarizationSettings, inputs=("audio",),
              build=lambda s: DiarizationSettings(
                  model=s.diarization_model, min_speakers=s.min_speakers, max_speakers=s.max_speakers,

@@ -69,6 +69,11 @@ ASR_REPOS: dict[str, str] = {
 }
 
 
+def model_key(model: str) -> str:
+    """A model setting's last path part ("/models/large-v3/" -> "large-v3"): the need tables' key."""
+    return model.rstrip("/").split("/")[-1]
+
+
 def _floor_pow2(n: int) -> int:
     return 1 << (n.bit_length() - 1) if n >= 1 else 1
 
@@ -153,7 +158,7 @@ def resolve_auto(settings, reader=None):
         log.info("asr_model=auto -> %s (%s)", model, why)
     asr_model = str(updates.get("asr_model", settings.asr_model))
     for name, need in (
-        ("asr_batch_size", ASR_NEEDS.get(asr_model.rstrip("/").split("/")[-1], UNKNOWN)),
+        ("asr_batch_size", ASR_NEEDS.get(model_key(asr_model), UNKNOWN)),
         ("embedding_batch_size", EMBEDDING_NEEDS.get(settings.embedding_profile, UNKNOWN)),
     ):
         if name not in autos:

@@ -61,7 +61,7 @@ class ChildExit:
     last_error: str | None
     #: what NVML saw of the child (None without NVML, or on the CPU)
     gpu: StageGpuCheck | None = None
-    #: the child's telemetry record (None only when the executor itself failed to run it)
+    #: the child's telemetry record (every executor sets it: run report and performance log share it)
     record: Attempt | None = None
     #: the items the child was working on when it ended (None: it was between items, or said nothing)
     in_flight: list[str] | None = None
@@ -219,10 +219,11 @@ class LocalExecutor:
                 return None
             if self.watchdog is None:
                 continue
-            limit = self.watchdog.overdue(read_in_flight(request), time.time())
+            in_flight = read_in_flight(request)
+            limit = self.watchdog.overdue(in_flight, time.time())
             if limit is not None:
                 log.error("%s: no progress on %s within %.0f s: stopping the child", request.stage,
-                          ", ".join(read_in_flight(request).ids), limit)
+                          ", ".join(in_flight.ids), limit)
                 stop(proc, grace_s=5.0)
                 return limit
 

@@ -376,9 +376,8 @@ class Orchestrator:
         for inp in inputs:
             if inp.alive and not inp.complete:
                 inp.interrupted = True
-        report = self._report(run_id, started, time.monotonic() - clock, out, inputs, stage_runs)
-        if cache_before is not None:
-            report = RunReport.model_validate({**report.model_dump(), "downloads": downloads(cache_before, cached_repos())})
+        fetched = downloads(cache_before, cached_repos()) if cache_before is not None else []
+        report = self._report(run_id, started, time.monotonic() - clock, out, inputs, stage_runs, fetched)
         save_model(report, out / REPORT_NAME)
         save_model(report, run_dir / REPORT_NAME)
         if self.settings.output_url:
@@ -576,7 +575,7 @@ class Orchestrator:
         inp.outputs = {name: redact(f"{url}/{Path(path).name}") for name, path in inp.outputs.items()}
 
     def _report(self, run_id: str, started: datetime, wall_s: float, out: Path, inputs: list[Input],
-                stage_runs: list[StageRun]) -> RunReport:
+                stage_runs: list[StageRun], fetched: list[str]) -> RunReport:
         reports = [
             InputReport(
                 id=inp.id, source=redact(inp.url) if inp.url else inp.shown_source or str(inp.source),
@@ -597,7 +596,7 @@ class Orchestrator:
             throughput=worked_audio / wall_s if (worked_audio := sum(
                 inp.duration_s or 0.0 for inp in inputs if inp.complete and inp.worked)) and wall_s > 0 else None,
             inputs=reports, stages=stage_runs,
-            substitutions=list(dict.fromkeys(line for inp in inputs for line in inp.substitutions)),
+            substitutions=list(dict.fromkeys(line for inp in inputs for line in inp.substitutions)), downloads=fetched,
         )
 
 

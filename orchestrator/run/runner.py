@@ -21,7 +21,6 @@ from contracts.jsonl import read_lines
 from contracts.report import Attempt, StageRun
 from contracts.stage_settings import MemorySettings
 from orchestrator.process.executor import Executor, WarmChild
-from orchestrator.process.hooks import ChildRun
 from orchestrator.registry import StageSpec
 from orchestrator.run.outcome import Outcome, blame, next_step
 
@@ -142,9 +141,7 @@ class StageRunner:
             done, result = self.executor.run(request, self.run_dir / f"{name}.request.json", self.run_dir / f"{name}.log",
                                              progress=follow, warm=warm if attempt == 1 else None, gpu=spec.gpu)
             warm = None
-            attempts.append(done.record or ChildRun(request=request, request_path=Path(request.result_path),
-                                                    outcome=done.outcome, signal=done.signal, wall_s=done.wall_s,
-                                                    pid=done.pid, result=result, gpu=done.gpu).record())
+            attempts.append(done.record)
 
             # what the child reported, from its result or, if it died first, from its progress lines
             reported = {r.id: r for r in (result.items if result else _progress_items(request))}

@@ -32,6 +32,7 @@ from typing import Any, Callable
 from contracts import ExitCode, StageRequest, StageResult
 from contracts.errors import SettingsError
 from orchestrator.process.executor import ChildExit, WarmChild, read_result
+from orchestrator.process.hooks import ChildRun
 from orchestrator.process.toolkit import following
 from orchestrator.run.outcome import Outcome
 
@@ -172,8 +173,12 @@ class RayExecutor:
         wall_s = time.perf_counter() - started
         if result is None and done.outcome is not Outcome.REFUSED:  # the task died after its child wrote a result
             result = read_result(request, done.outcome)
+        # the node's record; when Ray itself failed (no record came back), this side's view of the same child
+        record = done.record or ChildRun(request=request, request_path=request_path, outcome=done.outcome,
+                                         signal=done.signal, wall_s=wall_s, result=result).record()
         return ChildExit(exitcode=done.exitcode, outcome=done.outcome, signal=done.signal, wall_s=wall_s,
-                         pid=done.pid, last_error=relay.last_error or done.last_error, gpu=done.gpu), result
+                         pid=done.pid, last_error=relay.last_error or done.last_error, gpu=done.gpu, record=record,
+                         in_flight=done.in_flight, hung=done.hung), result
 
     def _wait(self, ray, ref, stage: str, name: str) -> tuple[ChildExit, StageResult | None]:
         """The task's (ChildExit, result), or what Ray's failure means for the retry policy (no result)."""
