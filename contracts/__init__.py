@@ -22,7 +22,7 @@ from contracts.artifacts import (
 from contracts.errors import ArtifactError, InputError, PipelineError
 from contracts.exit_codes import ExitCode
 from contracts.io import load_artifact, load_model, save_model, sha256_file
-from contracts.stage import InFlight, ItemResult, StageRequest, StageResult, WorkItem
+from contracts.stage import InFlight, ItemResult, SourceVersion, StageRequest, StageResult, WorkItem
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -45,6 +45,7 @@ __all__ = [
     "StageResult",
     "TranscriptArtifact",
     "VoiceProfile",
+    "SourceVersion",
     "WorkItem",
     "Word",
     "load_artifact",

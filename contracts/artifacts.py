@@ -63,6 +63,12 @@ class AudioArtifact(SidecarArtifact):
     expected_duration_s: float | None = None
     #: set when only part of the stream decoded: "decoded 4.9 s of 10.8 s (Invalid data found ...)"
     damage: str | None = None
+    #: which audio stream was decoded (its index in the container; the one marked default, else the
+    #: first) and how many audio streams the source has
+    source_stream: int = Field(default=0, ge=0)
+    audio_streams: int = Field(default=1, ge=1)
+    #: said when the source had a choice: "2 audio tracks: decoded stream 2 (marked default)"
+    track: str | None = None
 
     @model_validator(mode="after")
     def _duration_matches(self) -> AudioArtifact:
@@ -120,6 +126,8 @@ class TranscriptArtifact(Artifact):
     speakers_note: str | None = None
     #: the source was damaged: only part of it was transcribed (the audio artifact's ``damage``)
     source_damage: str | None = None
+    #: the source had several audio tracks: which one was transcribed (the audio artifact's ``track``)
+    source_track: str | None = None
 
     @model_validator(mode="after")
     def _ids(self) -> TranscriptArtifact:

@@ -9,6 +9,13 @@ from contracts.perf import MemoryCheckpoint
 from contracts.stage_settings import MemorySettings
 
 
+class SourceVersion(Strict):
+    """What the planner saw of a local source file: the first stage refuses one that has changed since."""
+
+    size: int = Field(ge=0)
+    mtime_ns: int
+
+
 class WorkItem(Strict):
     """One input to process in a stage."""
 
@@ -19,6 +26,8 @@ class WorkItem(Strict):
     output: str
     #: copied into the artifact, so the parent can tell a current artifact from a stale one
     fingerprint: str = Field(min_length=1)
+    #: the source file as planned (first stage, local sources only)
+    source_version: SourceVersion | None = None
 
 
 class StageRequest(Strict):

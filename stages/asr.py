@@ -112,6 +112,7 @@ class AsrStage(TorchStage):
             aligned=False,
             duration_s=audio.duration_s,
             source_damage=audio.damage,
+            source_track=audio.track,
         )
 
     def close(self) -> None:

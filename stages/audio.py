@@ -1,4 +1,11 @@
-"""Decode any container's first audio stream to 16 kHz mono float32 with PyAV."""
+"""Decode a media file's default audio stream to 16 kHz mono float32 with PyAV.
+
+Decoding reads the one file it was given: FFmpeg is told to use only the ``file``
+protocol and only the container formats in :data:`FORMATS`, so a playlist (HLS),
+a concat list or an image sequence that points at other files or at URLs is
+refused as "not a media file" without anything it names being opened. URL inputs
+reach this stage only as files the parent has fetched.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-from contracts import AudioArtifact, InputError, StageRequest, WorkItem
+from contracts import AudioArtifact, InputError, SourceVersion, StageRequest, WorkItem
 from contracts.stage_settings import AudioSettings
 from stages.base import Stage, save_array
 
@@ -16,6 +23,15 @@ log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
 MEDIA_HINT = (".mp4", ".mkv", ".wav", ".mp3")
+
+#: FFmpeg demuxers the stage opens (``format_whitelist``): audio and video containers that hold
+#: their own media. Not here on purpose: hls, concat, image2 and other formats that name other files.
+FORMATS = ",".join((
+    "mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "wav", "w64", "aiff", "caf", "mp3", "aac", "ac3", "eac3",
+    "flac", "ogg", "wv", "ape", "tta", "amr", "avi", "asf", "flv", "mpegts", "mpeg", "mxf", "nut", "dts",
+))
+#: how FFmpeg opens inputs: local files only, no network or nested protocols
+OPEN_OPTIONS = {"protocol_whitelist": "file", "format_whitelist": FORMATS}
 
 
 class AudioStage(Stage):
@@ -33,7 +49,9 @@ class AudioStage(Stage):
     def process(self, item: WorkItem, upstream, request: StageRequest) -> AudioArtifact:
         source = Path(upstream)
         size = check_readable(source)
+        check_unchanged(source, item.source_version)
         samples, info = decode(source)
+        check_unchanged(source, item.source_version, during=True)
         if info["damage"] and self.settings.on_damaged == "fail":
             raise InputError(f"damaged media: {info['damage']} (PIPELINE_ON_DAMAGED=keep transcribes what decoded)")
         if info["damage"]:
@@ -81,18 +99,47 @@ def check_readable(path: Path) -> int:
     return info.st_size
 
 
+def check_unchanged(path: Path, planned: SourceVersion | None, during: bool = False) -> None:
+    """Fail when ``path`` is not the file the run planned (written to, replaced, truncated since)."""
+    if planned is None:
+        return
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise InputError(f"source disappeared while it was read ({exc.strerror}): {path}") from None
+    if (st.st_size, st.st_mtime_ns) == (planned.size, planned.mtime_ns):
+        return
+    when = "while it was decoded" if during else "since the run was planned"
+    what = (f"size {planned.size} -> {st.st_size} bytes" if st.st_size != planned.size
+            else "same size, modified again")
+    raise InputError(f"source changed {when} ({what}); a rerun processes the new version: {path}")
+
+
+def pick_stream(container):
+    """The audio stream a player would play: the one marked default, else the first."""
+    audio = list(container.streams.audio)
+    marked = [s for s in audio if s.disposition & av.stream.Disposition.default]
+    return (marked or audio)[0], bool(marked) and len(audio) > 1
+
+
 def decode(path: Path):
     """Return (float32 mono 16 kHz samples, facts about the source stream)."""
     try:
-        container = av.open(str(path))
+        container = av.open(str(path), options=dict(OPEN_OPTIONS))
     except av.FFmpegError as exc:
-        raise InputError(f"not a readable media file ({_reason(exc)}): {path}") from None
+        why = _refusal(path) if isinstance(exc, av.ArgumentError) else _reason(exc)
+        raise InputError(f"not a readable media file ({why}): {path}") from None
     with container:
         if not container.streams.audio:
             kinds = ", ".join(sorted({s.type for s in container.streams})) or "no streams"
             raise InputError(f"no audio stream (has {kinds}): {path}")
-        stream = container.streams.audio[0]
+        stream, marked = pick_stream(container)
+        count = len(container.streams.audio)
         info = {
+            "source_stream": stream.index,
+            "audio_streams": count,
+            "track": None if count < 2 else (
+                f"{count} audio tracks: decoded stream {stream.index} ({'marked default' if marked else 'the first'})"),
             "source_codec": stream.codec_context.name or "unknown",
             "source_sample_rate": int(stream.codec_context.sample_rate or stream.rate or 0) or 1,
             "source_channels": int(stream.codec_context.channels or 1),
@@ -134,6 +181,24 @@ def _expected_duration(container, stream) -> float | None:
     if container.duration:
         return container.duration / 1_000_000  # AV_TIME_BASE
     return None
+
+
+#: how the first bytes of files FFmpeg would follow elsewhere begin
+_POINTERS = ((b"#EXTM3U", "an HLS/M3U playlist"), (b"ffconcat", "an FFmpeg concat list"),
+             (b"[playlist]", "a PLS playlist"), (b"<?xml", "an XML document (DASH manifest or playlist)"))
+
+
+def _refusal(path: Path) -> str | None:
+    """Why a file that FFmpeg refused to open under :data:`OPEN_OPTIONS` is refused, when its first bytes tell."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
+    except OSError:
+        return None
+    for magic, what in _POINTERS:
+        if head[: len(magic)].lower() == magic.lower():
+            return f"{what}: it points at other files, which are not read"
+    return "not an audio or video container the pipeline reads"  # FFmpeg says "Invalid argument" here
 
 
 def _reason(exc: Exception) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 from contracts import (
     DiarizationArtifact,
     EmbeddingsArtifact,
+    SourceVersion,
     TranscriptArtifact,
     WorkItem,
     load_artifact,
@@ -97,6 +98,8 @@ class Input:
     substitutions: list[str] = field(default_factory=list)
     #: the source was damaged part-way: how much decoded (the input is complete but ``partial``)
     damage: str | None = None
+    #: the local source as planned: the audio stage refuses it if it changed since
+    planned: SourceVersion | None = None
 
     @property
     def alive(self) -> bool:
@@ -232,12 +235,15 @@ def _safe_suffix(path: Path) -> str:
     return suffix if suffix.isascii() and "\ufffd" not in suffix else ""
 
 
-def _source_identity(path: Path) -> str:
+def _source_identity(inp: Input) -> str:
+    """The local source's path, size and modification time; what was seen is kept for the first stage."""
     try:
-        st = path.stat()
+        st = inp.source.stat()
     except OSError:
-        return f"unreadable:{path.absolute()}"
-    return f"{path.absolute()}:{st.st_size}:{st.st_mtime_ns}"
+        inp.planned = None
+        return f"unreadable:{inp.source.absolute()}"
+    inp.planned = SourceVersion(size=st.st_size, mtime_ns=st.st_mtime_ns)
+    return f"{inp.source.absolute()}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def _input_keys(spec: StageSpec, previous: StageSpec | None) -> tuple[str, ...]:
@@ -252,7 +258,7 @@ def _chain_fingerprints(inp: Input, specs: list[StageSpec]) -> None:
     for index, spec in enumerate(specs):
         keys = _input_keys(spec, specs[index - 1] if index else None)
         if not keys:
-            upstream = url_identity(inp.url) if inp.url else _source_identity(inp.source)
+            upstream = url_identity(inp.url) if inp.url else _source_identity(inp)
         else:
             upstream = "|".join(f"skipped:{k}" if k in inp.skipped else by_key[k] for k in keys)
         by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(spec, upstream)
@@ -537,7 +543,8 @@ class Orchestrator:
         else:  # artifacts a fast path went on without are left out (stages treat them as optional)
             inputs = {key: str(inp.artifact(key)) for key in _input_keys(spec, previous) if key not in inp.skipped}
         return WorkItem(id=inp.id, inputs=inputs, output=str(inp.artifact(spec.kind)),
-                        fingerprint=inp.fingerprints[spec.name])
+                        fingerprint=inp.fingerprints[spec.name],
+                        source_version=inp.planned if previous is None and not inp.url else None)
 
     def _finish(self, inp: Input) -> None:
         import numpy as np  # numpy only: no model library in the parent
@@ -557,6 +564,8 @@ class Orchestrator:
                 diarization = load_artifact(inp.artifact("diarization"), DiarizationArtifact)
             inp.substitutions = model_substitutions(transcript, embeddings, diarization)
             inp.damage = transcript.source_damage
+            if transcript.source_track:
+                inp.notes.append(transcript.source_track)
         except (PipelineError, OSError, ValueError) as exc:
             inp.error, inp.failed_stage = f"writing outputs failed: {exc}", "outputs"
             return

@@ -133,3 +133,83 @@ def test_files_that_are_not_regular_files_fail_alone_without_being_opened(tmp_pa
     assert errors["loop"].startswith("symbolic link loop")
     assert errors["dangling"].startswith("broken symbolic link")
     assert errors["ok"] is None
+
+
+# -- containers, tracks, files that point elsewhere, files that change (issues 12 and 16) -----------------
+
+def _aligned_corr(reference: np.ndarray, other: np.ndarray) -> float:
+    """Correlation of two decodes of the same speech after removing the codec's delay (first second)."""
+    lag = int(np.argmax(np.correlate(other[:24000], reference[:16000], mode="valid")))
+    n = min(reference.size, other.size - lag) - 4000
+    return float(np.corrcoef(reference[:n], other[lag:lag + n])[0, 1])
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "codec"),
+    [("a.webm", "webm", "libopus"), ("a.ogg", "ogg", "libopus"),
+     ("a.flac", "flac", "flac"), ("a.m4a", "ipod", "aac"), ("a.mkv", "matroska", "mp3"), ("a.mp3", "mp3", "mp3")],
+)
+def test_common_audio_containers_decode_to_the_same_speech(tmp_path, name, fmt, codec):
+    from tests.fixtures.generate import encode, speech
+
+    reference = speech()
+    path = encode(tmp_path / name, [reference], fmt, codec, rate=48000 if "opus" in codec else 44100)
+    result = _run(tmp_path, {"x": str(path)})
+    assert result.items[0].ok, result.items[0].error
+    samples = np.load(tmp_path / "x" / "audio.npy")
+    assert samples.size / 16000 == pytest.approx(reference.size / 16000, abs=0.1)
+    assert _aligned_corr(reference, samples) > 0.9
+
+
+def test_the_default_audio_track_is_decoded_and_recorded(tmp_path):
+    from tests.fixtures.generate import encode, speech
+
+    voice, hum = speech(), 0.2 * np.sin(2 * np.pi * 220 * np.arange(speech().size) / 16000).astype(np.float32)
+    marked = encode(tmp_path / "marked.mkv", [hum, voice], "matroska", "libopus", default=1)
+    unmarked = encode(tmp_path / "unmarked.mkv", [voice, hum], "matroska", "libopus")
+    result = _run(tmp_path, {"m": str(marked), "u": str(unmarked)})
+    assert all(r.ok for r in result.items), result.items
+    m, u = art_info(tmp_path / "m"), art_info(tmp_path / "u")
+    assert (m.source_stream, m.audio_streams) == (1, 2) and m.track == "2 audio tracks: decoded stream 1 (marked default)"
+    assert (u.source_stream, u.audio_streams) == (0, 2) and u.track == "2 audio tracks: decoded stream 0 (the first)"
+    for directory in ("m", "u"):  # the speech, not the hum, in both
+        assert _aligned_corr(voice, np.load(tmp_path / directory / "audio.npy")) > 0.9
+    single = _run(tmp_path / "s", {"s": str(encode(tmp_path / "one.mkv", [voice], "matroska", "libopus"))})
+    assert single.items[0].ok and art_info(tmp_path / "s" / "s").track is None
+
+
+def test_playlists_and_concat_lists_are_refused_without_reading_what_they_name(tmp_path):
+    from tests.fixtures.generate import HitCounter, pointer_files
+
+    server = HitCounter()
+    try:
+        files = pointer_files(tmp_path / "root", tmp_path / "elsewhere", server.url)
+        result = _run(tmp_path / "out", {kind: str(path) for kind, path in files.items()})
+    finally:
+        server.close()
+    errors = {r.id: r.error for r in result.items}
+    assert errors["hls-file"].startswith("not a readable media file (an HLS/M3U playlist: it points at other files")
+    assert errors["hls-url"].startswith("not a readable media file (an HLS/M3U playlist")
+    assert errors["concat"].startswith("not a readable media file (an FFmpeg concat list")
+    assert server.hits == [], "the URL a playlist names is never fetched"
+
+
+def test_a_source_that_changed_since_planning_is_refused_with_what_changed(tmp_path, media):
+    from contracts import SourceVersion
+
+    source = tmp_path / "talk.wav"
+    source.write_bytes((media / "speech.wav").read_bytes())
+    st = source.stat()
+    planned = SourceVersion(size=st.st_size, mtime_ns=st.st_mtime_ns)
+    request = StageRequest(
+        request_id="r", stage="audio", module="stages.audio", batch_size=1, result_path=str(tmp_path / "res.json"),
+        settings=stage_settings("audio"),
+        items=[WorkItem(id="t", inputs={"source": str(source)}, output=str(tmp_path / "t" / "audio.json"),
+                        fingerprint="fp", source_version=planned)],
+    )
+    assert STAGE.run(request).items[0].ok, "unchanged: decoded"
+    with open(source, "ab") as fh:
+        fh.write(b"\0" * 3200)
+    item = STAGE.run(request).items[0]
+    assert not item.ok and item.error.startswith(
+        f"source changed since the run was planned (size {st.st_size} -> {st.st_size + 3200} bytes)")
