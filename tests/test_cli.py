@@ -126,3 +126,21 @@ def test_child_logs_go_to_their_files_not_the_console(run):
 def test_usage_errors_exit_with_2(args, message):
     done = pipeline(*args)
     assert done.returncode == 2 and message in done.stderr
+
+
+def test_playlists_and_concat_lists_fail_alone_and_nothing_they_name_is_read(tmp_path):
+    from tests.fixtures.generate import HitCounter, pointer_files
+
+    server = HitCounter()
+    try:
+        files = pointer_files(tmp_path / "root", tmp_path / "elsewhere", server.url)
+        done = pipeline("process", *map(str, files.values()), "--output", str(tmp_path / "out"))
+    finally:
+        server.close()
+    assert done.returncode == 1, done.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "run-report.json").read_text())
+    reasons = {item["source"].rsplit("/", 1)[-1]: item["error"] for item in report["inputs"]}
+    assert reasons["talk.m3u8"].startswith("not a readable media file (an HLS/M3U playlist")
+    assert reasons["web.m3u8"].startswith("not a readable media file (an HLS/M3U playlist")
+    assert reasons["joined.ffconcat"].startswith("not a readable media file (an FFmpeg concat list")
+    assert report["failed"] == 3 and server.hits == []
