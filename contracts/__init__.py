@@ -19,7 +19,7 @@ from contracts.artifacts import (
     VoiceProfile,
     Word,
 )
-from contracts.errors import ArtifactError, InputError, PipelineError
+from contracts.errors import ArtifactError, DiskFullError, InputError, PipelineError
 from contracts.exit_codes import ExitCode
 from contracts.io import load_artifact, load_model, save_model, sha256_file
 from contracts.stage import InFlight, ItemResult, SourceVersion, StageRequest, StageResult, WorkItem
@@ -33,6 +33,7 @@ __all__ = [
     "EmbeddingsArtifact",
     "ExitCode",
     "InFlight",
+    "DiskFullError",
     "InputError",
     "ItemResult",
     "PipelineError",

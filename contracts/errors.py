@@ -22,6 +22,10 @@ class InputError(PipelineError):
     """A user's input cannot be processed (missing, not media, no audio, empty)."""
 
 
+class DiskFullError(PipelineError):
+    """A file could not be written: no space left on its filesystem, a quota, or the file size limit."""
+
+
 class StageError(PipelineError):
     """A stage failed for a reason that retrying will not fix."""
 

@@ -9,6 +9,7 @@ sha256 their artifact records.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -18,7 +19,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from contracts.errors import ArtifactError
+from contracts.errors import ArtifactError, DiskFullError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -33,23 +34,36 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+#: errors that mean "the disk (or this process's share of it) is full"
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + rename)."""
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename).
+
+    On any failure the temporary file is removed and ``path`` is left as it was; a full disk
+    (or quota, or file size limit) is a :class:`DiskFullError` that names the file.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), 0o644)  # mkstemp's 0600 would hide outputs from other users
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+    except BaseException as exc:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        if isinstance(exc, OSError) and exc.errno in _FULL:
+            raise DiskFullError(f"no space left writing {path.name} ({len(data)} bytes; {exc.strerror}) "
+                                f"in {path.parent}") from None
         raise
     _fsync_dir(path.parent)
     return path

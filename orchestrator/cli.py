@@ -295,6 +295,10 @@ def serve(
 
 
 def main() -> None:
+    import signal
+
+    # a file size limit (ulimit -f) makes writes fail with a clear error instead of killing the run
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     app(prog_name="pipeline")
 
 

@@ -22,7 +22,7 @@ from contracts import (
     load_artifact,
     save_model,
 )
-from contracts.errors import ArtifactError
+from contracts.errors import ArtifactError, DiskFullError
 from contracts.io import atomic_write_bytes
 from contracts.stage_settings import StageSettings
 from stages.memory import MemoryCheckpoints, is_oom, peak_rss_mb
@@ -152,8 +152,12 @@ class Stage(ABC):
 
     @staticmethod
     def _in_flight(request: StageRequest, item: WorkItem, audio_s: float | None) -> None:
-        if request.inflight_path:
+        if not request.inflight_path:
+            return
+        try:
             save_model(InFlight(ids=[item.id], since=time.time(), audio_s=audio_s), request.inflight_path)
+        except (DiskFullError, OSError) as exc:  # the work goes on; only crash blame loses this item's name
+            log.warning("%s: cannot say %s is in flight: %s", request.stage, item.id, exc)
 
     def _read_input(self, item: WorkItem) -> Artifact | str:
         try:

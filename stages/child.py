@@ -45,6 +45,9 @@ def bootstrap(log_path: str | None) -> None:
     # Ctrl-C in a terminal reaches the whole process group; the parent decides what
     # happens (it asks for a graceful stop with the request's stop file, or kills).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # past a file size limit (RLIMIT_FSIZE) a write fails with EFBIG, which fails the item, instead of
+    # the default SIGXFSZ, which would kill the child with every item of its chunk
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     if log_path:
         redirect_output(log_path)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr, force=True)

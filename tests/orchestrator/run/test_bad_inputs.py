@@ -149,3 +149,50 @@ def test_a_source_changed_after_planning_fails_alone_and_a_rerun_takes_the_new_v
     assert by_source[str(second)].status == "ok" and by_source[str(first)].stages["audio"].status == "reused"
     audio = json.loads((out / by_source[str(second)].id / ".work" / "audio.json").read_text())
     assert audio["source_size"] == second.stat().st_size, "the grown file was decoded"
+
+
+@pytest.fixture(params=["full filesystem", "file size limit"])
+def small_disk(request, tmp_path):
+    """Where the outputs go, and how the pipeline is started: on a 2 MiB tmpfs (mounted when the tests run
+    as root and may mount), or under a 1 MiB file size limit (RLIMIT_FSIZE) on the run and its children."""
+    import resource
+    import subprocess
+
+    out = tmp_path / "out"
+    out.mkdir()
+    if request.param == "file size limit":
+        def limit():
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+        yield out, limit
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(out)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield out, None
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=False)
+
+
+def test_a_full_disk_fails_the_item_that_did_not_fit_and_leaves_no_partial_artifact(tmp_path, small_disk):
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    out, preexec = small_disk
+    src = tmp_path / "in"
+    small = write_wav(src / "small.wav", speech(16000)[: 3 * 16000], 16000)
+    big = write_wav(src / "big.wav", np.tile(speech(16000), 6), 16000)  # ~65 s: a 4 MB audio.npy does not fit
+    done = subprocess.run([str(ROOT / "bin" / "pipeline"), "process", str(small), str(big), "--output", str(out),
+                           "--no-speakers"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          preexec_fn=preexec)
+    assert done.returncode == 1, done.stderr[-2000:]
+    report = json.loads((out / "run-report.json").read_text())
+    by_name = {item["source"].rsplit("/", 1)[-1]: item for item in report["inputs"]}
+    assert by_name["small.wav"]["status"] == "ok", by_name["small.wav"]
+    failed = by_name["big.wav"]
+    assert failed["status"] == "failed" and failed["failed_stage"] == "audio"
+    assert failed["error"].startswith("no space left writing audio.npy (4") and "\n" not in failed["error"]
+    left = sorted(p.name for p in (out / failed["id"]).rglob("*") if p.is_file())
+    assert left == [], f"nothing half-written is left: {left}"
