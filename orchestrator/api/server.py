@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
+import ipaddress
 import json
 import logging
 import socket
@@ -25,7 +26,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security.utils import get_authorization_scheme_param
@@ -33,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts import EmbeddingsArtifact, TranscriptArtifact, load_artifact, load_model
 from contracts.api import (
+    EMBEDDED_MODEL_NAMES,
     PROFILES,
     EmbeddingObject,
     EmbeddingRequest,
@@ -60,12 +62,32 @@ log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 413: "request_too_large",
-          422: "invalid_request_error", 503: "server_error"}
+          422: "invalid_request_error", 429: "rate_limit_error", 503: "server_error", 504: "timeout_error"}
 #: documented error responses (OpenAPI)
-ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 503)}
+ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 413, 429, 503)}
 _ROUTES = ("/v1/embeddings", "/v1/jobs", "/health", "/metrics", "/openapi.json", "/docs")
-#: paths answered without a token (liveness probes)
+#: paths answered without a token (liveness probes: status only, the detail needs the token)
 OPEN_PATHS = frozenset({"/health"})
+#: Host names a loopback server without a token answers (anything else may be DNS rebinding from a browser)
+LOOPBACK_NAMES = frozenset({"localhost"})
+
+
+def host_name(header: str) -> str:
+    """The name part of a Host header: ``[::1]:8000`` -> ``::1``, ``localhost:80`` -> ``localhost``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def is_loopback_host(header: str) -> bool:
+    name = host_name(header).rstrip(".")
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def error_body(status: int, message: str, type: str | None = None, param: str | None = None,
@@ -88,7 +110,13 @@ def route_of(path: str) -> str:
 
 
 class Guard:
-    """ASGI middleware: bearer token, request body limit, request metrics.
+    """ASGI middleware: Host check, bearer token, concurrency limit, request body limit, request metrics.
+
+    Without a token on a loopback address, only Host headers naming loopback are answered (403
+    otherwise): a web page the user visits cannot reach the API through DNS rebinding. Requests beyond
+    ``max_concurrent_requests`` in flight are answered 429 before their body is read. Whether the
+    request carried the token is left in ``scope["state"]["authorized"]`` (``/health`` shows its
+    detail only then).
 
     The token is checked here rather than with a route dependency (``fastapi.security.HTTPBearer``)
     because it must also cover ``/openapi.json``, ``/docs`` and unknown paths, and come before the
@@ -102,6 +130,10 @@ class Guard:
         self.expected = token.encode() if token else None
         self.max_body = settings.max_body_bytes
         self.metrics = metrics
+        self.check_host = self.expected is None and settings.is_loopback()
+        self.max_in_flight = settings.max_concurrent_requests
+        self.retry_after = str(settings.retry_after_s)
+        self.in_flight = 0
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -122,12 +154,38 @@ class Guard:
 
     async def _guarded(self, scope, receive, send) -> None:
         headers = dict(scope.get("headers") or [])
-        if self.expected is not None and scope["path"] not in OPEN_PATHS:
+        if self.check_host and not is_loopback_host(headers.get(b"host", b"").decode("latin-1")):
+            log.warning("refused a request with Host %r: this server without a token answers loopback names only",
+                        headers.get(b"host", b"").decode("latin-1")[:100])
+            await _error(403, "this server answers only Host headers naming loopback (localhost, 127.0.0.1, [::1]) "
+                              "unless it has a token", type="permission_error", code="host_not_allowed",
+                         headers={"Connection": "close"})(scope, receive, send)
+            return
+        authorized = self.expected is None
+        if not authorized:
             scheme, given = get_authorization_scheme_param(headers.get(b"authorization", b"").decode("latin-1"))
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode("latin-1"), self.expected):
-                await _error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
-                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
-                return
+            authorized = scheme.lower() == "bearer" and hmac.compare_digest(given.encode("latin-1"), self.expected)
+        if not authorized and scope["path"] not in OPEN_PATHS:
+            await _error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
+                         code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        scope.setdefault("state", {})["authorized"] = authorized
+        if scope["path"] in OPEN_PATHS:
+            await self._body(scope, receive, send)
+            return
+        if self.in_flight >= self.max_in_flight:
+            self.metrics.rejected.labels(reason="concurrency").inc()
+            await _error(429, f"too many requests in flight (more than {self.max_in_flight}); retry later",
+                         code="too_many_requests", headers={"Retry-After": self.retry_after})(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self._body(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _body(self, scope, receive, send) -> None:
+        headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
             await self._too_large(scope, receive, send)
@@ -193,6 +251,15 @@ def embedding_response(vectors, tokens: list[int], model: str, encoding_format: 
                              model=model, usage=EmbeddingUsage(prompt_tokens=total, total_tokens=total))
 
 
+def model_name(model: str) -> str:
+    """A model as answers name it: a hub id, never a path on the server (the embedding worker's
+    ``public_name`` does the same child-side)."""
+    for directory, name in EMBEDDED_MODEL_NAMES.items():
+        if model.rstrip("/").endswith(directory):
+            return name
+    return Path(model).name if Path(model).is_absolute() else model
+
+
 def job_result(record: JobRecord, include_vectors: bool) -> JobResult:
     """The transcripts and embeddings of a finished job, read back from its validated artifacts."""
     import numpy as np
@@ -210,7 +277,11 @@ def job_result(record: JobRecord, include_vectors: bool) -> JobResult:
         if done is not None and done.status in ("ok", "partial"):
             directory = Path(record.output_dir) / item.id
             transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
+            transcript = transcript.model_copy(update={"model": model_name(transcript.model),
+                                                       "requested_model": model_name(transcript.requested_model)})
             embeddings = load_artifact(directory / "embeddings.json", EmbeddingsArtifact)
+            embeddings = embeddings.model_copy(update={"model": model_name(embeddings.model),
+                                                       "requested_model": model_name(embeddings.requested_model)})
             vectors = np.load(directory / embeddings.sidecar, allow_pickle=False).tolist() if include_vectors else None
             result = result.model_copy(update={
                 "transcript": transcript, "embeddings": embeddings, "vectors": vectors,
@@ -248,8 +319,9 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
+        headers = {"Retry-After": str(settings.retry_after_s)} if exc.status == 429 else None
         return _error(exc.status, exc.message, exc.type if exc.type != "server_error" or exc.status >= 500 else None,
-                      exc.param, exc.code)
+                      exc.param, exc.code, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc: StarletteHTTPException):
@@ -307,10 +379,13 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
             raise ApiError(500, f"an output of job {job_id} is unreadable: {exc.reason}", code="bad_output") from exc
         return Response(result.model_dump_json(), media_type="application/json")
 
-    @app.get("/health", response_model=Health)
-    async def health() -> Health:
-        """Liveness, the workers and the job queue (open without a token)."""
-        return Health(workers=pool.health(), jobs_queued=jobs.queued, job_running=jobs.running)
+    @app.get("/health", response_model=Health, response_model_exclude_none=True)
+    async def health(request: Request) -> Response:
+        """Liveness (open without a token); the workers and the job queue only with the token."""
+        if not request.scope.get("state", {}).get("authorized"):
+            return Response(Health().model_dump_json(exclude_none=True), media_type="application/json")
+        detail = Health(workers=pool.health(), jobs_queued=jobs.queued, job_running=jobs.running)
+        return Response(detail.model_dump_json(exclude_none=True), media_type="application/json")
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
     async def prometheus() -> Response:

@@ -423,7 +423,8 @@ class ProfileWorker:
         self._worker = worker
         self._last_active = time.monotonic()
         self.metrics.workers_up.labels(profile=self.profile).set(1)
-        log.info("%s: worker pid %d ready: %s on %s", self.name, ready.pid, ready.model, ready.device)
+        log.info("%s: worker pid %d ready: %s (%s) on %s", self.name, ready.pid, ready.model, ready.model_path,
+                 ready.device)
         return worker
 
     def _discard_worker(self) -> None:
