@@ -64,6 +64,9 @@ class Metrics:
         self.dropped_texts = Counter("isostage_embedding_dropped_texts",
                                      "Queued texts dropped before a worker saw them (client gone, deadline).",
                                      ["profile"], registry=r)
+        self.bad_texts = Counter("isostage_embedding_bad_texts",
+                                 "Texts a worker could not embed while others of their micro-batch could (400).",
+                                 ["profile"], registry=r)
         self.workers_up = Gauge("isostage_worker_up", "1 while the profile's worker process is running.", ["profile"],
                                 registry=r)
 

@@ -234,11 +234,44 @@ def check_embedding_request(body: EmbeddingRequest, settings: Settings) -> tuple
         if len(text) > settings.max_input_chars:
             raise ApiError(400, f"input[{index}] is too long: {len(text)} characters > {settings.max_input_chars}",
                            type="invalid_request_error", param=f"input[{index}]", code="input_too_long")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in the JSON): no model can take it
+            raise ApiError(400, f"input[{index}] is not valid Unicode ({exc.reason} at character {exc.start})",
+                           type="invalid_request_error", param=f"input[{index}]", code="invalid_unicode") from None
     if body.model not in PROFILES and body.model not in settings.embedding_models:
         known = ", ".join(sorted(set(PROFILES) | set(settings.embedding_models)))
         raise ApiError(404, f"the model {body.model!r} does not exist on this server; use one of: {known}",
                        type="invalid_request_error", param="model", code="model_not_found")
     return body.model, texts
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body was read already: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def wait_for_rows(ticket, request: Request, settings: Settings, metrics: Metrics):
+    """The ticket's rows; its queued texts are dropped when the client disconnects or the deadline passes."""
+    rows = asyncio.wrap_future(ticket.future)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({rows, gone}, timeout=settings.request_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if rows in done:
+        return rows.result()
+    reason = "the client disconnected" if gone in done else f"deadline of {settings.request_timeout_s:g}s passed"
+    ticket.cancel(reason)
+    rows.cancel()
+    metrics.rejected.labels(reason="disconnect" if gone in done else "deadline").inc()
+    if gone in done:
+        raise ApiError(499, "client closed the request", code="client_closed")
+    raise ApiError(504, f"the embeddings were not ready within the request deadline of {settings.request_timeout_s:g}s "
+                        "(PIPELINE_REQUEST_TIMEOUT_S); its queued texts were dropped", type="timeout_error",
+                   code="deadline_exceeded")
 
 
 def embedding_response(vectors, tokens: list[int], model: str, encoding_format: str) -> EmbeddingResponse:
@@ -348,10 +381,13 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         return _error(500, "internal server error (details are in the server's log)", code="internal_error")
 
     @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS)
-    async def embeddings(body: EmbeddingRequest) -> Response:
-        """OpenAI-compatible embeddings; ``model`` is a profile (speed, quality, embedded) or a configured name."""
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+        """OpenAI-compatible embeddings; ``model`` is a profile (speed, quality, embedded) or a configured name.
+
+        429 (Retry-After) when the profile's queue is full; 504 past the request deadline. A client that
+        disconnects has its queued texts dropped."""
         profile, texts = check_embedding_request(body, settings)
-        result = await asyncio.wrap_future(pool.embed(profile, texts))
+        result = await wait_for_rows(pool.ticket(profile, texts), request, settings, metrics)
         response = embedding_response(result.vectors, result.tokens, result.model, body.encoding_format)
         return Response(response.model_dump_json(), media_type="application/json")
 

@@ -137,6 +137,8 @@ BAD = [
     ({"input": "x", "model": "embedded", "encoding_format": "int8"}, 400, "invalid_request"),
     ({"input": "x", "model": "embedded", "temperature": 1}, 400, "invalid_request"),
     (b"[]", 400, "invalid_request"),
+    ({"input": ["fine", "lone \ud800 surrogate"], "model": "embedded"}, 400, "invalid_unicode"),
+    (b'{"input": "\\udc80", "model": "embedded"}', 400, "invalid_unicode"),
 ]
 
 
