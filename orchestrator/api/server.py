@@ -400,12 +400,12 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
     @app.get("/v1/jobs/{job_id}", response_model=JobRecord, responses=ERRORS)
     async def get_job(job_id: str) -> JobRecord:
         """Status, per-input progress and the run report's summary."""
-        return jobs.get(job_id)
+        return await asyncio.to_thread(jobs.get, job_id)
 
     @app.get("/v1/jobs/{job_id}/result", response_model=JobResult, responses={**ERRORS, 409: {"model": ErrorResponse}})
     async def get_result(job_id: str, embeddings: bool = Query(False, description="include the vectors")) -> Response:
         """Transcripts and embeddings of a finished job (409 while it is queued or running)."""
-        record = jobs.get(job_id)
+        record = await asyncio.to_thread(jobs.get, job_id)
         if record.status in ("queued", "running"):
             raise ApiError(409, f"job {job_id} is {record.status}; its result is not ready",
                            type="conflict_error", code="job_not_finished")
