@@ -214,3 +214,59 @@ def test_the_official_openai_client(server, locked):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{locked.url}/v1", api_key="wrong", max_retries=0).embeddings.create(
             input="x", model="embedded")
+
+
+@pytest.mark.slow
+def test_a_thousand_concurrent_connections_get_only_200_or_429_and_memory_stays_bounded(tmp_path):
+    """Bounded load on loopback: 1,000 connections for 20 s against `bin/pipeline serve` in its own process."""
+    import asyncio
+    import time
+
+    from bench.api import start_server, stop_server
+
+    proc, url = start_server(tmp_path / "server", {"PIPELINE_MAX_CONCURRENT_REQUESTS": "128",
+                                                   "EMBEDDING_MAX_QUEUED_TEXTS": "256", "PIPELINE_DEVICE": "cpu"})
+    statuses: dict[int, int] = {}
+    failures: list[str] = []
+    peak = {"rss": 0}
+
+    def tree_rss() -> int:
+        try:
+            server = psutil.Process(proc.pid)
+            return sum(p.memory_info().rss for p in [server, *server.children(recursive=True)])
+        except psutil.Error:
+            return 0
+
+    async def load() -> None:
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+        stop_at = time.monotonic() + 20
+
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+            async def one(n: int) -> None:
+                while time.monotonic() < stop_at:
+                    try:
+                        response = await client.post("/v1/embeddings", json={
+                            "input": [f"client {n} says the quick brown fox {i}" for i in range(1 + n % 4)],
+                            "model": "embedded"})
+                    except httpx.HTTPError as exc:
+                        failures.append(type(exc).__name__)
+                        return
+                    statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+                    if response.status_code == 429:
+                        await asyncio.sleep(float(response.headers["retry-after"]))
+
+            async def watch() -> None:
+                while time.monotonic() < stop_at + 5:
+                    peak["rss"] = max(peak["rss"], tree_rss())
+                    await asyncio.sleep(0.25)
+
+            await asyncio.wait_for(asyncio.gather(watch(), *(one(n) for n in range(1000))), timeout=55)
+
+    try:
+        asyncio.run(load())
+    finally:
+        stop_server(proc)
+    print(f"\nstatuses {statuses}; peak RSS of the server and its worker: {peak['rss'] / 2**20:.0f} MiB")
+    assert not failures, failures[:5]
+    assert statuses.get(200) and set(statuses) <= {200, 429}, statuses
+    assert 0 < peak["rss"] < 4 * 2**30, "the server's memory stayed bounded"
