@@ -1,32 +1,36 @@
-"""Embeddings through the HTTP API vs raw in-process ``SentenceTransformer.encode``, for 1, 8 and 32 clients.
+"""Embeddings through the HTTP API vs a raw ``SentenceTransformer.encode``, each side in its own process.
 
-    .venv/bin/python bench/api.py [--texts 768] [--request-size 8] [--clients 1 8 32] [--max-batch 32]
+    .venv/bin/python bench/api.py [--texts 768] [--request-size 8] [--clients 1 8 32 128] [--max-batch 32]
 
-Starts a real server (uvicorn on 127.0.0.1, one worker child with the embedded
-all-MiniLM-L6-v2), warms it up, then for each number of concurrent clients
-sends the same texts in requests of ``--request-size`` texts (each client a
-thread with its own HTTP connection) and measures throughput (texts/s) and
-request latency (p50, p99). The baseline encodes the same texts in this
-process with ``SentenceTransformer.encode`` at the batch size the server
-actually used for that run (its mean micro-batch, from /metrics), and reports
-per-batch latency. Ratio = API texts/s / raw texts/s (goal >= 0.9).
+- the server is started as users start it: ``bin/pipeline serve`` in its own process (one worker child
+  with the embedded all-MiniLM-L6-v2 on the CPU), warmed up with one request;
+- the clients run in another process (``--client``): asyncio + httpx, one connection per client,
+  each client sending the next request of ``--request-size`` texts as soon as its last one is answered;
+- the raw baseline runs in a third process (``--raw``) after the server is stopped: the same texts, in
+  arrival order, encoded ``--max-batch`` at a time (what a server without length grouping would compute).
+
+The texts are of mixed lengths (mostly short, some long enough to be truncated). Reported per number of
+clients: texts/s, tokens/s (the usage the server reports), request latency p50/p99, and API / raw.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
-import queue
 import random
 import shutil
-import statistics
+import socket
+import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 WORDS = ("the quick brown fox jumps over a lazy dog while she sells sea shells by the shore and "
          "please call stella to bring these things from the store meeting notes about quarterly budget "
@@ -34,117 +38,168 @@ WORDS = ("the quick brown fox jumps over a lazy dog while she sells sea shells b
 
 
 def make_texts(count: int, seed: int = 0) -> list[str]:
+    """Mixed lengths: 70 % of 4-20 words, 25 % of 20-80, 5 % of 150-300 (beyond the model's 256 tokens)."""
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 40))).capitalize() + "." for _ in range(count)]
+    texts = []
+    for _ in range(count):
+        roll = rng.random()
+        words = rng.randint(4, 20) if roll < 0.7 else rng.randint(20, 80) if roll < 0.95 else rng.randint(150, 300)
+        texts.append(" ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + ".")
+    return texts
 
 
 def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))] if ordered else float("nan")
 
 
-def run_api(url: str, texts: list[str], request_size: int, clients: int) -> tuple[float, list[float]]:
-    from orchestrator.api.client import Client
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    requests: queue.Queue[list[str]] = queue.Queue()
+
+def start_server(server_dir: Path, env: dict[str, str] | None = None, timeout_s: float = 300.0):
+    """``bin/pipeline serve`` on 127.0.0.1 and a free port, in its own process; (process, url) once it answers."""
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([str(ROOT / "bin" / "pipeline"), "serve", "--port", str(port), "--server-dir",
+                             str(server_dir)], cwd=ROOT, env={**os.environ, **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("the server did not start")
+        time.sleep(0.2)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def _clients(url: str, texts: list[str], request_size: int, clients: int) -> dict:
+    import httpx
+
+    requests: asyncio.Queue[list[str]] = asyncio.Queue()
     for i in range(0, len(texts), request_size):
-        requests.put(texts[i:i + request_size])
+        requests.put_nowait(texts[i:i + request_size])
     latencies: list[float] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(clients + 1)
+    statuses: Counter[int] = Counter()
+    tokens = 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as client:
+        await asyncio.gather(*(client.get("/health") for _ in range(clients)))  # open the connections first
 
-    def client() -> None:
-        with Client(url) as api:
-            api.health()  # open the connection before the clock starts
-            barrier.wait()
+        async def one_client() -> None:
+            nonlocal tokens
             while True:
                 try:
                     batch = requests.get_nowait()
-                except queue.Empty:
+                except asyncio.QueueEmpty:
                     return
                 t0 = time.perf_counter()
-                response = api.embed(batch, model="embedded")
-                took = time.perf_counter() - t0
-                assert len(response.data) == len(batch)
-                with lock:
-                    latencies.append(took)
+                response = await client.post("/v1/embeddings", json={"input": batch, "model": "embedded"})
+                statuses[response.status_code] += 1
+                if response.status_code != 200:
+                    await asyncio.sleep(float(response.headers.get("retry-after", "1")))
+                    requests.put_nowait(batch)
+                    continue
+                latencies.append(time.perf_counter() - t0)
+                body = response.json()
+                assert len(body["data"]) == len(batch)
+                tokens += body["usage"]["total_tokens"]
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    return len(texts) / (time.perf_counter() - t0), latencies
-
-
-def run_raw(model, texts: list[str], batch_size: int) -> tuple[float, list[float]]:
-    latencies = []
-    t0 = time.perf_counter()
-    for i in range(0, len(texts), batch_size):
-        b0 = time.perf_counter()
-        model.encode(texts[i:i + batch_size], batch_size=batch_size, normalize_embeddings=True,
-                     convert_to_numpy=True, show_progress_bar=False)
-        latencies.append(time.perf_counter() - b0)
-    return len(texts) / (time.perf_counter() - t0), latencies
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    return {"clients": clients, "texts_s": len(texts) / wall, "tokens_s": tokens / wall,
+            "p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "statuses": dict(statuses)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--texts", type=int, default=768)
-    parser.add_argument("--request-size", type=int, default=8)
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--max-wait-ms", type=float, default=5.0)
-    args = parser.parse_args()
-
-    from orchestrator.api.client import Client
-    from orchestrator.api.metrics import sample
-    from orchestrator.api.server import start_in_thread
-    from orchestrator.settings import Settings
-
-    texts = make_texts(args.texts)
-    work = Path(tempfile.mkdtemp(prefix="bench-api-"))
-    server = start_in_thread(Settings(server_dir=work, port=0, embed_max_batch=args.max_batch,
-                                      embed_max_wait_ms=args.max_wait_ms, device="cpu"))
-    rows = []
-    try:
-        with Client(server.url) as api:
-            api.embed(make_texts(64, seed=1), model="embedded")  # start and warm the worker
-            for clients in args.clients:
-                before = api.metrics()
-                throughput, latencies = run_api(server.url, texts, args.request_size, clients)
-                after = api.metrics()
-                batches = (sample(after, "isostage_embedding_batch_size_count", profile="embedded")
-                           - sample(before, "isostage_embedding_batch_size_count", profile="embedded"))
-                rows.append({"clients": clients, "api": throughput, "p50": percentile(latencies, 50),
-                             "p99": percentile(latencies, 99), "batch": len(texts) / batches if batches else float("nan")})
-    finally:
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
-
+def _raw(texts: list[str], batch: int) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
     from stages.embeddings import embedded_model_path
 
     model = SentenceTransformer(str(embedded_model_path()), device="cpu")
-    run_raw(model, make_texts(64, seed=1), 32)  # warm up
-    for row in rows:
-        size = max(1, round(row["batch"]))
-        raw, raw_latencies = run_raw(model, texts, size)
-        row.update(raw=raw, raw_batch=size, raw_p50=percentile(raw_latencies, 50), raw_p99=percentile(raw_latencies, 99))
+    model.encode(make_texts(64, seed=1), batch_size=32, show_progress_bar=False)  # warm up
+    tokenizer, limit = model.tokenizer, model.max_seq_length
+    tokens = sum(len(ids) for ids in tokenizer(texts, truncation=True, max_length=limit)["input_ids"])
+    latencies = []
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        b0 = time.perf_counter()
+        model.encode(texts[i:i + batch], batch_size=batch, normalize_embeddings=True, convert_to_numpy=True,
+                     show_progress_bar=False)
+        latencies.append(time.perf_counter() - b0)
+    wall = time.perf_counter() - t0
+    return {"texts_s": len(texts) / wall, "tokens_s": tokens / wall, "p50": percentile(latencies, 50),
+            "p99": percentile(latencies, 99)}
 
-    print(f"\n{len(texts)} texts, requests of {args.request_size}, max micro-batch {args.max_batch}, "
-          f"max wait {args.max_wait_ms:g} ms, CPU, all-MiniLM-L6-v2 (torch threads: {os.cpu_count()} cores)\n")
-    print(f"{'clients':>7} {'mean batch':>10} {'API texts/s':>11} {'p50 ms':>7} {'p99 ms':>7} | "
-          f"{'raw batch':>9} {'raw texts/s':>11} {'p50 ms':>7} {'p99 ms':>7} | {'API/raw':>7}")
+
+def _in_process(*args: str) -> dict:
+    done = subprocess.run([sys.executable, __file__, *args], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--texts", type=int, default=768)
+    parser.add_argument("--request-size", type=int, default=8)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)  # the client process
+    parser.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)  # the baseline process
+    args = parser.parse_args()
+    texts = make_texts(args.texts)
+    if args.client:
+        print(json.dumps(asyncio.run(_clients(args.client, texts, args.request_size, args.clients[0]))))
+        return
+    if args.raw:
+        print(json.dumps(_raw(texts, args.max_batch)))
+        return
+
+    work = Path(tempfile.mkdtemp(prefix="bench-api-"))
+    env = {"EMBEDDING_MAX_BATCH": str(args.max_batch), "EMBEDDING_MAX_WAIT_MS": str(args.max_wait_ms),
+           "PIPELINE_DEVICE": "cpu"}
+    rows = []
+    proc, url = start_server(work, env)
+    try:
+        _in_process("--client", url, "--clients", "4", "--texts", "64")  # start and warm the worker
+        for clients in args.clients:
+            rows.append(_in_process("--client", url, "--clients", str(clients), "--texts", str(args.texts),
+                                    "--request-size", str(args.request_size)))
+    finally:
+        stop_server(proc)
+        shutil.rmtree(work, ignore_errors=True)
+    raw = _in_process("--raw", "--texts", str(args.texts), "--max-batch", str(args.max_batch))
+
+    print(f"\n{len(texts)} mixed-length texts, requests of {args.request_size}, max micro-batch {args.max_batch}, "
+          f"max wait {args.max_wait_ms:g} ms, CPU ({os.cpu_count()} cores), all-MiniLM-L6-v2\n")
+    print(f"{'clients':>7} {'texts/s':>8} {'tokens/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'API/raw':>8}  statuses")
     for r in rows:
-        print(f"{r['clients']:>7} {r['batch']:>10.1f} {r['api']:>11.1f} {r['p50'] * 1e3:>7.1f} {r['p99'] * 1e3:>7.1f} | "
-              f"{r['raw_batch']:>9} {r['raw']:>11.1f} {r['raw_p50'] * 1e3:>7.1f} {r['raw_p99'] * 1e3:>7.1f} | "
-              f"{r['api'] / r['raw']:>6.2f}x")
-    print("\nAPI latency: one request of the given size, end to end over HTTP; raw latency: one encode call of the batch.")
+        print(f"{r['clients']:>7} {r['texts_s']:>8.1f} {r['tokens_s']:>9.0f} {r['p50'] * 1e3:>8.1f} "
+              f"{r['p99'] * 1e3:>8.1f} {r['texts_s'] / raw['texts_s']:>7.2f}x  {r['statuses']}")
+    print(f"{'raw':>7} {raw['texts_s']:>8.1f} {raw['tokens_s']:>9.0f} {raw['p50'] * 1e3:>8.1f} {raw['p99'] * 1e3:>8.1f}"
+          f" {'1.00x':>8}  (encode of {args.max_batch} texts at a time, arrival order; latency per encode)")
+    print("\nAPI latency: one request end to end over HTTP (server, clients and baseline in separate processes).")
 
 
 if __name__ == "__main__":

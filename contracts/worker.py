@@ -48,8 +48,10 @@ class StopWorker(Strict):
 class Ready(Strict):
     kind: Literal["ready"] = "ready"
     pid: int
-    #: the model actually loaded (after any fallback)
+    #: the model actually loaded (after any fallback), by name: a hub id, never a server path
     model: str
+    #: where it was loaded from (for the server's log only)
+    model_path: str | None = None
     requested_model: str
     fallback_reason: str | None = None
     device: str

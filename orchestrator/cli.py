@@ -266,7 +266,8 @@ def report(
 def serve(
     host: Annotated[Optional[str], typer.Option(help="Address to bind [env PIPELINE_HOST, default 127.0.0.1]; any other than loopback needs a token.")] = None,
     port: Annotated[Optional[int], typer.Option(min=0, max=65535, help="[env PIPELINE_PORT, default 8000]")] = None,
-    token: Annotated[Optional[str], typer.Option(help="Require 'Authorization: Bearer TOKEN' on every request but /health [env PIPELINE_API_TOKEN].")] = None,
+    token: Annotated[Optional[str], typer.Option(help="Require 'Authorization: Bearer TOKEN' on every request but /health. Visible to every user in the process list: prefer PIPELINE_API_TOKEN or --token-file.")] = None,
+    token_file: Annotated[Optional[Path], typer.Option(help="Read the bearer token from this file (first line) [or env PIPELINE_API_TOKEN].")] = None,
     input_root: Annotated[Optional[list[Path]], typer.Option("--input-root", help="Directory jobs may read from (repeatable) [env PIPELINE_INPUT_ROOTS, ':'-separated]; none: jobs are refused.")] = None,
     server_dir: Annotated[Optional[Path], typer.Option(help="Job state, job outputs and worker logs [env PIPELINE_SERVER_DIR, default: a per-user state directory].")] = None,
     embedding_profile: Annotated[Optional[str], typer.Option(help="Embedding profile of jobs [env EMBEDDING_PROFILE].")] = None,
@@ -279,6 +280,16 @@ def serve(
 
     setup_logging(VERBOSE if verbose else NORMAL)
     logging.getLogger("orchestrator.api").setLevel(logging.INFO)  # a server's log: requests, workers, jobs
+    if token_file is not None:
+        try:
+            lines = token_file.read_text().strip().splitlines()
+            token = lines[0].strip() if lines else ""
+        except OSError as exc:
+            typer.echo(f"error: cannot read the token file {token_file}: {exc.strerror}", err=True)
+            raise typer.Exit(ExitCode.USAGE) from None
+        if not token:
+            typer.echo(f"error: the token file {token_file} is empty", err=True)
+            raise typer.Exit(ExitCode.USAGE)
     overrides = {"host": host, "port": port, "api_token": token, "input_roots": input_root, "server_dir": server_dir,
                  "embedding_profile": embedding_profile}
     try:

@@ -226,6 +226,25 @@ class Settings(BaseSettings):
     worker_start_timeout_s: float = Field(600.0, gt=0, validation_alias=_env("worker_start_timeout_s", "EMBEDDING_WORKER_START_TIMEOUT_S"))
     #: extra model names the embeddings endpoint accepts besides the profiles (env: JSON list)
     embedding_models: list[str] = Field(default_factory=list, validation_alias=_env("embedding_models", "EMBEDDING_MODELS"))
+    #: padded tokens (texts x the longest one's tokens) a micro-batch may hold besides ``embed_max_batch`` texts;
+    #: queued texts are grouped by length so that short ones are not padded to long ones
+    embed_max_batch_tokens: int = Field(8192, ge=1, validation_alias=_env("embed_max_batch_tokens", "EMBEDDING_MAX_BATCH_TOKENS"))
+    #: texts that may wait in one profile's queue; a request that would go beyond is answered 429 (Retry-After)
+    embed_max_queued_texts: int = Field(8192, ge=1, validation_alias=_env("embed_max_queued_texts", "EMBEDDING_MAX_QUEUED_TEXTS"))
+    #: seconds a worker may spend on one micro-batch; beyond, it is killed and replaced as if it had crashed
+    embed_batch_timeout_s: float = Field(120.0, gt=0, validation_alias=_env("embed_batch_timeout_s", "EMBEDDING_BATCH_TIMEOUT_S"))
+    #: requests handled at once (all routes but /health); more are answered 429 (Retry-After) before their body is read
+    max_concurrent_requests: int = Field(512, ge=1, validation_alias=_env("max_concurrent_requests", "PIPELINE_MAX_CONCURRENT_REQUESTS"))
+    #: seconds an embeddings request may take end to end; beyond, it is answered 504 and its queued texts are dropped
+    request_timeout_s: float = Field(60.0, gt=0, validation_alias=_env("request_timeout_s", "PIPELINE_REQUEST_TIMEOUT_S"))
+    #: Retry-After (seconds) sent with a 429
+    retry_after_s: int = Field(1, ge=1, validation_alias=_env("retry_after_s", "PIPELINE_RETRY_AFTER_S"))
+    #: most paths in one job submission (413 above)
+    job_max_paths: int = Field(1000, ge=1, validation_alias=_env("job_max_paths", "PIPELINE_JOB_MAX_PATHS"))
+    #: most files a job's paths may expand to (413 above)
+    job_max_files: int = Field(10_000, ge=1, validation_alias=_env("job_max_files", "PIPELINE_JOB_MAX_FILES"))
+    #: jobs that may wait in the queue (429 above)
+    job_max_queued: int = Field(100, ge=1, validation_alias=_env("job_max_queued", "PIPELINE_JOB_MAX_QUEUED"))
 
     @field_validator("input_roots", mode="before")
     @classmethod
@@ -250,7 +269,7 @@ class Settings(BaseSettings):
         if not self.is_loopback() and not (self.api_token and self.api_token.get_secret_value()):
             raise SettingsError(
                 f"binding to {self.host} exposes the API beyond this machine: set a token "
-                "(--token or PIPELINE_API_TOKEN), or bind to 127.0.0.1")
+                "(PIPELINE_API_TOKEN or --token-file), or bind to 127.0.0.1")
 
     @field_validator("memory_warning_pct")
     @classmethod

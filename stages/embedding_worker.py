@@ -17,8 +17,10 @@ import logging
 import os
 import time
 from importlib import import_module
+from pathlib import Path
 
 from contracts import ExitCode
+from contracts.api import EMBEDDED_MODEL_NAMES
 from contracts.errors import ModelUnavailableError
 from contracts.worker import (
     FROM_WORKER,
@@ -55,7 +57,8 @@ class Embedder:
         self.dimension = int(self.model.get_embedding_dimension())
 
     def ready(self) -> Ready:
-        return Ready(pid=os.getpid(), model=self.loaded.name, requested_model=self.loaded.requested,
+        return Ready(pid=os.getpid(), model=public_name(self.loaded.name), model_path=self.loaded.name,
+                     requested_model=public_name(self.loaded.requested),
                      fallback_reason=self.loaded.fallback_reason, device=self.device, dimension=self.dimension,
                      max_seq_length=getattr(self.model, "max_seq_length", None), load_s=self.load_s)
 
@@ -81,6 +84,15 @@ class Embedder:
         gc.collect()
         if self.device.startswith("cuda"):
             self.torch.cuda.empty_cache()
+
+
+def public_name(model: str) -> str:
+    """What answers call ``model``: the hub id, or for a local directory a name that tells no server path."""
+    for directory, name in EMBEDDED_MODEL_NAMES.items():
+        if model.rstrip("/").endswith(directory):
+            return name
+    path = Path(model)
+    return path.name if path.is_absolute() else model
 
 
 def load_embedder(config: WorkerConfig) -> Embedder:

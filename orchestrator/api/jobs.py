@@ -1,9 +1,15 @@
 """Jobs of the API server: confined input paths, job records on disk, and one queue run through the Orchestrator.
 
 A job is a list of files (directories are expanded at submission) inside the
-server's allowed input roots. Its state lives in
-``<server_dir>/jobs/<id>/job.json`` (a validated :class:`contracts.api.JobRecord`,
-written atomically), its outputs in ``<server_dir>/jobs/<id>/out/``. One
+server's allowed input roots (at most ``job_max_paths`` paths expanding to
+``job_max_files`` files, 413 beyond; at most ``job_max_queued`` jobs waiting,
+429 beyond). Its state lives in ``<server_dir>/jobs/<id>/job.json`` (a
+validated :class:`contracts.api.JobRecord`, written atomically when its status
+changes) plus ``progress.jsonl`` beside it, where per-stage progress is
+appended as the job runs (one line per stage start and per finished item,
+never a rewrite of the record); on load the lines are applied over the record.
+Its outputs go to ``<server_dir>/jobs/<id>/out/``. Reading a job takes no
+lock: records are immutable snapshots replaced whole. One
 thread runs the jobs one at a time, each through the same
 :class:`orchestrator.run.pipeline.Orchestrator` as the CLI (isolated stage
 children, chunks, journal). On start, jobs found ``queued`` or ``running``
@@ -13,6 +19,7 @@ finished, so re-running is safe.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -32,6 +39,7 @@ from orchestrator.settings import Settings
 log = logging.getLogger(__name__)
 
 JOB_FILE = "job.json"
+PROGRESS_FILE = "progress.jsonl"
 
 
 def confine(raw: str, roots: list[Path]) -> list[Path]:
@@ -93,11 +101,11 @@ class JobProgress(LogProgress):
 
     def stage_started(self, chunk: int, stage: str, items: int) -> None:
         super().stage_started(chunk, stage, items)
-        self.queue._update(self.record.id, stage=stage, chunk=chunk)
+        self.queue._progress(self.record.id, {"stage": stage, "chunk": chunk})
 
     def show_start(self, resumed: int) -> None:
         super().show_start(resumed)
-        self.queue._update(self.record.id, chunks=self.chunks)
+        self.queue._progress(self.record.id, {"chunks": self.chunks})
 
     def item_finished(self, stage: str, result: ItemResult, chunk: int | None = None) -> None:
         super().item_finished(stage, result, chunk)
@@ -112,6 +120,8 @@ class JobQueue:
         self.directory = Path(settings.server_dir) / "jobs"
         self.directory.mkdir(parents=True, exist_ok=True)
         self._records: dict[str, JobRecord] = {}
+        #: per job, its inputs' progress since the record was last written: {input id: JobInput}
+        self._live: dict[str, dict[str, JobInput]] = {}
         self._queue: deque[str] = deque()
         self._cond = threading.Condition()
         self._closing = False
@@ -129,27 +139,48 @@ class JobQueue:
         return record
 
     def _update(self, job_id: str, **changes) -> JobRecord:
+        """Change the record and write it whole (status changes: a few times per job); the progress
+        appended so far is folded in and its file emptied."""
         with self._cond:
-            record = self._records[job_id].model_copy(update=changes)
-            return self._save(JobRecord.model_validate(record.model_dump()))
+            current = self.get(job_id)
+            record = JobRecord.model_validate(current.model_copy(update=changes).model_dump())
+            self._live.pop(job_id, None)
+            self._save(record)
+            (self.directory / job_id / PROGRESS_FILE).unlink(missing_ok=True)
+            return record
+
+    def _progress(self, job_id: str, line: dict) -> None:
+        """Append one progress line (no rewrite of the record, no fsync) and apply it in memory."""
+        with open(self.directory / job_id / PROGRESS_FILE, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+        with self._cond:
+            self._apply(job_id, line)
+
+    def _apply(self, job_id: str, line: dict) -> None:
+        if "item" in line:
+            live = self._live.setdefault(job_id, {})
+            item = live.get(line["item"]) or next((i for i in self._records[job_id].inputs if i.id == line["item"]), None)
+            if item is not None:
+                live[item.id] = item.model_copy(update={"stages": {**item.stages, line["stage"]: line["status"]},
+                                                        **({"error": line["error"]} if line.get("error") else {})})
+        else:  # the stage running now, the chunk, the number of chunks: a shallow copy, inputs shared
+            self._records[job_id] = self._records[job_id].model_copy(update=line)
 
     def _item(self, job_id: str, item: str, stage: str, status: str, error: str | None) -> None:
-        with self._cond:
-            record = self._records[job_id]
-            inputs = [i.model_copy(update={"stages": {**i.stages, stage: status},
-                                           **({"error": error} if error else {})}) if i.id == item else i
-                      for i in record.inputs]
-        self._update(job_id, inputs=inputs)
+        self._progress(job_id, {"item": item, "stage": stage, "status": status, "error": error})
 
     def get(self, job_id: str) -> JobRecord:
+        """The job's current state, without taking a lock (called from request handlers)."""
         import re
 
         if not re.fullmatch(JOB_ID, job_id):
             raise ApiError(404, f"no such job: {job_id}", type="not_found_error", param="id", code="job_not_found")
-        with self._cond:
-            record = self._records.get(job_id)
+        record = self._records.get(job_id)
         if record is None:
             raise ApiError(404, f"no such job: {job_id}", type="not_found_error", param="id", code="job_not_found")
+        live = self._live.get(job_id)
+        if live:
+            record = record.model_copy(update={"inputs": [live.get(i.id, i) for i in record.inputs]})
         return record
 
     def counts(self) -> dict[str, int]:
@@ -179,16 +210,38 @@ class JobQueue:
         with self._cond:
             for record in sorted(found, key=lambda r: r.created_at):
                 self._records[record.id] = record
+                self._replay(record.id)
                 if record.status in ("queued", "running"):
                     self._queue.append(record.id)
                     log.info("job %s: %s before the server stopped; queued again (resume)", record.id, record.status)
         self._thread = threading.Thread(target=self._loop, name="jobs", daemon=True)
         self._thread.start()
 
+    def _replay(self, job_id: str) -> None:
+        """Apply the progress appended after the record was last written."""
+        path = self.directory / job_id / PROGRESS_FILE
+        if not path.exists():
+            return
+        for number, text in enumerate(path.read_text().splitlines(), 1):
+            try:
+                self._apply(job_id, json.loads(text))
+            except (ValueError, KeyError, TypeError):
+                log.warning("job %s: ignoring line %d of %s (cut short?)", job_id, number, path)
+
     def submit(self, paths: list[str]) -> JobRecord:
+        s = self.settings
+        if len(paths) > s.job_max_paths:
+            raise ApiError(413, f"too many paths in one job: {len(paths)} > {s.job_max_paths} (PIPELINE_JOB_MAX_PATHS)",
+                           type="request_too_large", param="paths", code="too_many_paths")
+        if len(self._queue) >= s.job_max_queued:
+            raise ApiError(429, f"{len(self._queue)} jobs are waiting already (PIPELINE_JOB_MAX_QUEUED); retry later",
+                           type="rate_limit_error", code="job_queue_full")
         files: list[Path] = []
         for raw in paths:
-            files.extend(confine(raw, self.settings.input_roots))
+            files.extend(confine(raw, s.input_roots))
+            if len(set(files)) > s.job_max_files:
+                raise ApiError(413, f"the paths expand to more than {s.job_max_files} files (PIPELINE_JOB_MAX_FILES)",
+                               type="request_too_large", param="paths", code="too_many_files")
         files = list(dict.fromkeys(files))
         now = datetime.now(timezone.utc)
         job_id = f"{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"

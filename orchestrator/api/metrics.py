@@ -58,6 +58,15 @@ class Metrics:
                                    "Micro-batches retried at half size after an out-of-memory.", ["profile"], registry=r)
         self.crash_retries = Counter("isostage_worker_crash_retries",
                                      "Texts retried on a fresh worker after a worker crash.", ["profile"], registry=r)
+        self.rejected = Counter("isostage_rejected_requests",
+                                "Requests refused with 429 (reason: concurrency, queue) or dropped (disconnect, deadline).",
+                                ["reason"], registry=r)
+        self.dropped_texts = Counter("isostage_embedding_dropped_texts",
+                                     "Queued texts dropped before a worker saw them (client gone, deadline).",
+                                     ["profile"], registry=r)
+        self.bad_texts = Counter("isostage_embedding_bad_texts",
+                                 "Texts a worker could not embed while others of their micro-batch could (400).",
+                                 ["profile"], registry=r)
         self.workers_up = Gauge("isostage_worker_up", "1 while the profile's worker process is running.", ["profile"],
                                 registry=r)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
+import ipaddress
 import json
 import logging
 import socket
@@ -25,7 +26,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security.utils import get_authorization_scheme_param
@@ -33,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts import EmbeddingsArtifact, TranscriptArtifact, load_artifact, load_model
 from contracts.api import (
+    EMBEDDED_MODEL_NAMES,
     PROFILES,
     EmbeddingObject,
     EmbeddingRequest,
@@ -60,12 +62,32 @@ log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 413: "request_too_large",
-          422: "invalid_request_error", 503: "server_error"}
+          422: "invalid_request_error", 429: "rate_limit_error", 503: "server_error", 504: "timeout_error"}
 #: documented error responses (OpenAPI)
-ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 503)}
+ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 413, 429, 503)}
 _ROUTES = ("/v1/embeddings", "/v1/jobs", "/health", "/metrics", "/openapi.json", "/docs")
-#: paths answered without a token (liveness probes)
+#: paths answered without a token (liveness probes: status only, the detail needs the token)
 OPEN_PATHS = frozenset({"/health"})
+#: Host names a loopback server without a token answers (anything else may be DNS rebinding from a browser)
+LOOPBACK_NAMES = frozenset({"localhost"})
+
+
+def host_name(header: str) -> str:
+    """The name part of a Host header: ``[::1]:8000`` -> ``::1``, ``localhost:80`` -> ``localhost``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def is_loopback_host(header: str) -> bool:
+    name = host_name(header).rstrip(".")
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def error_body(status: int, message: str, type: str | None = None, param: str | None = None,
@@ -88,7 +110,13 @@ def route_of(path: str) -> str:
 
 
 class Guard:
-    """ASGI middleware: bearer token, request body limit, request metrics.
+    """ASGI middleware: Host check, bearer token, concurrency limit, request body limit, request metrics.
+
+    Without a token on a loopback address, only Host headers naming loopback are answered (403
+    otherwise): a web page the user visits cannot reach the API through DNS rebinding. Requests beyond
+    ``max_concurrent_requests`` in flight are answered 429 before their body is read. Whether the
+    request carried the token is left in ``scope["state"]["authorized"]`` (``/health`` shows its
+    detail only then).
 
     The token is checked here rather than with a route dependency (``fastapi.security.HTTPBearer``)
     because it must also cover ``/openapi.json``, ``/docs`` and unknown paths, and come before the
@@ -102,6 +130,10 @@ class Guard:
         self.expected = token.encode() if token else None
         self.max_body = settings.max_body_bytes
         self.metrics = metrics
+        self.check_host = self.expected is None and settings.is_loopback()
+        self.max_in_flight = settings.max_concurrent_requests
+        self.retry_after = str(settings.retry_after_s)
+        self.in_flight = 0
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -122,12 +154,38 @@ class Guard:
 
     async def _guarded(self, scope, receive, send) -> None:
         headers = dict(scope.get("headers") or [])
-        if self.expected is not None and scope["path"] not in OPEN_PATHS:
+        if self.check_host and not is_loopback_host(headers.get(b"host", b"").decode("latin-1")):
+            log.warning("refused a request with Host %r: this server without a token answers loopback names only",
+                        headers.get(b"host", b"").decode("latin-1")[:100])
+            await _error(403, "this server answers only Host headers naming loopback (localhost, 127.0.0.1, [::1]) "
+                              "unless it has a token", type="permission_error", code="host_not_allowed",
+                         headers={"Connection": "close"})(scope, receive, send)
+            return
+        authorized = self.expected is None
+        if not authorized:
             scheme, given = get_authorization_scheme_param(headers.get(b"authorization", b"").decode("latin-1"))
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode("latin-1"), self.expected):
-                await _error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
-                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
-                return
+            authorized = scheme.lower() == "bearer" and hmac.compare_digest(given.encode("latin-1"), self.expected)
+        if not authorized and scope["path"] not in OPEN_PATHS:
+            await _error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
+                         code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        scope.setdefault("state", {})["authorized"] = authorized
+        if scope["path"] in OPEN_PATHS:
+            await self._body(scope, receive, send)
+            return
+        if self.in_flight >= self.max_in_flight:
+            self.metrics.rejected.labels(reason="concurrency").inc()
+            await _error(429, f"too many requests in flight (more than {self.max_in_flight}); retry later",
+                         code="too_many_requests", headers={"Retry-After": self.retry_after})(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self._body(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _body(self, scope, receive, send) -> None:
+        headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
             await self._too_large(scope, receive, send)
@@ -176,11 +234,44 @@ def check_embedding_request(body: EmbeddingRequest, settings: Settings) -> tuple
         if len(text) > settings.max_input_chars:
             raise ApiError(400, f"input[{index}] is too long: {len(text)} characters > {settings.max_input_chars}",
                            type="invalid_request_error", param=f"input[{index}]", code="input_too_long")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in the JSON): no model can take it
+            raise ApiError(400, f"input[{index}] is not valid Unicode ({exc.reason} at character {exc.start})",
+                           type="invalid_request_error", param=f"input[{index}]", code="invalid_unicode") from None
     if body.model not in PROFILES and body.model not in settings.embedding_models:
         known = ", ".join(sorted(set(PROFILES) | set(settings.embedding_models)))
         raise ApiError(404, f"the model {body.model!r} does not exist on this server; use one of: {known}",
                        type="invalid_request_error", param="model", code="model_not_found")
     return body.model, texts
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body was read already: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def wait_for_rows(ticket, request: Request, settings: Settings, metrics: Metrics):
+    """The ticket's rows; its queued texts are dropped when the client disconnects or the deadline passes."""
+    rows = asyncio.wrap_future(ticket.future)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({rows, gone}, timeout=settings.request_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if rows in done:
+        return rows.result()
+    reason = "the client disconnected" if gone in done else f"deadline of {settings.request_timeout_s:g}s passed"
+    ticket.cancel(reason)
+    rows.cancel()
+    metrics.rejected.labels(reason="disconnect" if gone in done else "deadline").inc()
+    if gone in done:
+        raise ApiError(499, "client closed the request", code="client_closed")
+    raise ApiError(504, f"the embeddings were not ready within the request deadline of {settings.request_timeout_s:g}s "
+                        "(PIPELINE_REQUEST_TIMEOUT_S); its queued texts were dropped", type="timeout_error",
+                   code="deadline_exceeded")
 
 
 def embedding_response(vectors, tokens: list[int], model: str, encoding_format: str) -> EmbeddingResponse:
@@ -191,6 +282,15 @@ def embedding_response(vectors, tokens: list[int], model: str, encoding_format: 
     total = int(sum(tokens))
     return EmbeddingResponse(data=[EmbeddingObject(index=i, embedding=row) for i, row in enumerate(rows)],
                              model=model, usage=EmbeddingUsage(prompt_tokens=total, total_tokens=total))
+
+
+def model_name(model: str) -> str:
+    """A model as answers name it: a hub id, never a path on the server (the embedding worker's
+    ``public_name`` does the same child-side)."""
+    for directory, name in EMBEDDED_MODEL_NAMES.items():
+        if model.rstrip("/").endswith(directory):
+            return name
+    return Path(model).name if Path(model).is_absolute() else model
 
 
 def job_result(record: JobRecord, include_vectors: bool) -> JobResult:
@@ -210,7 +310,11 @@ def job_result(record: JobRecord, include_vectors: bool) -> JobResult:
         if done is not None and done.status in ("ok", "partial"):
             directory = Path(record.output_dir) / item.id
             transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
+            transcript = transcript.model_copy(update={"model": model_name(transcript.model),
+                                                       "requested_model": model_name(transcript.requested_model)})
             embeddings = load_artifact(directory / "embeddings.json", EmbeddingsArtifact)
+            embeddings = embeddings.model_copy(update={"model": model_name(embeddings.model),
+                                                       "requested_model": model_name(embeddings.requested_model)})
             vectors = np.load(directory / embeddings.sidecar, allow_pickle=False).tolist() if include_vectors else None
             result = result.model_copy(update={
                 "transcript": transcript, "embeddings": embeddings, "vectors": vectors,
@@ -248,8 +352,9 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
+        headers = {"Retry-After": str(settings.retry_after_s)} if exc.status == 429 else None
         return _error(exc.status, exc.message, exc.type if exc.type != "server_error" or exc.status >= 500 else None,
-                      exc.param, exc.code)
+                      exc.param, exc.code, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc: StarletteHTTPException):
@@ -276,10 +381,13 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         return _error(500, "internal server error (details are in the server's log)", code="internal_error")
 
     @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS)
-    async def embeddings(body: EmbeddingRequest) -> Response:
-        """OpenAI-compatible embeddings; ``model`` is a profile (speed, quality, embedded) or a configured name."""
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+        """OpenAI-compatible embeddings; ``model`` is a profile (speed, quality, embedded) or a configured name.
+
+        429 (Retry-After) when the profile's queue is full; 504 past the request deadline. A client that
+        disconnects has its queued texts dropped."""
         profile, texts = check_embedding_request(body, settings)
-        result = await asyncio.wrap_future(pool.embed(profile, texts))
+        result = await wait_for_rows(pool.ticket(profile, texts), request, settings, metrics)
         response = embedding_response(result.vectors, result.tokens, result.model, body.encoding_format)
         return Response(response.model_dump_json(), media_type="application/json")
 
@@ -292,12 +400,12 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
     @app.get("/v1/jobs/{job_id}", response_model=JobRecord, responses=ERRORS)
     async def get_job(job_id: str) -> JobRecord:
         """Status, per-input progress and the run report's summary."""
-        return jobs.get(job_id)
+        return await asyncio.to_thread(jobs.get, job_id)
 
     @app.get("/v1/jobs/{job_id}/result", response_model=JobResult, responses={**ERRORS, 409: {"model": ErrorResponse}})
     async def get_result(job_id: str, embeddings: bool = Query(False, description="include the vectors")) -> Response:
         """Transcripts and embeddings of a finished job (409 while it is queued or running)."""
-        record = jobs.get(job_id)
+        record = await asyncio.to_thread(jobs.get, job_id)
         if record.status in ("queued", "running"):
             raise ApiError(409, f"job {job_id} is {record.status}; its result is not ready",
                            type="conflict_error", code="job_not_finished")
@@ -307,10 +415,13 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
             raise ApiError(500, f"an output of job {job_id} is unreadable: {exc.reason}", code="bad_output") from exc
         return Response(result.model_dump_json(), media_type="application/json")
 
-    @app.get("/health", response_model=Health)
-    async def health() -> Health:
-        """Liveness, the workers and the job queue (open without a token)."""
-        return Health(workers=pool.health(), jobs_queued=jobs.queued, job_running=jobs.running)
+    @app.get("/health", response_model=Health, response_model_exclude_none=True)
+    async def health(request: Request) -> Response:
+        """Liveness (open without a token); the workers and the job queue only with the token."""
+        if not request.scope.get("state", {}).get("authorized"):
+            return Response(Health().model_dump_json(exclude_none=True), media_type="application/json")
+        detail = Health(workers=pool.health(), jobs_queued=jobs.queued, job_running=jobs.running)
+        return Response(detail.model_dump_json(exclude_none=True), media_type="application/json")
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
     async def prometheus() -> Response:

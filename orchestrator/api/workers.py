@@ -2,12 +2,17 @@
 
 For each profile a :class:`ProfileWorker` owns one batching thread and at most
 one worker process (``stages.embedding_worker`` in a ``multiprocess`` spawn
-child, like every stage). Requests put their texts in the profile's queue;
-the thread takes texts from the queue in arrival order until the micro-batch
-holds ``embed_max_batch`` texts or the oldest text has waited
-``embed_max_wait_ms``, sends the micro-batch to the worker over a pipe, and
-hands each request its rows. A request larger than the cap spans several
-micro-batches; texts of many small concurrent requests share one.
+child, like every stage). Requests put their texts in the profile's queue
+(bounded: ``embed_max_queued_texts``, 429 beyond); the thread waits until the
+queue holds ``embed_max_batch`` texts or the oldest text has waited
+``embed_max_wait_ms``, then builds a micro-batch around the oldest text from
+the texts of similar length near the head of the queue, up to
+``embed_max_batch`` texts and ``embed_max_batch_tokens`` padded tokens, sends
+it to the worker over a pipe, and hands each request its rows. Token counts
+are estimated in the parent from the text's length and a characters-per-token
+ratio learnt from the worker's exact counts (the parent never loads a
+tokenizer). A request whose client went away or whose deadline passed is
+cancelled: its queued texts are dropped before a worker sees them.
 
 The worker starts on first use, stays warm, is replaced after
 ``worker_recycle_after`` micro-batches and stopped after ``worker_idle_s``
@@ -15,7 +20,12 @@ without work (the process exits: its memory and CUDA context go back). What
 follows a failure is decided by the one retry policy,
 :func:`orchestrator.run.outcome.next_step`: out of memory halves the micro-batch
 (down to 1) and retries the same texts; a worker killed by a signal is
-replaced and its texts retried once, then their requests fail with 503.
+replaced and its texts retried once, then their requests fail with 503. A
+micro-batch not done within ``embed_batch_timeout_s`` kills and replaces the
+worker the same way; its texts are retried one request at a time, so the text
+that hangs fails alone. Any other failure of a micro-batch is bisected until
+the failing texts are found: only their requests fail (400 when other texts
+encode, 500 when nothing does, which is a fault of the server).
 """
 
 from __future__ import annotations
@@ -61,11 +71,12 @@ MAX_CRASH_RETRIES = 1
 
 
 class WorkerDied(Exception):
-    """The worker process ended while the server waited for it."""
+    """The worker process ended while the server waited for it (or was killed for taking too long)."""
 
-    def __init__(self, exitcode: int | None, message: str | None = None) -> None:
+    def __init__(self, exitcode: int | None, message: str | None = None, timed_out: bool = False) -> None:
         self.exitcode = exitcode
         self.message = message
+        self.timed_out = timed_out
         super().__init__(message or f"worker exited with {exitcode}")
 
 
@@ -102,14 +113,14 @@ class _Process:
         self.ready = message
         return message
 
-    def call(self, task: EmbedTask) -> Embedded | TaskFailed:
+    def call(self, task: EmbedTask, timeout: float | None = None) -> Embedded | TaskFailed:
         self.conn.send(TO_WORKER.dump_python(task))
-        reply = self._receive(None)
+        reply = self._receive(timeout, f"micro-batch of {len(task.texts)} not done within {timeout}s")
         if not isinstance(reply, (Embedded, TaskFailed)) or reply.task_id != task.task_id:
             raise WorkerDied(None, f"unexpected reply {type(reply).__name__} to task {task.task_id}")
         return reply
 
-    def _receive(self, timeout: float | None):
+    def _receive(self, timeout: float | None, late: str | None = None):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -124,7 +135,7 @@ class _Process:
                 raise WorkerDied(self.proc.exitcode)
             if deadline is not None and time.monotonic() >= deadline:
                 self.stop(grace_s=0)
-                raise WorkerDied(self.proc.exitcode, f"model not loaded within {timeout:.0f}s")
+                raise WorkerDied(self.proc.exitcode, late or f"model not loaded within {timeout:.0f}s", timed_out=True)
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self.proc.exitcode is None and grace_s > 0:
@@ -144,6 +155,7 @@ class _Request:
     def __init__(self, texts: list[str]) -> None:
         self.texts = texts
         self.arrived = time.monotonic()
+        self.lengths = [len(t) for t in texts]
         self.future: concurrent.futures.Future[EmbedResult] = concurrent.futures.Future()
         self.vectors: np.ndarray | None = None
         self.tokens = [0] * len(texts)
@@ -162,12 +174,31 @@ class _Request:
         self.left -= len(rows)
         if self.left == 0:
             self.done = True
-            self.future.set_result(EmbedResult(self.vectors, self.tokens, model))
+            try:
+                self.future.set_result(EmbedResult(self.vectors, self.tokens, model))
+            except concurrent.futures.InvalidStateError:
+                pass  # cancelled by its waiter meanwhile
 
     def fail(self, error: Exception) -> None:
         if not self.done:
             self.done = True
-            self.future.set_exception(error)
+            try:
+                self.future.set_exception(error)
+            except concurrent.futures.InvalidStateError:
+                pass
+
+
+class Ticket:
+    """What a request handler holds: the future of its rows, and a way to give up on them."""
+
+    def __init__(self, worker: ProfileWorker, request: _Request) -> None:
+        self.worker = worker
+        self.request = request
+        self.future = request.future
+
+    def cancel(self, reason: str) -> int:
+        """Fail the request and drop its queued texts; how many were dropped."""
+        return self.worker.cancel(self.request, reason)
 
 
 @dataclass
@@ -179,6 +210,12 @@ class _Part:
     count: int
     #: worker deaths this part has been through
     crashes: int = 0
+    #: run in a micro-batch of its own request only (after a time-out, so a hanging text fails alone)
+    solo: bool = False
+
+    @property
+    def chars(self) -> int:
+        return max(self.request.lengths[self.start:self.start + self.count], default=0)
 
     def texts(self) -> list[str]:
         return self.request.texts[self.start:self.start + self.count]
@@ -209,6 +246,9 @@ class ProfileWorker:
                                    allow_hub=settings.hub, fallback=settings.embedding_fallback,
                                    env=settings.child_env(), options=options or {})
         self.cap = settings.embed_max_batch
+        #: characters per token of this profile's model, learnt from the worker's exact counts
+        self.chars_per_token = 4.0
+        self.max_tokens: int | None = None
         self._queue: deque[_Part] = deque()
         self._queued_texts = 0
         self._cond = threading.Condition()
@@ -224,14 +264,39 @@ class ProfileWorker:
 
     # -- called by request handlers ------------------------------------------
     def submit(self, texts: list[str]) -> concurrent.futures.Future[EmbedResult]:
+        return self.ticket(texts).future
+
+    def ticket(self, texts: list[str]) -> Ticket:
+        """Queue ``texts`` (one unit per text, so micro-batches can group them by length); 429 when the
+        queue holds ``embed_max_queued_texts`` already (a request larger than that still enters an empty queue)."""
         request = _Request(texts)
+        bound = self.settings.embed_max_queued_texts
         with self._cond:
             if self._closing:
                 raise ApiError(503, "the server is shutting down", code="shutting_down")
-            self._queue.append(_Part(request, 0, len(texts)))
+            if self._queued_texts and self._queued_texts + len(texts) > bound:
+                self.metrics.rejected.labels(reason="queue").inc()
+                raise ApiError(429, f"the {self.profile!r} queue is full ({self._queued_texts} texts waiting, "
+                                    f"at most {bound}); retry later", type="rate_limit_error", code="queue_full")
+            self._queue.extend(_Part(request, i, 1) for i in range(len(texts)))
             self._queued_texts += len(texts)
+            self.metrics.queue.labels(profile=self.profile).set(self._queued_texts)
             self._cond.notify()
-        return request.future
+        return Ticket(self, request)
+
+    def cancel(self, request: _Request, reason: str) -> int:
+        with self._cond:
+            if request.done:
+                return 0
+            request.fail(ApiError(499, reason, code="cancelled"))
+            kept = deque(p for p in self._queue if p.request is not request)
+            dropped = self._queued_texts - sum(p.count for p in kept)
+            self._queue, self._queued_texts = kept, self._queued_texts - dropped
+            self.metrics.queue.labels(profile=self.profile).set(self._queued_texts)
+        if dropped:
+            self.metrics.dropped_texts.labels(profile=self.profile).inc(dropped)
+            log.info("%s: dropped %d queued text(s) of a request: %s", self.name, dropped, reason)
+        return dropped
 
     def health(self) -> WorkerHealth:
         worker = self._worker
@@ -281,34 +346,94 @@ class ProfileWorker:
     def _take(self) -> list[_Part] | None:
         """The next micro-batch; [] when the worker has been idle too long; None when closing."""
         with self._cond:
-            while not self._queue and not self._closing:
-                if self._worker is None:
-                    self._cond.wait()
-                    continue
-                left = self._last_active + self.settings.worker_idle_s - time.monotonic()
-                if left <= 0:
-                    return []
-                self._cond.wait(left)
-            if self._closing:
-                return None
-            deadline = self._queue[0].request.arrived + self.settings.embed_max_wait_ms / 1000
-            while self._queued_texts < self.cap and not self._closing:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            batch, size = [], 0
-            while self._queue and size < self.cap:
-                part = self._queue.popleft()
-                room = self.cap - size
-                if part.count > room:  # split: the rest stays first in line
-                    self._queue.appendleft(_Part(part.request, part.start + room, part.count - room, part.crashes))
-                    part = _Part(part.request, part.start, room, part.crashes)
-                batch.append(part)
-                size += part.count
-            self._queued_texts -= size
-            self.metrics.queue.labels(profile=self.profile).set(self._queued_texts)
+            while True:
+                while not self._queue and not self._closing:
+                    if self._worker is None:
+                        self._cond.wait()
+                        continue
+                    left = self._last_active + self.settings.worker_idle_s - time.monotonic()
+                    if left <= 0:
+                        return []
+                    self._cond.wait(left)
+                if self._closing:
+                    return None
+                deadline = self._queue[0].request.arrived + self.settings.embed_max_wait_ms / 1000
+                while self._queue and self._queued_texts < self.cap and not self._closing:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                if not self._queue or self._closing:
+                    continue  # cancelled meanwhile, or closing: decided above
+                batch = self._choose()
+                self.metrics.queue.labels(profile=self.profile).set(self._queued_texts)
+                if batch:
+                    return batch
+
+    def tokens(self, chars: int) -> int:
+        """Estimated tokens of a text of ``chars`` characters, special tokens included, after truncation."""
+        estimate = 2 + int(chars / self.chars_per_token + 0.999)
+        return min(estimate, self.max_tokens) if self.max_tokens else estimate
+
+    def _choose(self) -> list[_Part]:
+        """The next micro-batch (under ``self._cond``): the oldest text and those closest to it in length among
+        the first few batches' worth of the queue, within the text cap and the padded-token budget."""
+        head = self._queue.popleft()
+        self._queued_texts -= head.count
+        while head.request.done and self._queue:  # its request failed meanwhile
+            head = self._queue.popleft()
+            self._queued_texts -= head.count
+        if head.request.done:
+            return []
+        if head.solo:
+            batch = [head]
+            while self._queue and self._queue[0].request is head.request and len(batch) < self.cap:
+                batch.append(self._queue.popleft())
+                self._queued_texts -= batch[-1].count
             return batch
+        window = []
+        while self._queue and len(window) < 4 * self.cap:
+            part = self._queue.popleft()
+            if part.request.done:
+                self._queued_texts -= part.count
+            else:
+                window.append(part)
+        pool = [p for p in window if not p.solo]
+        budget = self.settings.embed_max_batch_tokens
+        pool.sort(key=lambda p: p.chars)
+        below = [p for p in pool if p.chars <= head.chars][::-1]  # nearest first
+        above = [p for p in pool if p.chars > head.chars]
+        batch, longest = [head], self.tokens(head.chars)
+        while len(batch) < self.cap and (below or above):
+            # the neighbour in length closest to the head's (a shorter one costs no extra padding)
+            shorter_gap = head.chars - below[0].chars if below else None
+            longer_gap = above[0].chars - head.chars if above else None
+            pick = below if longer_gap is None or (shorter_gap is not None and shorter_gap <= longer_gap) else above
+            candidate = pick[0]
+            widest = max(longest, self.tokens(candidate.chars))
+            if (len(batch) + 1) * widest > budget:
+                if pick is above or not below:
+                    break
+                above = []  # only shorter texts can still fit
+                continue
+            pick.pop(0)
+            batch.append(candidate)
+            longest = widest
+        chosen = {id(p) for p in batch}
+        self._queue.extendleft(reversed([p for p in window if id(p) not in chosen]))
+        self._queued_texts -= sum(p.count for p in batch[1:])
+        return batch
+
+    def _learn(self, parts: list[_Part], tokens: list[int]) -> None:
+        """Update the characters-per-token ratio from the worker's exact counts (texts not truncated)."""
+        lengths = [n for part in parts for n in part.request.lengths[part.start:part.start + part.count]]
+        chars = counted = 0
+        for length, count in zip(lengths, tokens):
+            if self.max_tokens is None or count < self.max_tokens:
+                chars += length
+                counted += max(1, count - 2)
+        if counted:
+            self.chars_per_token = 0.8 * self.chars_per_token + 0.2 * (chars / counted)
 
     def _requeue(self, parts: list[_Part]) -> None:
         with self._cond:
@@ -320,33 +445,92 @@ class ProfileWorker:
         live = [p for p in batch if not p.request.done]
         if not live:
             return
+        reply = self._attempt(live)
+        if isinstance(reply, TaskFailed):
+            self._isolate(live, reply.message)
+
+    def _attempt(self, parts: list[_Part]) -> Embedded | TaskFailed | None:
+        """Encode ``parts`` in one micro-batch and deliver the rows. Out of memory, a crash, a time-out or a
+        failed start are dealt with here (None); a failure of the batch itself is returned."""
         try:
             worker = self._ensure_worker()
         except WorkerDied as exc:
-            self._fail_start(live, exc)
-            return
-        texts = [t for part in live for t in part.texts()]
+            self._fail_start(parts, exc)
+            return None
+        texts = [t for part in parts for t in part.texts()]
         task = EmbedTask(task_id=next(self._task_ids), texts=texts)
         try:
-            reply = worker.call(task)
+            reply = worker.call(task, timeout=self.settings.embed_batch_timeout_s)
         except WorkerDied as exc:
-            self._crashed(live, exc)
-            return
+            self._crashed(parts, exc)
+            return None
         self._last_active = time.monotonic()
         if isinstance(reply, Embedded):
-            self._deliver(live, reply, worker)
-        elif reply.reason == "oom":
+            self._deliver(parts, reply, worker)
+            return reply
+        if reply.reason == "oom":
             decision = next_step(Outcome.OOM, len(texts), 0, 0, stage=self.name)
             log.warning("%s: %s", self.name, decision.reason)
             if decision.retry:
                 self.cap = min(self.cap, decision.batch_size)
                 self.metrics.oom_retries.labels(profile=self.profile).inc()
-                self._requeue(live)
+                self._requeue(parts)
             else:
-                self._fail(live, ApiError(503, decision.reason, code="out_of_memory"))
+                self._fail(parts, ApiError(503, decision.reason, code="out_of_memory"))
+            return None
+        return reply
+
+    def _isolate(self, parts: list[_Part], message: str) -> None:
+        """A micro-batch failed (not out of memory): bisect it until the failing texts are alone, so that
+        only their requests fail. 400 when other texts encode (the text is at fault), 500 when none does."""
+        units = [_Part(p.request, p.start + i, 1, p.crashes, p.solo) for p in parts for i in range(p.count)]
+        bad: list[tuple[_Part, str]] = []
+        encoded = False
+        if len(units) == 1:
+            bad.append((units[0], message))
         else:
-            self._fail(live, ApiError(500, f"the embedding worker failed on this batch: {reply.message}",
-                                      code="worker_error"))
+            log.warning("%s: a micro-batch of %d failed (%s); splitting it to find the text at fault",
+                        self.name, len(units), message)
+            half = len(units) // 2
+            stack = [units[half:], units[:half]]
+            while stack:
+                group = [u for u in stack.pop() if not u.request.done]
+                if not group:
+                    continue
+                reply = self._attempt(group)
+                if isinstance(reply, Embedded):
+                    encoded = True
+                elif isinstance(reply, TaskFailed):
+                    if len(group) == 1:
+                        bad.append((group[0], reply.message))
+                    else:
+                        half = len(group) // 2
+                        stack += [group[half:], group[:half]]
+        if bad and not encoded:
+            encoded = self._probe()
+        for unit, why in bad:
+            if encoded:
+                log.warning("%s: input[%d] of a request cannot be embedded: %s", self.name, unit.start, why)
+                self.metrics.bad_texts.labels(profile=self.profile).inc()
+                unit.request.fail(ApiError(400, f"input[{unit.start}] could not be embedded: {why}",
+                                           type="invalid_request_error", param=f"input[{unit.start}]",
+                                           code="invalid_input"))
+            else:
+                log.error("%s: the worker cannot embed anything: %s", self.name, why)
+                unit.request.fail(ApiError(500, f"the embedding worker failed: {why}", code="worker_error"))
+
+    def _probe(self) -> bool:
+        """Whether the worker embeds a plain text: tells a bad input from a broken worker."""
+        worker = self._worker
+        if worker is None:
+            return False
+        try:
+            reply = worker.call(EmbedTask(task_id=next(self._task_ids), texts=["probe"]),
+                                timeout=self.settings.embed_batch_timeout_s)
+        except WorkerDied:
+            self._discard_worker()
+            return False
+        return isinstance(reply, Embedded)
 
     def _deliver(self, parts: list[_Part], reply: Embedded, worker: _Process) -> None:
         rows = np.frombuffer(reply.vectors, dtype="<f4").reshape(reply.count, reply.dimension)
@@ -358,6 +542,7 @@ class ProfileWorker:
         self.metrics.batch_size.labels(profile=self.profile).observe(reply.count)
         self.metrics.texts.labels(profile=self.profile).inc(reply.count)
         self.metrics.batch_seconds.labels(profile=self.profile).inc(reply.seconds)
+        self._learn(parts, reply.tokens)
         offset = 0
         for part in parts:
             part.request.fill(part.start, rows[offset:offset + part.count], reply.tokens[offset:offset + part.count], model)
@@ -368,6 +553,9 @@ class ProfileWorker:
             self._stop_process(worker, "recycle")
 
     def _crashed(self, parts: list[_Part], exc: WorkerDied) -> None:
+        if exc.timed_out:
+            self._timed_out(parts, exc)
+            return
         outcome, sig = outcome_of(exc.exitcode) if exc.exitcode is not None else (Outcome.KILLED, None)
         pid = self._worker.pid if self._worker else None
         log.error("%s: worker pid %s died mid-batch (%s%s)", self.name, pid, outcome.value,
@@ -385,6 +573,26 @@ class ProfileWorker:
             else:
                 part.request.fail(ApiError(503, f"the embedding worker crashed: {decision.reason}",
                                            code="worker_crashed"))
+        if retry:
+            self.metrics.crash_retries.labels(profile=self.profile).inc(sum(p.count for p in retry))
+            self._requeue(retry)
+
+    def _timed_out(self, parts: list[_Part], exc: WorkerDied) -> None:
+        """A micro-batch took longer than its limit: the worker was killed; replace it. Texts of several
+        requests are retried one request at a time, so only the request whose text hangs fails (503)."""
+        pid = self._worker.pid if self._worker else None
+        log.error("%s: worker pid %s killed: %s", self.name, pid, exc.message)
+        self._discard_worker()
+        self.metrics.worker_restarts.labels(profile=self.profile, reason="timeout").inc()
+        several = len({id(p.request) for p in parts}) > 1
+        retry = [p for p in parts if several and not p.solo]
+        for part in parts:
+            if several and not part.solo:
+                part.solo, part.crashes = True, part.crashes + 1
+            else:
+                part.request.fail(ApiError(503, f"the embedding worker did not finish this request's micro-batch "
+                                                f"within {self.settings.embed_batch_timeout_s:g}s and was replaced",
+                                           code="worker_timeout"))
         if retry:
             self.metrics.crash_retries.labels(profile=self.profile).inc(sum(p.count for p in retry))
             self._requeue(retry)
@@ -421,9 +629,11 @@ class ProfileWorker:
             worker.stop(grace_s=0)
             raise
         self._worker = worker
+        self.max_tokens = ready.max_seq_length
         self._last_active = time.monotonic()
         self.metrics.workers_up.labels(profile=self.profile).set(1)
-        log.info("%s: worker pid %d ready: %s on %s", self.name, ready.pid, ready.model, ready.device)
+        log.info("%s: worker pid %d ready: %s (%s) on %s", self.name, ready.pid, ready.model, ready.model_path,
+                 ready.device)
         return worker
 
     def _discard_worker(self) -> None:
@@ -468,6 +678,10 @@ class EmbeddingPool:
 
     def embed(self, profile: str, texts: list[str]) -> concurrent.futures.Future[EmbedResult]:
         return self.worker(profile).submit(texts)
+
+    def ticket(self, profile: str, texts: list[str]) -> Ticket:
+        """Queue ``texts``; the ticket's future gets the rows, ``cancel`` drops what is still queued (429 when full)."""
+        return self.worker(profile).ticket(texts)
 
     def workers(self) -> list[ProfileWorker]:
         with self._lock:

