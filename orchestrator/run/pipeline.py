@@ -243,7 +243,11 @@ def _source_identity(inp: Input) -> str:
         inp.planned = None
         return f"unreadable:{inp.source.absolute()}"
     inp.planned = SourceVersion(size=st.st_size, mtime_ns=st.st_mtime_ns)
-    return f"{inp.source.absolute()}:{st.st_size}:{st.st_mtime_ns}"
+    # a name that is not UTF-8 is read through our link in the output directory: the identity is the
+    # file it points at, so it does not depend on where the outputs go
+    path = os.fsencode(os.path.realpath(inp.source)).decode("utf-8", "backslashreplace") if inp.shown_source \
+        else inp.source.absolute()
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def _input_keys(spec: StageSpec, previous: StageSpec | None) -> tuple[str, ...]:
