@@ -61,7 +61,7 @@ class AudioStage(Stage):
         return AudioArtifact(
             item_id=item.id,
             fingerprint=item.fingerprint,
-            source=str(source),
+            source=recorded_source(source),
             source_size=size,
             sidecar=sidecar.name,
             sha256=digest,
@@ -97,6 +97,18 @@ def check_readable(path: Path) -> int:
     if info.st_size == 0:
         raise InputError(f"empty file (0 bytes): {path}")
     return info.st_size
+
+
+def recorded_source(path: Path) -> str:
+    """The source as artifacts record it. A name that is not UTF-8 reaches this stage as the parent's link in
+    the output directory: the file it points at is recorded, its bytes escaped as \\xNN (as the report does)."""
+    if path.is_symlink():
+        target = os.fsencode(os.path.realpath(path))
+        try:
+            target.decode("utf-8")
+        except UnicodeDecodeError:
+            return target.decode("utf-8", "backslashreplace")
+    return str(path)
 
 
 def check_unchanged(path: Path, planned: SourceVersion | None, during: bool = False) -> None:
