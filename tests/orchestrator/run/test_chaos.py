@@ -80,6 +80,14 @@ def _ours(mark: str) -> list[int]:
     return pids
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
+
+
 def _run(inputs: list[Path], out: Path, mark: str, chaos=None) -> tuple[int, list[str]]:
     """Run the driver to its end; ``chaos(proc, done)`` acts on it from a thread. (exit code, what chaos did)."""
     env = {**os.environ, "CHAOS_MARK": mark, "PIPELINE_CHUNK_SIZE": "15", "PIPELINE_WATCHDOG_FLOOR_S": "15",
@@ -175,7 +183,11 @@ def test_chaos_batch_runs_to_the_end_and_loses_nothing(tmp_path):
                 break
         assert code == 1, (SEED, history)  # some inputs failed, the run itself ended normally
     finally:
-        leftover = _ours(MARK)
+        # children die with their parent (PR_SET_PDEATHSIG) but need a moment to be gone
+        deadline = time.monotonic() + 15
+        while (leftover := _ours(MARK)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = {pid: _cmdline(pid) for pid in leftover}
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)
 
@@ -197,4 +209,4 @@ def test_chaos_batch_runs_to_the_end_and_loses_nothing(tmp_path):
     complete = {item["id"] for item in report["inputs"] if item["status"] == "ok"}
     ran = Counter((e["item"], e["stage"]) for e in journal if e["status"] == "ok" and e["item"] in complete)
     assert max(ran.values()) == 1, ([k for k, n in ran.items() if n > 1], SEED, history)
-    assert not leftover, f"processes of ours left after the run: {leftover}"
+    assert not left, f"processes of ours left after the run: {left}"
