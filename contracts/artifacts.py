@@ -81,6 +81,7 @@ class Word(Strict):
     word: str
     start: float | None = None
     end: float | None = None
+    #: the aligner's confidence in the word, 0..1 (wav2vec2: its score; Whisper: mean token probability)
     score: float | None = None
     speaker: str | None = None
 
@@ -112,7 +113,7 @@ class TranscriptArtifact(Artifact):
     device: str
     compute_type: str
     batch_size: int = Field(ge=1)
-    #: word-level alignment ran (wav2vec2); False: segment timestamps only
+    #: word-level alignment ran (``aligner`` names it); False: segment timestamps only
     aligned: bool = False
     duration_s: float = Field(ge=0)
     #: the aligner that ran, or why none did (model not available offline, ...)
@@ -128,6 +129,12 @@ class TranscriptArtifact(Artifact):
     source_damage: str | None = None
     #: the source had several audio tracks: which one was transcribed (the audio artifact's ``track``)
     source_track: str | None = None
+    #: the speech windows that were decoded (VAD pieces after stages.speech.clean_pieces; None: not recorded)
+    speech: list[tuple[float, float]] | None = None
+    #: why there are no segments (no speech found), or other notes on what was decoded
+    speech_note: str | None = None
+    #: decoded segments dropped as not speech (outside the detected speech, or scored as non-speech)
+    dropped_segments: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _ids(self) -> TranscriptArtifact:

@@ -40,11 +40,6 @@ from contracts.units import GIB_MIB
 from orchestrator.gpu.sizing import ASR_NEEDS, EMBEDDING_NEEDS, UNKNOWN, Need, model_key
 from orchestrator.settings import Settings
 
-#: seconds of speech whisperX joins into one segment when ASR_CHUNK_SIZE is not set: short with speakers
-#: (a segment rarely spans two speakers when words cannot be aligned), whisperX's 30 s without
-ASR_CHUNK_WITH_SPEAKERS = 6
-ASR_CHUNK_DEFAULT = 30
-
 
 @dataclass(frozen=True)
 class StageSpec:
@@ -141,7 +136,7 @@ STAGES: tuple[StageDef, ...] = (
              build=lambda s: AsrSettings(
                  model=s.asr_model, language=s.asr_language, compute_type=s.asr_compute_type,
                  allow_hub=s.hub,
-                 chunk_size=s.asr_chunk_size or (ASR_CHUNK_WITH_SPEAKERS if s.speakers else ASR_CHUNK_DEFAULT)),
+                 chunk_size=s.asr_chunk_size),
              batch_size=lambda s: s.asr_batch_size, needs=ASR_NEEDS, need_key=lambda c: model_key(c.model)),
     StageDef("diarization", "stages.diarization", DiarizationArtifact, DiarizationSettings, inputs=("audio",),
              build=lambda s: DiarizationSettings(

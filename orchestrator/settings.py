@@ -77,9 +77,9 @@ class Settings(BaseSettings):
     #: CTranslate2 compute type; "auto": float16 on CUDA, int8 on CPU; int8_float16 halves float16's weights on GPU
     asr_compute_type: Literal["auto", "default", "float16", "bfloat16", "float32", "int8", "int8_float16",
                               "int8_bfloat16", "int8_float32", "int16"] = Field("auto", validation_alias=_env("asr_compute_type", "ASR_COMPUTE_TYPE"))
-    #: longest stretch of speech (s) whisperX joins into one segment; None: 6 with speakers (so a segment
-    #: rarely spans two speakers when words cannot be aligned), 30 without
-    asr_chunk_size: int | None = Field(None, ge=1, le=30, validation_alias=_env("asr_chunk_size", "ASR_CHUNK_SIZE"))
+    #: longest stretch of speech (s) whisperX joins into one decoding window (Whisper's 30 s: full
+    #: context; words are timed by the alignment stage, so speakers no longer need short windows)
+    asr_chunk_size: int = Field(30, ge=1, le=30, validation_alias=_env("asr_chunk_size", "ASR_CHUNK_SIZE"))
     #: whisperX batch of 30 s windows; halved on out-of-memory
     asr_batch_size: BatchSize = Field(16, validation_alias=_env("asr_batch_size", "ASR_BATCH_SIZE"))
 

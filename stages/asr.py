@@ -18,6 +18,7 @@ from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import AsrSettings
 from stages.base import TorchStage
 from stages.memory import is_oom
+from stages.speech import clean_pieces
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class AsrStage(TorchStage):
 
     def process(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> TranscriptArtifact:
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
+        pieces = clean_vad_pieces(self.model)
         result = self.model.transcribe(samples, batch_size=self.batch_size, language=self.language,
                                        chunk_size=self.settings.chunk_size)
         segments = []
@@ -113,10 +115,34 @@ class AsrStage(TorchStage):
             duration_s=audio.duration_s,
             source_damage=audio.damage,
             source_track=audio.track,
+            speech=[(round(a, 3), round(b, 3)) for a, b in pieces],
+            speech_note=None if pieces else "no speech detected (voice activity detection found none): no segments",
         )
 
     def close(self) -> None:
         self.model = None
+
+
+def clean_vad_pieces(model) -> list[tuple[float, float]]:
+    """Make ``model.transcribe`` decode only cleaned VAD pieces (stages.speech.clean_pieces); return them.
+
+    whisperX's transcribe runs VAD, then ``vad_model.merge_chunks`` (windows of at most
+    ``chunk_size`` s), then decodes each window. The hook wraps that merge on the model's
+    VAD instance: windows too short to hold a word (the few tens of ms left when an
+    utterance is cut at ``chunk_size``) join a touching neighbour or are dropped. The
+    returned list is filled with the decoded windows when transcribe runs.
+    """
+    vad = model.vad_model
+    merge = type(vad).merge_chunks  # the class's own static method, not a previous wrapper
+    pieces: list[tuple[float, float]] = []
+
+    def merge_and_clean(segments, chunk_size, *args, **kwargs):
+        merged = merge(segments, chunk_size, *args, **kwargs)
+        pieces[:] = clean_pieces([(m["start"], m["end"]) for m in merged])
+        return [{"start": s, "end": e, "segments": [(s, e)]} for s, e in pieces]
+
+    vad.merge_chunks = merge_and_clean
+    return pieces
 
 
 STAGE = AsrStage()
