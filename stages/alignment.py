@@ -4,11 +4,15 @@ Reads the raw ASR transcript (``asr.json``) and, when they exist, the
 diarization and the enrollment matches; writes ``transcript.json``:
 
 - **alignment**: whisperx's wav2vec2 aligner (torchaudio ``WAV2VEC2_ASR_BASE_960H``
-  for English, a Hugging Face model for other languages). Offline, only a model
-  already on disk is used (torch hub / HF cache); otherwise the transcript says
-  ``aligned: false`` and why, without waiting for a download.
+  for English, a Hugging Face model for other languages) when its model is already
+  on disk (torch hub / HF cache); otherwise Whisper's own cross-attention alignment
+  (CTranslate2 ``Whisper.align``) with the ASR model that produced the transcript,
+  in batches of segments. Either way every word gets start, end and a confidence.
+- **no hallucinated fragments**: a segment whose timed words lie mostly outside
+  the decoded speech, or that the aligner finds improbable, is dropped and counted
+  (``stages.speech.keep_segments``).
 - **speakers**: each word (aligned) or segment gets the diarization speaker it
-  overlaps most; a segment's speaker is the one holding most of its words' time.
+  overlaps most; a segment whose words change speaker is split at the change.
   Cluster labels become enrolled names where the enrollment stage matched a
   profile; other speakers keep ``SPEAKER_nn``.
 """
@@ -36,6 +40,7 @@ from contracts.errors import ArtifactError, InputError
 from contracts.stage_settings import AlignmentSettings
 from stages.base import TorchStage
 from stages.memory import is_oom
+from stages.speech import Decoded, keep_segments
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,7 @@ class AlignmentStage(TorchStage):
         self.allow_hub = settings.allow_hub
         self.aligners: dict[str, tuple] = {}
         self.unavailable: dict[str, str] = {}
+        self.whisper: dict[tuple, object] = {}
         return None
 
     def process(self, item: WorkItem, asr: TranscriptArtifact, request: StageRequest) -> TranscriptArtifact:
@@ -70,12 +76,17 @@ class AlignmentStage(TorchStage):
             segments, aligned, aligner, note = self._align(item, asr)
         elif not self.want_align:
             note = "alignment off (PIPELINE_ALIGN=false)"
+        dropped = 0
+        if aligned:
+            segments, dropped = drop_non_speech(segments, asr.speech)
+            if dropped:
+                log.info("alignment: %s: dropped %d segment(s) as not speech", item.id, dropped)
         diarization = _optional(item, "diarization", DiarizationArtifact)
         enrollment = _optional(item, "speaker_embeddings", SpeakerEmbeddingsArtifact)
         speakers_note = None
         if diarization is not None:
             names = {m.speaker: m.name for m in enrollment.matches if m.name} if enrollment else {}
-            segments = assign_speakers(segments, diarization.turns, names)
+            segments = split_at_speakers(assign_speakers(segments, diarization.turns, names))
             if enrollment is None and self.settings.skip_voice_embeddings:
                 speakers_note = "enrollment skipped (SKIP_VOICE_EMBEDDINGS): speakers keep their SPEAKER_nn labels"
         elif self.settings.speakers:
@@ -90,6 +101,9 @@ class AlignmentStage(TorchStage):
             "diarization": diarization.model if diarization else None,
             "speaker_encoder": enrollment.encoder_model if enrollment else None,
             "speakers_note": speakers_note,
+            "dropped_segments": asr.dropped_segments + dropped,
+            "speech_note": asr.speech_note or (f"all {dropped} decoded segment(s) dropped as not speech"
+                                               if dropped and not segments else None),
         })
 
     # -- alignment ------------------------------------------------------------------
@@ -97,16 +111,16 @@ class AlignmentStage(TorchStage):
     def _align(self, item: WorkItem, asr: TranscriptArtifact):
         language = asr.language
         if language in self.unavailable:
-            return list(asr.segments), False, None, self.unavailable[language]
+            return self._align_whisper(item, asr, self.unavailable[language])
         try:
             model, metadata, name = self.aligners.get(language) or self._load_aligner(language)
         except Exception as exc:
             if is_oom(exc):
                 raise
-            reason = f"no alignment model for {language!r} offline ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
-            log.warning("alignment: %s; keeping segment timestamps", reason)
+            reason = f"no wav2vec2 alignment model for {language!r} offline ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+            log.info("alignment: %s; Whisper cross-attention alignment instead", reason)
             self.unavailable[language] = reason
-            return list(asr.segments), False, None, reason
+            return self._align_whisper(item, asr, reason)
         self.aligners[language] = (model, metadata, name)
         import numpy as np
         import whisperx.alignment as wxa
@@ -123,6 +137,29 @@ class AlignmentStage(TorchStage):
             segments.append(Segment(id=len(segments), start=round(start, 3), end=round(max(start, float(raw["end"])), 3),
                                     text=raw["text"].strip(), words=words or None))
         return segments, True, name, None
+
+    def _align_whisper(self, item: WorkItem, asr: TranscriptArtifact, why_not_wav2vec2: str):
+        """Words timed by the ASR model's own cross-attention (stages.whisper_align)."""
+        from stages.whisper_align import WhisperAligner
+
+        key = (asr.model, asr.compute_type)
+        aligner = self.whisper.get(key)
+        if aligner is None:
+            try:
+                aligner = WhisperAligner(asr.model, asr.language, self.device, asr.compute_type)
+            except Exception as exc:
+                if is_oom(exc):
+                    raise
+                reason = f"{why_not_wav2vec2}; Whisper model {asr.model!r} unusable ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+                log.warning("alignment: %s; keeping segment timestamps", reason)
+                return list(asr.segments), False, None, reason
+            self.whisper = {key: aligner}  # one model at a time
+        audio = load_artifact(item.inputs["audio"], AudioArtifact)
+        import numpy as np
+
+        samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
+        segments = aligner.align(samples, list(asr.segments), self.batch_size)
+        return segments, True, f"whisper-cross-attention:{asr.requested_model}", None
 
     def _load_aligner(self, language: str):
         name = TORCHAUDIO_ALIGNERS.get(language)
@@ -196,6 +233,51 @@ def assign_speakers(segments: list[Segment], turns: list[SpeakerTurn], names: di
             spk = speaker_at(seg.start, seg.end, turns)
             speaker = names.get(spk, spk) if spk else None
         out.append(seg.model_copy(update={"speaker": speaker, "words": words}))
+    return out
+
+
+def drop_non_speech(segments: list[Segment], speech: list[tuple[float, float]] | None) -> tuple[list[Segment], int]:
+    """Timed segments without those that are not speech (stages.speech.keep_segments), renumbered."""
+    decoded = []
+    for seg in segments:
+        timed = [w for w in seg.words or [] if w.start is not None and w.end is not None]
+        scores = [w.score for w in seg.words or [] if w.score is not None]
+        decoded.append(Decoded(start=seg.start, end=seg.end,
+                               word_spans=tuple((w.start, w.end) for w in timed) or None,
+                               confidence=sum(scores) / len(scores) if scores else None))
+    kept, dropped = keep_segments(decoded, speech)
+    return [segments[i].model_copy(update={"id": n}) for n, i in enumerate(kept)], dropped
+
+
+def split_at_speakers(segments: list[Segment]) -> list[Segment]:
+    """Segments whose timed words change speaker split at each change (ids renumbered).
+
+    A word without a speaker stays with the word before it (the first ones with the word after).
+    """
+    out: list[Segment] = []
+    for seg in segments:
+        words = seg.words or []
+        runs: list[list[Word]] = []
+        current = None
+        for w in words:
+            spk = w.speaker
+            if not runs:
+                runs.append([w])
+            elif spk is None or spk == current or current is None:
+                runs[-1].append(w)
+            else:
+                runs.append([w])
+            current = spk or current
+        if len(runs) <= 1:
+            out.append(seg.model_copy(update={"id": len(out)}))
+            continue
+        for run in runs:
+            speaker = next((w.speaker for w in run if w.speaker), None)
+            timed = [w for w in run if w.start is not None and w.end is not None]
+            start = min(w.start for w in timed) if timed else seg.start
+            end = max(w.end for w in timed) if timed else seg.end
+            out.append(Segment(id=len(out), start=round(start, 3), end=round(max(start, end), 3),
+                               text=" ".join(w.word.strip() for w in run).strip(), words=run, speaker=speaker))
     return out
 
 
