@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     #: longest stretch of speech (s) whisperX joins into one decoding window (Whisper's 30 s: full
     #: context; words are timed by the alignment stage, so speakers no longer need short windows)
     asr_chunk_size: int = Field(30, ge=1, le=30, validation_alias=_env("asr_chunk_size", "ASR_CHUNK_SIZE"))
+    #: SRT/VTT cues: about this many characters a line (two lines at most) and at most this many seconds
+    caption_line_chars: int = Field(42, ge=10, le=200, validation_alias=_env("caption_line_chars", "CAPTION_LINE_CHARS"))
+    caption_max_s: float = Field(7.0, gt=0, le=60, validation_alias=_env("caption_max_s", "CAPTION_MAX_SECONDS"))
     #: whisperX batch of 30 s windows; halved on out-of-memory
     asr_batch_size: BatchSize = Field(16, validation_alias=_env("asr_batch_size", "ASR_BATCH_SIZE"))
 

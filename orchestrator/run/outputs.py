@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
-from contracts import EmbeddingsArtifact, Segment, TranscriptArtifact
+from contracts import EmbeddingsArtifact, TranscriptArtifact
 from contracts.io import atomic_write_text
 
 
@@ -17,25 +18,93 @@ def timestamp(seconds: float, separator: str) -> str:
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{separator}{millis:03d}"
 
 
-def _caption(segment: Segment) -> str:
-    return f"[{segment.speaker}] {segment.text}" if segment.speaker else segment.text
+#: caption layout: at most this many lines of about this many characters, and this many seconds
+LINE_CHARS = 42
+MAX_LINES = 2
+CUE_MAX_S = 7.0
+SENTENCE_ENDS = (".", "?", "!", "…")
 
 
-def to_srt(transcript: TranscriptArtifact) -> str:
+@dataclass(frozen=True)
+class Cue:
+    start: float
+    end: float
+    speaker: str | None
+    text: str
+
+
+def _label(speaker: str | None, text: str) -> str:
+    return f"[{speaker}] {text}" if speaker else text
+
+
+def _wrap(text: str, line_chars: int, max_lines: int) -> str:
+    """Text on at most ``max_lines`` lines of about ``line_chars`` (the last line takes any rest)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines) < max_lines and len(lines[-1]) + 1 + len(word) <= line_chars:
+            lines[-1] += " " + word
+        elif lines and len(lines) >= max_lines:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "\n".join(lines)
+
+
+def cues(transcript: TranscriptArtifact, line_chars: int = LINE_CHARS, max_s: float = CUE_MAX_S,
+         max_lines: int = MAX_LINES) -> list[Cue]:
+    """Caption cues: one speaker each (segments are speaker-pure), split at sentence ends, at most
+    ``max_lines`` x ``line_chars`` characters and ``max_s`` seconds where word times allow, never overlapping."""
+    budget = line_chars * max_lines
+    out: list[Cue] = []
+    for seg in transcript.segments:
+        words = [w for w in seg.words or [] if w.start is not None and w.end is not None]
+        if not words:
+            out.append(Cue(seg.start, seg.end, seg.speaker, seg.text))
+            continue
+        budget_here = budget - (len(seg.speaker) + 3 if seg.speaker else 0)
+        group: list = []
+        for w in words:
+            if group:
+                text = " ".join(x.word for x in group)
+                full = len(text) + 1 + len(w.word) > budget_here
+                long = w.end - group[0].start > max_s
+                sentence = group[-1].word.endswith(SENTENCE_ENDS)
+                if full or long or sentence:
+                    out.append(Cue(group[0].start, group[-1].end, seg.speaker, text))
+                    group = []
+            group.append(w)
+        out.append(Cue(group[0].start, group[-1].end, seg.speaker, " ".join(x.word for x in group)))
+    out.sort(key=lambda c: (c.start, c.end))
+    fixed = []
+    for n, cue in enumerate(out):
+        end = min(cue.end, out[n + 1].start) if n + 1 < len(out) else cue.end
+        fixed.append(Cue(cue.start, max(cue.start, end), cue.speaker, _wrap(_label(cue.speaker, cue.text),
+                                                                              line_chars, max_lines)))
+    return fixed
+
+
+def to_srt(transcript: TranscriptArtifact, **layout) -> str:
     blocks = [
-        f"{n}\n{timestamp(s.start, ',')} --> {timestamp(s.end, ',')}\n{_caption(s)}\n"
-        for n, s in enumerate(transcript.segments, start=1)
+        f"{n}\n{timestamp(c.start, ',')} --> {timestamp(c.end, ',')}\n{c.text}\n"
+        for n, c in enumerate(cues(transcript, **layout), start=1)
     ]
     return "\n".join(blocks)
 
 
-def to_vtt(transcript: TranscriptArtifact) -> str:
-    blocks = [f"{timestamp(s.start, '.')} --> {timestamp(s.end, '.')}\n{_caption(s)}\n" for s in transcript.segments]
+def to_vtt(transcript: TranscriptArtifact, **layout) -> str:
+    blocks = [f"{timestamp(c.start, '.')} --> {timestamp(c.end, '.')}\n{c.text}\n" for c in cues(transcript, **layout)]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
 def to_txt(transcript: TranscriptArtifact) -> str:
-    return "".join(f"{_caption(s)}\n" for s in transcript.segments)
+    """One line per speaker turn (consecutive segments of one speaker joined)."""
+    turns: list[tuple[str | None, list[str]]] = []
+    for seg in transcript.segments:
+        if turns and turns[-1][0] == seg.speaker:
+            turns[-1][1].append(seg.text)
+        else:
+            turns.append((seg.speaker, [seg.text]))
+    return "".join(f"{_label(speaker, ' '.join(texts))}\n" for speaker, texts in turns)
 
 
 def to_jsonl(transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact, vectors) -> str:
@@ -58,11 +127,12 @@ def to_jsonl(transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact, vec
 
 
 def write_outputs(directory: Path, transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact,
-                  vectors) -> dict[str, str]:
+                  vectors, line_chars: int = LINE_CHARS, max_s: float = CUE_MAX_S) -> dict[str, str]:
     """Write the derived files next to transcript.json and embeddings.npy; return name -> path."""
+    layout = {"line_chars": line_chars, "max_s": max_s}
     files = {
-        "transcript.srt": to_srt(transcript),
-        "transcript.vtt": to_vtt(transcript),
+        "transcript.srt": to_srt(transcript, **layout),
+        "transcript.vtt": to_vtt(transcript, **layout),
         "transcript.txt": to_txt(transcript),
         "segments.jsonl": to_jsonl(transcript, embeddings, vectors),
     }

@@ -557,7 +557,8 @@ class Orchestrator:
             transcript = load_artifact(inp.artifact("transcript"), TranscriptArtifact)
             embeddings = load_artifact(inp.artifact("embeddings"), EmbeddingsArtifact)
             vectors = np.load(inp.directory / embeddings.sidecar, allow_pickle=False)
-            inp.outputs = write_outputs(inp.directory, transcript, embeddings, vectors)
+            inp.outputs = write_outputs(inp.directory, transcript, embeddings, vectors,
+                                        line_chars=self.settings.caption_line_chars, max_s=self.settings.caption_max_s)
             if self.settings.output_url:
                 self._upload(inp)
             inp.duration_s = transcript.duration_s
