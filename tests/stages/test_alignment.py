@@ -18,7 +18,7 @@ from contracts import (
     load_artifact,
     save_model,
 )
-from stages.alignment import AlignmentStage, assign_speakers, speaker_at
+from stages.alignment import AlignmentStage, assign_speakers, drop_non_speech, speaker_at, split_at_speakers
 from stages.audio import AudioStage
 from tests.conftest import MEDIA, stage_settings
 
@@ -108,3 +108,24 @@ def test_skipped_enrollment_keeps_cluster_labels_and_says_so(inputs):
     final = _run(inputs, ["asr", "audio", "diarization"], align=False, speakers=True, skip_voice_embeddings=True)
     assert [s.speaker for s in final.segments] == ["SPEAKER_00", "SPEAKER_01"]
     assert "SKIP_VOICE_EMBEDDINGS" in final.speakers_note and final.speaker_encoder is None
+
+
+def test_a_segment_whose_words_change_speaker_is_split_at_the_change():
+    seg = Segment(id=0, start=0.0, end=8.0, text="Thanks for joining. Yes, hello.", words=[
+        Word(word="Thanks", start=0.0, end=0.5), Word(word="for", start=0.5, end=0.8),
+        Word(word="joining.", start=0.8, end=3.5), Word(word="Yes,", start=4.6, end=5.0),
+        Word(word="hello.", start=5.0, end=5.6), Word(word="um")])
+    out = split_at_speakers(assign_speakers([seg], TURNS, {"SPEAKER_00": "Host"}))
+    assert [(s.id, s.speaker, s.text, s.start, s.end) for s in out] == [
+        (0, "Host", "Thanks for joining.", 0.0, 3.5), (1, "SPEAKER_01", "Yes, hello. um", 4.6, 5.6)]
+    assert all({w.speaker for w in s.words} <= {s.speaker, None} for s in out)
+    one = Segment(id=0, start=0.0, end=1.0, text="a b", words=[Word(word="a", start=0.0, end=0.5, speaker="X"),
+                                                                 Word(word="b", speaker=None)])
+    assert split_at_speakers([one]) == [one], "one speaker: the segment as it was"
+
+
+def test_segments_outside_the_decoded_speech_are_dropped_and_counted():
+    segs = [Segment(id=0, start=0.0, end=2.0, text="hello", words=[Word(word="hello", start=0.2, end=1.0, score=0.9)]),
+            Segment(id=1, start=5.0, end=5.1, text="you", words=[Word(word="you", start=5.0, end=5.1, score=0.9)])]
+    kept, dropped = drop_non_speech(segs, [(0.0, 2.0)])
+    assert ([s.text for s in kept], [s.id for s in kept], dropped) == (["hello"], [0], 1)

@@ -1,0 +1,37 @@
+"""The "no hallucinated fragments" policy (pure functions, no model)."""
+
+from __future__ import annotations
+
+from stages.speech import Decoded, clean_pieces, is_speech, keep_segments
+
+
+def test_a_tail_cut_at_the_chunk_boundary_joins_the_piece_it_touches():
+    # an utterance of 6.05 s cut by a 6 s chunk: a 50 ms tail right after the first piece
+    assert clean_pieces([(1.0, 7.0), (7.0, 7.05)]) == [(1.0, 7.05)]
+    # a short piece before a touching one joins that one
+    assert clean_pieces([(2.0, 2.08), (2.1, 5.0)]) == [(2.0, 5.0)]
+
+
+def test_an_isolated_or_unjoinable_short_piece_is_dropped():
+    assert clean_pieces([(1.0, 4.0), (9.0, 9.05), (12.0, 14.0)]) == [(1.0, 4.0), (12.0, 14.0)]
+    # joining would make a window longer than Whisper's 30 s: dropped instead
+    assert clean_pieces([(0.0, 30.0), (30.0, 30.05)]) == [(0.0, 30.0)]
+    assert clean_pieces([(3.0, 3.05)]) == []
+    assert clean_pieces([]) == []
+
+
+def test_real_short_words_are_kept():
+    assert clean_pieces([(1.0, 1.25), (5.0, 8.0)]) == [(1.0, 1.25), (5.0, 8.0)], "a lone 'yes' of 0.25 s stays"
+
+
+def test_segments_outside_speech_or_scored_as_non_speech_are_dropped():
+    speech = [(0.0, 5.0), (10.0, 12.0)]
+    inside = Decoded(0.5, 4.0, word_spans=((0.5, 1.0), (1.2, 4.0)), confidence=0.8)
+    outside = Decoded(6.0, 7.0, word_spans=((6.0, 6.5), (6.5, 7.0)), confidence=0.9)
+    improbable = Decoded(10.0, 11.0, confidence=0.05)
+    whisper_says_silence = Decoded(10.0, 11.0, no_speech_prob=0.9, avg_logprob=-1.5)
+    confident_despite_no_speech = Decoded(10.0, 11.0, no_speech_prob=0.9, avg_logprob=-0.2)
+    assert not is_speech(outside, speech) and not is_speech(improbable, speech)
+    assert not is_speech(whisper_says_silence, speech) and is_speech(confident_despite_no_speech, speech)
+    assert keep_segments([inside, outside, improbable, confident_despite_no_speech], speech) == ([0, 3], 2)
+    assert keep_segments([outside], None) == ([0], 0), "no recorded speech: only the scores decide"
