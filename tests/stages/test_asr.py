@@ -57,3 +57,49 @@ def test_unavailable_model_is_a_clear_error_offline(tmp_path, audio_json, monkey
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelUnavailableError, match="cannot load ASR model 'no-such-model'"):
         AsrStage().run(_request(tmp_path, audio_json, model="no-such-model"))
+
+
+def _wav(path, samples) -> str:
+    import wave
+
+    import numpy as np
+
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1), f.setsampwidth(2), f.setframerate(16000)
+        f.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return str(path)
+
+
+def test_no_fragment_after_a_chunk_boundary_and_no_words_from_silence_or_noise(tmp_path, media):
+    """The host's first turn cut to 4.0 s plus 3 s of silence, decoded with 4 s chunks: whisperX's VAD cuts it
+    at 4.03 s and leaves an 85 ms tail that Whisper decodes as "you" unless the tail joins its piece.
+    Pure silence and pure noise give no segments and say why. One model load for the three inputs."""
+    import numpy as np
+
+    sr = 16000
+    AUDIO.run(StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1,
+                           result_path=str(tmp_path / "r.json"), settings=stage_settings("audio"),
+                           items=[WorkItem(id="d", inputs={"source": str(media / "speakers" / "host_guest.mp4")},
+                                           output=str(tmp_path / "dialogue.json"), fingerprint="fp")]))
+    dialogue = np.load(next(tmp_path.glob("*.npy")))
+    sources = {"tail": _wav(tmp_path / "tail.wav", np.concatenate([dialogue[:4 * sr], np.zeros(3 * sr)])),
+               "silence": _wav(tmp_path / "silence.wav", np.zeros(8 * sr)),
+               "noise": _wav(tmp_path / "noise.wav", 0.05 * np.random.default_rng(0).standard_normal(8 * sr))}
+    AUDIO.run(StageRequest(request_id="b", stage="audio", module="stages.audio", batch_size=1,
+                           result_path=str(tmp_path / "r2.json"), settings=stage_settings("audio"),
+                           items=[WorkItem(id=k, inputs={"source": v}, output=str(tmp_path / f"{k}-audio.json"),
+                                           fingerprint="fp") for k, v in sources.items()]))
+    request = _request(tmp_path, tmp_path / "tail-audio.json", chunk_size=4)
+    request = request.model_copy(update={"items": [
+        WorkItem(id=k, inputs={"audio": str(tmp_path / f"{k}-audio.json")}, output=str(tmp_path / f"{k}-asr.json"),
+                 fingerprint="fp") for k in sources]})
+    result = AsrStage().run(request)
+    assert all(r.ok for r in result.items), result.items
+    tail = load_artifact(tmp_path / "tail-asr.json", TranscriptArtifact)
+    assert [len(s.text.split()) > 1 for s in tail.segments] == [True], tail.segments
+    assert wer("Thanks for joining us. What got you interested in mapping old roads?", tail.segments[0].text) < 0.2
+    assert len(tail.speech) == 1 and tail.speech[0][1] > 4.05, "the tail was joined to its piece, not dropped"
+    for quiet in ("silence", "noise"):
+        transcript = load_artifact(tmp_path / f"{quiet}-asr.json", TranscriptArtifact)
+        assert transcript.segments == [] and transcript.speech == [], (quiet, transcript.segments)
+        assert transcript.speech_note.startswith("no speech detected"), transcript.speech_note
