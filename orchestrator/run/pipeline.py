@@ -564,6 +564,8 @@ class Orchestrator:
             inp.duration_s = transcript.duration_s
             if transcript.speakers_note and not inp.skipped:  # a fast-path skip already has its note
                 inp.notes.append(transcript.speakers_note)
+            if transcript.speech_note:  # e.g. silence: no segments, and why
+                inp.notes.append(transcript.speech_note)
             diarization = None
             if inp.artifact("diarization").exists():
                 diarization = load_artifact(inp.artifact("diarization"), DiarizationArtifact)
