@@ -64,7 +64,8 @@ def test_turns_are_labelled_in_order(run):
     assert transcript["speaker_encoder"].startswith("campplus:")
     lines = [json.loads(line) for line in (out / "host_guest" / "segments.jsonl").read_text().splitlines()]
     assert [line["speaker"] for line in lines] == speakers
-    assert (out / "host_guest" / "transcript.vtt").read_text().count("[Host] ") == speakers.count("Host")
+    vtt = (out / "host_guest" / "transcript.vtt").read_text()
+    assert speakers.count("Host") <= vtt.count("[Host] ") and vtt.count("[") == vtt.count("\n\n"), vtt
 
 
 def rttm(name) -> list[tuple[float, float, str]]:
