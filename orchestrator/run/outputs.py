@@ -50,6 +50,22 @@ def _wrap(text: str, line_chars: int, max_lines: int) -> str:
     return "\n".join(lines)
 
 
+def _balanced(words: list, budget: int, max_s: float) -> list[list]:
+    """A sentence's words in the fewest near-equal parts (by characters) that each fit ``budget`` and ``max_s``."""
+    for parts in range(1, len(words) + 1):
+        size = sum(len(w.word) + 1 for w in words) / parts
+        out: list[list] = [[]]
+        used = 0.0
+        for w in words:
+            if out[-1] and used + len(w.word) / 2 > size * len(out) and len(out) < parts:
+                out.append([])
+            out[-1].append(w)
+            used += len(w.word) + 1
+        if all(len(" ".join(w.word for w in p)) <= budget and p[-1].end - p[0].start <= max_s for p in out):
+            return out
+    return [[w] for w in words]
+
+
 def cues(transcript: TranscriptArtifact, line_chars: int = LINE_CHARS, max_s: float = CUE_MAX_S,
          max_lines: int = MAX_LINES) -> list[Cue]:
     """Caption cues: one speaker each (segments are speaker-pure), split at sentence ends, at most
@@ -62,18 +78,13 @@ def cues(transcript: TranscriptArtifact, line_chars: int = LINE_CHARS, max_s: fl
             out.append(Cue(seg.start, seg.end, seg.speaker, seg.text))
             continue
         budget_here = budget - (len(seg.speaker) + 3 if seg.speaker else 0)
-        group: list = []
-        for w in words:
-            if group:
-                text = " ".join(x.word for x in group)
-                full = len(text) + 1 + len(w.word) > budget_here
-                long = w.end - group[0].start > max_s
-                sentence = group[-1].word.endswith(SENTENCE_ENDS)
-                if full or long or sentence:
-                    out.append(Cue(group[0].start, group[-1].end, seg.speaker, text))
-                    group = []
-            group.append(w)
-        out.append(Cue(group[0].start, group[-1].end, seg.speaker, " ".join(x.word for x in group)))
+        sentence: list = []
+        for n, w in enumerate(words):
+            sentence.append(w)
+            if w.word.endswith(SENTENCE_ENDS) or n == len(words) - 1:
+                for part in _balanced(sentence, budget_here, max_s):
+                    out.append(Cue(part[0].start, part[-1].end, seg.speaker, " ".join(x.word for x in part)))
+                sentence = []
     out.sort(key=lambda c: (c.start, c.end))
     fixed = []
     for n, cue in enumerate(out):
