@@ -129,3 +129,34 @@ def test_segments_outside_the_decoded_speech_are_dropped_and_counted():
             Segment(id=1, start=5.0, end=5.1, text="you", words=[Word(word="you", start=5.0, end=5.1, score=0.9)])]
     kept, dropped = drop_non_speech(segs, [(0.0, 2.0)])
     assert ([s.text for s in kept], [s.id for s in kept], dropped) == (["hello"], [0], 1)
+
+
+@pytest.mark.slow
+def test_offline_words_are_timed_by_the_asr_models_cross_attention(inputs, monkeypatch, tmp_path):
+    """No wav2vec2 on disk: the embedded Whisper model that "wrote" the transcript times its words."""
+    from stages.asr import embedded_model_path
+    from tests.conftest import SPEECH_TEXT
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    audio = load_artifact(inputs / "audio.json", __import__("contracts").AudioArtifact)
+    save_model(TranscriptArtifact(
+        item_id="s", fingerprint="fp-asr", source="speech.wav", language="en", model=str(embedded_model_path()),
+        requested_model="embedded", device="cpu", compute_type="int8", batch_size=1, duration_s=audio.duration_s,
+        speech=[(0.0, audio.duration_s)],
+        segments=[Segment(id=0, start=0.0, end=audio.duration_s, text=SPEECH_TEXT)]), tmp_path / "asr.json")
+    item = WorkItem(id="s", inputs={"asr": str(tmp_path / "asr.json"), "audio": str(inputs / "audio.json")},
+                    output=str(tmp_path / "transcript.json"), fingerprint="fp-final")
+    result = AlignmentStage().run(StageRequest(request_id="r", stage="alignment", module="stages.alignment",
+                                               batch_size=2, device="cpu", items=[item], result_path=str(tmp_path / "r.json"),
+                                               settings=stage_settings("alignment", align=True, speakers=False)))
+    assert result.items[0].ok, result.items
+    final = load_artifact(tmp_path / "transcript.json", TranscriptArtifact)
+    assert final.aligned and final.aligner == "whisper-cross-attention:embedded" and final.alignment_note is None
+    words = final.segments[0].words
+    assert [w.word for w in words] == SPEECH_TEXT.split()
+    starts = [w.start for w in words]
+    assert starts == sorted(starts) and all(w.start <= w.end and 0 < w.score <= 1 for w in words)
+    # the words spread over the speech (espeak says the three sentences in ~10 s), not piled up at one end
+    assert words[0].start < 1.0 and words[-1].end > audio.duration_s - 2.0 and starts[len(starts) // 2] > 2.0
+    assert sum(w.score for w in words) / len(words) > 0.5
