@@ -159,6 +159,7 @@ STAGES: tuple[StageDef, ...] = (
              optional_inputs=("diarization", "speaker_embeddings"),
              build=lambda s: AlignmentSettings(align=s.align, allow_hub=s.hub, speakers=s.speakers,
                                                skip_voice_embeddings=s.skip_voice_embeddings),
+             batch_size=lambda s: s.alignment_batch_size,
              needs=ALIGNMENT_NEEDS, need_key=lambda c: "wav2vec2" if c.align else None),
     StageDef("embeddings", "stages.embeddings", EmbeddingsArtifact, EmbeddingsSettings, inputs=("transcript",),
              build=lambda s: EmbeddingsSettings(profile=s.embedding_profile, fallback=s.embedding_fallback,

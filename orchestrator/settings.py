@@ -122,8 +122,10 @@ class Settings(BaseSettings):
     #: similarity threshold written into new voice profiles (None: the encoder's default)
     speaker_threshold: float | None = Field(
         None, ge=-1, le=1, validation_alias=_env("speaker_threshold", "SPEAKER_THRESHOLD"))
-    #: word alignment with whisperx's wav2vec2 aligner, when its model is available (PIPELINE_ALIGN)
+    #: word alignment: whisperx's wav2vec2 aligner when its model is on disk, else Whisper cross-attention (PIPELINE_ALIGN)
     align: bool = Field(True, validation_alias=_env("align", "PIPELINE_ALIGN"))
+    #: segments (one VAD window each) per Whisper cross-attention alignment batch; halved on out-of-memory
+    alignment_batch_size: int = Field(8, ge=1, validation_alias=_env("alignment_batch_size", "ALIGNMENT_BATCH_SIZE"))
     #: where the embedded speaker weights live (None: the project's .cache/weights, filled by bin/)
     weights_dir: Path | None = Field(None, validation_alias=_env("weights_dir", "PIPELINE_WEIGHTS_DIR"))
 
