@@ -13,9 +13,9 @@ import logging
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from contracts import EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem
+from contracts import Artifact, EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import EmbeddingsSettings
 from stages.base import TorchStage, save_array
@@ -28,6 +28,8 @@ PROFILES = {
     "speed": "BAAI/bge-small-en-v1.5",
     "quality": "Alibaba-NLP/gte-Qwen2-1.5B-instruct",
 }
+#: texts of several inputs are encoded together until this many batches' worth is collected
+GROUP_BATCHES = 4
 #: models whose repositories carry their own modelling code
 TRUST_REMOTE_CODE = {"Alibaba-NLP/gte-Qwen2-1.5B-instruct"}
 
@@ -115,19 +117,70 @@ class EmbeddingsStage(TorchStage):
         self.profile, self.requested, self.fallback_reason = loaded.profile, loaded.requested, loaded.fallback_reason
         return self.model_name
 
+    packs_items = True
+
     def process(self, item: WorkItem, transcript: TranscriptArtifact, request: StageRequest) -> EmbeddingsArtifact:
-        texts = [segment.text for segment in transcript.segments]
+        vectors = self._encode([segment.text for segment in transcript.segments])
+        return self._artifact(item, transcript, vectors)
+
+    def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
+                       ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        """Texts of successive inputs go into one ``encode`` stream (sentence-transformers sorts them by
+        length, so batches waste little padding) until ``GROUP_BATCHES`` batches' worth is collected;
+        the vectors are split back per input."""
+        group: list[tuple[WorkItem, TranscriptArtifact]] = []
+        for item, transcript in entries:
+            group.append((item, transcript))
+            if sum(len(t.segments) for _, t in group) >= GROUP_BATCHES * self.batch_size:
+                yield from self._group(group, request)
+                group = []
+        if group:
+            yield from self._group(group, request)
+
+    def _group(self, group: list[tuple[WorkItem, TranscriptArtifact]], request: StageRequest
+               ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        self.mark_in_flight(request, [item.id for item, _ in group], None)
+        texts = [segment.text for _, transcript in group for segment in transcript.segments]
+        try:
+            vectors = self._encode(texts)
+        except Exception as exc:
+            if is_oom(exc) or len(group) == 1:
+                if is_oom(exc):
+                    raise
+                yield group[0][0], exc
+                return
+            log.warning("embeddings: a group of %d inputs failed (%s); encoding them one by one", len(group), exc)
+            for item, transcript in group:
+                self.mark_in_flight(request, [item.id], None)
+                try:
+                    yield item, self.process(item, transcript, request)
+                except Exception as one:
+                    if is_oom(one):
+                        raise
+                    yield item, one
+            return
+        start = 0
+        for item, transcript in group:
+            count = len(transcript.segments)
+            try:
+                yield item, self._artifact(item, transcript, vectors[start:start + count])
+            except Exception as exc:  # e.g. no space for its vectors: this input alone
+                yield item, exc
+            start += count
+
+    def _encode(self, texts: list[str]):
+        if not texts:
+            return np.zeros((0, int(self.model.get_embedding_dimension())), dtype=np.float32)
+        return self.model.encode(
+            texts,
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        ).astype(np.float32, copy=False)
+
+    def _artifact(self, item: WorkItem, transcript: TranscriptArtifact, vectors) -> EmbeddingsArtifact:
         dimension = int(self.model.get_embedding_dimension())
-        if texts:
-            vectors = self.model.encode(
-                texts,
-                batch_size=self.batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            ).astype(np.float32, copy=False)
-        else:
-            vectors = np.zeros((0, dimension), dtype=np.float32)
         sidecar = Path(item.output).with_suffix(".npy")
         digest = save_array(sidecar, vectors)
         return EmbeddingsArtifact(
