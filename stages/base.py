@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar, Iterator
 
@@ -201,6 +202,60 @@ class Stage(ABC):
         log.info("%s: %s done in %.2fs", self.name, item.id, seconds)
         return ItemResult(id=item.id, ok=True, output=item.output, seconds=seconds)
 
+    def pack_groups(self, request: StageRequest, entries: Iterator[tuple[WorkItem, Artifact | str]],
+                    prepare: Callable[[WorkItem, Artifact | str], Member], compute: Callable[[list], object],
+                    finish: Callable[[Member, object], Artifact], batches: int
+                    ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        """A :meth:`process_packed` for stages whose model work is one call over a list of parts (texts,
+        clips): ``prepare`` turns each input into a :class:`Member` with its parts; once the group holds
+        ``batches`` batches' worth of parts, ``compute`` runs once over all of them and ``finish`` gets each
+        member's rows (``compute``'s result sliced). A failing shared call (other than out of memory) is
+        repeated member by member, so only the input that breaks it fails."""
+        group: list[Member] = []
+        for item, upstream in entries:
+            self.mark_in_flight(request, [item.id], getattr(upstream, "duration_s", None))
+            try:
+                group.append(prepare(item, upstream))
+            except Exception as exc:
+                if is_oom(exc):
+                    raise
+                yield item, exc
+                continue
+            if sum(len(m.parts) for m in group) >= batches * self.batch_size:
+                yield from self._shared(request, group, compute, finish)
+                group = []
+        if group:
+            yield from self._shared(request, group, compute, finish)
+
+    def _shared(self, request: StageRequest, group: list[Member], compute, finish
+                ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        seconds = [m.audio_s for m in group]
+        self.mark_in_flight(request, [m.item.id for m in group], None if None in seconds else sum(seconds))
+        try:
+            rows = compute([part for m in group for part in m.parts])
+        except Exception as exc:
+            if is_oom(exc):
+                raise
+            if len(group) == 1:
+                yield group[0].item, exc
+                return
+            log.warning("%s: a shared batch of %d inputs failed (%s); going one by one", self.name, len(group),
+                        _one_line(exc))
+            rows = None
+        start = 0
+        for m in group:
+            try:
+                if rows is None:
+                    self.mark_in_flight(request, [m.item.id], m.audio_s)
+                    yield m.item, finish(m, compute(m.parts))
+                else:
+                    yield m.item, finish(m, rows[start:start + len(m.parts)])
+            except Exception as exc:
+                if is_oom(exc):
+                    raise
+                yield m.item, exc
+            start += len(m.parts)
+
     def mark_in_flight(self, request: StageRequest, ids: list[str], audio_s: float | None) -> None:
         """Tell the parent which items the next step works on (crash blame, the watchdog's limit)."""
         self._write_in_flight(request, InFlight(ids=ids, since=time.time(), audio_s=audio_s))
@@ -228,6 +283,16 @@ class Stage(ABC):
             return load_artifact(path, self.input)
         except ArtifactError as exc:
             raise InputError(f"upstream artifact unusable: {exc}") from exc
+
+
+@dataclass(eq=False)
+class Member:
+    """One input of a :meth:`Stage.pack_groups` group: its parts for the shared call, and what ``finish`` needs."""
+
+    item: WorkItem
+    parts: list
+    audio_s: float | None = None
+    data: object = None
 
 
 class TorchStage(Stage):

@@ -33,7 +33,7 @@ from typing import Iterator
 from contracts import Artifact, AudioArtifact, DiarizationArtifact, SpeakerTurn, StageRequest, WorkItem
 from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import DiarizationSettings
-from stages.base import TorchStage
+from stages.base import Member, TorchStage
 from stages.memory import is_oom
 
 log = logging.getLogger(__name__)
@@ -117,60 +117,29 @@ class DiarizationStage(TorchStage):
         """Embedded diarizer: each input is segmented on its own, then the local-speaker clips of successive
         inputs are embedded together until ``GROUP_BATCHES`` batches' worth is collected; clustering and
         turns stay per input. The pyannote pipeline takes one input at a time."""
-        group: list[tuple[WorkItem, AudioArtifact, _Local]] = []
-        for item, audio in entries:
-            try:
-                if self.pipeline is not None:
-                    self.mark_in_flight(request, [item.id], audio.duration_s)
-                    yield item, self.process(item, audio, request)
-                    continue
-                self.mark_in_flight(request, [item.id], audio.duration_s)
-                group.append((item, audio, self.embedded.local(self._samples(item, audio))))
-            except Exception as exc:
-                if is_oom(exc):
-                    raise
-                yield item, exc
-                continue
-            if sum(len(local.clips) for _, _, local in group) >= GROUP_BATCHES * self.batch_size:
-                yield from self._group(group, request)
-                group = []
-        if group:
-            yield from self._group(group, request)
-
-    def _group(self, group: list, request: StageRequest) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
-        self.mark_in_flight(request, [item.id for item, _, _ in group], sum(a.duration_s for _, a, _ in group))
-        clips = [clip for _, _, local in group for clip in local.clips]
-        try:
-            embeddings = self.embedded.encoder.embed(clips, self.batch_size) if clips else None
-        except Exception as exc:
-            if is_oom(exc) or len(group) == 1:
-                if is_oom(exc):
-                    raise
-                yield group[0][0], exc
-                return
-            log.warning("diarization: a group of %d inputs failed (%s); embedding them one by one", len(group), exc)
-            for item, audio, local in group:
+        if self.pipeline is not None:
+            for item, audio in entries:
                 self.mark_in_flight(request, [item.id], audio.duration_s)
                 try:
-                    one = self.embedded.encoder.embed(local.clips, self.batch_size) if local.clips else None
-                    yield item, self._artifact(item, audio, self.embedded.finish(
-                        local, one, self.min_speakers, self.max_speakers))
-                except Exception as failed:
-                    if is_oom(failed):
+                    yield item, self.process(item, audio, request)
+                except Exception as exc:
+                    if is_oom(exc):
                         raise
-                    yield item, failed
+                    yield item, exc
             return
-        start = 0
-        for item, audio, local in group:
-            try:
-                rows = embeddings[start:start + len(local.clips)] if local.clips else None
-                yield item, self._artifact(item, audio, self.embedded.finish(
-                    local, rows, self.min_speakers, self.max_speakers))
-            except Exception as exc:
-                if is_oom(exc):
-                    raise
-                yield item, exc
-            start += len(local.clips)
+
+        def prepare(item: WorkItem, audio: AudioArtifact) -> Member:
+            local = self.embedded.local(self._samples(item, audio))
+            return Member(item, local.clips, audio.duration_s, (audio, local))
+
+        def finish(member: Member, rows) -> DiarizationArtifact:
+            audio, local = member.data
+            return self._artifact(member.item, audio,
+                                  self.embedded.finish(local, rows, self.min_speakers, self.max_speakers))
+
+        yield from self.pack_groups(request, entries, prepare,
+                                    compute=lambda clips: self.embedded.encoder.embed(clips, self.batch_size),
+                                    finish=finish, batches=GROUP_BATCHES)
 
     def _samples(self, item: WorkItem, audio: AudioArtifact):
         return np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from contracts import Artifact, EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import EmbeddingsSettings
-from stages.base import TorchStage, save_array
+from stages.base import Member, TorchStage, save_array
 from stages.memory import is_oom
 
 log = logging.getLogger(__name__)
@@ -128,45 +128,12 @@ class EmbeddingsStage(TorchStage):
         """Texts of successive inputs go into one ``encode`` stream (sentence-transformers sorts them by
         length, so batches waste little padding) until ``GROUP_BATCHES`` batches' worth is collected;
         the vectors are split back per input."""
-        group: list[tuple[WorkItem, TranscriptArtifact]] = []
-        for item, transcript in entries:
-            group.append((item, transcript))
-            if sum(len(t.segments) for _, t in group) >= GROUP_BATCHES * self.batch_size:
-                yield from self._group(group, request)
-                group = []
-        if group:
-            yield from self._group(group, request)
-
-    def _group(self, group: list[tuple[WorkItem, TranscriptArtifact]], request: StageRequest
-               ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
-        self.mark_in_flight(request, [item.id for item, _ in group], None)
-        texts = [segment.text for _, transcript in group for segment in transcript.segments]
-        try:
-            vectors = self._encode(texts)
-        except Exception as exc:
-            if is_oom(exc) or len(group) == 1:
-                if is_oom(exc):
-                    raise
-                yield group[0][0], exc
-                return
-            log.warning("embeddings: a group of %d inputs failed (%s); encoding them one by one", len(group), exc)
-            for item, transcript in group:
-                self.mark_in_flight(request, [item.id], None)
-                try:
-                    yield item, self.process(item, transcript, request)
-                except Exception as one:
-                    if is_oom(one):
-                        raise
-                    yield item, one
-            return
-        start = 0
-        for item, transcript in group:
-            count = len(transcript.segments)
-            try:
-                yield item, self._artifact(item, transcript, vectors[start:start + count])
-            except Exception as exc:  # e.g. no space for its vectors: this input alone
-                yield item, exc
-            start += count
+        return self.pack_groups(
+            request, entries,
+            prepare=lambda item, transcript: Member(item, [s.text for s in transcript.segments], data=transcript),
+            compute=self._encode,
+            finish=lambda member, vectors: self._artifact(member.item, member.data, vectors),
+            batches=GROUP_BATCHES)
 
     def _encode(self, texts: list[str]):
         if not texts:

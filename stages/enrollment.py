@@ -30,8 +30,7 @@ from contracts import (
 )
 from contracts.errors import ArtifactError, InputError
 from contracts.stage_settings import EnrollmentSettings
-from stages.base import TorchStage, save_array
-from stages.memory import is_oom
+from stages.base import Member, TorchStage, save_array
 
 log = logging.getLogger(__name__)
 
@@ -76,48 +75,13 @@ class EnrollmentStage(TorchStage):
                        ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
         """The turns of successive inputs are embedded together (equal-length windows of several inputs share
         batches) until ``GROUP_BATCHES`` batches' worth is collected; the vectors are split back per input."""
-        group: list[_Turns] = []
-        for item, diarization in entries:
-            try:
-                group.append(self._turn_clips(item, diarization))
-            except Exception as exc:
-                yield item, exc
-                continue
-            if sum(len(t.clips) for t in group) >= GROUP_BATCHES * self.batch_size:
-                yield from self._group(group, request)
-                group = []
-        if group:
-            yield from self._group(group, request)
+        def prepare(item: WorkItem, diarization: DiarizationArtifact) -> Member:
+            turns = self._turn_clips(item, diarization)
+            return Member(item, turns.clips, turns.audio_s, turns)
 
-    def _group(self, group: list[_Turns], request: StageRequest) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
-        self.mark_in_flight(request, [t.item.id for t in group], sum(t.audio_s for t in group))
-        try:
-            vectors = self._embed([clip for t in group for clip in t.clips])
-        except Exception as exc:
-            if is_oom(exc) or len(group) == 1:
-                if is_oom(exc):
-                    raise
-                yield group[0].item, exc
-                return
-            log.warning("enrollment: a group of %d inputs failed (%s); embedding them one by one", len(group), exc)
-            for turns in group:
-                self.mark_in_flight(request, [turns.item.id], turns.audio_s)
-                try:
-                    yield turns.item, self._artifact(turns, self._embed(turns.clips))
-                except Exception as one:
-                    if is_oom(one):
-                        raise
-                    yield turns.item, one
-            return
-        start = 0
-        for turns in group:
-            try:
-                yield turns.item, self._artifact(turns, vectors[start:start + len(turns.clips)])
-            except Exception as exc:
-                if is_oom(exc):
-                    raise
-                yield turns.item, exc
-            start += len(turns.clips)
+        return self.pack_groups(request, entries, prepare, compute=self._embed,
+                                finish=lambda member, vectors: self._artifact(member.data, vectors),
+                                batches=GROUP_BATCHES)
 
     def _embed(self, clips: list):
         if not clips:
