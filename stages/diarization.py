@@ -26,12 +26,14 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
-from contracts import AudioArtifact, DiarizationArtifact, SpeakerTurn, StageRequest, WorkItem
+from contracts import Artifact, AudioArtifact, DiarizationArtifact, SpeakerTurn, StageRequest, WorkItem
 from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import DiarizationSettings
-from stages.base import TorchStage
+from stages.base import Member, TorchStage
 from stages.memory import is_oom
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ MIN_EMBED_S = 0.4
 #: turns of one speaker separated by less than this are joined; shorter turns are dropped
 MIN_GAP_S = 0.3
 MIN_TURN_S = 0.15
+#: local-speaker clips of several inputs are embedded together until this many batches' worth is collected
+GROUP_BATCHES = 8
 
 
 class DiarizationStage(TorchStage):
@@ -97,13 +101,50 @@ class DiarizationStage(TorchStage):
         self.model_name = self.embedded.name
         return self.model_name
 
+    packs_items = True
+
     def process(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> DiarizationArtifact:
-        samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
+        samples = self._samples(item, audio)
         if self.pipeline is not None:
             frame = self.pipeline(samples, min_speakers=self.min_speakers, max_speakers=self.max_speakers)
             raw = [(float(r.start), float(r.end), str(r.speaker)) for r in frame.itertuples()]
         else:
             raw = self.embedded(samples, self.min_speakers, self.max_speakers)
+        return self._artifact(item, audio, raw)
+
+    def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
+                       ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        """Embedded diarizer: each input is segmented on its own, then the local-speaker clips of successive
+        inputs are embedded together until ``GROUP_BATCHES`` batches' worth is collected; clustering and
+        turns stay per input. The pyannote pipeline takes one input at a time."""
+        if self.pipeline is not None:
+            for item, audio in entries:
+                self.mark_in_flight(request, [item.id], audio.duration_s)
+                try:
+                    yield item, self.process(item, audio, request)
+                except Exception as exc:
+                    if is_oom(exc):
+                        raise
+                    yield item, exc
+            return
+
+        def prepare(item: WorkItem, audio: AudioArtifact) -> Member:
+            local = self.embedded.local(self._samples(item, audio))
+            return Member(item, local.clips, audio.duration_s, (audio, local))
+
+        def finish(member: Member, rows) -> DiarizationArtifact:
+            audio, local = member.data
+            return self._artifact(member.item, audio,
+                                  self.embedded.finish(local, rows, self.min_speakers, self.max_speakers))
+
+        yield from self.pack_groups(request, entries, prepare,
+                                    compute=lambda clips: self.embedded.encoder.embed(clips, self.batch_size),
+                                    finish=finish, batches=GROUP_BATCHES)
+
+    def _samples(self, item: WorkItem, audio: AudioArtifact):
+        return np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
+
+    def _artifact(self, item: WorkItem, audio: AudioArtifact, raw) -> DiarizationArtifact:
         return DiarizationArtifact(
             item_id=item.id,
             fingerprint=item.fingerprint,
@@ -158,8 +199,14 @@ class EmbeddedDiarizer:
 
     def __call__(self, samples, min_speakers: int | None = None, max_speakers: int | None = None):
         """(start, end, cluster) for each turn of ``samples`` (16 kHz mono float32)."""
+        local = self.local(samples)
+        return self.finish(local, self.encoder.embed(local.clips, self.batch_size) if local.clips else None,
+                           min_speakers, max_speakers)
+
+    def local(self, samples) -> _Local:
+        """Segmentation of ``samples`` and the clips of its local speakers to embed (steps 1 and 2's input)."""
         if samples.size < SAMPLE_RATE // 10:
-            return []
+            return _Local(samples.size / SAMPLE_RATE)
         waveform = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)).unsqueeze(0)
         seg = self.inference({"waveform": waveform, "sample_rate": SAMPLE_RATE})
         activity = np.asarray(seg.data, dtype=np.float32)  # (chunks, frames, local speakers), 0/1
@@ -178,10 +225,15 @@ class EmbeddedDiarizer:
                 if clip.size >= MIN_EMBED_S * SAMPLE_RATE:
                     keys.append((c, k))
                     clips.append(clip)
-        if not clips:
+        return _Local(samples.size / SAMPLE_RATE, activity, starts, frame_s, keys, clips)
+
+    def finish(self, local: _Local, embeddings, min_speakers: int | None = None, max_speakers: int | None = None):
+        """Cluster the local speakers' ``embeddings`` (rows of ``local.clips``) and rebuild the turns."""
+        if not local.clips:
             return []
-        embeddings = self.encoder.embed(clips, self.batch_size)
         labels = cluster(embeddings, min_speakers, max_speakers)
+        activity, starts, frame_s, keys = local.activity, local.starts, local.frame_s, local.keys
+        chunks, frames, _ = activity.shape
 
         # reconstruction on a global frame grid
         total = int(np.ceil((starts[-1] + self.duration) / frame_s)) + 1
@@ -191,18 +243,29 @@ class EmbeddedDiarizer:
         for c in range(chunks):
             first = int(round(starts[c] / frame_s))
             count[first:first + frames] += 1
-            local = np.zeros((frames, speakers), np.float32)
+            local_score = np.zeros((frames, speakers), np.float32)
             for (cc, k), label in zip(keys, labels):
                 if cc == c:
-                    local[:, label] = np.maximum(local[:, label], activity[c, :, k])
-            score[first:first + frames] += local
+                    local_score[:, label] = np.maximum(local_score[:, label], activity[c, :, k])
+            score[first:first + frames] += local_score
         active = score / np.maximum(count, 1) >= 0.5
-        limit = samples.size / SAMPLE_RATE
         turns = []
         for s in range(speakers):
             for start, end in _runs(active[:, s], frame_s):
-                turns.append((start, min(end, limit), s))
+                turns.append((start, min(end, local.seconds), s))
         return [(s, e, f"C{spk}") for s, e, spk in turns if e - s >= MIN_TURN_S]
+
+
+@dataclass(eq=False)
+class _Local:
+    """One input's segmentation: frame activity of each window's local speakers, and the clips to embed."""
+
+    seconds: float
+    activity: object = None
+    starts: list = field(default_factory=list)
+    frame_s: float = 0.0
+    keys: list = field(default_factory=list)
+    clips: list = field(default_factory=list)
 
 
 def _masked(samples, start_s: float, frame_s: float, mask):

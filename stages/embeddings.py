@@ -13,12 +13,12 @@ import logging
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from contracts import EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem
+from contracts import Artifact, EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import EmbeddingsSettings
-from stages.base import TorchStage, save_array
+from stages.base import Member, TorchStage, save_array
 from stages.memory import is_oom
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,8 @@ PROFILES = {
     "speed": "BAAI/bge-small-en-v1.5",
     "quality": "Alibaba-NLP/gte-Qwen2-1.5B-instruct",
 }
+#: texts of several inputs are encoded together until this many batches' worth is collected
+GROUP_BATCHES = 4
 #: models whose repositories carry their own modelling code
 TRUST_REMOTE_CODE = {"Alibaba-NLP/gte-Qwen2-1.5B-instruct"}
 
@@ -115,19 +117,37 @@ class EmbeddingsStage(TorchStage):
         self.profile, self.requested, self.fallback_reason = loaded.profile, loaded.requested, loaded.fallback_reason
         return self.model_name
 
+    packs_items = True
+
     def process(self, item: WorkItem, transcript: TranscriptArtifact, request: StageRequest) -> EmbeddingsArtifact:
-        texts = [segment.text for segment in transcript.segments]
+        vectors = self._encode([segment.text for segment in transcript.segments])
+        return self._artifact(item, transcript, vectors)
+
+    def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
+                       ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        """Texts of successive inputs go into one ``encode`` stream (sentence-transformers sorts them by
+        length, so batches waste little padding) until ``GROUP_BATCHES`` batches' worth is collected;
+        the vectors are split back per input."""
+        return self.pack_groups(
+            request, entries,
+            prepare=lambda item, transcript: Member(item, [s.text for s in transcript.segments], data=transcript),
+            compute=self._encode,
+            finish=lambda member, vectors: self._artifact(member.item, member.data, vectors),
+            batches=GROUP_BATCHES)
+
+    def _encode(self, texts: list[str]):
+        if not texts:
+            return np.zeros((0, int(self.model.get_embedding_dimension())), dtype=np.float32)
+        return self.model.encode(
+            texts,
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        ).astype(np.float32, copy=False)
+
+    def _artifact(self, item: WorkItem, transcript: TranscriptArtifact, vectors) -> EmbeddingsArtifact:
         dimension = int(self.model.get_embedding_dimension())
-        if texts:
-            vectors = self.model.encode(
-                texts,
-                batch_size=self.batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            ).astype(np.float32, copy=False)
-        else:
-            vectors = np.zeros((0, dimension), dtype=np.float32)
         sidecar = Path(item.output).with_suffix(".npy")
         digest = save_array(sidecar, vectors)
         return EmbeddingsArtifact(

@@ -11,9 +11,12 @@ most (the most similar).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from contracts import (
+    Artifact,
     AudioArtifact,
     DiarizationArtifact,
     SpeakerEmbeddingsArtifact,
@@ -27,7 +30,7 @@ from contracts import (
 )
 from contracts.errors import ArtifactError, InputError
 from contracts.stage_settings import EnrollmentSettings
-from stages.base import TorchStage, save_array
+from stages.base import Member, TorchStage, save_array
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,8 @@ SAMPLE_RATE = 16000
 MIN_TURN_S = 0.5
 #: long turns are cut to this, so one monologue does not dominate memory or time
 MAX_TURN_S = 20.0
+#: turns of several inputs are embedded together until this many batches' worth is collected
+GROUP_BATCHES = 8
 
 
 class EnrollmentStage(TorchStage):
@@ -60,7 +65,31 @@ class EnrollmentStage(TorchStage):
         log.info("enrollment: %d voice profile(s): %s", len(self.profiles), ", ".join(p.name for p in self.profiles))
         return self.encoder.name
 
+    packs_items = True
+
     def process(self, item: WorkItem, diarization: DiarizationArtifact, request: StageRequest) -> SpeakerEmbeddingsArtifact:
+        turns = self._turn_clips(item, diarization)
+        return self._artifact(turns, self._embed(turns.clips))
+
+    def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
+                       ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        """The turns of successive inputs are embedded together (equal-length windows of several inputs share
+        batches) until ``GROUP_BATCHES`` batches' worth is collected; the vectors are split back per input."""
+        def prepare(item: WorkItem, diarization: DiarizationArtifact) -> Member:
+            turns = self._turn_clips(item, diarization)
+            return Member(item, turns.clips, turns.audio_s, turns)
+
+        return self.pack_groups(request, entries, prepare, compute=self._embed,
+                                finish=lambda member, vectors: self._artifact(member.data, vectors),
+                                batches=GROUP_BATCHES)
+
+    def _embed(self, clips: list):
+        if not clips:
+            return np.zeros((0, int(self.encoder.dimension)), np.float32)
+        return self.encoder.embed(clips, self.batch_size)
+
+    def _turn_clips(self, item: WorkItem, diarization: DiarizationArtifact) -> _Turns:
+        """``item``'s samples and the clips of its turns long enough to embed on their own."""
         try:
             audio = load_artifact(item.inputs["audio"], AudioArtifact)
         except (KeyError, ArtifactError) as exc:
@@ -71,7 +100,10 @@ class EnrollmentStage(TorchStage):
             if turn.end - turn.start >= MIN_TURN_S:
                 rows.append(index)
                 clips.append(_cut(samples, turn.start, min(turn.end, turn.start + MAX_TURN_S)))
-        vectors = self.encoder.embed(clips, self.batch_size) if clips else np.zeros((0, 1), np.float32)
+        return _Turns(item, diarization, samples, rows, clips, audio.duration_s)
+
+    def _artifact(self, turns: _Turns, vectors) -> SpeakerEmbeddingsArtifact:
+        item, diarization, samples, rows = turns.item, turns.diarization, turns.samples, turns.rows
         speakers: dict[str, tuple[list, float]] = {}
         for row, index in enumerate(rows):
             turn = diarization.turns[index]
@@ -93,10 +125,8 @@ class EnrollmentStage(TorchStage):
             log.info("enrollment: %s %s -> %s (similarity %s, threshold %s)", item.id, m.speaker, m.name or "-",
                      "-" if m.similarity is None else f"{m.similarity:.3f}", m.threshold)
         dimension = int(self.encoder.dimension)
-        if not clips:
-            vectors = np.zeros((0, dimension), np.float32)
         sidecar = Path(item.output).with_suffix(".npy")
-        digest = save_array(sidecar, vectors.astype(np.float32))
+        digest = save_array(sidecar, np.asarray(vectors, np.float32).reshape(len(rows), dimension))
         return SpeakerEmbeddingsArtifact(
             item_id=item.id,
             fingerprint=item.fingerprint,
@@ -115,6 +145,18 @@ class EnrollmentStage(TorchStage):
 
     def close(self) -> None:
         self.encoder = None
+
+
+@dataclass(eq=False)
+class _Turns:
+    """One input's turns to embed: the clips of the long-enough ones (``rows``: their turn indexes)."""
+
+    item: WorkItem
+    diarization: DiarizationArtifact
+    samples: object
+    rows: list[int]
+    clips: list
+    audio_s: float
 
 
 def _cut(samples, start: float, end: float):

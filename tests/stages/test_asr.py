@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from contracts import StageRequest, TranscriptArtifact, WorkItem, load_artifact
+from contracts import AudioArtifact, StageRequest, TranscriptArtifact, WorkItem, load_artifact
 from contracts.errors import ModelUnavailableError
 from stages.asr import AsrStage, embedded_model_path, resolve_model
 from stages.audio import STAGE as AUDIO
@@ -103,3 +103,77 @@ def test_no_fragment_after_a_chunk_boundary_and_no_words_from_silence_or_noise(t
         transcript = load_artifact(tmp_path / f"{quiet}-asr.json", TranscriptArtifact)
         assert transcript.segments == [] and transcript.speech == [], (quiet, transcript.segments)
         assert transcript.speech_note.startswith("no speech detected"), transcript.speech_note
+
+
+# -- cross-input packing (#14) ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def several_audio(tmp_path_factory, media):
+    """Decoded audio of four inputs of different lengths (the speech clip twice, two dialogues)."""
+    tmp = tmp_path_factory.mktemp("several")
+    sources = {"speech": media / "speech.wav", "dialogue": media / "speakers" / "host_guest.mp4",
+               "speech2": media / "speech.mp4", "stranger": media / "speakers" / "host_stranger.mp4"}
+    items = [WorkItem(id=name, inputs={"source": str(path)}, output=str(tmp / f"{name}.audio.json"), fingerprint="fp")
+             for name, path in sources.items()]
+    AUDIO.import_libraries()
+    result = AUDIO.run(StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1,
+                                    result_path=str(tmp / "r.json"), settings=stage_settings("audio"), items=items))
+    assert all(r.ok for r in result.items), result.items
+    return {name: tmp / f"{name}.audio.json" for name in sources}
+
+
+def _run_several(tmp, audio: dict, batch_size: int, pack: bool, extra: list[WorkItem] = ()):
+    items = [WorkItem(id=name, inputs={"audio": str(path)}, output=str(tmp / f"{name}.json"), fingerprint="fp")
+             for name, path in audio.items()]
+    request = StageRequest(request_id="p", stage="asr", module="stages.asr", batch_size=batch_size, device="cpu",
+                           settings=stage_settings("asr", pack_inputs=pack, chunk_size=6),
+                           result_path=str(tmp / "res.json"), inflight_path=str(tmp / "inflight.json"),
+                           items=[*items[:2], *extra, *items[2:]])
+    seen: list[list[str]] = []
+    stage = AsrStage()
+    write = stage._write_in_flight
+    stage._write_in_flight = lambda req, in_flight: (seen.append(in_flight.ids), write(req, in_flight))
+    result = stage.run(request)
+    transcripts = {r.id: load_artifact(r.output, TranscriptArtifact) for r in result.items if r.ok}
+    return result, transcripts, seen
+
+
+def test_packed_batches_give_the_same_transcripts_as_one_input_at_a_time(tmp_path, several_audio):
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "packed").mkdir()
+    _, alone, alone_seen = _run_several(tmp_path / "alone", several_audio, 4, pack=False)
+    result, packed, packed_seen = _run_several(tmp_path / "packed", several_audio, 4, pack=True)
+    assert [r.id for r in result.items] == ["speech", "dialogue", "speech2", "stranger"]  # written as they finish
+    for name in several_audio:
+        assert [(s.start, s.end) for s in packed[name].segments] == [(s.start, s.end) for s in alone[name].segments]
+        assert wer(" ".join(s.text for s in alone[name].segments), " ".join(s.text for s in packed[name].segments)) <= 0.02, name
+    assert wer(SPEECH_TEXT, " ".join(s.text for s in packed["speech"].segments)) < MAX_WER
+    # packing: some decoder batch held windows of two inputs; alone: never
+    assert any(len(ids) > 1 for ids in packed_seen), packed_seen
+    assert all(len(ids) == 1 for ids in alone_seen), alone_seen
+
+
+def test_one_input_whisperx_would_transcribe_the_same(several_audio):
+    import numpy as np
+
+    stage = AsrStage()
+    stage.settings = stage.settings_model.model_validate(stage_settings("asr", chunk_size=6))
+    stage.import_libraries()
+    stage.batch_size, stage.device = 4, "cpu"
+    stage.load(None, "cpu")
+    audio = load_artifact(several_audio["dialogue"], AudioArtifact)
+    samples = np.load(several_audio["dialogue"].parent / audio.sidecar)
+    theirs = stage.model.transcribe(samples, batch_size=4, language="en", chunk_size=6)["segments"]
+    ours = stage._speech_windows(samples)
+    assert [(round(a, 3), round(b, 3)) for a, b in ours] == [(s["start"], s["end"]) for s in theirs]
+
+
+def test_an_unreadable_input_in_the_middle_fails_alone(tmp_path, several_audio):
+    broken = tmp_path / "broken.audio.json"
+    broken.write_text("{not json")
+    bad = WorkItem(id="broken", inputs={"audio": str(broken)}, output=str(tmp_path / "broken.json"), fingerprint="fp")
+    result, transcripts, _ = _run_several(tmp_path, several_audio, 8, pack=True, extra=[bad])
+    by_id = {r.id: r for r in result.items}
+    assert not by_id["broken"].ok and "upstream artifact unusable" in by_id["broken"].error
+    assert set(transcripts) == set(several_audio)

@@ -125,3 +125,17 @@ def test_cluster_cuts_by_distance_and_respects_bounds():
 def test_relabel_names_speakers_in_order_of_appearance():
     turns = relabel([(5.0, 6.0, "A"), (0.0, 1.0, "B"), (2.0, 3.0, "A")])
     assert [(t.start, t.speaker) for t in turns] == [(0.0, "SPEAKER_00"), (2.0, "SPEAKER_01"), (5.0, "SPEAKER_01")]
+
+
+def test_inputs_sharing_embedding_batches_get_the_turns_they_get_alone(diarized, audio_dir, monkeypatch):
+    """#14: the dialogues' local-speaker clips were embedded in one stream; one at a time gives the same turns."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    packed, _ = diarized
+    stage = DiarizationStage()
+    for n in DIALOGUES:
+        item = WorkItem(id=n, inputs={"audio": str(audio_dir / n / "audio.json")},
+                        output=str(audio_dir / n / "alone.json"), fingerprint="fp-d")
+        assert stage.run(request(audio_dir, "diarization", [item], model="auto")).items[0].ok
+        alone = load_artifact(audio_dir / n / "alone.json", DiarizationArtifact)
+        assert [(t.start, t.end, t.speaker) for t in alone.turns] == \
+            [(t.start, t.end, t.speaker) for t in packed[n].turns], n

@@ -63,9 +63,31 @@ def matched(profiles, tmp_path_factory):
         items.append(WorkItem(id=name, inputs={"diarization": str(tmp / name / "diarization.json"),
                                                "audio": str(tmp / name / "audio.json")},
                               output=str(tmp / name / "speaker_embeddings.json"), fingerprint="fp-e"))
-    result = EnrollmentStage().run(request(tmp, "enrollment", items, encoder="campplus", profiles_dir=str(profiles)))
+    stage, seen = EnrollmentStage(), []
+    write = stage._write_in_flight
+    stage._write_in_flight = lambda req, in_flight: (seen.append(in_flight.ids), write(req, in_flight))
+    req = request(tmp, "enrollment", items, encoder="campplus", profiles_dir=str(profiles))
+    result = stage.run(req.model_copy(update={"inflight_path": str(tmp / "inflight.json")}))
     assert all(r.ok for r in result.items), result.items
-    return {n: load_artifact(tmp / n / "speaker_embeddings.json", SpeakerEmbeddingsArtifact) for n in DIALOGUES}
+    assert list(DIALOGUES) in seen, seen  # both dialogues' turns embedded in one stream (#14)
+    out = {n: load_artifact(tmp / n / "speaker_embeddings.json", SpeakerEmbeddingsArtifact) for n in DIALOGUES}
+    alone = {}
+    for item in items:  # each dialogue in a request of its own: the same vectors
+        moved = item.model_copy(update={"output": str(tmp / item.id / "alone.json")})
+        assert EnrollmentStage().run(request(tmp, "enrollment", [moved], encoder="campplus",
+                                             profiles_dir=str(profiles))).items[0].ok
+        alone[item.id] = load_artifact(moved.output, SpeakerEmbeddingsArtifact)
+    return {"packed": out, "alone": alone, "dir": tmp} | out
+
+
+def test_turns_of_several_inputs_share_batches_and_give_the_same_vectors(matched):
+    import numpy as np
+
+    for name in DIALOGUES:
+        packed, alone = matched["packed"][name], matched["alone"][name]
+        np.testing.assert_allclose(np.load(matched["dir"] / name / packed.sidecar),
+                                   np.load(matched["dir"] / name / alone.sidecar), atol=1e-5)
+        assert [(m.speaker, m.name) for m in packed.matches] == [(m.speaker, m.name) for m in alone.matches]
 
 
 def test_profile_holds_the_mean_of_its_clips_and_the_encoder_used(profiles):

@@ -32,7 +32,7 @@ SEED = int(os.environ.get("CHAOS_SEED", time.time_ns() % 1_000_000))
 
 def _inputs(src: Path) -> tuple[list[Path], dict[str, tuple[Path, str, str]]]:
     """(good inputs, {name: (poison input, expected status, expected reason)})."""
-    good = clips(src / "plain", 30, seconds=2.0)
+    good = clips(src / "plain", 12, seconds=2.0)
     voice = speech()[: 2 * 16000]
     odd = src / "odd"
     odd.mkdir()
