@@ -33,7 +33,7 @@ from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import AsrSettings
 from stages.base import TorchStage
 from stages.memory import is_oom
-from stages.speech import clean_pieces
+from stages.speech import clean_pieces, whisper_says_silence
 
 log = logging.getLogger(__name__)
 
@@ -220,12 +220,15 @@ class AsrStage(TorchStage):
             length_penalty=options.length_penalty, max_length=model.max_length,
             suppress_blank=options.suppress_blank, suppress_tokens=options.suppress_tokens,
             no_repeat_ngram_size=options.no_repeat_ngram_size, repetition_penalty=options.repetition_penalty,
-            return_scores=True,
+            return_scores=True, return_no_speech_prob=True,
         )
         tokenizer = self._tokenizer(batch[0][0].language)
         for (job, i), result in zip(batch, results):
-            tokens = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
-            job.texts[i] = tokenizer.tokenizer.decode(tokens)
+            ids = result.sequences_ids[0]
+            job.texts[i] = tokenizer.tokenizer.decode([t for t in ids if t < tokenizer.eot])
+            # whisperX's average log-probability of the window (score x length^penalty, over length + 1)
+            job.logprobs[i] = result.scores[0] * len(ids) ** options.length_penalty / (len(ids) + 1)
+            job.no_speech[i] = result.no_speech_prob
 
     def _tokenizer(self, language: str):
         if language not in self._tokenizers:
@@ -246,10 +249,16 @@ class AsrStage(TorchStage):
             return exc
 
     def _artifact(self, job: _Input) -> TranscriptArtifact:
-        segments = []
-        for (start, end), raw in zip(job.windows, job.texts):
+        segments, silent = [], 0
+        options = self.model.options
+        for (start, end), raw, logprob, no_speech in zip(job.windows, job.texts, job.logprobs, job.no_speech):
             text = (raw or "").strip()
             if not text:
+                continue
+            if whisper_says_silence(no_speech, logprob, options.no_speech_threshold, options.log_prob_threshold):
+                silent += 1  # e.g. breath or noise the VAD took for speech, decoded into invented words
+                log.info("asr: %s: dropped %.2f-%.2f s as non-speech (no-speech %.2f, log-prob %.2f): %r",
+                         job.item.id, start, end, no_speech, logprob, text[:60])
                 continue
             start = max(0.0, start)
             segments.append(Segment(id=len(segments), start=round(start, 3), end=round(max(start, end), 3), text=text))
@@ -270,7 +279,10 @@ class AsrStage(TorchStage):
             source_damage=audio.damage,
             source_track=audio.track,
             speech=[(round(a, 3), round(b, 3)) for a, b in job.windows],
-            speech_note=None if job.windows else "no speech detected (voice activity detection found none): no segments",
+            speech_note=("no speech detected (voice activity detection found none): no segments" if not job.windows
+                         else f"all {silent} decoded window(s) scored as non-speech by Whisper: no segments"
+                         if silent and not segments else None),
+            dropped_segments=silent,
         )
 
     def close(self) -> None:
@@ -287,10 +299,15 @@ class _Input:
     windows: list[tuple[float, float]]
     language: str
     texts: list[str | None] = field(default_factory=list)
+    #: per window: whisperX's average log-probability and Whisper's no-speech probability
+    logprobs: list[float | None] = field(default_factory=list)
+    no_speech: list[float | None] = field(default_factory=list)
     failed: bool = False
 
     def __post_init__(self) -> None:
         self.texts = [None] * len(self.windows)
+        self.logprobs = [None] * len(self.windows)
+        self.no_speech = [None] * len(self.windows)
 
     @property
     def done(self) -> bool:

@@ -106,3 +106,18 @@ def keep_segments(segments: Sequence[Decoded], pieces: Sequence[Piece] | None) -
     """Indices of the segments to keep (in order) and how many were dropped."""
     kept = [i for i, seg in enumerate(segments) if is_speech(seg, pieces)]
     return kept, len(segments) - len(kept)
+
+
+#: Whisper's own silence rule (faster-whisper / openai-whisper defaults): a window whose no-speech
+#: probability is above this and whose average log-probability is below LOGPROB_THRESHOLD is silence
+NO_SPEECH_THRESHOLD = 0.6
+LOGPROB_THRESHOLD = -1.0
+
+
+def whisper_says_silence(no_speech_prob: float | None, avg_logprob: float | None,
+                         no_speech_threshold: float = NO_SPEECH_THRESHOLD,
+                         logprob_threshold: float = LOGPROB_THRESHOLD) -> bool:
+    """Whisper marked the decoded window as likely non-speech (both signals agree, as Whisper's rule asks)."""
+    if no_speech_prob is None or avg_logprob is None:
+        return False
+    return no_speech_prob > no_speech_threshold and avg_logprob < logprob_threshold

@@ -35,3 +35,12 @@ def test_segments_outside_speech_or_scored_as_non_speech_are_dropped():
     assert not is_speech(whisper_says_silence, speech) and is_speech(confident_despite_no_speech, speech)
     assert keep_segments([inside, outside, improbable, confident_despite_no_speech], speech) == ([0, 3], 2)
     assert keep_segments([outside], None) == ([0], 0), "no recorded speech: only the scores decide"
+
+
+def test_whisper_silence_needs_both_of_its_signals():
+    from stages.speech import whisper_says_silence
+
+    assert whisper_says_silence(0.9, -1.5)  # likely no speech, and the words it found are improbable
+    assert not whisper_says_silence(0.9, -0.3)  # confident words: keep, whatever the no-speech token says
+    assert not whisper_says_silence(0.2, -1.5)  # speech, badly recognised: keep
+    assert not whisper_says_silence(None, -1.5) and not whisper_says_silence(0.9, None)
