@@ -1,0 +1,73 @@
+"""Language identification (issue 17): the pure decision rules, and one mixed batch through `bin/pipeline`
+with the embedded multilingual Whisper base on the committed espeak-ng clips."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from stages.language import combine, decide, spread
+from tests.conftest import MEDIA, wer
+from tests.test_cli import pipeline
+
+LANGUAGES = MEDIA / "languages"
+CLIPS = ("en", "de", "es", "fr")
+
+
+def test_windows_are_spread_over_the_input_not_taken_from_the_start():
+    windows = [(float(i), i + 0.5) for i in range(10)]
+    assert spread(windows, 3) == [(0.0, 0.5), (4.0, 4.5), (9.0, 9.5)]
+    assert spread(windows[:2], 3) == windows[:2]
+
+
+def test_probabilities_are_weighted_by_speech_and_restricted_to_the_allowed_set():
+    scored = [(3.0, [("de", 0.6), ("nl", 0.3), ("en", 0.1)]), (1.0, [("en", 0.9), ("de", 0.1)])]
+    ranked = combine(scored)
+    assert [lang for lang, _ in ranked] == ["de", "en", "nl"] and abs(sum(p for _, p in ranked) - 1) < 1e-9
+    only = combine(scored, allowed=["en", "es"])
+    assert only == [("en", 1.0)]
+
+
+def test_too_little_speech_or_too_uncertain_is_undetermined_with_its_reason():
+    short = decide([("en", 0.99)], speech_s=0.4, windows=1)
+    assert short.status == "undetermined" and short.language is None and "too little speech" in short.reason
+    unsure = decide([("en", 0.4), ("de", 0.35)], speech_s=12.0, windows=3)
+    assert unsure.status == "undetermined" and unsure.language is None and "too uncertain" in unsure.reason
+    sure = decide([("de", 0.9)], speech_s=5.0, windows=1, allowed=["de", "en"])
+    assert (sure.status, sure.language, sure.probability, sure.allowed) == ("detected", "de", 0.9, ["de", "en"])
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("langs")
+    inputs = [str(LANGUAGES / f"{lang}.ogg") for lang in CLIPS] + [str(LANGUAGES / "short.wav")]
+    env = {**os.environ, "ASR_MODEL": "whisper-base"}
+    done = pipeline("process", *inputs, "--output", str(out), "--no-speakers", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "run-report.json").read_text())
+    return out, {item["source"].rsplit("/", 1)[-1]: item for item in report["inputs"]}
+
+
+@pytest.mark.slow
+def test_every_language_is_identified_in_one_mixed_batch(mixed):
+    out, by_name = mixed
+    for lang in CLIPS:
+        transcript = json.loads((out / lang / "transcript.json").read_text())
+        found = transcript["language_id"]
+        assert (found["status"], found["language"], transcript["language"]) == ("detected", lang, lang), found
+        assert found["probability"] > 0.5 and found["speech_s"] > 3 and found["windows"] >= 1
+        assert by_name[f"{lang}.ogg"]["language"]["language"] == lang
+        text = " ".join(s["text"] for s in transcript["segments"])
+        if lang in ("en", "es"):  # espeak's German and French are poor: no bound (README has the numbers)
+            assert wer((LANGUAGES / f"{lang}.txt").read_text(), text) < 0.5, (lang, text)
+
+
+@pytest.mark.slow
+def test_a_half_second_input_is_undetermined_with_its_reason(mixed):
+    _, by_name = mixed
+    item = by_name["short.wav"]
+    assert item["status"] == "ok" and item["language"]["status"] == "undetermined"
+    assert item["language"]["language"] is None and "too little speech" in item["language"]["reason"]
+    assert any(note.startswith("language undetermined: too little speech") for note in item["notes"])
