@@ -179,6 +179,8 @@ class EmbeddingsArtifact(SidecarArtifact):
     device: str
     batch_size: int = Field(ge=1)
     dtype: Literal["float32"] = "float32"
+    #: the text's language is not one the model was trained for (None: it is, or unknown)
+    language_note: str | None = None
 
 
 class SpeakerTurn(Strict):

@@ -59,6 +59,8 @@ def test_every_language_is_identified_in_one_mixed_batch(mixed):
         assert (found["status"], found["language"], transcript["language"]) == ("detected", lang, lang), found
         assert found["probability"] > 0.5 and found["speech_s"] > 3 and found["windows"] >= 1
         assert by_name[f"{lang}.ogg"]["language"]["language"] == lang
+        embeddings = json.loads((out / lang / "embeddings.json").read_text())
+        assert (embeddings["language_note"] is None) == (lang == "en"), embeddings["language_note"]
         text = " ".join(s["text"] for s in transcript["segments"])
         if lang in ("en", "es"):  # espeak's German and French are poor: no bound (README has the numbers)
             assert wer((LANGUAGES / f"{lang}.txt").read_text(), text) < 0.5, (lang, text)

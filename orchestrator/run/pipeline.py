@@ -572,6 +572,8 @@ class Orchestrator:
             inp.substitutions = model_substitutions(transcript, embeddings, diarization)
             inp.damage = transcript.source_damage
             inp.language = transcript.language_id
+            if embeddings.language_note:
+                inp.notes.append(embeddings.language_note)
             if inp.language and inp.language.status in ("undetermined", "not_detectable"):
                 inp.notes.append(f"language {inp.language.status}: {inp.language.reason}")
             if transcript.source_track:
