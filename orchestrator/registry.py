@@ -140,7 +140,7 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("asr", "stages.asr", TranscriptArtifact, AsrSettings, key="asr", inputs=("audio",),
              build=lambda s: AsrSettings(
                  model=s.asr_model, language=s.asr_language, languages=s.asr_languages,
-                 weights_dir=_str(s.weights_dir),
+                 weights_dir=_str(s.weights_dir), identify_only=s.langid_only,
                  compute_type=s.asr_compute_type,
                  allow_hub=s.hub,
                  chunk_size=s.asr_chunk_size or (ASR_CHUNK_WITH_SPEAKERS if s.speakers else ASR_CHUNK_DEFAULT)),
@@ -150,7 +150,7 @@ STAGES: tuple[StageDef, ...] = (
                  model=s.diarization_model, min_speakers=s.min_speakers, max_speakers=s.max_speakers,
                  weights_dir=_str(s.weights_dir)),
              batch_size=lambda s: s.voice_enrollment_batch_size,  # its speaker-embedding batches
-             enabled=lambda s: s.speakers, skippable=_fast_path,
+             enabled=lambda s: s.speakers and not s.langid_only, skippable=_fast_path,
              needs=SPEAKER_NEEDS, need_key=lambda c: "embedded" if c.model == "embedded" else "auto"),
     StageDef("enrollment", "stages.enrollment", SpeakerEmbeddingsArtifact, EnrollmentSettings,
              inputs=("diarization", "audio"),
@@ -159,17 +159,20 @@ STAGES: tuple[StageDef, ...] = (
                  weights_dir=_str(s.weights_dir), profiles_dir=_str(s.profiles_dir),
                  profiles=profile_fingerprints(s.profiles_dir)),
              batch_size=lambda s: s.voice_enrollment_batch_size,
-             enabled=lambda s: s.speakers and not s.skip_voice_embeddings and bool(profile_fingerprints(s.profiles_dir)),
+             enabled=lambda s: (s.speakers and not s.langid_only and not s.skip_voice_embeddings
+                                and bool(profile_fingerprints(s.profiles_dir))),
              skippable=_fast_path, needs=SPEAKER_NEEDS, need_key=lambda c: c.encoder),
     StageDef("alignment", "stages.alignment", TranscriptArtifact, AlignmentSettings,
              inputs=("asr", "audio", "diarization", "speaker_embeddings"),
              optional_inputs=("diarization", "speaker_embeddings"),
              build=lambda s: AlignmentSettings(align=s.align, allow_hub=s.hub, speakers=s.speakers,
                                                skip_voice_embeddings=s.skip_voice_embeddings),
+             enabled=lambda s: not s.langid_only,
              needs=ALIGNMENT_NEEDS, need_key=lambda c: "wav2vec2" if c.align else None),
     StageDef("embeddings", "stages.embeddings", EmbeddingsArtifact, EmbeddingsSettings, inputs=("transcript",),
              build=lambda s: EmbeddingsSettings(profile=s.embedding_profile, fallback=s.embedding_fallback,
                                                 allow_hub=s.hub),
+             enabled=lambda s: not s.langid_only,
              batch_size=lambda s: s.embedding_batch_size, needs=EMBEDDING_NEEDS, need_key=lambda c: c.profile),
 )
 

@@ -74,6 +74,8 @@ class Settings(BaseSettings):
     asr_model: str = Field("embedded", validation_alias=_env("asr_model", "ASR_MODEL"))
     #: spoken language; None: English for ".en" models, detected otherwise
     asr_language: str | None = Field(None, validation_alias=_env("asr_language", "ASR_LANGUAGE"))
+    #: ``pipeline langid``: run only decoding and language identification, write langid.csv / langid.json
+    langid_only: bool = False
     #: languages identification may choose from, e.g. "en,de,es" (ASR_LANGUAGES / --languages); empty: any
     asr_languages: Annotated[list[str], NoDecode] = Field(default_factory=list, validation_alias=_env("asr_languages", "ASR_LANGUAGES"))
     #: CTranslate2 compute type; "auto": float16 on CUDA, int8 on CPU; int8_float16 halves float16's weights on GPU

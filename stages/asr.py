@@ -100,8 +100,11 @@ class AsrStage(TorchStage):
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
         language_id = self.identify(samples)
         language = self.language or language_id.language or (language_id.top[0].language if language_id.top else None)
-        result = self.model.transcribe(samples, batch_size=self.batch_size, language=language,
-                                       chunk_size=self.settings.chunk_size)
+        if self.settings.identify_only:  # pipeline langid: no transcription
+            result = {"segments": [], "language": language}
+        else:
+            result = self.model.transcribe(samples, batch_size=self.batch_size, language=language,
+                                           chunk_size=self.settings.chunk_size)
         segments = []
         for raw in result["segments"]:
             text = raw["text"].strip()

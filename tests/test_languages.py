@@ -73,3 +73,35 @@ def test_a_half_second_input_is_undetermined_with_its_reason(mixed):
     assert item["status"] == "ok" and item["language"]["status"] == "undetermined"
     assert item["language"]["language"] is None and "too little speech" in item["language"]["reason"]
     assert any(note.startswith("language undetermined: too little speech") for note in item["notes"])
+
+
+@pytest.fixture(scope="module")
+def langid_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("langid")
+    inputs = [str(LANGUAGES / f"{lang}.ogg") for lang in CLIPS] + [str(MEDIA / "not_media.mp4")]
+    first = pipeline("langid", *inputs, "--output", str(out), "--languages", "en,de,es,fr", "-q")
+    again = pipeline("langid", *inputs, "--output", str(out), "-q", "--languages", "fr,es,de,en")
+    return first, again, out
+
+
+@pytest.mark.slow
+def test_langid_writes_one_table_and_a_bad_input_fails_alone(langid_run):
+    first, _, out = langid_run
+    assert first.returncode == 1, first.stderr[-3000:]
+    rows = {row["input"]: row for row in json.loads((out / "langid.json").read_text())}
+    assert {k: rows[k]["language"] for k in CLIPS} == {k: k for k in CLIPS}
+    assert rows["not_media"]["status"] == "failed" and "not a readable media file" in rows["not_media"]["reason"]
+    csv_lines = (out / "langid.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("input,source,status,language,probability,speech_s") and len(csv_lines) == 6
+    assert not (out / "en" / "transcript.json").exists(), "langid runs no transcription, alignment or embeddings"
+    assert json.loads((out / "en" / "asr.json").read_text())["segments"] == []
+
+
+@pytest.mark.slow
+def test_langid_rerun_resumes_without_a_stage_child(langid_run):
+    _, again, out = langid_run
+    assert again.returncode == 1, again.stderr[-3000:]
+    report = json.loads((out / "run-report.json").read_text())
+    assert report["ok"] == 4 and not any(run["stage"] == "asr" for run in report["stages"]), report["stages"]
+    rows = {row["input"]: row for row in json.loads((out / "langid.json").read_text())}
+    assert rows["de"]["language"] == "de"
