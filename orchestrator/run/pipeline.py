@@ -565,7 +565,7 @@ class Orchestrator:
                 inp.error, inp.failed_stage = f"reading the language failed: {exc}", "outputs"
                 return
             inp.duration_s, inp.language, inp.damage = asr.duration_s, asr.language_id, asr.source_damage
-            if inp.language and inp.language.status in ("undetermined", "not_detectable"):
+            if inp.language and inp.language.status == "undetermined":  # not_detectable: in `language` only
                 inp.notes.append(f"language {inp.language.status}: {inp.language.reason}")
             inp.complete = True
             if not self.settings.keep_audio:
@@ -589,7 +589,7 @@ class Orchestrator:
             inp.language = transcript.language_id
             if embeddings.language_note:
                 inp.notes.append(embeddings.language_note)
-            if inp.language and inp.language.status in ("undetermined", "not_detectable"):
+            if inp.language and inp.language.status == "undetermined":  # not_detectable: in `language` only
                 inp.notes.append(f"language {inp.language.status}: {inp.language.reason}")
             if transcript.source_track:
                 inp.notes.append(transcript.source_track)
