@@ -211,6 +211,12 @@ def verify(directory: Path = DEFAULT_DIR) -> list[str]:
             problems.append(f"{path}: missing")
         elif _sha256(path) != spec.sha256:
             problems.append(f"{path}: sha256 does not match")
+    return problems
+
+
+def verify_whisper_base(directory: Path = DEFAULT_DIR) -> list[str]:
+    """Problems with the joined multilingual Whisper base in ``directory`` (empty: all match their sha256)."""
+    problems = []
     for name, (sha, _) in WHISPER_BASE_FILES.items():
         path = directory / WHISPER_BASE_DIR / name
         if not path.is_file():
@@ -229,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         if args.verify:
-            problems = verify(args.dir)
+            problems = verify(args.dir) + verify_whisper_base(args.dir)
             for problem in problems:
                 log.error("%s", problem)
             return 1 if problems else 0
