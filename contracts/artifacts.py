@@ -101,6 +101,30 @@ class Segment(Strict):
         return self
 
 
+class LanguageScore(Strict):
+    language: str
+    probability: float = Field(ge=0, le=1)
+
+
+class LanguageId(Strict):
+    """What language identification found for one input (stages/language.py)."""
+
+    #: detected: from the speech; forced: ASR_LANGUAGE; undetermined: too little speech or too uncertain;
+    #: not_detectable: the model is English-only and cannot tell
+    status: Literal["detected", "forced", "undetermined", "not_detectable"]
+    #: the identified language (None: undetermined / not detectable)
+    language: str | None = None
+    probability: float | None = Field(None, ge=0, le=1)
+    #: the most probable languages, best first (within the allowed set when one was given)
+    top: list[LanguageScore] = Field(default_factory=list)
+    #: seconds of speech found by the VAD, and how many speech windows were scored
+    speech_s: float = Field(0.0, ge=0)
+    windows: int = Field(0, ge=0)
+    #: the allowed set (``--languages``), empty: any
+    allowed: list[str] = Field(default_factory=list)
+    reason: str | None = None
+
+
 class TranscriptArtifact(Artifact):
     kind: Literal["transcript"] = "transcript"
     source: str
@@ -135,6 +159,8 @@ class TranscriptArtifact(Artifact):
     speech_note: str | None = None
     #: decoded segments dropped as not speech (outside the detected speech, or scored as non-speech)
     dropped_segments: int = Field(0, ge=0)
+    #: language identification (None: artifacts written before it existed)
+    language_id: LanguageId | None = None
 
     @model_validator(mode="after")
     def _ids(self) -> TranscriptArtifact:
@@ -160,6 +186,8 @@ class EmbeddingsArtifact(SidecarArtifact):
     device: str
     batch_size: int = Field(ge=1)
     dtype: Literal["float32"] = "float32"
+    #: the text's language is not one the model was trained for (None: it is, or unknown)
+    language_note: str | None = None
 
 
 class SpeakerTurn(Strict):

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, JsonValue
 
-from contracts.artifacts import Strict
+from contracts.artifacts import LanguageId, Strict
 
 
 class Attempt(Strict):
@@ -90,6 +90,8 @@ class InputReport(Strict):
     stages: dict[str, ItemStage] = Field(default_factory=dict)
     #: what the run left out for this input and why (e.g. "no speakers: diarization ran out of memory ...")
     notes: list[str] = Field(default_factory=list)
+    #: language identification (the transcript's ``language_id``)
+    language: LanguageId | None = None
 
 
 class RunReport(Strict):

@@ -34,6 +34,12 @@ class AsrSettings(StageSettings):
     model: str
     #: spoken language; None: English for ".en" models, detected otherwise
     language: str | None
+    #: languages detection may choose from (``--languages en,de``); empty: any
+    languages: list[str] = Field(default_factory=list)
+    #: where "whisper-base" (the embedded multilingual model) lives; None: .cache/weights
+    weights_dir: str | None = None
+    #: ``pipeline langid``: identify the language only, no transcription (segments stay empty)
+    identify_only: bool = False
     #: CTranslate2 compute type; "auto": float16 on CUDA, int8 on CPU
     compute_type: str
     allow_hub: bool

@@ -86,8 +86,9 @@ def process(
     inputs: Annotated[list[str], typer.Argument(help="Video/audio files or directories, local or fsspec URLs (s3://, sftp://, file://).", show_default=False)],
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Output directory or fsspec URL [env PIPELINE_OUTPUT_DIR / PIPELINE_OUTPUT_URL, default ./out].")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N [env PIPELINE_DEVICE].")] = None,
-    asr_model: Annotated[Optional[str], typer.Option(help="'embedded', a CTranslate2 directory or a model name [env ASR_MODEL].")] = None,
-    language: Annotated[Optional[str], typer.Option(help="Spoken language code [env ASR_LANGUAGE].")] = None,
+    asr_model: Annotated[Optional[str], typer.Option(help="'embedded' (English tiny.en), 'whisper-base' (multilingual, embedded), a CTranslate2 directory or a model name [env ASR_MODEL].")] = None,
+    language: Annotated[Optional[str], typer.Option(help="Spoken language code: forces it, no identification [env ASR_LANGUAGE].")] = None,
+    languages: Annotated[Optional[str], typer.Option(help="Languages identification may choose from, e.g. en,de,es [env ASR_LANGUAGES].")] = None,
     asr_batch_size: Annotated[Optional[str], typer.Option(help="A number or auto [env ASR_BATCH_SIZE, default 16].")] = None,
     embedding_profile: Annotated[Optional[str], typer.Option(help="speed, quality, embedded or a model name [env EMBEDDING_PROFILE].")] = None,
     embedding_batch_size: Annotated[Optional[str], typer.Option(help="A number or auto [env EMBEDDING_BATCH_SIZE, default 128].")] = None,
@@ -105,6 +106,7 @@ def process(
     wait: Annotated[bool, typer.Option("--wait", help="Wait while another run uses the output directory [env PIPELINE_WAIT].")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")] = False,
+    langid_only: Annotated[bool, typer.Option("--langid-only", hidden=True, help="What `pipeline langid` runs.")] = False,
 ) -> None:
     """Transcribe and embed each input; write DIR/<input>/... and DIR/run-report.json."""
     from rich.console import Console
@@ -122,11 +124,13 @@ def process(
     overrides = {
         "output_dir": None if output is None or is_url(output) else Path(output),
         "output_url": output if output is not None and is_url(output) else None, "device": device, "asr_model": asr_model, "asr_language": language,
+        "asr_languages": languages,
         "asr_batch_size": asr_batch_size, "embedding_profile": embedding_profile,
         "embedding_batch_size": embedding_batch_size, "allow_hub": allow_hub, "chunk_size": chunk_size,
         "force": force or None, "speakers": speakers, "profiles_dir": profiles, "min_speakers": min_speakers,
         "max_speakers": max_speakers, "executor": executor, "ray_address": ray_address,
         "parallel_chunks": parallel_chunks, "wait_for_output": wait or None, "on_damaged": on_damaged,
+        "langid_only": langid_only or None,
     }
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -164,9 +168,34 @@ def process(
     partial = f", {report.partial} partial" if report.partial else ""
     typer.echo(f"{report.ok} ok{partial}, {report.failed} failed, {report.interrupted} interrupted; "
                f"report: {Path(report.output_dir) / REPORT_NAME}", err=True)
+    if settings.langid_only:
+        typer.echo(f"languages: {Path(report.output_dir) / 'langid.csv'} and langid.json", err=True)
     if report.interrupted:
         raise typer.Exit(_stopped_code(orch))
     raise typer.Exit(ExitCode.OK if report.failed == 0 else ExitCode.FAILED)
+
+
+@app.command()
+def langid(
+    inputs: Annotated[list[str], typer.Argument(help="Video/audio files or directories, local or fsspec URLs.", show_default=False)],
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Output directory or fsspec URL [env PIPELINE_OUTPUT_DIR / PIPELINE_OUTPUT_URL, default ./out].")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N [env PIPELINE_DEVICE].")] = None,
+    asr_model: Annotated[Optional[str], typer.Option(help="A multilingual Whisper: 'whisper-base' (embedded, the default here), a CTranslate2 directory or a model name [env ASR_MODEL].")] = None,
+    languages: Annotated[Optional[str], typer.Option(help="Languages to choose from, e.g. en,de,es [env ASR_LANGUAGES].")] = None,
+    chunk_size: Annotated[Optional[int], typer.Option(min=1, help="Inputs per stage child [env PIPELINE_CHUNK_SIZE, default 50].")] = None,
+    parallel_chunks: Annotated[Optional[int], typer.Option(min=1, help="Chunks in flight [env PIPELINE_PARALLEL_CHUNKS].")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait while another run uses the output directory [env PIPELINE_WAIT].")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")] = False,
+) -> None:
+    """Identify each input's language only (decoding + identification, no transcript); write DIR/langid.csv,
+    DIR/langid.json and DIR/run-report.json. Same chunks, resume and failure isolation as `process`."""
+    import os
+
+    process(inputs, output=output, device=device, asr_model=asr_model or os.environ.get("ASR_MODEL") or "whisper-base",
+            languages=languages, chunk_size=chunk_size, parallel_chunks=parallel_chunks, force=force, wait=wait,
+            verbose=verbose, quiet=quiet, langid_only=True)
 
 
 @app.command()

@@ -134,8 +134,9 @@ STAGES: tuple[StageDef, ...] = (
              gpu=False, keep=False),
     StageDef("asr", "stages.asr", TranscriptArtifact, AsrSettings, key="asr", inputs=("audio",),
              build=lambda s: AsrSettings(
-                 model=s.asr_model, language=s.asr_language, compute_type=s.asr_compute_type,
-                 allow_hub=s.hub, pack_inputs=s.asr_pack_inputs,
+                 model=s.asr_model, language=s.asr_language, languages=s.asr_languages,
+                 weights_dir=_str(s.weights_dir), identify_only=s.langid_only,
+                 compute_type=s.asr_compute_type, allow_hub=s.hub, pack_inputs=s.asr_pack_inputs,
                  chunk_size=s.asr_chunk_size),
              batch_size=lambda s: s.asr_batch_size, needs=ASR_NEEDS, need_key=lambda c: model_key(c.model)),
     StageDef("diarization", "stages.diarization", DiarizationArtifact, DiarizationSettings, inputs=("audio",),
@@ -143,7 +144,7 @@ STAGES: tuple[StageDef, ...] = (
                  model=s.diarization_model, min_speakers=s.min_speakers, max_speakers=s.max_speakers,
                  weights_dir=_str(s.weights_dir)),
              batch_size=lambda s: s.voice_enrollment_batch_size,  # its speaker-embedding batches
-             enabled=lambda s: s.speakers, skippable=_fast_path,
+             enabled=lambda s: s.speakers and not s.langid_only, skippable=_fast_path,
              needs=SPEAKER_NEEDS, need_key=lambda c: "embedded" if c.model == "embedded" else "auto"),
     StageDef("enrollment", "stages.enrollment", SpeakerEmbeddingsArtifact, EnrollmentSettings,
              inputs=("diarization", "audio"),
@@ -152,7 +153,8 @@ STAGES: tuple[StageDef, ...] = (
                  weights_dir=_str(s.weights_dir), profiles_dir=_str(s.profiles_dir),
                  profiles=profile_fingerprints(s.profiles_dir)),
              batch_size=lambda s: s.voice_enrollment_batch_size,
-             enabled=lambda s: s.speakers and not s.skip_voice_embeddings and bool(profile_fingerprints(s.profiles_dir)),
+             enabled=lambda s: (s.speakers and not s.langid_only and not s.skip_voice_embeddings
+                                and bool(profile_fingerprints(s.profiles_dir))),
              skippable=_fast_path, needs=SPEAKER_NEEDS, need_key=lambda c: c.encoder),
     StageDef("alignment", "stages.alignment", TranscriptArtifact, AlignmentSettings,
              inputs=("asr", "audio", "diarization", "speaker_embeddings"),
@@ -160,10 +162,12 @@ STAGES: tuple[StageDef, ...] = (
              build=lambda s: AlignmentSettings(align=s.align, allow_hub=s.hub, speakers=s.speakers,
                                                skip_voice_embeddings=s.skip_voice_embeddings),
              batch_size=lambda s: s.alignment_batch_size,
+             enabled=lambda s: not s.langid_only,
              needs=ALIGNMENT_NEEDS, need_key=lambda c: "wav2vec2" if c.align else None),
     StageDef("embeddings", "stages.embeddings", EmbeddingsArtifact, EmbeddingsSettings, inputs=("transcript",),
              build=lambda s: EmbeddingsSettings(profile=s.embedding_profile, fallback=s.embedding_fallback,
                                                 allow_hub=s.hub),
+             enabled=lambda s: not s.langid_only,
              batch_size=lambda s: s.embedding_batch_size, needs=EMBEDDING_NEEDS, need_key=lambda c: c.profile),
 )
 

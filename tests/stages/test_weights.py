@@ -24,3 +24,15 @@ def test_a_changed_file_is_caught(tmp_path):
     assert verify(tmp_path) == [f"{target}: sha256 does not match"]
     target.unlink()
     assert [f.name for f in missing(tmp_path)] == ["segmentation"]
+
+
+def test_the_joined_whisper_base_is_checked_file_by_file(tmp_path):
+    from stages.weights import WHISPER_BASE_DIR, verify_whisper_base
+
+    source, target = DEFAULT_DIR / WHISPER_BASE_DIR, tmp_path / WHISPER_BASE_DIR
+    target.mkdir()
+    for name in ("model.bin", "config.json", "tokenizer.json", "vocabulary.json"):
+        (target / name).symlink_to(source / name) if name == "model.bin" else shutil.copyfile(source / name, target / name)
+    assert verify_whisper_base(tmp_path) == []
+    (target / "config.json").write_text((source / "config.json").read_text().replace("50259", "50258", 1))
+    assert verify_whisper_base(tmp_path) == [f"{target / 'config.json'}: sha256 does not match"]
