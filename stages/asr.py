@@ -307,15 +307,6 @@ class AsrStage(TorchStage):
             language_id=job.language_id,
         )
 
-    def identify(self, samples) -> LanguageId:
-        """Language identification (stages/language.py) unless ASR_LANGUAGE forces one."""
-        if self.forced:
-            return LanguageId(status="forced", language=self.forced, allowed=list(self.settings.languages))
-        if not self.model.model.model.is_multilingual:
-            return langid.identify(self.model, samples, [], self.settings.languages)
-        windows = langid.speech_windows(self.model, samples, self.settings.chunk_size)
-        return langid.identify(self.model, samples, windows, self.settings.languages)
-
     def close(self) -> None:
         self.model = None
 
