@@ -77,12 +77,11 @@ class AsrStage(TorchStage):
     packs_items = True
 
     def import_libraries(self) -> None:
-        global np, torch, whisperx_asr, whisperx_audio, whisperx_vads, Tokenizer, ctranslate2_storage
+        global np, torch, whisperx_asr, whisperx_audio, Tokenizer, ctranslate2_storage
         import numpy as np
         import torch
         import whisperx.asr as whisperx_asr
         import whisperx.audio as whisperx_audio
-        import whisperx.vads as whisperx_vads
         from faster_whisper.tokenizer import Tokenizer
         from faster_whisper.transcribe import get_ctranslate2_storage as ctranslate2_storage
 
@@ -159,6 +158,8 @@ class AsrStage(TorchStage):
         windows = self._speech_windows(samples)
         language_id = self.identify(samples, windows)
         language = self.language or language_id.language or (language_id.top[0].language if language_id.top else None)
+        if language is None and windows and not self.settings.identify_only:
+            language = self.model.detect_language(samples)  # nothing measured: whisperX's own guess (first 30 s)
         job = _Input(item, audio, samples, windows, language or "unknown", language_id=language_id, speech=windows)
         if self.settings.identify_only:  # pipeline langid: no transcription
             job.windows, job.texts, job.logprobs, job.no_speech = [], [], [], []
@@ -173,16 +174,9 @@ class AsrStage(TorchStage):
         return langid.identify(self.model, samples, windows, self.settings.languages)
 
     def _speech_windows(self, samples) -> list[tuple[float, float]]:
-        """whisperX's VAD, merged into windows of at most ``chunk_size`` seconds (seconds, in order)."""
-        vad = self.model.vad_model
-        kind = type(vad) if isinstance(vad, whisperx_vads.Vad) else whisperx_vads.Pyannote
-        waveform = kind.preprocess_audio(samples)
-        found = vad({"waveform": waveform, "sample_rate": whisperx_audio.SAMPLE_RATE})
-        params = self.model._vad_params
-        merged = kind.merge_chunks(found, self.settings.chunk_size, onset=params["vad_onset"],
-                                   offset=params["vad_offset"])
-        # windows too short to hold a word (the tail of an utterance cut at chunk_size) join a neighbour or go
-        return clean_pieces([(float(w["start"]), float(w["end"])) for w in merged])
+        """whisperX's VAD, merged into windows of at most ``chunk_size`` seconds (seconds, in order); windows too
+        short to hold a word (the tail of an utterance cut at chunk_size) join a neighbour or go."""
+        return clean_pieces(langid.speech_windows(self.model, samples, self.settings.chunk_size))
 
     def _decode(self, queue: deque, request: StageRequest) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
         """Decode the next batch of windows; yield the inputs it finished (or failed, alone)."""

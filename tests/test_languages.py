@@ -79,8 +79,9 @@ def test_a_half_second_input_is_undetermined_with_its_reason(mixed):
 def langid_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("langid")
     inputs = [str(LANGUAGES / f"{lang}.ogg") for lang in CLIPS] + [str(MEDIA / "not_media.mp4")]
-    first = pipeline("langid", *inputs, "--output", str(out), "--languages", "en,de,es,fr", "-q")
-    again = pipeline("langid", *inputs, "--output", str(out), "-q", "--languages", "fr,es,de,en")
+    env = {**os.environ, "ASR_MODEL": "whisper-base"}  # the suite's conftest pins tiny.en for other tests
+    first = pipeline("langid", *inputs, "--output", str(out), "--languages", "en,de,es,fr", "-q", env=env)
+    again = pipeline("langid", *inputs, "--output", str(out), "-q", "--languages", "fr,es,de,en", env=env)
     return first, again, out
 
 
