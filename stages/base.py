@@ -106,7 +106,7 @@ class Stage(ABC):
             memory.after_item(len(results), len(request.items))
 
         try:
-            if self.packs_items:
+            if self._packs():
                 self._run_packed(request, record)
             else:
                 for item in request.items:
@@ -141,6 +141,18 @@ class Stage(ABC):
         except ValueError as exc:
             raise ArtifactError(request.request_id, f"invalid stage settings for {self.name}: "
                                                     f"{' '.join(str(exc).split())[:300]}") from exc
+
+    def _packs(self) -> bool:
+        """Pack only when :meth:`process_packed` is the most derived of the two hooks: a subclass that
+        overrides :meth:`process` of a packing stage gets its ``process`` called, one item at a time."""
+        if not self.packs_items:
+            return False
+        for cls in type(self).__mro__:
+            if "process_packed" in cls.__dict__:
+                return True
+            if "process" in cls.__dict__:
+                return False
+        return False
 
     def _stop_asked(self, request: StageRequest, item: WorkItem, left: int) -> bool:
         if request.stop_path and os.path.exists(request.stop_path):

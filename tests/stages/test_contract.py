@@ -75,3 +75,15 @@ def test_speaker_stages_follow_the_settings(tmp_path):
 
 def test_voice_profile_stage_writes_profiles():
     assert import_module("stages.voice_profile").STAGE.output is VoiceProfile
+
+
+def test_a_subclass_overriding_process_of_a_packing_stage_is_run_item_by_item():
+    from stages.asr import AsrStage
+    from stages.diarization import DiarizationStage
+
+    class OneByOne(DiarizationStage):
+        def process(self, item, audio, request):
+            raise NotImplementedError
+
+    assert AsrStage()._packs() and DiarizationStage()._packs()
+    assert not OneByOne()._packs()
