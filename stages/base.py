@@ -273,7 +273,7 @@ class Stage(ABC):
         self._write_in_flight(request, InFlight(ids=ids, since=time.time(), audio_s=audio_s))
 
     def _in_flight(self, request: StageRequest, item: WorkItem, audio_s: float | None) -> None:
-        self._write_in_flight(request, InFlight(ids=[item.id], since=time.time(), audio_s=audio_s))
+        self.mark_in_flight(request, [item.id], audio_s)
 
     @staticmethod
     def _write_in_flight(request: StageRequest, in_flight: InFlight) -> None:
