@@ -221,6 +221,46 @@ class _Part:
         return self.request.texts[self.start:self.start + self.count]
 
 
+#: most queued texts one cut looks at (the cut is quadratic in them, under the queue's lock: ~3 ms at 256)
+WINDOW_TEXTS = 256
+
+
+class BatchCost:
+    """Seconds of a micro-batch as ``a + b x padded tokens``, fitted (least squares, recent batches weigh
+    more) on the worker's micro-batches as the parent sees them (pipe and tokenizer included).
+    :meth:`overhead_tokens` (``a / b``) is what one more micro-batch costs in padded tokens: small on a
+    CPU, where compute grows with every token, large on a GPU, where a batch's fixed cost dominates."""
+
+    #: before enough micro-batches were seen (or when the fit makes no sense)
+    DEFAULT_OVERHEAD = 32.0
+    DECAY = 0.97
+
+    def __init__(self) -> None:
+        self.w = self.x = self.y = self.xx = self.xy = 0.0
+        self.seen = 0
+
+    def observe(self, padded_tokens: int, seconds: float) -> None:
+        d = self.DECAY
+        self.w = d * self.w + 1
+        self.x = d * self.x + padded_tokens
+        self.y = d * self.y + seconds
+        self.xx = d * self.xx + padded_tokens * padded_tokens
+        self.xy = d * self.xy + padded_tokens * seconds
+        self.seen += 1
+
+    def overhead_tokens(self) -> float:
+        if self.seen < 8:
+            return self.DEFAULT_OVERHEAD
+        mx, my = self.x / self.w, self.y / self.w
+        var = self.xx / self.w - mx * mx
+        if var <= 1e-9 * max(1.0, mx * mx):
+            return self.DEFAULT_OVERHEAD
+        slope = (self.xy / self.w - mx * my) / var
+        if slope <= 0:
+            return self.DEFAULT_OVERHEAD
+        return min(4096.0, max(1.0, (my - slope * mx) / slope))
+
+
 @dataclass(frozen=True)
 class EmbedResult:
     vectors: np.ndarray
@@ -249,6 +289,8 @@ class ProfileWorker:
         #: characters per token of this profile's model, learnt from the worker's exact counts
         self.chars_per_token = 4.0
         self.max_tokens: int | None = None
+        #: a micro-batch's cost, learnt from the worker's answers: decides how long texts are grouped
+        self.cost = BatchCost()
         self._queue: deque[_Part] = deque()
         self._queued_texts = 0
         self._cond = threading.Condition()
@@ -376,8 +418,8 @@ class ProfileWorker:
         return min(estimate, self.max_tokens) if self.max_tokens else estimate
 
     def _choose(self) -> list[_Part]:
-        """The next micro-batch (under ``self._cond``): the oldest text and those closest to it in length among
-        the first few batches' worth of the queue, within the text cap and the padded-token budget."""
+        """The next micro-batch (under ``self._cond``): the oldest text's run in the cheapest cut of the
+        first few batches' worth of the queue (:meth:`_group`)."""
         head = self._queue.popleft()
         self._queued_texts -= head.count
         while head.request.done and self._queue:  # its request failed meanwhile
@@ -392,37 +434,51 @@ class ProfileWorker:
                 self._queued_texts -= batch[-1].count
             return batch
         window = []
-        while self._queue and len(window) < 4 * self.cap:
+        while self._queue and len(window) < min(4 * self.cap, WINDOW_TEXTS):
             part = self._queue.popleft()
             if part.request.done:
                 self._queued_texts -= part.count
             else:
                 window.append(part)
-        pool = [p for p in window if not p.solo]
-        budget = self.settings.embed_max_batch_tokens
-        pool.sort(key=lambda p: p.chars)
-        below = [p for p in pool if p.chars <= head.chars][::-1]  # nearest first
-        above = [p for p in pool if p.chars > head.chars]
-        batch, longest = [head], self.tokens(head.chars)
-        while len(batch) < self.cap and (below or above):
-            # the neighbour in length closest to the head's (a shorter one costs no extra padding)
-            shorter_gap = head.chars - below[0].chars if below else None
-            longer_gap = above[0].chars - head.chars if above else None
-            pick = below if longer_gap is None or (shorter_gap is not None and shorter_gap <= longer_gap) else above
-            candidate = pick[0]
-            widest = max(longest, self.tokens(candidate.chars))
-            if (len(batch) + 1) * widest > budget:
-                if pick is above or not below:
-                    break
-                above = []  # only shorter texts can still fit
-                continue
-            pick.pop(0)
-            batch.append(candidate)
-            longest = widest
+        batch = self._group(head, [p for p in window if not p.solo])
         chosen = {id(p) for p in batch}
         self._queue.extendleft(reversed([p for p in window if id(p) not in chosen]))
         self._queued_texts -= sum(p.count for p in batch[1:])
         return batch
+
+    def _group(self, head: _Part, pool: list[_Part]) -> list[_Part]:
+        """The micro-batch of ``head`` (first) in the cheapest cut of ``[head] + pool`` into batches.
+
+        The candidates are sorted by estimated tokens and cut into runs of neighbours, each run a
+        micro-batch costing ``overhead`` plus its padded tokens (texts x its longest text's tokens),
+        within the text cap and the padded-token budget; dynamic programming finds the cut of least
+        total cost, and the run holding the head is sent now (the oldest text is always served next,
+        the others are cut again with whatever arrives meanwhile). Long texts so travel together
+        instead of padding a batch of short ones to their length."""
+        units = sorted([head, *pool], key=lambda p: self.tokens(p.chars))
+        cost_of = [self.tokens(p.chars) for p in units]
+        counts = [p.count for p in units]
+        overhead, budget = self.cost.overhead_tokens(), self.settings.embed_max_batch_tokens
+        n = len(units)
+        best = [0.0] + [float("inf")] * n
+        cut = [0] * (n + 1)
+        for j in range(1, n + 1):
+            texts = 0
+            for i in range(j - 1, -1, -1):  # the run units[i:j], whose longest is units[j - 1]
+                texts += counts[i]
+                if i < j - 1 and (texts > self.cap or texts * cost_of[j - 1] > budget):
+                    break
+                cost = best[i] + overhead + texts * cost_of[j - 1]
+                if cost < best[j]:
+                    best[j], cut[j] = cost, i
+        j = n
+        while j:
+            i = cut[j]
+            run = units[i:j]
+            if any(p is head for p in run):
+                return [head, *(p for p in run if p is not head)]
+            j = i
+        return [head]  # not reached: the head is in one of the runs
 
     def _learn(self, parts: list[_Part], tokens: list[int]) -> None:
         """Update the characters-per-token ratio from the worker's exact counts (texts not truncated)."""
@@ -459,6 +515,7 @@ class ProfileWorker:
             return None
         texts = [t for part in parts for t in part.texts()]
         task = EmbedTask(task_id=next(self._task_ids), texts=texts)
+        sent = time.monotonic()
         try:
             reply = worker.call(task, timeout=self.settings.embed_batch_timeout_s)
         except WorkerDied as exc:
@@ -466,6 +523,7 @@ class ProfileWorker:
             return None
         self._last_active = time.monotonic()
         if isinstance(reply, Embedded):
+            self.cost.observe(reply.count * max(reply.tokens, default=0), self._last_active - sent)
             self._deliver(parts, reply, worker)
             return reply
         if reply.reason == "oom":

@@ -1,4 +1,5 @@
-"""Embedding workers without HTTP: a real out-of-memory in a real worker child is recovered by halving."""
+"""Embedding workers without HTTP: a real out-of-memory in a real worker child is recovered by halving;
+micro-batches are cut by length and padded tokens; a micro-batch's cost is learnt."""
 
 from __future__ import annotations
 
@@ -94,3 +95,60 @@ def test_worker_is_recycled_after_n_micro_batches(tmp_path):
         assert pool.metrics.value("isostage_worker_starts_total", profile="embedded") == 2
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("budget", [8192, 600])
+def test_long_texts_get_micro_batches_of_their_own_within_the_token_budget(tmp_path, reference_model, budget):
+    import json
+
+    # Given a worker held busy by a first request, while one request of 28 short and 4 long texts queues
+    record = tmp_path / "batches.jsonl"
+    settings = Settings(server_dir=tmp_path, embed_max_batch=32, embed_max_wait_ms=5, embed_max_batch_tokens=budget)
+    pool = EmbeddingPool(settings, module="tests.fixtures.worker_controlled", options={"record": str(record)})
+    long_text = " ".join(["planning the quarterly budget review"] * 60)  # beyond the model's 256 tokens
+    short = [f"note {i} about the fox" for i in range(28)]
+    texts = short[:10] + [long_text + " one"] + short[10:20] + [long_text + " two", long_text + " three"] \
+        + short[20:] + [long_text + " four"]
+    try:
+        pool.embed("embedded", ["warm up"]).result(timeout=300)
+        busy = pool.embed("embedded", ["SLEEP 1"])
+        time.sleep(0.3)
+        result = pool.embed("embedded", texts).result(timeout=300)
+        busy.result(timeout=300)
+        batches = [json.loads(line) for line in record.read_text().splitlines()][2:]
+        assert sorted(t for b in batches for t in b) == sorted(texts), "every text embedded exactly once"
+        # Then the long texts were not padded into the short texts' micro-batch (32 texts and 8192 padded
+        # tokens would allow it): every micro-batch is all short or all long
+        for batch in batches:
+            kinds = {t.startswith(long_text) for t in batch}
+            assert len(kinds) == 1, f"a micro-batch mixes short and long texts: {[t[:20] for t in batch]}"
+        longs = [b for b in batches if b[0].startswith(long_text)]
+        if budget == 600:  # and no micro-batch holds more padded tokens than the budget: two long texts
+            assert sorted(len(b) for b in longs) == [2, 2]
+        else:
+            assert [len(b) for b in longs] == [4]
+        # and every request gets its rows in its own order
+        np.testing.assert_allclose(result.vectors, reference_model.encode(texts, normalize_embeddings=True), atol=1e-5)
+    finally:
+        pool.close()
+
+
+def test_batch_cost_learns_the_per_batch_overhead_in_tokens():
+    from orchestrator.api.workers import BatchCost
+
+    cost = BatchCost()
+    assert cost.overhead_tokens() == BatchCost.DEFAULT_OVERHEAD, "too few micro-batches seen to fit anything"
+    # a GPU-like worker: 20 ms per micro-batch, plus 10 us per padded token -> overhead of 2000 tokens
+    for padded in (64, 512, 2048, 8192, 300, 4000, 100, 6000, 1200, 9000):
+        cost.observe(padded, 0.020 + 0.00001 * padded)
+    assert cost.overhead_tokens() == pytest.approx(2000, rel=1e-6)
+    # a CPU-like worker: 2 ms per batch, 1 ms per token -> 2 tokens
+    cpu = BatchCost()
+    for padded in (64, 512, 2048, 300, 100, 1200, 700, 90, 30, 4000):
+        cpu.observe(padded, 0.002 + 0.001 * padded)
+    assert cpu.overhead_tokens() == pytest.approx(2, rel=1e-6)
+    # nonsense (cost falling with size) falls back to the default
+    odd = BatchCost()
+    for padded in range(100, 1100, 100):
+        odd.observe(padded, 1.0 / padded)
+    assert odd.overhead_tokens() == BatchCost.DEFAULT_OVERHEAD
