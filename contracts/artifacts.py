@@ -140,7 +140,9 @@ class TranscriptArtifact(Artifact):
     #: word-level alignment ran (``aligner`` names it); False: segment timestamps only
     aligned: bool = False
     duration_s: float = Field(ge=0)
-    #: the aligner that ran, or why none did (model not available offline, ...)
+    #: the aligner that ran, or why none did (model not available offline, ...); in the ASR stage's
+    #: transcript (``asr.json``): "whisper-cross-attention:<model>" when its segments carry words timed
+    #: as they were decoded (``aligned`` stays False there: the alignment stage decides)
     aligner: str | None = None
     alignment_note: str | None = None
     #: what named the speakers: the diarization model and the speaker encoder that matched voice

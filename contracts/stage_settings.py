@@ -48,6 +48,9 @@ class AsrSettings(StageSettings):
     #: windows of several inputs share batches (False: each input's windows alone, as whisperX does;
     #: "auto": on CUDA only)
     pack_inputs: bool | Literal["auto"]
+    #: time each window's words with the decoder's cross-attention as it is decoded (the alignment stage
+    #: then runs no model unless a wav2vec2 aligner is on disk); off when alignment is off
+    word_timestamps: bool = True
 
 
 class DiarizationSettings(StageSettings):

@@ -241,7 +241,7 @@ class Settings(BaseSettings):
     #: extra model names the embeddings endpoint accepts besides the profiles (env: JSON list)
     embedding_models: list[str] = Field(default_factory=list, validation_alias=_env("embedding_models", "EMBEDDING_MODELS"))
     #: padded tokens (texts x the longest one's tokens) a micro-batch may hold besides ``embed_max_batch`` texts;
-    #: queued texts are grouped by length so that short ones are not padded to long ones
+    #: queued texts are sorted by length and cut into micro-batches of least padding (orchestrator.api.workers)
     embed_max_batch_tokens: int = Field(8192, ge=1, validation_alias=_env("embed_max_batch_tokens", "EMBEDDING_MAX_BATCH_TOKENS"))
     #: texts that may wait in one profile's queue; a request that would go beyond is answered 429 (Retry-After)
     embed_max_queued_texts: int = Field(8192, ge=1, validation_alias=_env("embed_max_queued_texts", "EMBEDDING_MAX_QUEUED_TEXTS"))

@@ -6,8 +6,10 @@ diarization and the enrollment matches; writes ``transcript.json``:
 - **alignment**: whisperx's wav2vec2 aligner (torchaudio ``WAV2VEC2_ASR_BASE_960H``
   for English, a Hugging Face model for other languages) when its model is already
   on disk (torch hub / HF cache); otherwise Whisper's own cross-attention alignment
-  (CTranslate2 ``Whisper.align``) with the ASR model that produced the transcript,
-  in batches of segments. Either way every word gets start, end and a confidence.
+  (CTranslate2 ``Whisper.align``) with the ASR model that produced the transcript:
+  the words the ASR stage timed as it decoded (no model runs here), or, for a
+  transcript without them, a second pass of that model in batches of segments.
+  Either way every word gets start, end and a confidence.
 - **no hallucinated fragments**: a segment whose timed words lie mostly outside
   the decoded speech, or that the aligner finds improbable, is dropped and counted
   (``stages.speech.keep_segments``).
@@ -60,6 +62,15 @@ class AlignmentStage(TorchStage):
     input_key = "asr"
     output = TranscriptArtifact
     settings_model = AlignmentSettings
+
+    def import_libraries(self) -> None:
+        """What the first input needs whichever aligner it gets: torch hub and torchaudio (where the wav2vec2
+        check looks) and the Whisper aligner's libraries; imported before the request, as other stages do."""
+        import numpy  # noqa: F401
+        import torch.hub  # noqa: F401
+        import torchaudio  # noqa: F401
+
+        import stages.whisper_align  # noqa: F401
 
     def load(self, request: StageRequest, device: str) -> str | None:
         settings: AlignmentSettings = self.settings
@@ -139,8 +150,12 @@ class AlignmentStage(TorchStage):
         return segments, True, name, None
 
     def _align_whisper(self, item: WorkItem, asr: TranscriptArtifact, why_not_wav2vec2: str):
-        """Words timed by the ASR model's own cross-attention (stages.whisper_align)."""
-        from stages.whisper_align import WhisperAligner
+        """Words timed by the ASR model's own cross-attention (stages.whisper_align): as the ASR stage timed
+        them while decoding when it did (no model here), else by a second pass of that model."""
+        from stages.whisper_align import WORD_TIMING, WhisperAligner, with_words
+
+        if (asr.aligner or "").startswith(f"{WORD_TIMING}:") and all(s.words for s in asr.segments):
+            return [with_words(s, s.words) for s in asr.segments], True, asr.aligner, None
 
         key = (asr.model, asr.compute_type)
         aligner = self.whisper.get(key)
@@ -159,7 +174,7 @@ class AlignmentStage(TorchStage):
 
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
         segments = aligner.align(samples, list(asr.segments), self.batch_size)
-        return segments, True, f"whisper-cross-attention:{asr.requested_model}", None
+        return segments, True, f"{WORD_TIMING}:{asr.requested_model}", None
 
     def _load_aligner(self, language: str):
         name = TORCHAUDIO_ALIGNERS.get(language)

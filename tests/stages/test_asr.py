@@ -53,6 +53,60 @@ def test_transcribes_the_spoken_words_and_records_what_ran(tmp_path, audio_json)
     assert result.load_s > 0 and result.compute_s > 0
 
 
+def test_words_are_timed_while_decoding_and_the_alignment_stage_then_runs_no_model(tmp_path, audio_json):
+    """The ASR stage times each window's words over the encoder output it decoded; the alignment stage keeps
+    them without loading a model, and they agree with its own second pass of the model (word_timestamps off)."""
+    from stages.alignment import AlignmentStage
+
+    def transcribe(tag, **settings):
+        out = tmp_path / tag
+        out.mkdir()
+        result = AsrStage().run(_request(out, audio_json, **settings))
+        assert result.items[0].ok, result.items[0].error
+        asr = load_artifact(out / "transcript.json", TranscriptArtifact)
+        item = WorkItem(id="s", inputs={"asr": str(out / "transcript.json"), "audio": str(audio_json)},
+                        output=str(out / "final.json"), fingerprint="fp-final")
+        stage = AlignmentStage()
+        aligned = stage.run(StageRequest(request_id="r", stage="alignment", module="stages.alignment", batch_size=2,
+                                         device="cpu", items=[item], result_path=str(out / "r.json"),
+                                         settings=stage_settings("alignment", align=True, speakers=False)))
+        assert aligned.items[0].ok, aligned.items
+        return asr, load_artifact(out / "final.json", TranscriptArtifact), stage
+
+    asr, final, stage = transcribe("decode")
+    assert asr.aligner == "whisper-cross-attention:embedded" and asr.aligned is False
+    for seg in asr.segments:
+        assert seg.words and " ".join(w.word for w in seg.words) == seg.text
+        assert all(seg.start <= w.start <= w.end <= seg.end and 0 < w.score <= 1 for w in seg.words)
+    assert final.aligned and final.aligner == "whisper-cross-attention:embedded"
+    assert stage.whisper == {}, "no Whisper model loaded by the alignment stage: the words came with the transcript"
+
+    plain, second, stage = transcribe("second-pass", word_timestamps=False)
+    assert plain.aligner is None and all(s.words is None for s in plain.segments)
+    assert second.aligned and stage.whisper, "without decode-time words the alignment stage runs the model"
+    a = [w for s in final.segments for w in s.words]
+    b = [w for s in second.segments for w in s.words]
+    assert [w.word for w in a] == [w.word for w in b]
+    gaps = sorted(abs(x.start - y.start) for x, y in zip(a, b))
+    assert gaps[len(gaps) // 2] <= 0.04 and gaps[-1] <= 0.5, gaps
+
+
+def test_a_failing_word_timing_leaves_the_transcript_standing(tmp_path, audio_json, monkeypatch):
+    """Word timing is a bonus of the decode: if it fails (not out of memory), the input is still transcribed,
+    its segments have no words, and the alignment stage will time them (tested above)."""
+    import stages.whisper_align
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("alignment heads missing")
+
+    monkeypatch.setattr(stages.whisper_align, "timed_words", broken)
+    result = AsrStage().run(_request(tmp_path, audio_json))
+    assert result.items[0].ok, result.items[0].error
+    transcript = load_artifact(tmp_path / "transcript.json", TranscriptArtifact)
+    assert wer(SPEECH_TEXT, " ".join(s.text for s in transcript.segments)) < MAX_WER
+    assert transcript.segments and all(s.words is None for s in transcript.segments)
+
+
 def test_unavailable_model_is_a_clear_error_offline(tmp_path, audio_json, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelUnavailableError, match="cannot load ASR model 'no-such-model'"):
