@@ -157,7 +157,8 @@ def _outputs(out: Path, report: dict) -> dict[str, dict[str, bytes]]:
 
 
 _TIME = re.compile(rb"\d\d:\d\d:\d\d[,.]\d\d\d")
-_NUMBER = re.compile(rb"-?\d+\.\d+(?:e-?\d+)?")
+# any JSON number: a float may print as 0.0499981 or, when small, as 8e-05 (no point) on one side only
+_NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
 def _same(name: str, a: bytes, b: bytes) -> bool:
