@@ -114,9 +114,10 @@ class DiarizationStage(TorchStage):
 
     def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
                        ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
-        """Embedded diarizer: each input is segmented on its own, then the local-speaker clips of successive
-        inputs are embedded together until ``GROUP_BATCHES`` batches' worth is collected; clustering and
-        turns stay per input. The pyannote pipeline takes one input at a time."""
+        """Embedded diarizer, two shared streams: the 10 s segmentation windows of successive inputs share
+        batches until ``GROUP_BATCHES`` batches' worth is collected, then the local-speaker clips of those
+        inputs are embedded the same way; clustering and turns stay per input. A failing shared batch is
+        repeated input by input (:meth:`pack_groups`). The pyannote pipeline takes one input at a time."""
         if self.pipeline is not None:
             for item, audio in entries:
                 self.mark_in_flight(request, [item.id], audio.duration_s)
@@ -127,18 +128,30 @@ class DiarizationStage(TorchStage):
                         raise
                     yield item, exc
             return
+        embedded = self.embedded
 
-        def prepare(item: WorkItem, audio: AudioArtifact) -> Member:
-            local = self.embedded.local(self._samples(item, audio))
-            return Member(item, local.clips, audio.duration_s, (audio, local))
+        def windows(item: WorkItem, audio: AudioArtifact) -> Member:
+            samples = self._samples(item, audio)
+            return Member(item, embedded.windows(samples), audio.duration_s, (audio, samples))
+
+        def segmented(member: Member, rows) -> _Segmented:
+            audio, samples = member.data
+            return _Segmented(audio, embedded.local(samples, rows))
+
+        def clips(item: WorkItem, upstream: _Segmented | BaseException) -> Member:
+            if isinstance(upstream, BaseException):
+                raise upstream  # this input's segmentation failed: it fails alone, with that reason
+            return Member(item, upstream.local.clips, upstream.duration_s, upstream)
 
         def finish(member: Member, rows) -> DiarizationArtifact:
-            audio, local = member.data
-            return self._artifact(member.item, audio,
-                                  self.embedded.finish(local, rows, self.min_speakers, self.max_speakers))
+            audio, local = member.data.audio, member.data.local
+            return self._artifact(member.item, audio, embedded.finish(local, rows, self.min_speakers,
+                                                                      self.max_speakers))
 
-        yield from self.pack_groups(request, entries, prepare,
-                                    compute=lambda clips: self.embedded.encoder.embed(clips, self.batch_size),
+        segments = self.pack_groups(request, entries, windows, compute=embedded.segment, finish=segmented,
+                                    batches=GROUP_BATCHES)
+        yield from self.pack_groups(request, segments, clips,
+                                    compute=lambda parts: embedded.encoder.embed(parts, self.batch_size),
                                     finish=finish, batches=GROUP_BATCHES)
 
     def _samples(self, item: WorkItem, audio: AudioArtifact):
@@ -179,6 +192,7 @@ class EmbeddedDiarizer:
 
     def __init__(self, device: str, weights_dir: str | None, batch_size: int) -> None:
         from pyannote.audio import Inference, Model
+        from pyannote.audio.utils.reproducibility import fix_reproducibility
 
         from stages.speaker_encoder import CamPlusPlusEncoder
         from stages.weights import weight_path
@@ -193,26 +207,48 @@ class EmbeddedDiarizer:
         self.duration = float(model.specifications.duration)
         self.inference = Inference(model, window="sliding", duration=self.duration, step=STEP_S,
                                    skip_aggregation=True, device=torch.device(device), batch_size=max(1, batch_size))
+        fix_reproducibility(torch.device(device))  # what Inference.__call__ does (no TF32 on CUDA)
+        self.window_samples = model.audio.get_num_samples(self.duration)
+        self.step_samples = round(STEP_S * SAMPLE_RATE)
         self.encoder = CamPlusPlusEncoder(device, weight_path("campplus", weights_dir))
-        self.batch_size = batch_size
+        self.batch_size = max(1, batch_size)
         self.name = f"{EMBEDDED}:pyannote-segmentation-3.0+campplus"
 
     def __call__(self, samples, min_speakers: int | None = None, max_speakers: int | None = None):
         """(start, end, cluster) for each turn of ``samples`` (16 kHz mono float32)."""
-        local = self.local(samples)
+        local = self.local(samples, self.segment(self.windows(samples)))
         return self.finish(local, self.encoder.embed(local.clips, self.batch_size) if local.clips else None,
                            min_speakers, max_speakers)
 
-    def local(self, samples) -> _Local:
-        """Segmentation of ``samples`` and the clips of its local speakers to embed (steps 1 and 2's input)."""
+    def windows(self, samples) -> list:
+        """The 10 s windows of ``samples`` every ``STEP_S`` (views; the last one zero-padded), cut as
+        pyannote's sliding ``Inference`` cuts them, so that windows of several inputs can share batches."""
         if samples.size < SAMPLE_RATE // 10:
+            return []
+        size, step = self.window_samples, self.step_samples
+        complete = 1 + (samples.size - size) // step if samples.size >= size else 0
+        cut = [samples[c * step:c * step + size] for c in range(complete)]
+        if samples.size < size or (samples.size - size) % step:
+            last = samples[complete * step:]
+            cut.append(np.pad(last, (0, size - last.size)))
+        return cut
+
+    def segment(self, windows: list):
+        """Frame activity (windows, frames, local speakers), 0/1, of ``windows`` in batches of ``batch_size``."""
+        rows = []
+        for start in range(0, len(windows), self.batch_size):
+            batch = np.stack(windows[start:start + self.batch_size]).astype(np.float32, copy=False)
+            rows.append(np.asarray(self.inference.infer(torch.from_numpy(batch).unsqueeze(1)), dtype=np.float32))
+        return np.concatenate(rows) if rows else np.zeros((0, 0, 0), np.float32)
+
+    def local(self, samples, activity) -> _Local:
+        """The clips of the local speakers to embed (steps 1 and 2's input), from the ``activity`` of
+        ``samples``' windows (:meth:`segment` of :meth:`windows`)."""
+        if not len(activity):
             return _Local(samples.size / SAMPLE_RATE)
-        waveform = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)).unsqueeze(0)
-        seg = self.inference({"waveform": waveform, "sample_rate": SAMPLE_RATE})
-        activity = np.asarray(seg.data, dtype=np.float32)  # (chunks, frames, local speakers), 0/1
         chunks, frames, _ = activity.shape
         frame_s = self.duration / frames
-        starts = [seg.sliding_window[c].start for c in range(chunks)]
+        starts = [c * STEP_S for c in range(chunks)]
 
         keys, clips = [], []
         for c in range(chunks):
@@ -254,6 +290,18 @@ class EmbeddedDiarizer:
             for start, end in _runs(active[:, s], frame_s):
                 turns.append((start, min(end, local.seconds), s))
         return [(s, e, f"C{spk}") for s, e, spk in turns if e - s >= MIN_TURN_S]
+
+
+@dataclass(eq=False)
+class _Segmented:
+    """One input between the two shared streams: its audio artifact and its segmentation."""
+
+    audio: AudioArtifact
+    local: _Local
+
+    @property
+    def duration_s(self) -> float:
+        return self.audio.duration_s
 
 
 @dataclass(eq=False)

@@ -54,13 +54,21 @@ def audio_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def diarized(audio_dir):
     """Both dialogues through the diarization stage, model "auto", offline: one load for the module."""
+    from pyannote.audio import Inference
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
+        infer = Inference.infer
+        mp.setattr(Inference, "infer", lambda self, chunks: SEGMENTED.append(len(chunks)) or infer(self, chunks))
         items = [WorkItem(id=n, inputs={"audio": str(audio_dir / n / "audio.json")},
                           output=str(audio_dir / n / "diarization.json"), fingerprint="fp-d") for n in DIALOGUES]
         result = DiarizationStage().run(request(audio_dir, "diarization", items, model="auto"))
     assert all(r.ok for r in result.items), result.items
     return {n: load_artifact(audio_dir / n / "diarization.json", DiarizationArtifact) for n in DIALOGUES}, result
+
+
+#: the size of each segmentation batch of the ``diarized`` run (the real model's forward calls, recorded)
+SEGMENTED: list[int] = []
 
 
 @pytest.mark.parametrize("name", DIALOGUES)
@@ -127,10 +135,18 @@ def test_relabel_names_speakers_in_order_of_appearance():
     assert [(t.start, t.speaker) for t in turns] == [(0.0, "SPEAKER_00"), (2.0, "SPEAKER_01"), (5.0, "SPEAKER_01")]
 
 
-def test_inputs_sharing_embedding_batches_get_the_turns_they_get_alone(diarized, audio_dir, monkeypatch):
-    """#14: the dialogues' local-speaker clips were embedded in one stream; one at a time gives the same turns."""
+def test_inputs_sharing_batches_get_the_turns_they_get_alone(diarized, audio_dir, monkeypatch):
+    """#14: the dialogues' 10 s segmentation windows shared batches of 4 (a batch held windows of both), and
+    their local-speaker clips were embedded in one stream; one at a time gives the same turns."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     packed, _ = diarized
+    from stages.diarization import STEP_S
+
+    windows = [int(np.ceil(max(0.0, np.load(audio_dir / n / "audio.npy").size / 16000 - 10) / STEP_S)) + 1
+               for n in DIALOGUES]
+    assert all(w % 4 for w in windows), windows  # alone, each input ends with a batch of less than 4
+    assert SEGMENTED == [4] * (sum(windows) // 4) + ([sum(windows) % 4] if sum(windows) % 4 else []), \
+        (SEGMENTED, windows)
     stage = DiarizationStage()
     for n in DIALOGUES:
         item = WorkItem(id=n, inputs={"audio": str(audio_dir / n / "audio.json")},
