@@ -27,14 +27,19 @@ log = logging.getLogger("stages.child")
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
-def main(request_path: str, log_path: str | None = None, warm_module: str | None = None) -> None:
+def main(request_path: str, log_path: str | None = None, warm_module: str | None = None,
+         warm_env: dict[str, str] | None = None) -> None:
     """Run one stage request and leave the process with an :class:`ExitCode`.
 
-    With ``warm_module``, import that stage's libraries first and then wait for the
-    request file to appear (the parent writes it when the previous stage is done).
+    With ``warm_module``, apply ``warm_env`` (the environment the request will carry), import
+    that stage's libraries and then wait for the request file to appear (the parent writes
+    it when the previous stage is done). The environment comes first: some libraries read
+    theirs once, on import (huggingface_hub's ``HF_HUB_OFFLINE``: imported ahead without it,
+    an offline run's hub lookups would go to the network and retry).
     """
     bootstrap(log_path)
     if warm_module:
+        os.environ.update(warm_env or {})
         _import_ahead(warm_module, request_path)
     leave(run_request(request_path))
 

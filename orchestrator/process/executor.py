@@ -83,8 +83,11 @@ class Executor(Protocol):
             gpu: bool = True) -> tuple[ChildExit, StageResult | None]:
         """Run the request in a fresh process and wait; ``gpu``: the stage wants a GPU if there is one."""
 
-    def warm_up(self, stage: str, module: str, request_path: Path, log_path: Path) -> WarmChild | None:
-        """Start the process for a request written later, or None when the executor cannot."""
+    def warm_up(self, stage: str, module: str, request_path: Path, log_path: Path,
+                env: dict[str, str] | None = None) -> WarmChild | None:
+        """Start the process for a request written later, or None when the executor cannot. ``env`` is what
+        the request will carry (``StageRequest.env``): the process applies it before it imports anything,
+        since some libraries read their settings once, on import (``HF_HUB_OFFLINE``)."""
 
     def cancel(self, warm: WarmChild) -> None:
         """Stop a warm process whose request will never come."""
@@ -136,11 +139,12 @@ class LocalExecutor:
         #: stops a child that makes no progress on an item (None: never)
         self.watchdog = watchdog
 
-    def warm_up(self, stage: str, module: str, request_path: Path, log_path: Path) -> WarmChild:
+    def warm_up(self, stage: str, module: str, request_path: Path, log_path: Path,
+                env: dict[str, str] | None = None) -> WarmChild:
         """Start the child for a request that will be written at ``request_path`` later (see :class:`WarmChild`)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
-        proc = self._spawn(stage, request_path, log_path, module)
+        proc = self._spawn(stage, request_path, log_path, module, env)
         log.debug("%s: warm child %d importing ahead of its request", stage, proc.pid)
         return WarmChild(stage, request_path, log_path, proc)
 
@@ -150,8 +154,9 @@ class LocalExecutor:
             self._running.pop(warm.proc.pid, None)
         stop(warm.proc, grace_s=2.0)
 
-    def _spawn(self, stage: str, request_path: Path, log_path: Path, module: str | None = None):
-        proc = spawn(CHILD_ENTRY, (str(request_path), str(log_path), module), name=f"stage-{stage}",
+    def _spawn(self, stage: str, request_path: Path, log_path: Path, module: str | None = None,
+               env: dict[str, str] | None = None):
+        proc = spawn(CHILD_ENTRY, (str(request_path), str(log_path), module, env), name=f"stage-{stage}",
                      die_with_parent=self.die_with_parent)
         with self._lock:
             self._running[proc.pid] = proc

@@ -89,7 +89,7 @@ class StageRunner:
         """Start the first child of ``spec`` for ``chunk`` now, to import while the previous stage runs."""
         name = self._name(spec, chunk, 1)
         return self.executor.warm_up(spec.name, spec.module, self.run_dir / f"{name}.request.json",
-                                     self.run_dir / f"{name}.log")
+                                     self.run_dir / f"{name}.log", env=self.env)
 
     def run(self, spec: StageSpec, items: list[WorkItem], *, reuse: bool = True, chunk: int = 1,
             on_item: Callable[[str, ItemResult], None] | None = None,

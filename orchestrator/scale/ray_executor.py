@@ -135,7 +135,8 @@ class RayExecutor:
 
     # -- the executor interface ---------------------------------------------------------
 
-    def warm_up(self, stage: str, module: str, request_path: Path, log_path: Path) -> WarmChild | None:
+    def warm_up(self, stage: str, module: str, request_path: Path, log_path: Path,
+                env: dict[str, str] | None = None) -> WarmChild | None:
         return None  # a task is placed when its request exists; nothing to import ahead on the driver
 
     def cancel(self, warm: WarmChild) -> None:

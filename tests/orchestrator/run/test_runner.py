@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 from contracts import StageRequest, WorkItem, load_model
@@ -116,6 +117,20 @@ def test_warm_child_becomes_the_first_child_or_is_stopped_when_nothing_is_left(t
     outcomes, report = again.run(spec, items, warm=warm)  # x is current: no request will come
     assert outcomes["x"].reused and report.attempts == []
     assert warm.proc.exitcode is not None, "the warm child was stopped"
+
+
+def test_a_warm_child_imports_with_the_environment_its_request_will_carry(tmp_path):
+    """Some libraries read their settings once, on import (huggingface_hub's HF_HUB_OFFLINE): a warm child
+    imports before its request exists, so it gets the run's environment when it starts."""
+    runner = StageRunner(LocalExecutor(), tmp_path / "run", env={"PIPELINE_WARM_PROBE": "from the run"},
+                         device="cpu", max_signal_retries=2)
+    spec = StageSpec("envprobe", "tests.fixtures.stages_envprobe", NoteArtifact,
+                     settings=FixtureSettings(names=["PIPELINE_WARM_PROBE"], at_import=True))
+    warm = runner.warm_up(spec, chunk=1)
+    outcomes, report = runner.run(spec, _items(tmp_path, {"x": "1"}), warm=warm)
+    assert outcomes["x"].ok and report.attempts[0].pid == warm.proc.pid
+    seen = json.loads(_note(tmp_path, "x").text)
+    assert seen["at_import"] == {"PIPELINE_WARM_PROBE": "from the run"} == {"PIPELINE_WARM_PROBE": seen["PIPELINE_WARM_PROBE"]}
 
 
 # -- culprit isolation (issue 12) -------------------------------------------------------------------
