@@ -455,8 +455,9 @@ class ProfileWorker:
         total cost, and the run holding the head is sent now (the oldest text is always served next,
         the others are cut again with whatever arrives meanwhile). Long texts so travel together
         instead of padding a batch of short ones to their length."""
-        units = sorted([head, *pool], key=lambda p: self.tokens(p.chars))
-        cost_of = [self.tokens(p.chars) for p in units]
+        ranked = sorted(((self.tokens(p.chars), p) for p in [head, *pool]), key=lambda pair: pair[0])
+        cost_of = [tokens for tokens, _ in ranked]
+        units = [p for _, p in ranked]
         counts = [p.count for p in units]
         overhead, budget = self.cost.overhead_tokens(), self.settings.embed_max_batch_tokens
         n = len(units)
