@@ -149,28 +149,22 @@ def main() -> None:
 
 def joined(paths, times: int, work: Path) -> Path:
     """One WAV of the clips one after another, ``times`` over, with 0.5 s of silence between them."""
-    import wave
-
     import av
     import numpy as np
+
+    from bench.asr_packing import RATE, write_wav
 
     pieces = []
     for path in paths:
         with av.open(str(path)) as container:
-            resampler = av.AudioResampler(format="s16", layout="mono", rate=16_000)
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=RATE)
             frames = [f for frame in container.decode(audio=0) for f in resampler.resample(frame)]
             frames += resampler.resample(None)
         pieces.append(np.concatenate([f.to_ndarray().reshape(-1) for f in frames]))
-    gap = np.zeros(8_000, dtype=np.int16)
-    samples = np.concatenate([part for _ in range(times) for piece in pieces for part in (piece, gap)])
+    gap = np.zeros(RATE // 2, dtype=np.float32)
     out = work / "joined.wav"
-    with wave.open(str(out), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(16_000)
-        wav.writeframes(samples.astype(np.int16).tobytes())
+    write_wav(out, np.concatenate([part for _ in range(times) for piece in pieces for part in (piece, gap)]))
     return out
-
 
 if __name__ == "__main__":
     main()
