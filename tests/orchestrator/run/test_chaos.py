@@ -1,7 +1,7 @@
 """Chaos (issue 12): a long batch of good and poison inputs, with children and the parent killed at random
 and one SIGTERM, rerun until it exits by itself. Every good input comes out byte-identical to a clean run,
-each bad one fails (or is partial) alone with its reason, no stage of a completed input ran twice, and no
-process of ours is left.
+each bad one fails (or is partial) alone with its reason, no model stage of a completed input ran twice
+(its outputs are rewritten, once per run), and no process of ours is left.
 
 The parent is ``bin/pipeline``'s CLI with the real stages, except that the ASR stage segfaults on sources
 named ``crash-*`` and hangs on ``hang-*`` (``tests.fixtures.stages_chaos``)."""
@@ -236,6 +236,11 @@ def test_chaos_batch_runs_to_the_end_and_loses_nothing(tmp_path):
 
     journal = [json.loads(line) for line in (tmp_path / "out" / "journal.jsonl").read_text().splitlines() if line]
     complete = {item["id"] for item in report["inputs"] if item["status"] == "ok"}
-    ran = Counter((e["item"], e["stage"]) for e in journal if e["status"] == "ok" and e["item"] in complete)
-    assert max(ran.values()) == 1, ([k for k, n in ran.items() if n > 1], SEED, history)
+    # a model stage runs once per complete input over all the runs; "outputs" (the parent writing the
+    # captions from the kept artifacts) is redone by every run that sees the input, by design, once per run
+    ok = [e for e in journal if e["status"] == "ok" and e["item"] in complete]
+    ran = Counter((e["item"], e["stage"]) for e in ok if e["stage"] != "outputs")
+    assert ran and max(ran.values()) == 1, ([k for k, n in ran.items() if n > 1], SEED, history)
+    written = Counter((e["item"], e["run"]) for e in ok if e["stage"] == "outputs")
+    assert {item for item, _ in written} == complete and max(written.values()) == 1, (SEED, history)
     assert not left, f"processes of ours left after the run: {left}"
