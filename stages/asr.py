@@ -254,20 +254,16 @@ class AsrStage(TorchStage):
             job.logprobs[i] = result.scores[0] * len(ids) ** options.length_penalty / (len(ids) + 1)
             job.no_speech[i] = result.no_speech_prob
         if self.word_timing:
-            try:
-                self._time_words(batch, encoded, texts)
-            except Exception as exc:  # the transcript stands without them: the alignment stage times its words
-                if is_oom(exc):
-                    raise
-                log.warning("asr: word timing failed for a batch of %d window(s) (%s: %s); the alignment stage "
-                            "will time those words", len(batch), type(exc).__name__, exc)
-                for job, i in batch:
-                    job.words[i] = None
+            self._time_words(batch, encoded, texts)
 
     def _time_words(self, batch: list[tuple[_Input, int]], encoded, texts: list[list[int]]) -> None:
         """Each window's words timed by the decoder's cross-attention over the encoder output just decoded
         (CTranslate2 ``Whisper.align``, as faster-whisper's ``word_timestamps``): the alignment stage then
-        needs no second pass of the model. One call per language of the batch (its start sequence)."""
+        needs no second pass of the model. One call per language of the batch (its start sequence).
+
+        Word timing is a bonus of the decode: where it fails (not out of memory), for one language's call or
+        one window, those windows keep their text without words and the alignment stage times them; the
+        other windows of the batch keep theirs."""
         model = self.model.model.model
         rate = whisperx_audio.SAMPLE_RATE
         languages = list(dict.fromkeys(job.language for job, _ in batch))
@@ -275,18 +271,28 @@ class AsrStage(TorchStage):
             rows = [k for k, (job, _) in enumerate(batch) if job.language == language and texts[k]]
             if not rows:
                 continue
-            features = encoded if len(rows) == len(batch) else _rows(encoded, rows)
-            tokenizer = self._tokenizer(language)
-            frames = []
-            for k in rows:
-                job, i = batch[k]
-                start, end = job.windows[i]
-                frames.append(max(1, min(whisperx_audio.N_FRAMES, int((end - start) * rate) // whisperx_audio.HOP_LENGTH)))
-            results = model.align(features, tokenizer.sot_sequence, [texts[k] for k in rows], frames)
+            try:
+                features = encoded if len(rows) == len(batch) else _rows(encoded, rows)
+                tokenizer = self._tokenizer(language)
+                frames = []
+                for k in rows:
+                    job, i = batch[k]
+                    start, end = job.windows[i]
+                    frames.append(max(1, min(whisperx_audio.N_FRAMES,
+                                             int((end - start) * rate) // whisperx_audio.HOP_LENGTH)))
+                results = model.align(features, tokenizer.sot_sequence, [texts[k] for k in rows], frames)
+            except Exception as exc:
+                if is_oom(exc):
+                    raise
+                _untimed([batch[k] for k in rows], f"language {language!r}", exc)
+                continue
             for k, result in zip(rows, results):
                 job, i = batch[k]
                 start, end = job.windows[i]
-                job.words[i] = timed_words(tokenizer, texts[k], result, start, end)
+                try:
+                    job.words[i] = timed_words(tokenizer, texts[k], result, start, end)
+                except Exception as exc:
+                    _untimed([batch[k]], f"{job.item.id} at {start:.2f} s", exc)
 
     def _tokenizer(self, language: str):
         if language not in self._tokenizers:
@@ -381,6 +387,14 @@ class _Input:
     @property
     def done(self) -> bool:
         return all(text is not None for text in self.texts)
+
+
+def _untimed(windows: list[tuple[_Input, int]], what: str, exc: Exception) -> None:
+    """These windows keep their text without words (the alignment stage will time them)."""
+    log.warning("asr: word timing failed for %s (%d window(s); %s: %s); the alignment stage will time those "
+                "words", what, len(windows), type(exc).__name__, exc)
+    for job, i in windows:
+        job.words[i] = None
 
 
 def _rows(encoded, rows: list[int]):

@@ -208,6 +208,31 @@ def test_packed_batches_give_the_same_transcripts_as_one_input_at_a_time(tmp_pat
     assert all(len(ids) == 1 for ids in alone_seen), alone_seen
 
 
+def test_word_timing_failing_for_one_input_spares_the_others_in_its_batch(tmp_path, several_audio, monkeypatch):
+    """Windows of several inputs share a decoder batch: word timing failing for the windows of one input
+    leaves those without words (the alignment stage times them) and every other window of the batch timed."""
+    import stages.whisper_align
+
+    timed = stages.whisper_align.timed_words
+    markers = {"fox", "shells", "stella", "store"}  # words of the speech clip, not of the dialogues
+
+    def fails_on_the_speech_clip(tokenizer, tokens, *args):
+        if markers & set(tokenizer.decode(tokens).lower().replace(".", " ").replace(",", " ").split()):
+            raise ValueError("no alignment for this window")
+        return timed(tokenizer, tokens, *args)
+
+    monkeypatch.setattr(stages.whisper_align, "timed_words", fails_on_the_speech_clip)
+    result, transcripts, seen = _run_several(tmp_path, several_audio, 4, pack=True)
+    assert all(r.ok for r in result.items), result.items
+    assert any({"speech", "dialogue"} <= set(ids) for ids in seen), seen  # a batch held both
+    for name in ("dialogue", "stranger"):
+        assert transcripts[name].segments and all(s.words for s in transcripts[name].segments), name
+    for name in ("speech", "speech2"):
+        segments = transcripts[name].segments
+        assert any(s.words is None for s in segments), name
+        assert wer(SPEECH_TEXT, " ".join(s.text for s in segments)) < MAX_WER, name
+
+
 def test_one_input_whisperx_would_transcribe_the_same(several_audio):
     import numpy as np
 
