@@ -114,7 +114,11 @@ class _Process:
         return message
 
     def call(self, task: EmbedTask, timeout: float | None = None) -> Embedded | TaskFailed:
-        self.conn.send(TO_WORKER.dump_python(task))
+        try:
+            self.conn.send(TO_WORKER.dump_python(task))
+        except OSError:  # it died before the task reached it: its end of the pipe is closed
+            self.proc.join(5)
+            raise WorkerDied(self.proc.exitcode) from None
         reply = self._receive(timeout, f"micro-batch of {len(task.texts)} not done within {timeout}s")
         if not isinstance(reply, (Embedded, TaskFailed)) or reply.task_id != task.task_id:
             raise WorkerDied(None, f"unexpected reply {type(reply).__name__} to task {task.task_id}")
@@ -674,6 +678,11 @@ class ProfileWorker:
             part.request.fail(error)
 
     def _ensure_worker(self) -> _Process:
+        if self._worker is not None and self._worker.proc.exitcode is not None:  # died while idle
+            log.error("%s: worker pid %s died while idle (exit code %s); starting a new one", self.name,
+                      self._worker.pid, self._worker.proc.exitcode)
+            self._discard_worker()
+            self.metrics.worker_restarts.labels(profile=self.profile, reason="crash").inc()
         if self._worker is not None:
             return self._worker
         self._starts += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -180,7 +181,9 @@ def test_worker_kill_9_mid_request_the_request_is_still_answered(server, api, re
     api.embed("warm", model="embedded")
     old_pid = next(w.pid for w in api.health().workers if w.profile == "embedded")
     texts = [f"long sentence {i}: " + "the quick brown fox jumps over the lazy dog " * 12 for i in range(64)]
-    restarts = sample(api.metrics(), "isostage_worker_restarts_total", profile="embedded", reason="crash")
+    before = api.metrics()
+    restarts = sample(before, "isostage_worker_restarts_total", profile="embedded", reason="crash")
+    embedded = sample(before, "isostage_embedding_texts_total", profile="embedded")
     answer: dict = {}
 
     def request() -> None:
@@ -190,9 +193,10 @@ def test_worker_kill_9_mid_request_the_request_is_still_answered(server, api, re
     thread = threading.Thread(target=request)
     thread.start()
     deadline = time.monotonic() + 30
-    while sample(api.metrics(), "isostage_embedding_texts_total", profile="embedded") == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)  # a micro-batch of the request is now in the worker
+    while sample(api.metrics(), "isostage_embedding_texts_total", profile="embedded") == embedded \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # a first micro-batch of the request is done: the next is in the worker (or about to be sent to it)
     os.kill(old_pid, signal.SIGKILL)
     thread.join(300)
     assert "vectors" in answer, "the request was not answered"
@@ -201,6 +205,27 @@ def test_worker_kill_9_mid_request_the_request_is_still_answered(server, api, re
     assert sample(after, "isostage_worker_restarts_total", profile="embedded", reason="crash") == restarts + 1
     new_pid = next(w.pid for w in api.health().workers if w.profile == "embedded")
     assert new_pid not in (None, old_pid) and not psutil.pid_exists(old_pid)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_while_idle_is_replaced_for_the_next_request(server, api, reference_model, caplog):
+    """A worker that dies between requests (the kernel's OOM killer, an operator) is noticed when the next
+    micro-batch is due: a new worker answers it, and the texts are not charged with a crash they did not
+    cause (the log says so)."""
+    caplog.set_level(logging.INFO, logger="orchestrator.api.workers")
+    api.embed("warm", model="embedded")
+    old_pid = next(w.pid for w in api.health().workers if w.profile == "embedded")
+    restarts = sample(api.metrics(), "isostage_worker_restarts_total", profile="embedded", reason="crash")
+    os.kill(old_pid, signal.SIGKILL)
+    # the worker is a child of this process (the server runs in a thread here): wait until it can be reaped
+    # (all its threads gone), without reaping it
+    os.waitid(os.P_PID, old_pid, os.WEXITED | os.WNOWAIT)
+    texts = ["a worker died while idle", "the next request is still answered"]
+    vectors = api.vectors(api.embed(texts, model="embedded"))
+    np.testing.assert_allclose(vectors, reference_model.encode(texts, normalize_embeddings=True), atol=1e-5)
+    assert sample(api.metrics(), "isostage_worker_restarts_total", profile="embedded", reason="crash") == restarts + 1
+    assert next(w.pid for w in api.health().workers if w.profile == "embedded") not in (None, old_pid)
+    assert f"worker pid {old_pid} died while idle" in caplog.text and "died mid-batch" not in caplog.text
 
 
 # -- fuzzing ------------------------------------------------------------------------------
