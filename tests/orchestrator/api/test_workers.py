@@ -11,6 +11,7 @@ import pytest
 from orchestrator.settings import Settings
 from orchestrator.api.metrics import sample
 from orchestrator.api.workers import EmbeddingPool
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +113,7 @@ def test_long_texts_get_micro_batches_of_their_own_within_the_token_budget(tmp_p
     try:
         pool.embed("embedded", ["warm up"]).result(timeout=300)
         busy = pool.embed("embedded", ["SLEEP 1"])
-        time.sleep(0.3)
+        wait_for(lambda: "SLEEP 1" in record.read_text(), timeout=60, what="the worker to be busy")
         result = pool.embed("embedded", texts).result(timeout=300)
         busy.result(timeout=300)
         batches = [json.loads(line) for line in record.read_text().splitlines()][2:]

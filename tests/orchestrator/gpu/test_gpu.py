@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from contracts.errors import GpuMemoryError
 from orchestrator.gpu.guard import GpuMonitor, check_after, free_memory_error
 from orchestrator.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot, NvmlReader, RecordedReader, nvml_index
 from contracts.units import GIB_MIB as GIB
+from tests.conftest import wait_for
 
 ME = os.getpid()
 TRAINER = GpuProcess(pid=75955, used_mib=14.17 * GIB, command="python3 train_konkanivani_asr.py")
@@ -122,7 +122,7 @@ def test_sampler_thread_runs_while_the_child_runs_and_stops_after():
     monitor = GpuMonitor(RecordedReader(readings), sample_s=0.01, settle_s=0)
     watch = monitor.before("asr", "cuda", None, need_mib=0)
     monitor.started(watch, 4242)
-    time.sleep(0.1)
+    wait_for(lambda: watch.process_peak_mib, timeout=30, what="a sample of the child")
     monitor.after(watch)
     assert watch.process_peak_mib == 1200 and watch.sampler is None
     assert not [t for t in threading.enumerate() if t.name == "gpu-asr"]
