@@ -173,7 +173,6 @@ class LocalExecutor:
         stage = request.stage
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
-        save_model(request, request_path)  # atomic: a warm child waiting for it sees it whole
         child = ChildRun(request=request, request_path=Path(request_path))
         entered: list[ChildHook] = []
         for hook in self.hooks:
@@ -184,11 +183,15 @@ class LocalExecutor:
         if child.refused:  # e.g. not enough free GPU memory: fail the items with the reason, start nothing
             if warm is not None:
                 self.cancel(warm)
+            save_model(request, request_path)  # the record of what was refused (no child will read it)
             child.outcome = Outcome.REFUSED
             for hook in reversed(entered):
                 hook.exited(child)
             return ChildExit(exitcode=None, outcome=Outcome.REFUSED, signal=None, wall_s=0.0, pid=None,
                              last_error=child.refused, record=child.record()), None
+        # written after the hooks' ``before`` (the GPU guard's baseline, the perf log's stage_start): a warm
+        # child starts the moment it sees it. Atomic: the child sees it whole
+        save_model(request, request_path)
         started = time.perf_counter()
         with following(log_path, stage, progress) as relay:
             proc = warm.proc if warm is not None else self._spawn(stage, request_path, log_path)

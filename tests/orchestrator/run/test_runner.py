@@ -133,6 +133,38 @@ def test_a_warm_child_imports_with_the_environment_its_request_will_carry(tmp_pa
     assert seen["at_import"] == {"PIPELINE_WARM_PROBE": "from the run"} == {"PIPELINE_WARM_PROBE": seen["PIPELINE_WARM_PROBE"]}
 
 
+class _Refuse:
+    """A hook that refuses every child (as the GPU guard does on a full GPU) and notes whether the request
+    was already on disk when it was asked."""
+
+    def __init__(self) -> None:
+        self.request_on_disk: list[bool] = []
+
+    def before(self, child) -> str | None:
+        self.request_on_disk.append(child.request_path.exists())
+        return "refused by the test"
+
+    def started(self, child) -> None:
+        pass
+
+    def exited(self, child) -> None:
+        pass
+
+
+def test_a_warm_child_never_sees_a_request_its_hooks_refuse(tmp_path):
+    """A warm child starts the moment its request file appears: the file is written only after every hook's
+    ``before`` (the GPU guard's check and baseline, the perf log's stage_start) has let the child go."""
+    hook = _Refuse()
+    runner = StageRunner(LocalExecutor([hook]), tmp_path / "run", env={}, device="cpu", max_signal_retries=0)
+    spec = StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact)
+    warm = runner.warm_up(spec, chunk=1)
+    outcomes, report = runner.run(spec, _items(tmp_path, {"x": "1"}), warm=warm)
+    assert hook.request_on_disk == [False]
+    assert not outcomes["x"].ok and "refused by the test" in outcomes["x"].error
+    assert [a.pid for a in report.attempts] == [None] and warm.proc.exitcode is not None
+    assert not (tmp_path / "x" / "note.json").exists(), "the refused request was not run by the warm child"
+
+
 # -- culprit isolation (issue 12) -------------------------------------------------------------------
 
 
