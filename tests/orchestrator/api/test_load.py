@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+from collections.abc import Callable
 
 import httpx
 import numpy as np
@@ -25,7 +26,8 @@ from tests.conftest import wait_for
 
 NAME = "sentence-transformers/all-MiniLM-L6-v2"
 QUEUE_BOUND = 8
-BATCH_LIMIT_S = 5.0
+BATCH_LIMIT_S = 10.0
+GATE_S = 8.0  # how long a busy worker may wait for its test: the test opens the gate as soon as it is done
 
 
 @pytest.fixture(scope="module")
@@ -79,17 +81,19 @@ def _queued(server) -> float:
     return _metric(server, "isostage_embedding_queue_length", profile="embedded")
 
 
-def _busy(server, seconds: float) -> tuple[threading.Thread, dict]:
-    """Occupy the worker with a micro-batch that sleeps; returns once the worker has it."""
-    text = f"SLEEP {seconds} ({len(_batches(server))})"
+def _busy(server) -> tuple[threading.Thread, dict, Callable[[], None]]:
+    """Occupy the worker with a micro-batch that waits for a gate file; returns once the worker has it, with
+    the function that opens the gate. The worker waits at most GATE_S (below the micro-batch limit)."""
+    gate = server.record.parent / f"gate-{len(_batches(server))}"
+    text = f"WAIT {gate} {GATE_S}"
     thread, out = _in_thread(server, [text])
-    wait_for(lambda: _seen(server, text), timeout=60, what="the worker to take the sleeping text")
-    return thread, out
+    wait_for(lambda: _seen(server, text), timeout=60, what="the worker to take the waiting text")
+    return thread, out, gate.touch
 
 
 def test_past_the_queue_bound_429_with_retry_after_then_recovery(server):
     # Given a busy worker and a queue holding its bound of texts
-    sleeper, slept = _busy(server, 2)
+    sleeper, slept, release = _busy(server)
     filler, filled = _in_thread(server, [f"queued text {i}" for i in range(QUEUE_BOUND)])
     wait_for(lambda: _queued(server) == QUEUE_BOUND, timeout=60, what="the queue to fill")
     # When one more text arrives
@@ -102,6 +106,7 @@ def test_past_the_queue_bound_429_with_retry_after_then_recovery(server):
     with pytest.raises(openai.RateLimitError):
         client.embeddings.create(input="also too many", model="embedded")
     # And once the queue has drained, texts are accepted again
+    release()
     sleeper.join()
     filler.join()
     assert slept["response"].status_code == 200 and filled["response"].status_code == 200
@@ -113,12 +118,13 @@ def test_past_the_queue_bound_429_with_retry_after_then_recovery(server):
 def test_a_disconnected_clients_texts_never_reach_the_worker(server):
     dropped = _metric(server, "isostage_embedding_dropped_texts_total", profile="embedded")
     # Given a busy worker
-    sleeper, slept = _busy(server, 2.5)
+    sleeper, slept, release = _busy(server)
     # When a client queues two texts and goes away before they are embedded
     with pytest.raises(httpx.ReadTimeout):
         _post(server, ["gone client text one", "gone client text two"], timeout=0.5)
     wait_for(lambda: _metric(server, "isostage_embedding_dropped_texts_total", profile="embedded") == dropped + 2,
              timeout=60, what="the server to drop the texts")
+    release()
     sleeper.join()
     assert slept["response"].status_code == 200
     # Then the worker went on with later texts, and never received the dropped ones
@@ -130,12 +136,13 @@ def test_a_disconnected_clients_texts_never_reach_the_worker(server):
 
 def test_one_bad_text_in_a_busy_micro_batch_fails_only_its_request(server):
     bad_before = _metric(server, "isostage_embedding_bad_texts_total", profile="embedded")
-    sleeper, _ = _busy(server, 1.5)
+    sleeper, _, release = _busy(server)
     # Given three requests queued together while the worker is busy, one with a text the worker cannot embed
     good_a, out_a = _in_thread(server, ["good text one", "good text two"])
     poisoned, out_p = _in_thread(server, ["fine here", "POISON pill"])
     good_b, out_b = _in_thread(server, ["another good one"])
     wait_for(lambda: _queued(server) == 5, timeout=60, what="the three requests to queue")
+    release()
     for thread in (sleeper, good_a, poisoned, good_b):
         thread.join()
     # Then they shared a micro-batch that failed ...
