@@ -84,6 +84,15 @@ def reference(tmp_path_factory, inputs) -> Path:
     return out
 
 
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie (exited, not yet reaped by its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
 def test_kill_9_of_a_stage_child_is_retried_and_gives_the_same_outputs(tmp_path, inputs, reference):
     out = tmp_path / "out"
     proc = start(out, inputs, tmp_path / "parent.log")
@@ -92,9 +101,11 @@ def test_kill_9_of_a_stage_child_is_retried_and_gives_the_same_outputs(tmp_path,
     # Given the ASR child of chunk 1 has finished at least one item (and not all four)
     wait_for(lambda: progress.exists() and progress.read_text().count("\n") >= 1, what="first transcript")
     pid = child_pid(directory / "chunk001-asr-1.log")
-    done_before = progress.read_text().count("\n")
     # When it is killed with SIGKILL
     os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: _dead(pid), timeout=30, what="the killed child to be gone")
+    done_before = progress.read_text().count("\n")  # final: a dead child writes no more
+    assert done_before < 4, "the child had finished every item before the kill: nothing to retry"
     assert proc.wait(timeout=600) == 0, (tmp_path / "parent.log").read_text()[-3000:]
     # Then the parent reported the signal, respawned it for the items it had not finished, and all completed
     report = json.loads((out / "run-report.json").read_text())
