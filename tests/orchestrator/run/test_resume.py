@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import ROOT, wait_for
 from tests.fixtures.generate import clips
+from tests.orchestrator.process.test_children import gone
 
 pytestmark = pytest.mark.slow
 
@@ -84,15 +85,6 @@ def reference(tmp_path_factory, inputs) -> Path:
     return out
 
 
-def _dead(pid: int) -> bool:
-    """Gone, or a zombie (exited, not yet reaped by its parent)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
-
-
 def test_kill_9_of_a_stage_child_is_retried_and_gives_the_same_outputs(tmp_path, inputs, reference):
     out = tmp_path / "out"
     proc = start(out, inputs, tmp_path / "parent.log")
@@ -103,7 +95,7 @@ def test_kill_9_of_a_stage_child_is_retried_and_gives_the_same_outputs(tmp_path,
     pid = child_pid(directory / "chunk001-asr-1.log")
     # When it is killed with SIGKILL
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: _dead(pid), timeout=30, what="the killed child to be gone")
+    wait_for(lambda: gone(pid), timeout=30, what="the killed child to be gone")
     done_before = progress.read_text().count("\n")  # final: a dead child writes no more
     assert done_before < 4, "the child had finished every item before the kill: nothing to retry"
     assert proc.wait(timeout=600) == 0, (tmp_path / "parent.log").read_text()[-3000:]

@@ -42,6 +42,7 @@ from orchestrator.run.runner import StageRunner  # noqa: E402
 from tests.conftest import MEDIA, ROOT, wait_for  # noqa: E402
 from tests.fixtures.generate import clips  # noqa: E402
 from tests.fixtures.stages import FixtureSettings, NoteArtifact  # noqa: E402
+from tests.orchestrator.process.test_children import gone  # noqa: E402
 
 RAY = Path(sys.executable).parent / "ray"
 
@@ -124,13 +125,6 @@ def test_task_oom_is_resubmitted_with_half_the_batch(executor, tmp_path):
     assert "ray task on" in (tmp_path / "run" / "chunk001-memhog-1.log").read_text()
 
 
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_a_killed_ray_worker_is_retried_for_the_unfinished_items(executor, tmp_path):
     started, release = tmp_path / "started", tmp_path / "release"
     runner = StageRunner(executor, tmp_path / "run", env={}, device="cpu", max_signal_retries=2)
@@ -151,7 +145,7 @@ def test_a_killed_ray_worker_is_retried_for_the_unfinished_items(executor, tmp_p
         # the child dies with its worker (PR_SET_PDEATHSIG), a moment later: released before that, it could
         # still finish both items, and there would be nothing left to retry
         deadline = time.monotonic() + 30
-        while _running(child) and time.monotonic() < deadline:
+        while not gone(child.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         release.touch()  # the next attempt's sleeper finishes at once
 
