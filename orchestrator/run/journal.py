@@ -16,7 +16,9 @@ from pathlib import Path
 from contracts.jsonl import append_line, read_lines
 
 
-JOURNAL_NAME = "journal.jsonl"
+from orchestrator import layout
+
+JOURNAL_NAME = layout.JOURNAL
 
 
 class Journal:

@@ -18,10 +18,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from contracts.errors import OutputBusyError, SettingsError
+from orchestrator import layout
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = ".lock"
+LOCK_NAME = layout.LOCK
 
 
 class OutputLock:

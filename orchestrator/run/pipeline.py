@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -16,18 +15,15 @@ import shutil
 import signal
 import threading
 import time
-import unicodedata
 import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from contracts import (
     DiarizationArtifact,
     EmbeddingsArtifact,
-    SourceVersion,
     TranscriptArtifact,
     WorkItem,
     load_artifact,
@@ -35,256 +31,52 @@ from contracts import (
 )
 from contracts.errors import PipelineError
 from contracts.io import atomic_write_text
-from contracts.artifacts import LanguageId
 from contracts.report import InputReport, ItemStage, RunReport, StageRun
+from orchestrator import layout
+from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
+from orchestrator.process.hooks import default_hooks
+from orchestrator.registry import StageSpec, process_specs
 from orchestrator.run.hub import cached_repos, downloads, resolve_hub
-from orchestrator.run.journal import JOURNAL_NAME, Journal
+from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.outputs import write_outputs
-from orchestrator.telemetry.perf_log import child_env as perf_log_env
-from orchestrator.run.progress import LogProgress, Progress
-from orchestrator.run.remote import (
-    expand_url,
-    fetch,
-    is_url,
-    redact,
-    staging_dir,
-    upload,
-    url_identity,
-    url_stem,
-    url_suffix,
+from orchestrator.run.plan import (
+    Input,
+    chain_fingerprints,
+    expand_inputs,
+    input_keys,
+    item_ids,
+    plan_inputs,
+    shown,
 )
-from orchestrator.registry import StageSpec, process_specs
-from orchestrator.run.runner import StageRunner, current_artifact, fingerprint
+from orchestrator.run.progress import LogProgress, Progress
+from orchestrator.run.remote import fetch, redact, staging_dir, upload
+from orchestrator.run.runner import StageRunner, current_artifact
 from orchestrator.settings import Settings
-from orchestrator.gpu.sizing import resolve_auto
-from orchestrator.process.hooks import default_hooks
+from orchestrator.telemetry.perf_log import child_env as perf_log_env
 
 log = logging.getLogger(__name__)
 
-MEDIA_SUFFIXES = frozenset(
-    ".mp4 .mkv .mov .avi .webm .m4v .flv .ts .mpg .mpeg .wmv .wav .mp3 .m4a .aac .flac .ogg .opus .wma .aiff".split()
-)
-REPORT_NAME = "run-report.json"
-#: the output directory's index: source -> id, so ids stay stable across runs and never collide
-ID_INDEX = ".ids.json"
-
-
-@dataclass
-class Input:
-    id: str
-    #: the local file the first stage reads (for a URL input: where it is fetched to)
-    source: Path
-    directory: Path
-    #: the fsspec URL the input comes from, if not a local path
-    url: str | None = None
-    #: the source as the report shows it, when its name is not UTF-8 (escaped bytes)
-    shown_source: str | None = None
-    #: expected fingerprint of each stage's artifact, chained from the source's identity
-    fingerprints: dict[str, str] = field(default_factory=dict)
-    error: str | None = None
-    failed_stage: str | None = None
-    interrupted: bool = False
-    complete: bool = False
-    #: True when a stage child did real work for this input in this run
-    worked: bool = False
-    stages: dict[str, ItemStage] = field(default_factory=dict)
-    outputs: dict[str, str] = field(default_factory=dict)
-    duration_s: float | None = None
-    #: artifacts (by key) the fast path went on without, and what the report says about it
-    skipped: set[str] = field(default_factory=set)
-    notes: list[str] = field(default_factory=list)
-    #: models asked for but not used (see ``model_substitutions``)
-    substitutions: list[str] = field(default_factory=list)
-    #: the source was damaged part-way: how much decoded (the input is complete but ``partial``)
-    damage: str | None = None
-    #: the local source as planned: the audio stage refuses it if it changed since
-    planned: SourceVersion | None = None
-    #: language identification (the transcript's)
-    language: LanguageId | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self.error is None and not self.interrupted
-
-    @property
-    def status(self) -> str:
-        if self.interrupted:
-            return "interrupted"
-        if not self.complete:
-            return "failed"
-        return "partial" if self.damage else "ok"
-
-    def artifact(self, kind: str) -> Path:
-        """Where this input's artifact of ``kind`` lives (decoded audio is scratch)."""
-        if kind == "audio":
-            return self.directory / ".work" / "audio.json"
-        return self.directory / f"{kind}.json"
-
-
-def expand_inputs(paths: list[str | Path]) -> list[Path | str]:
-    """Files stay as given (missing ones too: they fail alone later); directories give their media
-    files in sorted order. A directory without media stays itself, to fail alone with that reason.
-    fsspec URLs (strings) are expanded the same way and stay URLs."""
-    out: list[Path | str] = []
-    for raw in paths:
-        if is_url(raw):
-            out.extend(expand_url(str(raw), MEDIA_SUFFIXES))
-            continue
-        path = Path(raw)
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES)
-            out.extend(found or [path])
-        else:
-            out.append(path)
-    return out
-
-
-#: names of the run's own files and folders in the output directory: never an input's id
-RESERVED_IDS = frozenset(name.lower() for name in (REPORT_NAME, JOURNAL_NAME, "performance_logs", ".runs", ".lock",
-                                                   ID_INDEX, "profiles"))
-#: an id's stem is cut to this many UTF-8 bytes, so "<stem>-<hash>" stays a valid file name (255 bytes)
-MAX_STEM_BYTES = 200
-
-
-def source_key(path: Path | str) -> str:
-    """What identifies a source across runs: its URL, or its absolute path (any bytes, escaped)."""
-    return str(path) if is_url(path) else shown(Path(path).absolute())
-
-
-def shown(path: Path | str) -> str:
-    """A path as text that is always valid UTF-8: bytes that are not are written as \\xNN."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace") if not is_url(path) else str(path)
-
-
-def item_ids(paths: list[Path | str], known: dict[str, str] | None = None) -> list[str]:
-    """Readable, unique, filesystem-safe ids: the file stem; with a hash of the source when stems collide
-    (also when they differ only by case), when the stem is one of the run's own names, or when another
-    source already has it in this output directory. ``known`` (source key -> id, the output directory's
-    index) keeps every source's id stable across runs."""
-    known = known or {}
-    taken = {item_id.lower(): key for key, item_id in known.items()}
-    keys = [source_key(p) for p in paths]
-    stems = [_safe_stem(Path(url_stem(p)) if is_url(p) else Path(p)) for p in paths]
-    counts: dict[str, int] = {}
-    for stem in stems:
-        counts[stem.lower()] = counts.get(stem.lower(), 0) + 1
-    ids = []
-    for key, stem in zip(keys, stems):
-        if key in known:
-            ids.append(known[key])
-            continue
-        candidate = stem
-        if counts[stem.lower()] > 1 or stem.lower() in RESERVED_IDS or taken.get(stem.lower(), key) != key:
-            candidate = f"{stem}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
-        taken[candidate.lower()] = key
-        ids.append(candidate)
-    return ids
-
-
-def _safe_stem(path: Path) -> str:
-    # bytes that are not UTF-8 (surrogate escapes of os.fsdecode) become "_", as do separators and controls
-    text = path.stem.encode("utf-8", "surrogateescape").decode("utf-8", "replace").replace("\ufffd", "_")
-    stem = unicodedata.normalize("NFC", text).strip() or "input"
-    stem = "".join("_" if ch in '/\\\0' or ord(ch) < 32 else ch for ch in stem).lstrip(".") or "input"
-    cut = stem.encode("utf-8")[:MAX_STEM_BYTES].decode("utf-8", "ignore")
-    return cut or "input"
-
-
-def load_ids(out: Path) -> dict[str, str]:
-    """The output directory's index of source -> id (empty when there is none, or it is unreadable)."""
-    try:
-        index = json.loads((out / ID_INDEX).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {str(k): str(v) for k, v in index.items()} if isinstance(index, dict) else {}
-
-
-def save_ids(out: Path, index: dict[str, str]) -> None:
-    """Write the index atomically (JSON with \\u escapes: any source path survives)."""
-    atomic_write_text(out / ID_INDEX, json.dumps(index, ensure_ascii=True, indent=1, sort_keys=True))
-
-
-def _redacted(settings: dict) -> dict:
-    if settings.get("output_url"):
-        settings["output_url"] = redact(settings["output_url"])
-    return settings
-
-
-def _input(item_id: str, source: Path | str, out: Path) -> Input:
-    directory = out / item_id
-    if is_url(source):
-        source = str(source)
-        return Input(id=item_id, source=directory / ".work" / f"source{url_suffix(source)}", directory=directory,
-                     url=source)
-    source = Path(source)
-    if shown(source) != str(source):
-        # a name that is not UTF-8 cannot travel in a request (JSON): the child reads it through a link
-        link = directory / ".work" / f"source{_safe_suffix(source)}"
-        try:
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(source.absolute())
-        except OSError as exc:
-            log.warning("cannot link %s: %s", shown(source), exc)
-        return Input(id=item_id, source=link, directory=directory, shown_source=shown(source))
-    return Input(id=item_id, source=source, directory=directory)
-
-
-def _safe_suffix(path: Path) -> str:
-    suffix = path.suffix.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    return suffix if suffix.isascii() and "\ufffd" not in suffix else ""
-
-
-def _source_identity(inp: Input) -> str:
-    """The local source's path, size and modification time; what was seen is kept for the first stage."""
-    try:
-        st = inp.source.stat()
-    except OSError:
-        inp.planned = None
-        return f"unreadable:{inp.source.absolute()}"
-    inp.planned = SourceVersion(size=st.st_size, mtime_ns=st.st_mtime_ns)
-    # a name that is not UTF-8 is read through our link in the output directory: the identity is the
-    # file it points at, so it does not depend on where the outputs go
-    path = os.fsencode(os.path.realpath(inp.source)).decode("utf-8", "backslashreplace") if inp.shown_source \
-        else inp.source.absolute()
-    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def _input_keys(spec: StageSpec, previous: StageSpec | None) -> tuple[str, ...]:
-    if previous is None:
-        return ()
-    return spec.inputs if spec.inputs is not None else (previous.kind,)
-
-
-def _chain_fingerprints(inp: Input, specs: list[StageSpec]) -> None:
-    """Each stage's expected fingerprint from its inputs' (a skipped input counts as "skipped")."""
-    by_key: dict[str, str] = {}
-    for index, spec in enumerate(specs):
-        keys = _input_keys(spec, specs[index - 1] if index else None)
-        if not keys:
-            upstream = url_identity(inp.url) if inp.url else _source_identity(inp)
-        else:
-            upstream = "|".join(f"skipped:{k}" if k in inp.skipped else by_key[k] for k in keys)
-        by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(spec, upstream)
+REPORT_NAME = layout.REPORT
+#: kept for callers of earlier versions
+ID_INDEX = layout.IDS
 
 
 def _skip(inp: Input, spec: StageSpec, specs: list[StageSpec], reason: str | None) -> None:
     """Fast path: ``inp`` goes on without ``spec``'s artifact; later fingerprints say so, so a rerun redoes them."""
     inp.skipped.add(spec.kind)
     inp.notes.append(f"no speakers from {spec.name}: {reason}")
-    _chain_fingerprints(inp, specs)
+    chain_fingerprints(inp, specs)
 
 
 def _skipped_with_input(inp: Input, spec: StageSpec, previous: StageSpec | None, specs: list[StageSpec]) -> bool:
     """A stage that needs an artifact the fast path went without (enrollment without diarization) is skipped too."""
-    missing = [k for k in _input_keys(spec, previous) if k in inp.skipped and k not in spec.optional_inputs]
+    missing = [k for k in input_keys(spec, previous) if k in inp.skipped and k not in spec.optional_inputs]
     if missing:
         inp.stages[spec.name] = ItemStage(status="skipped", error=f"no {missing[0]} artifact (fast path)")
         inp.skipped.add(spec.kind)
-        _chain_fingerprints(inp, specs)
+        chain_fingerprints(inp, specs)
     return bool(missing)
 
 
@@ -340,18 +132,14 @@ class Orchestrator:
         clock = time.monotonic()
         out = Path(self.settings.output_dir)
         run_id = f"{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
-        run_dir = out / ".runs" / run_id
+        run_dir = layout.path(out, layout.RUNS) / run_id
         run_dir.mkdir(parents=True, exist_ok=True)
         self._stopping, self._stop_file = False, run_dir / "STOP"
         specs = self.stage_specs()
-        sources = expand_inputs(paths)
-        index = load_ids(out)
-        ids = item_ids(sources, index)
-        save_ids(out, index | {source_key(s): i for s, i in zip(sources, ids)})
-        inputs = [_input(i, p, out) for i, p in zip(ids, sources)]
+        inputs = plan_inputs(paths, out)
         for inp in inputs:
-            _chain_fingerprints(inp, specs)
-        journal = Journal(out / JOURNAL_NAME, run_id)
+            chain_fingerprints(inp, specs)
+        journal = Journal(layout.path(out, layout.JOURNAL), run_id)
         completed = journal.completed()
         resumed = sum(completed.get(inp.id) == inp.fingerprints[specs[-1].name] for inp in inputs)
         size = self.settings.chunk_size
@@ -508,7 +296,7 @@ class Orchestrator:
             current = not self.settings.force and current_artifact(item, spec.output) is not None
             needs[spec.name] = not current and (spec.keep or spec.kind in read)
             if needs[spec.name]:
-                read |= set(_input_keys(spec, previous))
+                read |= set(input_keys(spec, previous))
         return needs
 
     @contextmanager
@@ -550,7 +338,7 @@ class Orchestrator:
         if previous is None:
             inputs = {"source": str(inp.source)}
         else:  # artifacts a fast path went on without are left out (stages treat them as optional)
-            inputs = {key: str(inp.artifact(key)) for key in _input_keys(spec, previous) if key not in inp.skipped}
+            inputs = {key: str(inp.artifact(key)) for key in input_keys(spec, previous) if key not in inp.skipped}
         return WorkItem(id=inp.id, inputs=inputs, output=str(inp.artifact(spec.kind)),
                         fingerprint=inp.fingerprints[spec.name],
                         source_version=inp.planned if previous is None and not inp.url else None)
@@ -617,7 +405,7 @@ class Orchestrator:
                 stage_runs: list[StageRun], fetched: list[str]) -> RunReport:
         reports = [
             InputReport(
-                id=inp.id, source=redact(inp.url) if inp.url else inp.shown_source or str(inp.source),
+                id=inp.id, source=inp.shown,
                 status=inp.status, error=inp.error or (f"damaged source: {inp.damage}" if inp.damage else None),
                 failed_stage=inp.failed_stage, duration_s=inp.duration_s, outputs=inp.outputs, stages=inp.stages,
                 notes=inp.notes, language=inp.language,
@@ -672,7 +460,7 @@ def make_executor(settings: Settings) -> Executor:
     return LocalExecutor(default_hooks(settings), watchdog=Watchdog.from_settings(settings))
 
 
-__all__ = ["Orchestrator", "expand_inputs", "item_ids", "make_executor"]
+__all__ = ["Orchestrator", "expand_inputs", "item_ids", "make_executor", "shown"]
 
 
 LANGID_COLUMNS = ("input", "source", "status", "language", "probability", "speech_s", "top", "reason")
@@ -699,6 +487,7 @@ def write_langid_tables(report: RunReport, out: Path) -> tuple[Path, Path]:
     writer = csv.DictWriter(buffer, fieldnames=LANGID_COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
-    atomic_write_text(out / "langid.csv", buffer.getvalue())
-    atomic_write_text(out / "langid.json", json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
-    return out / "langid.csv", out / "langid.json"
+    csv_path, json_path = layout.path(out, layout.LANGID_CSV), layout.path(out, layout.LANGID_JSON)
+    atomic_write_text(csv_path, buffer.getvalue())
+    atomic_write_text(json_path, json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+    return csv_path, json_path

@@ -34,6 +34,13 @@ def redact(url: str) -> str:
     return re.sub(r"^([a-zA-Z][\w+.-]*://[^/@:]*):[^/@]*@", r"\1:***@", url)
 
 
+def without_credentials(url: str) -> str:
+    """The URL with no user name or password (``sftp://alice:secret@host/x`` -> ``sftp://host/x``): what
+    identifies a remote source across runs, in ids, the index, the journal and fingerprints. A password
+    change is not a new source."""
+    return re.sub(r"^([a-zA-Z][\w+.-]*://)[^/@]*@", r"\1", url)
+
+
 def _fs(url: str):
     import fsspec
 
@@ -79,10 +86,10 @@ def url_identity(url: str) -> str:
         fs, path = _fs(url)
         info = fs.info(path)
     except Exception as exc:  # noqa: BLE001 - unreadable now: the first stage will say why
-        return f"unreadable:{url}:{type(exc).__name__}"
+        return f"unreadable:{without_credentials(url)}:{type(exc).__name__}"
     version = next((str(info[k]) for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created")
                     if info.get(k) is not None), "")
-    return f"{url}:{info.get('size')}:{version}"
+    return f"{without_credentials(url)}:{info.get('size')}:{version}"
 
 
 def url_suffix(url: str) -> str:

@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 from contracts.perf import PERF_LOG_ENV, PerfEvent, append_event
+from orchestrator import layout
 
 log = logging.getLogger(__name__)
 
-DIRECTORY = "performance_logs"
+DIRECTORY = layout.PERF_LOGS
 
 
 def perf_log_path(output_dir: str | Path, run_id: str) -> Path:

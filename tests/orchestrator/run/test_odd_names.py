@@ -9,22 +9,24 @@ import shutil
 import pytest
 
 from orchestrator import Orchestrator, Settings
-from orchestrator.run.pipeline import ID_INDEX, item_ids, load_ids, source_key
+from orchestrator import layout
+from orchestrator.run.plan import item_ids, load_ids, source_key
 from tests.conftest import MEDIA
 
 
 def test_ids_avoid_the_runs_own_names_case_twins_and_other_sources(tmp_path):
     a, b = tmp_path / "A" / "Talk.wav", tmp_path / "B" / "talk.wav"
     ids = item_ids([a, b, tmp_path / "run-report.json.wav", tmp_path / "performance_logs.mp4",
-                    tmp_path / ".runs.mp4", tmp_path / "journal.jsonl.wav"])
-    assert ids[0].startswith("Talk-") and ids[1].startswith("talk-"), "names differing only by case"
+                    tmp_path / ".runs.mp4", tmp_path / "journal.jsonl.wav", tmp_path / "langid.csv.wav"])
+    assert ids[0] == "Talk" and ids[1] == "talk-2", "names differing only by case: the second gets a free suffix"
     # the run's own files and folders are never an input's directory
-    assert ids[2].startswith("run-report.json-") and ids[3].startswith("performance_logs-")
-    assert ids[4] == "runs" and ids[5].startswith("journal.jsonl-")
+    assert ids[2] == "run-report.json-2" and ids[3] == "performance_logs-2" and ids[4] == "runs"
+    assert ids[5] == "journal.jsonl-2" and ids[6] == "langid.csv-2"
+    assert not any(layout.reserved(i.split("/")[0]) for i in ids)
     # a later run over another folder: the same stem never takes an id another source has
     known = {source_key(tmp_path / "x" / "speech.wav"): "speech"}
     [other] = item_ids([tmp_path / "y" / "speech.wav"], known)
-    assert other != "speech" and other.startswith("speech-")
+    assert other == "speech-2"
     assert item_ids([tmp_path / "x" / "speech.wav"], known) == ["speech"], "stable across runs"
 
 
@@ -56,7 +58,7 @@ def test_a_run_over_odd_names_completes_each_and_a_rerun_keeps_the_ids(tmp_path)
     assert str(src / "caf\\xe9.wav") in sources, "the report keeps the original name, escaped"
     ids = {i.source: i.id for i in report.inputs}
     assert len(set(ids.values())) == len(names)
-    assert json.loads((out / ID_INDEX).read_text()) == load_ids(out)
+    assert json.loads((out / layout.IDS).read_text()) == load_ids(out)
     with Orchestrator(settings) as orch:
         again = orch.process([src])
     assert {i.source: i.id for i in again.inputs} == ids and again.ok == len(names)

@@ -1,0 +1,49 @@
+"""The output directory's run-level files and folders: the one place their names live.
+
+Inputs get folders of their own in the same directory (``OUT/<id>/``, ids from
+``orchestrator.run.plan``). An id's top-level name is never one of
+:data:`RUN_LEVEL` (compared case-insensitively): the planner reads that set from
+here, so a run-level file added later is reserved the day it is added, for
+``process``, ``langid`` and API jobs alike. ``tests/orchestrator/test_layout.py``
+checks that a real run writes nothing at the top of ``OUT`` that is not an
+input's folder or named here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: the run report (also kept per run in ``.runs/<run>/``)
+REPORT = "run-report.json"
+#: append-only history of every (input, stage) completed, across runs
+JOURNAL = "journal.jsonl"
+#: source -> id, so ids stay stable across runs and never collide
+IDS = ".ids.json"
+#: one run per output directory (``orchestrator.run.lock``)
+LOCK = ".lock"
+#: one folder per run: requests, results, children's logs
+RUNS = ".runs"
+#: ``performance_logs/<run>.jsonl`` (the seeds' name)
+PERF_LOGS = "performance_logs"
+#: ``pipeline langid``'s tables
+LANGID_CSV = "langid.csv"
+LANGID_JSON = "langid.json"
+#: the output folder's index page
+INDEX = "index.html"
+
+RUN_LEVEL: frozenset[str] = frozenset({REPORT, JOURNAL, IDS, LOCK, RUNS, PERF_LOGS, LANGID_CSV, LANGID_JSON, INDEX})
+
+
+def reserved(name: str) -> bool:
+    """Whether ``name`` (an id's top-level folder) would take a run-level file's place (any case)."""
+    return name.lower() in _LOWER or name.startswith(".")
+
+
+_LOWER = frozenset(n.lower() for n in RUN_LEVEL)
+
+
+def path(out: str | Path, name: str) -> Path:
+    """``OUT/<name>`` for a run-level ``name`` of this module (anything else is a bug)."""
+    if name not in RUN_LEVEL:
+        raise ValueError(f"{name!r} is not a run-level name of orchestrator.layout")
+    return Path(out) / name

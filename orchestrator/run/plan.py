@@ -1,0 +1,375 @@
+"""Planning a run: inputs -> ids -> fingerprints -> what each stage has to do. Starts no child.
+
+Ids are built, not hashed. An input found under a directory argument keeps its
+path relative to it, led by the directory's own name, so the output tree mirrors
+the corpus (``/data/meetings/016437/audio.wav`` -> ``OUT/meetings/016437/audio/``);
+a loose file keeps its stem. Whatever clash is left (two arguments with one name,
+names differing only by case, a name one of the run's own files has, an id that
+would sit inside another's folder) gets ``-2``, ``-3``, ... on its last part, each
+checked free. The output directory's index (``.ids.json``: source -> id) wins
+over all of this, so folders made by earlier versions keep their ids.
+
+The same source given twice (listed twice, or a folder and a file in it) is one
+input, with a note. Remote sources are known by their URL without credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from contracts import SourceVersion
+from contracts.artifacts import LanguageId
+from contracts.io import atomic_write_text
+from contracts.report import ItemStage
+from orchestrator import layout
+from orchestrator.registry import StageSpec
+from orchestrator.run.remote import expand_url, is_url, redact, url_identity, url_stem, url_suffix, without_credentials
+from orchestrator.run.runner import fingerprint
+
+log = logging.getLogger(__name__)
+
+MEDIA_SUFFIXES = frozenset(
+    ".mp4 .mkv .mov .avi .webm .m4v .flv .ts .mpg .mpeg .wmv .wav .mp3 .m4a .aac .flac .ogg .opus .wma .aiff".split()
+)
+#: each part of an id is cut to this many UTF-8 bytes, so "<part>-<n>" stays a valid file name (255 bytes)
+MAX_PART_BYTES = 200
+
+
+@dataclass(frozen=True)
+class Found:
+    """One source as the arguments gave it: a local path or a URL, and the parts its id is made of."""
+
+    source: Path | str
+    #: (directory argument's name, sub-folders..., stem), or (stem,) for a loose file
+    parts: tuple[str, ...]
+
+
+def find_inputs(paths: list[str | Path]) -> list[Found]:
+    """Files stay as given (missing ones too: they fail alone later); directories give their media files in
+    sorted order, each with its path relative to the directory. A directory without media stays itself, to
+    fail alone with that reason. fsspec URLs (strings) are expanded the same way and stay URLs."""
+    out: list[Found] = []
+    for raw in paths:
+        if is_url(raw):
+            url = str(raw)
+            found = expand_url(url, MEDIA_SUFFIXES)
+            if found == [url]:
+                out.append(Found(url, (url_stem(url),)))
+                continue
+            base = url.split("?", 1)[0].rstrip("/")
+            name = PurePosixPath(base.split("://", 1)[-1]).name or "input"
+            for item in found:
+                rel = PurePosixPath(item[len(base):].lstrip("/"))
+                out.append(Found(item, (name, *rel.parent.parts, rel.stem)))
+            continue
+        path = Path(raw)
+        if path.is_dir():
+            files = _media_under(path)
+            name = path.absolute().resolve().name if path.name in ("", ".", "..") else path.name
+            if not files:
+                out.append(Found(path, (name or "input",)))
+            for file in files:
+                rel = file.relative_to(path)
+                out.append(Found(file, (name or "input", *rel.parent.parts, rel.stem)))
+        else:
+            out.append(Found(path, (path.stem,)))
+    return out
+
+
+def _media_under(root: Path) -> list[Path]:
+    """Media files below ``root`` in sorted order; linked folders are followed once (no loops)."""
+    found: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    for directory, dirs, files in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(directory)
+        except OSError:
+            dirs[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirs.sort()
+        base = Path(directory)
+        found.extend(base / f for f in files if os.path.splitext(f)[1].lower() in MEDIA_SUFFIXES)
+    found.sort()
+    return [p for p in found if p.is_file()]
+
+
+def expand_inputs(paths: list[str | Path]) -> list[Path | str]:
+    """The sources :func:`find_inputs` finds, without their id parts."""
+    return [f.source for f in find_inputs(paths)]
+
+
+def shown(path: Path | str) -> str:
+    """A path as text that is always valid UTF-8: bytes that are not are written as \\xNN; a URL without
+    its password."""
+    return redact(str(path)) if is_url(path) else os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def source_key(path: Path | str) -> str:
+    """What identifies a source in the index across runs: its URL without credentials, or its absolute
+    path (any bytes, escaped)."""
+    return without_credentials(str(path)) if is_url(path) else shown(Path(path).absolute())
+
+
+def same_source(path: Path | str) -> tuple:
+    """What makes two arguments the same source: the URL without credentials, or the file itself
+    (device and inode; the real path when it cannot be read)."""
+    if is_url(path):
+        return ("url", without_credentials(str(path)))
+    try:
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode):
+            return ("file", st.st_dev, st.st_ino)
+    except OSError:
+        pass
+    return ("path", os.path.realpath(path))
+
+
+def _part(text: str) -> str:
+    """One part of an id: valid UTF-8, NFC, no separators or controls, no leading dot, at most
+    :data:`MAX_PART_BYTES` bytes ("input" if nothing is left)."""
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace").replace("\ufffd", "_")
+    part = unicodedata.normalize("NFC", text).strip() or "input"
+    part = "".join("_" if ch in '/\\\0' or ord(ch) < 32 else ch for ch in part).lstrip(".").strip() or "input"
+    return part.encode("utf-8")[:MAX_PART_BYTES].decode("utf-8", "ignore") or "input"
+
+
+class _Taken:
+    """Ids in use (case-insensitively), and every folder they need: an id must neither equal another nor
+    sit inside another's folder (nor hold one in its own)."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.folders: set[str] = set()
+
+    def clashes(self, item_id: str) -> bool:
+        key = item_id.lower()
+        parts = key.split("/")
+        if layout.reserved(parts[0]) or key in self.ids or key in self.folders:
+            return True
+        return any("/".join(parts[:n]) in self.ids for n in range(1, len(parts)))
+
+    def add(self, item_id: str) -> None:
+        key = item_id.lower()
+        self.ids.add(key)
+        parts = key.split("/")
+        self.folders.update("/".join(parts[:n]) for n in range(1, len(parts)))
+
+
+def _free(parts: list[str], taken: _Taken) -> str:
+    candidate = "/".join(parts)
+    number = 1
+    while taken.clashes(candidate):
+        number += 1
+        candidate = "/".join([*parts[:-1], f"{parts[-1]}-{number}"])
+    return candidate
+
+
+def assign_ids(found: list[Found], known: dict[str, str] | None = None) -> list[str]:
+    """One id per source (see the module doc); ``known`` is the index (source key -> id) and wins."""
+    known = known or {}
+    taken = _Taken()
+    for item_id in known.values():
+        taken.add(item_id)
+    ids = []
+    for item in found:
+        key = source_key(item.source)
+        if key in known:
+            ids.append(known[key])
+            continue
+        item_id = _free([_part(p) for p in item.parts], taken)
+        taken.add(item_id)
+        ids.append(item_id)
+    return ids
+
+
+def item_ids(paths: list[Path | str], known: dict[str, str] | None = None) -> list[str]:
+    """Ids for loose sources (each its stem, clashes made free): what API jobs and tests use."""
+    return assign_ids([Found(p, (url_stem(str(p)) if is_url(p) else Path(p).stem,)) for p in paths], known)
+
+
+def load_ids(out: Path) -> dict[str, str]:
+    """The output directory's index of source -> id (empty when there is none, or it is unreadable).
+
+    URL keys lose their credentials (an index written by an earlier version could hold them), and where
+    that index gave one id to two sources (earlier versions could), the first keeps it: the other gets
+    a new id, and its fingerprints tell whose artifacts the folder holds."""
+    try:
+        index = json.loads(layout.path(out, layout.IDS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(index, dict):
+        return {}
+    clean: dict[str, str] = {}
+    owners: set[str] = set()
+    for key, item_id in sorted(index.items()):
+        key, item_id = str(key), str(item_id)
+        if is_url(key):
+            key = without_credentials(key)
+        if item_id.lower() in owners:
+            log.warning("index: %s shared id %r with another source; it gets a new one", redact(key), item_id)
+            continue
+        owners.add(item_id.lower())
+        clean[key] = item_id
+    return clean
+
+
+def save_ids(out: Path, index: dict[str, str]) -> None:
+    """Write the index atomically (JSON with \\u escapes: any source path survives; no credentials)."""
+    atomic_write_text(layout.path(out, layout.IDS),
+                      json.dumps(index, ensure_ascii=True, indent=1, sort_keys=True))
+
+
+@dataclass
+class Input:
+    id: str
+    #: the local file the first stage reads (for a URL input: where it is fetched to)
+    source: Path
+    directory: Path
+    #: the fsspec URL the input comes from, if not a local path (with its credentials: only to fetch it)
+    url: str | None = None
+    #: the source as the report shows it, when its name is not UTF-8 (escaped bytes)
+    shown_source: str | None = None
+    #: expected fingerprint of each stage's artifact, chained from the source's identity
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+    failed_stage: str | None = None
+    interrupted: bool = False
+    complete: bool = False
+    #: True when a stage child did real work for this input in this run
+    worked: bool = False
+    stages: dict[str, ItemStage] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    duration_s: float | None = None
+    #: artifacts (by key) the fast path went on without, and what the report says about it
+    skipped: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    #: models asked for but not used (see ``model_substitutions``)
+    substitutions: list[str] = field(default_factory=list)
+    #: the source was damaged part-way: how much decoded (the input is complete but ``partial``)
+    damage: str | None = None
+    #: the local source as planned: the audio stage refuses it if it changed since
+    planned: SourceVersion | None = None
+    #: language identification (the transcript's)
+    language: LanguageId | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and not self.interrupted
+
+    @property
+    def status(self) -> str:
+        if self.interrupted:
+            return "interrupted"
+        if not self.complete:
+            return "failed"
+        return "partial" if self.damage else "ok"
+
+    @property
+    def shown(self) -> str:
+        """The source as reports and logs show it (escaped bytes; a URL without its password)."""
+        return redact(self.url) if self.url else self.shown_source or str(self.source)
+
+    def artifact(self, kind: str) -> Path:
+        """Where this input's artifact of ``kind`` lives (decoded audio is scratch)."""
+        if kind == "audio":
+            return self.directory / ".work" / "audio.json"
+        return self.directory / f"{kind}.json"
+
+
+def plan_inputs(paths: list[str | Path], out: Path) -> list[Input]:
+    """The run's inputs, one per distinct source, with ids (the index updated on disk) and notes for
+    sources given more than once."""
+    found = find_inputs(paths)
+    unique: dict[tuple, Found] = {}
+    also: dict[tuple, list[str]] = {}
+    for item in found:
+        same = same_source(item.source)
+        if same in unique:
+            also.setdefault(same, []).append(shown(item.source))
+        else:
+            unique[same] = item
+    index = load_ids(out)
+    kept = list(unique.values())
+    ids = assign_ids(kept, index)
+    new = {source_key(f.source): i for f, i in zip(kept, ids)}
+    if any(index.get(k) != v for k, v in new.items()) or not layout.path(out, layout.IDS).exists():
+        save_ids(out, index | new)
+    inputs = []
+    for (same, item), item_id in zip(unique.items(), ids):
+        inp = _input(item_id, item.source, out)
+        if same in also:
+            others = also[same]
+            inp.notes.append(f"given {len(others) + 1} times (also as {', '.join(others[:3])}"
+                             f"{', ...' if len(others) > 3 else ''}); processed once")
+        inputs.append(inp)
+    return inputs
+
+
+def _input(item_id: str, source: Path | str, out: Path) -> Input:
+    directory = out / item_id
+    if is_url(source):
+        source = str(source)
+        return Input(id=item_id, source=directory / ".work" / f"source{url_suffix(source)}", directory=directory,
+                     url=source)
+    source = Path(source)
+    if shown(source) != str(source):
+        # a name that is not UTF-8 cannot travel in a request (JSON): the child reads it through a link
+        link = directory / ".work" / f"source{_safe_suffix(source)}"
+        try:
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(source.absolute())
+        except OSError as exc:
+            log.warning("cannot link %s: %s", shown(source), exc)
+        return Input(id=item_id, source=link, directory=directory, shown_source=shown(source))
+    return Input(id=item_id, source=source, directory=directory)
+
+
+def _safe_suffix(path: Path) -> str:
+    suffix = path.suffix.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return suffix if suffix.isascii() and "\ufffd" not in suffix else ""
+
+
+def _source_identity(inp: Input) -> str:
+    """The local source's path, size and modification time; what was seen is kept for the first stage."""
+    try:
+        st = inp.source.stat()
+    except OSError:
+        inp.planned = None
+        return f"unreadable:{inp.source.absolute()}"
+    inp.planned = SourceVersion(size=st.st_size, mtime_ns=st.st_mtime_ns)
+    # a name that is not UTF-8 is read through our link in the output directory: the identity is the
+    # file it points at, so it does not depend on where the outputs go
+    path = os.fsencode(os.path.realpath(inp.source)).decode("utf-8", "backslashreplace") if inp.shown_source \
+        else inp.source.absolute()
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def input_keys(spec: StageSpec, previous: StageSpec | None) -> tuple[str, ...]:
+    """The artifacts (by key) ``spec`` reads; the first stage reads the source."""
+    if previous is None:
+        return ()
+    return spec.inputs if spec.inputs is not None else (previous.kind,)
+
+
+def chain_fingerprints(inp: Input, specs: list[StageSpec]) -> None:
+    """Each stage's expected fingerprint from its inputs' (a skipped input counts as "skipped")."""
+    by_key: dict[str, str] = {}
+    for index, spec in enumerate(specs):
+        keys = input_keys(spec, specs[index - 1] if index else None)
+        if not keys:
+            upstream = url_identity(inp.url) if inp.url else _source_identity(inp)
+        else:
+            upstream = "|".join(f"skipped:{k}" if k in inp.skipped else by_key[k] for k in keys)
+        by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(spec, upstream)
