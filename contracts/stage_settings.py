@@ -13,7 +13,7 @@ every stage, and their defaults are declared here once (``Settings`` reads them)
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -22,6 +22,15 @@ class StageSettings(BaseModel):
     """Base of every stage's settings: frozen, unknown keys refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: fields that say where or how to reach things, not what the output is: left out of the fingerprint
+    #: (whether the hub answers, cache and weights paths; the model that actually runs is fingerprinted
+    #: on its own, see ``orchestrator.run.models``)
+    ENVIRONMENT: ClassVar[frozenset[str]] = frozenset({"allow_hub", "weights_dir", "profiles_dir"})
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that change results (what the fingerprint hashes)."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if k not in self.ENVIRONMENT}
 
 
 class AudioSettings(StageSettings):

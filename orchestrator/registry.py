@@ -63,6 +63,11 @@ class StageSpec:
     #: the stage computes on the GPU when there is one (decoding audio does not): executors that
     #: place work (Ray) reserve a GPU for it
     gpu: bool = True
+    #: the stage's code version (``StageDef.version``): part of the fingerprint
+    version: int = 1
+    #: the model this run will use, as ``orchestrator.run.models`` resolved it (None: no model, or not
+    #: resolved): part of the fingerprint
+    model: str | None = None
 
     @property
     def kind(self) -> str:
@@ -93,11 +98,14 @@ class StageDef:
     needs: Mapping[str, Need] = field(default_factory=dict)
     #: the model name in this stage's settings that :attr:`needs` is keyed by (None: no GPU model this time)
     need_key: Callable[[StageSettings], str | None] = lambda settings: None
+    #: bump when a change of the stage's code changes its artifacts: every input's artifact is then redone
+    version: int = 1
 
     def spec(self, settings: Settings) -> StageSpec:
         return StageSpec(self.name, self.module, self.output, batch_size=self.batch_size(settings),
                          settings=self.build(settings), keep=self.keep, inputs=self.inputs, key=self.key,
-                         optional_inputs=self.optional_inputs, skippable=self.skippable(settings), gpu=self.gpu)
+                         optional_inputs=self.optional_inputs, skippable=self.skippable(settings), gpu=self.gpu,
+                         version=self.version)
 
     def need(self, settings: StageSettings) -> Need | None:
         """What this stage needs on the GPU with ``settings`` (None: no GPU model)."""

@@ -32,6 +32,7 @@ from typing import Iterator
 
 from contracts import Artifact, AudioArtifact, DiarizationArtifact, SpeakerTurn, StageRequest, WorkItem
 from contracts.errors import ModelUnavailableError
+from contracts.models import PYANNOTE_DEFAULT
 from contracts.stage_settings import DiarizationSettings
 from stages.base import Member, TorchStage
 from stages.memory import is_oom
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 
 AUTO = "auto"
 EMBEDDED = "embedded"
-PYANNOTE_DEFAULT = "pyannote/speaker-diarization-community-1"
 SAMPLE_RATE = 16000
 #: hop between 10 s segmentation windows: each frame is seen by 4 windows
 STEP_S = 2.5

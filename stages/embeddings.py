@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from contracts import Artifact, EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
+from contracts.models import EMBEDDING_PROFILES
 from contracts.stage_settings import EmbeddingsSettings
 from stages.base import Member, TorchStage, save_array
 from stages.memory import is_oom
@@ -24,10 +25,7 @@ from stages.memory import is_oom
 log = logging.getLogger(__name__)
 
 EMBEDDED = "embedded"
-PROFILES = {
-    "speed": "BAAI/bge-small-en-v1.5",
-    "quality": "Alibaba-NLP/gte-Qwen2-1.5B-instruct",
-}
+PROFILES = EMBEDDING_PROFILES
 #: texts of several inputs are encoded together until this many batches' worth is collected
 GROUP_BATCHES = 4
 #: models whose repositories carry their own modelling code

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from orchestrator.registry import StageSpec, process_specs
 from orchestrator.run.hub import cached_repos, downloads, resolve_hub
 from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
+from orchestrator.run.models import actual_model, model_label, resolve_models, same_model
 from orchestrator.run.outputs import write_outputs
 from orchestrator.run.plan import (
     Input,
@@ -52,7 +54,7 @@ from orchestrator.run.plan import (
 )
 from orchestrator.run.progress import LogProgress, Progress
 from orchestrator.run.remote import fetch, redact, staging_dir, upload
-from orchestrator.run.runner import StageRunner, current_artifact
+from orchestrator.run.runner import StageRunner, artifact_state
 from orchestrator.settings import Settings
 from orchestrator.telemetry.perf_log import child_env as perf_log_env
 
@@ -61,6 +63,12 @@ log = logging.getLogger(__name__)
 REPORT_NAME = layout.REPORT
 #: kept for callers of earlier versions
 ID_INDEX = layout.IDS
+
+
+def _redacted(settings: dict) -> dict:
+    if settings.get("output_url"):
+        settings["output_url"] = redact(settings["output_url"])
+    return settings
 
 
 def _skip(inp: Input, spec: StageSpec, specs: list[StageSpec], reason: str | None) -> None:
@@ -104,8 +112,11 @@ class Orchestrator:
         self.executor.close()
 
     def stage_specs(self) -> list[StageSpec]:
-        """The stages this run needs, from the registry (``auto`` settings resolved for the GPU at hand)."""
-        return process_specs(resolve_auto(self.settings))
+        """The stages this run needs, from the registry (``auto`` settings resolved for the GPU at hand), each
+        with the model it will run (``orchestrator.run.models``)."""
+        specs = process_specs(resolve_auto(self.settings))
+        models = resolve_models(specs, bool(self.settings.hub))
+        return [dataclasses.replace(spec, model=models.get(spec.name)) for spec in specs]
 
     def stop(self) -> None:
         """Ask for a graceful stop: each child finishes its current item, then the run ends."""
@@ -271,6 +282,8 @@ class Orchestrator:
                         _skip(inp, spec, specs, o.error)
                     elif not o.ok:
                         inp.error, inp.failed_stage = o.error, spec.name
+                    elif not o.reused:
+                        self._stamp_model(inp, spec, specs)
                     journal.record(inp.id, spec.name, status, fingerprint=inp.fingerprints[spec.name], error=o.error)
         finally:
             if warm is not None:
@@ -284,19 +297,63 @@ class Orchestrator:
                 progress.input_finished(inp.complete, inp.duration_s or 0.0)
         progress.chunk_finished(number)
 
-    def _needs(self, inp: Input, specs: list[StageSpec]) -> dict[str, bool]:
+    def _stamp_model(self, inp: Input, spec: StageSpec, specs: list[StageSpec]) -> None:
+        """A stage that ran another model than resolved (it fell back): its artifact's fingerprint and the
+        ones after it are made from the model that ran, so a later run that can have the asked-for model
+        redoes this stage and what depends on it, and one that cannot keeps them."""
+        if spec.name not in ("diarization", "embeddings"):
+            return
+        path = inp.artifact(spec.kind)
+        try:
+            artifact = load_artifact(path, spec.output)
+        except PipelineError:
+            return
+        ran = actual_model(spec.name, artifact, spec.model)
+        if ran == spec.model:
+            return
+        log.warning("%s: %s ran %s, not %s", inp.id, spec.name, ran, spec.model)
+        inp.models[spec.name] = ran
+        chain_fingerprints(inp, specs)
+        save_model(artifact.model_copy(update={"fingerprint": inp.fingerprints[spec.name]}), path)
+
+    def _needs(self, inp: Input, specs: list[StageSpec], reasons: dict[str, str] | None = None) -> dict[str, bool]:
         """Which stages must run for ``inp``: a stage whose artifact is not current, if a kept artifact
-        depends on it. A later current artifact spares its upstream stages entirely."""
+        depends on it. A later current artifact spares its upstream stages entirely. ``reasons`` gets
+        why, for each stage that must run (the dry run's)."""
         needs: dict[str, bool] = {}
         read: set[str] = set()  # artifacts that a stage which runs reads
+        states: dict[str, tuple] = {}
         for index in range(len(specs) - 1, -1, -1):
             spec = specs[index]
             previous = specs[index - 1] if index else None
             item = self._work_item(spec, inp, previous)
-            current = not self.settings.force and current_artifact(item, spec.output) is not None
-            needs[spec.name] = not current and (spec.keep or spec.kind in read)
+            if self.settings.force:
+                artifact, state = None, "forced (--force)"
+            else:
+                artifact, state = artifact_state(item, spec.output, quiet=reasons is not None)
+            states[spec.name] = (artifact, state)
+            needs[spec.name] = state != "current" and (spec.keep or spec.kind in read)
             if needs[spec.name]:
                 read |= set(input_keys(spec, previous))
+        if reasons is not None:
+            redone: set[str] = set()
+            for index, spec in enumerate(specs):
+                if not needs[spec.name]:
+                    continue
+                artifact, state = states[spec.name]
+                upstream = [k for k in input_keys(spec, specs[index - 1] if index else None) if k in redone]
+                if state == "stale":
+                    was = model_label(spec.name, artifact)
+                    if was is not None and spec.model is not None and not same_model(was, spec.model):
+                        state = f"model {was} -> {spec.model}"
+                    elif upstream:
+                        state = f"its input ({upstream[0]}) is redone"
+                    else:
+                        state = "settings, code or source changed"
+                elif state == "missing" and not spec.keep:
+                    state = "scratch, needed by a stage that runs"
+                reasons[spec.name] = state
+                redone.add(spec.kind)
         return needs
 
     @contextmanager

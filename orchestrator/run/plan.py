@@ -261,6 +261,8 @@ class Input:
     planned: SourceVersion | None = None
     #: language identification (the transcript's)
     language: LanguageId | None = None
+    #: stage -> the model that ran, where it was not the one the run resolved (a fallback)
+    models: dict[str, str] = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:
@@ -372,4 +374,4 @@ def chain_fingerprints(inp: Input, specs: list[StageSpec]) -> None:
             upstream = url_identity(inp.url) if inp.url else _source_identity(inp)
         else:
             upstream = "|".join(f"skipped:{k}" if k in inp.skipped else by_key[k] for k in keys)
-        by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(spec, upstream)
+        by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(spec, upstream, inp.models.get(spec.name))

@@ -41,27 +41,38 @@ class ItemOutcome:
     retries: int = 0
 
 
-def fingerprint(spec: StageSpec, upstream: str) -> str:
-    """Identity of an artifact-to-be: the stage, its settings and its input's identity."""
-    blob = json.dumps({"stage": spec.name, "module": spec.module, "settings": spec.settings.model_dump(mode="json"),
+def fingerprint(spec: StageSpec, upstream: str, model: str | None = None) -> str:
+    """Identity of an artifact-to-be: what determines it and nothing else. The stage and its code version,
+    the settings that change results (not hub reachability, cache or weights paths), the model that runs
+    (``model``, else the one the run resolved for the stage) and its input's identity."""
+    blob = json.dumps({"stage": spec.name, "module": spec.module, "version": spec.version,
+                       "settings": spec.settings.identity(), "model": model or spec.model,
                        "upstream": upstream}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
 def current_artifact(item: WorkItem, output: type[Artifact]) -> Artifact | None:
     """The item's artifact if it is on disk, valid, and made from the same inputs and settings."""
+    artifact, state = artifact_state(item, output)
+    return artifact if state == "current" else None
+
+
+def artifact_state(item: WorkItem, output: type[Artifact], quiet: bool = False) -> tuple[Artifact | None, str]:
+    """(the current artifact or None, why not: "missing", "unreadable: ...", "stale")."""
     path = Path(item.output)
     if not path.exists():
-        return None
+        return None, "missing"
     try:
         artifact = load_artifact(path, output)
     except ArtifactError as exc:
-        log.warning("redoing %s: %s", item.id, exc)
-        return None
+        if not quiet:
+            log.warning("redoing %s: %s", item.id, exc)
+        return None, f"unreadable ({exc.reason})"
     if artifact.fingerprint != item.fingerprint or artifact.item_id != item.id:
-        log.info("redoing %s: %s is stale (inputs or settings changed)", item.id, path.name)
-        return None
-    return artifact
+        if not quiet:
+            log.info("redoing %s: %s is stale (inputs or settings changed)", item.id, path.name)
+        return artifact, "stale"
+    return artifact, "current"
 
 
 class StageRunner:
