@@ -120,3 +120,28 @@ class RunReport(Strict):
     substitutions: list[str] = Field(default_factory=list)
     #: one line per model repository the children downloaded into the Hugging Face cache during the run
     downloads: list[str] = Field(default_factory=list)
+
+
+class StagePlan(Strict):
+    """What one stage would do in a run (``pipeline process --dry-run``)."""
+
+    stage: str
+    #: the model the run resolved for the stage (None: no model)
+    model: str | None = None
+    reuse: int = Field(default=0, ge=0)
+    redo: int = Field(default=0, ge=0)
+    #: why inputs would be redone -> how many, e.g. {"model A -> B": 4000, "missing": 12}
+    reasons: dict[str, int] = Field(default_factory=dict)
+
+
+class RunPlan(Strict):
+    """A run planned and not started: no child, nothing written."""
+
+    output_dir: str
+    inputs: int = Field(ge=0)
+    #: sources given more than once (each one input)
+    duplicates: int = Field(default=0, ge=0)
+    #: inputs whose every stage is current
+    complete: int = Field(default=0, ge=0)
+    stages: list[StagePlan] = Field(default_factory=list)
+    seconds: float = Field(default=0.0, ge=0)

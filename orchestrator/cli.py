@@ -104,6 +104,7 @@ def process(
     force: Annotated[bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")] = False,
     on_damaged: Annotated[Optional[str], typer.Option(help="A source damaged part-way: keep what decoded (reported partial) or fail it [env PIPELINE_ON_DAMAGED, default keep].")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait while another run uses the output directory [env PIPELINE_WAIT].")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only: per stage, how many inputs would be reused and redone, and why. Starts no child, writes nothing.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")] = False,
     langid_only: Annotated[bool, typer.Option("--langid-only", hidden=True, help="What `pipeline langid` runs.")] = False,
@@ -145,6 +146,18 @@ def process(
     from contracts.errors import SettingsError
 
     orch = None
+    if dry_run:
+        from orchestrator.run.progress import plan_lines
+
+        try:
+            with Orchestrator(settings) as orch:
+                planned = orch.plan(inputs)
+        except SettingsError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(ExitCode.USAGE) from None
+        for line in plan_lines(planned):
+            typer.echo(line)
+        raise typer.Exit(ExitCode.OK)
     try:
         with Orchestrator(settings) as orch:
             report = orch.process(inputs, progress=progress)

