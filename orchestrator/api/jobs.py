@@ -32,7 +32,8 @@ from contracts import ItemResult, load_model, save_model
 from contracts.api import JOB_ID, JobInput, JobRecord, JobReport
 from contracts.errors import ApiError, ArtifactError
 from contracts.report import RunReport
-from orchestrator.run.pipeline import Orchestrator, expand_inputs, item_ids, shown
+from orchestrator.run.pipeline import Orchestrator
+from orchestrator.run.plan import expand_inputs, item_ids, shown
 from orchestrator.run.progress import LogProgress
 from orchestrator.settings import Settings
 

@@ -47,11 +47,8 @@ from orchestrator.run.outputs import write_outputs
 from orchestrator.run.plan import (
     Input,
     chain_fingerprints,
-    expand_inputs,
     input_keys,
-    item_ids,
     plan_inputs,
-    shown,
 )
 from orchestrator.run.progress import LogProgress, Progress
 from orchestrator.run.remote import fetch, redact, staging_dir, upload
@@ -545,7 +542,7 @@ def make_executor(settings: Settings) -> Executor:
     return LocalExecutor(default_hooks(settings), watchdog=Watchdog.from_settings(settings))
 
 
-__all__ = ["Orchestrator", "expand_inputs", "item_ids", "make_executor", "shown"]
+__all__ = ["Orchestrator", "make_executor"]
 
 
 LANGID_COLUMNS = ("input", "source", "status", "language", "probability", "speech_s", "top", "reason")

@@ -124,5 +124,6 @@ def upload(files: list[Path], url: str) -> None:
 
 
 def staging_dir(url: str, base: Path) -> Path:
-    """The local (shared) directory a URL output is built in: the same for the same URL, so reruns resume."""
-    return base / hashlib.sha1(url.encode()).hexdigest()[:16]
+    """The local (shared) directory a URL output is built in: the same for the same URL (whatever its
+    credentials), so reruns resume."""
+    return base / hashlib.sha1(without_credentials(url).encode()).hexdigest()[:16]

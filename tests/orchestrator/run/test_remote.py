@@ -14,7 +14,7 @@ import pytest
 from contracts import TranscriptArtifact
 from contracts.errors import InputError
 from orchestrator import Orchestrator, Settings
-from orchestrator.run.pipeline import MEDIA_SUFFIXES, expand_inputs, item_ids
+from orchestrator.run.plan import MEDIA_SUFFIXES, expand_inputs, item_ids
 from orchestrator.run.progress import Progress
 from orchestrator.run.remote import expand_url, fetch, is_url, redact, url_identity, url_suffix
 from tests.conftest import ROOT
@@ -159,7 +159,7 @@ class _PasswordServer:
                 return True
 
             def validate_password(self, username, password):
-                return (username, password) == ("pipeline", "s3cret")
+                return username == "pipeline" and password in ("s3cret", "n3w-s3cret")
 
         return Server()
 
@@ -202,7 +202,22 @@ def test_sftp_inputs_and_outputs_through_the_cli(sftp_root, tmp_path):
         env={**os.environ, "PIPELINE_STAGING_DIR": str(tmp_path / "staging")})
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "remote" / "out"
-    assert "-->" in (out / "clip000" / "transcript.srt").read_text()
+    assert "-->" in (out / "in" / "clip000" / "transcript.srt").read_text()
     report = json.loads((out / "run-report.json").read_text())
     assert report["ok"] == 1 and report["inputs"][0]["source"].startswith("sftp://pipeline:***@127.0.0.1:")
     assert "s3cret" not in json.dumps(report) and "s3cret" not in done.stderr  # nor in the log
+    # issue 23, case 7: nothing the run keeps holds the password (index, journal, children's logs, perf log)
+    for path in [*(tmp_path / "staging").rglob("*"), *out.rglob("*")]:
+        if path.is_file():
+            assert b"s3cret" not in path.read_bytes(), path
+    # and a password change is the same source: same id, nothing redone
+    again = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "process", f"{sftp_root.replace('s3cret', 'n3w-s3cret')}/remote/in/",
+         "--output", f"{sftp_root.replace('s3cret', 'n3w-s3cret')}/remote/out", "--no-speakers",
+         "--embedding-profile", "embedded", "--device", "cpu"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PIPELINE_STAGING_DIR": str(tmp_path / "staging")})
+    assert again.returncode == 0, again.stderr[-3000:]
+    rerun = json.loads((out / "run-report.json").read_text())
+    assert [i["id"] for i in rerun["inputs"]] == ["in/clip000"]
+    assert all(s["attempts"] == [] for s in rerun["stages"]), "a new password redoes nothing"
