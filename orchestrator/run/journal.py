@@ -36,7 +36,7 @@ class Journal:
         """Every readable event (a line cut short by a crash is skipped)."""
         return read_lines(self.path)
 
-    def completed(self) -> dict[str, str]:
-        """item id -> fingerprint of its last completed run (stage "outputs", status "ok")."""
-        return {e["item"]: e.get("fingerprint", "") for e in self.events()
-                if e.get("stage") == "outputs" and e.get("status") == "ok"}
+    def completed(self) -> dict[str, dict]:
+        """item id -> the event of its last completed run (stage "outputs", status "ok"): its outputs
+        fingerprint and, from this version on, its files and report summary."""
+        return {e["item"]: e for e in self.events() if e.get("stage") == "outputs" and e.get("status") == "ok"}

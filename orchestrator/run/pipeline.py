@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from contracts import (
 )
 from contracts.errors import PipelineError
 from contracts.io import atomic_write_text
+from contracts.artifacts import LanguageId
 from contracts.report import InputReport, ItemStage, RunPlan, RunReport, StagePlan, StageRun
 from orchestrator import layout
 from orchestrator.gpu.sizing import resolve_auto
@@ -51,7 +53,7 @@ from orchestrator.run.plan import (
     plan_inputs,
 )
 from orchestrator.run.progress import LogProgress, Progress
-from orchestrator.run.remote import fetch, redact, staging_dir, upload
+from orchestrator.run.remote import fetch, redact, staging_dir, upload, without_credentials
 from orchestrator.run.runner import StageRunner, artifact_state
 from orchestrator.settings import Settings
 from orchestrator.telemetry.perf_log import child_env as perf_log_env
@@ -59,6 +61,9 @@ from orchestrator.telemetry.perf_log import child_env as perf_log_env
 log = logging.getLogger(__name__)
 
 REPORT_NAME = layout.REPORT
+#: bump when the files written from the artifacts change (captions, TXT, segments.jsonl): every input's
+#: outputs are then rewritten on the next run
+OUTPUTS_VERSION = 1
 #: kept for callers of earlier versions
 ID_INDEX = layout.IDS
 
@@ -97,6 +102,9 @@ class Orchestrator:
         self.executor = executor or make_executor(self.settings)
         self._stopping = False
         self._stop_file: Path | None = None
+        #: item id -> its last "outputs ok" journal event (read once per run)
+        self._completed: dict[str, dict] = {}
+        self._shaping: tuple[Settings, str] | None = None
         #: the signal that stopped the last run (SIGINT, SIGTERM), if one did
         self.stopped_by: int | None = None
 
@@ -140,13 +148,16 @@ class Orchestrator:
         out = Path(self.settings.output_dir)
         specs = self.stage_specs()
         inputs = plan_inputs(paths, out, dry=True)
+        journal = layout.path(out, layout.JOURNAL)
+        self._completed = {} if self.settings.force or not journal.exists() else Journal(journal, "plan").completed()
         reuse = {spec.name: 0 for spec in specs}
         redo: dict[str, Counter] = {spec.name: Counter() for spec in specs}
         complete = 0
         for inp in inputs:
             chain_fingerprints(inp, specs)
             reasons: dict[str, str] = {}
-            needs = self._needs(inp, specs, reasons)
+            needs = dict.fromkeys((s.name for s in specs), False) if self._resume_complete(inp, specs) \
+                else self._needs(inp, specs, reasons)
             complete += not any(needs.values())
             for spec in specs:
                 if needs[spec.name]:
@@ -176,8 +187,9 @@ class Orchestrator:
         for inp in inputs:
             chain_fingerprints(inp, specs)
         journal = Journal(layout.path(out, layout.JOURNAL), run_id)
-        completed = journal.completed()
-        resumed = sum(completed.get(inp.id) == inp.fingerprints[specs[-1].name] for inp in inputs)
+        self._completed = {} if self.settings.force else journal.completed()
+        resumed = sum(self._completed.get(inp.id, {}).get("fingerprint") == self._outputs_fingerprint(inp)
+                      for inp in inputs)
         size = self.settings.chunk_size
         chunks = [inputs[i:i + size] for i in range(0, len(inputs), size)]
         log.info("run %s: %d input(s) in %d chunk(s) of up to %d -> %s", run_id, len(inputs), len(chunks), size, out)
@@ -258,7 +270,9 @@ class Orchestrator:
     def _run_chunk(self, number: int, chunk: list[Input], specs: list[StageSpec], runner: StageRunner,
                    journal: Journal, progress: Progress, stage_runs: list[StageRun]) -> None:
         """Stage-major: each stage runs in one child over all of the chunk's inputs that need it."""
-        needs = {inp.id: self._needs(inp, specs) for inp in chunk}
+        done = {inp.id for inp in chunk if self._resume_complete(inp, specs)}
+        needs = {inp.id: dict.fromkeys((s.name for s in specs), False) if inp.id in done else self._needs(inp, specs)
+                 for inp in chunk}
         for inp in chunk:  # URL inputs: fetched just before their first stage needs them
             if inp.url and needs[inp.id][specs[0].name]:
                 try:
@@ -314,13 +328,69 @@ class Orchestrator:
             if warm is not None:
                 runner.executor.cancel(warm)
         for inp in chunk:
-            if inp.alive:
+            if inp.alive and inp.id not in done:
+                noted = len(inp.notes)
                 self._finish(inp)
                 journal.record(inp.id, "outputs", "ok" if inp.complete else "failed",
-                               fingerprint=inp.fingerprints[specs[-1].name], error=inp.error)
+                               fingerprint=self._outputs_fingerprint(inp), error=inp.error,
+                               **(self._completion(inp, specs, inp.notes[noted:]) if inp.complete else {}))
             if not inp.interrupted:
                 progress.input_finished(inp.complete, inp.duration_s or 0.0)
         progress.chunk_finished(number)
+
+    def _outputs_fingerprint(self, inp: Input) -> str:
+        """What an input's outputs are made from: every stage's fingerprint and the settings that shape the
+        written files (captions, where outputs go, langid-only), so a change of either rewrites them."""
+        if self._shaping is None or self._shaping[0] is not self.settings:
+            shaping = {k: v for k, v in self.settings.model_dump(mode="json").items() if k.startswith("caption")}
+            self._shaping = (self.settings, json.dumps({
+                "outputs": shaping, "version": OUTPUTS_VERSION, "langid_only": self.settings.langid_only,
+                "output_url": without_credentials(self.settings.output_url or "")}, sort_keys=True))
+        blob = json.dumps(inp.fingerprints, sort_keys=True) + self._shaping[1]
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+    def _completion(self, inp: Input, specs: list[StageSpec], notes: list[str]) -> dict:
+        """What the journal keeps of a completed input so that a rerun can reuse it without reading its
+        artifacts: each kept file's size and modification time, and what the report shows."""
+        files = {}
+        for path in [*(inp.artifact(s.kind) for s in specs if s.keep), *map(Path, inp.outputs.values())]:
+            try:
+                st = path.stat()
+            except OSError:  # an uploaded output (a URL): nothing local to check
+                continue
+            files[path.name] = [st.st_size, st.st_mtime_ns]
+        summary = {"duration_s": inp.duration_s, "outputs": inp.outputs, "notes": notes,
+                   "substitutions": inp.substitutions, "damage": inp.damage,
+                   "language": inp.language.model_dump(mode="json") if inp.language else None}
+        return {"files": files, "summary": summary}
+
+    def _resume_complete(self, inp: Input, specs: list[StageSpec]) -> bool:
+        """An input the journal saw completed with the same outputs fingerprint, whose files are still the
+        very ones (size and modification time) validated then: reused without reading them again."""
+        event = self._completed.get(inp.id)
+        if not event or not inp.alive or event.get("fingerprint") != self._outputs_fingerprint(inp):
+            return False
+        files, summary = event.get("files"), event.get("summary")
+        if not isinstance(files, dict) or not files or not isinstance(summary, dict):
+            return False  # a journal of an earlier version: check the artifacts themselves
+        for name, (size, mtime_ns) in files.items():
+            try:
+                st = (inp.directory / name).stat()
+            except OSError:
+                return False
+            if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
+                return False
+        try:
+            inp.language = LanguageId.model_validate(summary["language"]) if summary.get("language") else None
+        except ValueError:
+            return False
+        inp.duration_s, inp.outputs, inp.damage = summary.get("duration_s"), summary.get("outputs") or {}, \
+            summary.get("damage")
+        inp.notes.extend(summary.get("notes") or [])
+        inp.substitutions = list(summary.get("substitutions") or [])
+        inp.stages = {spec.name: ItemStage(status="reused") for spec in specs if spec.keep}
+        inp.complete = True
+        return True
 
     def _stamp_model(self, inp: Input, spec: StageSpec, specs: list[StageSpec]) -> None:
         """A stage that ran another model than resolved (it fell back): its artifact's fingerprint and the
