@@ -38,6 +38,11 @@ def sha256_file(path: str | Path) -> str:
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """A :class:`DiskFullError`, or an OS error that means the disk (quota, file size limit) is full."""
+    return isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno in _FULL)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file + fsync + rename).
 

@@ -4,7 +4,10 @@ Each record is appended with a single ``write`` on an ``O_APPEND`` descriptor,
 so processes appending to the same file (children and the parent, to the
 performance log) never interleave within a line. A writer killed mid-line
 leaves a torn last line; :func:`read_lines` skips it (and any line that does
-not validate), so a reader never fails on what a crash left behind.
+not validate), so a reader never fails on what a crash left behind, and
+:func:`repair_tail` ends such a line before a new writer appends, so the torn
+line never swallows the next record. A full disk is a
+:class:`~contracts.errors.DiskFullError` naming the file and the bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel
+
+from contracts.errors import DiskFullError
+from contracts.io import is_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +36,44 @@ def append_line(path: str | Path, record: BaseModel | dict, *, fsync: bool = Fal
         text = record.model_dump_json(exclude_none=exclude_none)
     else:
         text = json.dumps(record, ensure_ascii=False)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    data = (text + "\n").encode("utf-8")
     try:
-        os.write(fd, (text + "\n").encode("utf-8"))
-        if fsync:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, data)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFullError(f"no space left appending to {path.name} ({len(data)} bytes; {exc.strerror}) "
+                                f"in {path.parent}") from None
+        raise
+
+
+def repair_tail(path: str | Path) -> bool:
+    """End a torn last line (a writer killed mid-line) with a newline, so that the next append starts a
+    line of its own instead of joining the torn one (and being skipped with it). True if it repaired.
+    For a file with one writer at a time (the journal under the run lock)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return False
+        try:
+            os.write(fd, b"\n")
             os.fsync(fd)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise DiskFullError(f"no space left repairing {Path(path).name} (1 byte; {exc.strerror})") from None
+            raise
+        log.warning("%s: its last line was cut short (a writer was killed mid-line); it is ended and skipped",
+                    path)
+        return True
     finally:
         os.close(fd)
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-from contracts.jsonl import append_line, read_lines
-
+from contracts.jsonl import append_line, read_lines, repair_tail
 
 from orchestrator import layout
 
@@ -25,9 +24,13 @@ class Journal:
     def __init__(self, path: Path, run_id: str) -> None:
         self.path = path
         self.run_id = run_id
-        path.parent.mkdir(parents=True, exist_ok=True)
+        #: a torn last line (a run killed mid-write) is ended before this run's first append
+        self._repaired = False
 
     def record(self, item: str, stage: str, status: str, **extra) -> None:
+        if not self._repaired:
+            repair_tail(self.path)
+            self._repaired = True
         event = {"time": datetime.now(timezone.utc).isoformat(), "run": self.run_id, "item": item,
                  "stage": stage, "status": status, **extra}
         append_line(self.path, event, fsync=True)
