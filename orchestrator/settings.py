@@ -175,6 +175,11 @@ class Settings(BaseSettings):
         10.0, ge=0, validation_alias=_env("watchdog_per_audio_s", "PIPELINE_WATCHDOG_PER_AUDIO_S"))
     #: respawns of a stage child killed by a signal before its items fail
     max_signal_retries: int = Field(2, ge=0, validation_alias=_env("max_signal_retries", "PIPELINE_MAX_SIGNAL_RETRIES"))
+    #: a stage child whose start is refused (the GPU guard sees another process briefly holding the memory
+    #: it needs) is tried again after 5, 10, 20, 40, 60, 60 ... s, for at most this many seconds in all;
+    #: then that stage's items fail with the guard's reason (0: no waiting)
+    refused_start_wait_s: float = Field(
+        900.0, ge=0, validation_alias=_env("refused_start_wait_s", "PIPELINE_REFUSED_START_WAIT_S"))
     #: keep the decoded audio (.work/audio.npy) after an input succeeds
     keep_audio: bool = Field(False, validation_alias=_env("keep_audio", "PIPELINE_KEEP_AUDIO"))
     #: allocator settings handed to children (seed 002's fragmentation fix)

@@ -23,6 +23,8 @@ class Outcome(str, Enum):
     INTERRUPTED = "interrupted"
     #: never started: a hook refused it (e.g. its GPU lacks the free memory the stage needs)
     REFUSED = "refused"
+    #: a disk the child writes to is full: the run stops (nothing fails; a rerun resumes)
+    DISK_FULL = "disk_full"
 
 
 def outcome_of(exitcode: int | None) -> tuple[Outcome, int | None]:
@@ -40,6 +42,7 @@ def outcome_of(exitcode: int | None) -> tuple[Outcome, int | None]:
         ExitCode.OOM: Outcome.OOM,
         ExitCode.CONTRACT_ERROR: Outcome.CONTRACT_ERROR,
         ExitCode.INTERRUPTED: Outcome.INTERRUPTED,
+        ExitCode.DISK_FULL: Outcome.DISK_FULL,
     }.get(code, Outcome.ERROR), None
 
 
@@ -68,6 +71,8 @@ class Decision:
     reason: str
     #: not retrying, but the items go on without this stage's artifact (fast path) instead of failing
     skip: bool = False
+    #: seconds to wait before the retry (a refused start: the condition is expected to pass)
+    wait_s: float = 0.0
 
 
 def next_step(
@@ -78,13 +83,24 @@ def next_step(
     signal: int | None = None,
     stage: str = "stage",
     skippable: bool = False,
+    refusals: int = 0,
+    waited_s: float = 0.0,
+    max_wait_s: float = 0.0,
+    progressed: bool = False,
+    error_retries: int = 0,
 ) -> Decision:
     """Decide what follows a child's exit, for the items it left unfinished.
 
     - out of memory: halve the batch (down to 1); at batch 1, give up with advice, or, for a
       ``skippable`` stage (diarization, enrollment with ENABLE_FAST_PATH), go on without it;
     - killed by a signal: retry with the same batch, at most ``max_signal_retries`` times;
-    - anything else: give up (a Python error or a broken contract repeats).
+    - refused before it started (a temporary condition, e.g. another process briefly holding the GPU's
+      memory): wait with a doubling backoff (:func:`refused_wait`) while ``waited_s`` stays within
+      ``max_wait_s``, then give up;
+    - an error between items of a child that had finished some (``progressed``): retry the rest, at most
+      ``max_signal_retries`` times (an error while items were in flight is :func:`blame`'s);
+    - anything else: give up (an error before any item, e.g. loading the model, or a broken contract
+      repeats).
     """
     if outcome is Outcome.OOM:
         if batch_size > 1:
@@ -106,10 +122,34 @@ def next_step(
     if outcome is Outcome.INTERRUPTED:
         return Decision(False, batch_size, f"{stage} was interrupted")
     if outcome is Outcome.REFUSED:
-        return Decision(False, batch_size, f"{stage} was not started")
+        wait = refused_wait(refusals, waited_s, max_wait_s)
+        if wait is not None:
+            return Decision(True, batch_size, f"{stage} was not started (refusal {refusals + 1}); waiting "
+                                              f"{wait:.0f} s before trying again", wait_s=wait)
+        spent = f" (refused {refusals + 1} times over {waited_s:.0f} s)" if refusals else ""
+        return Decision(False, batch_size, f"{stage} was not started{spent}")
+    if outcome is Outcome.DISK_FULL:
+        return Decision(False, batch_size, f"{stage} stopped: a disk it writes to is full")
+    if outcome is Outcome.ERROR and progressed and error_retries < max_signal_retries:
+        return Decision(True, batch_size, f"{stage} child failed between items; retrying the items left "
+                                          f"({error_retries + 1} of {max_signal_retries})")
     if outcome is Outcome.CONTRACT_ERROR:
         return Decision(False, batch_size, f"{stage} child rejected its request or an input artifact")
     return Decision(False, batch_size, f"{stage} child failed")
+
+
+#: the first wait after a refused start, and the longest, in seconds (doubling in between)
+REFUSED_FIRST_WAIT_S = 5.0
+REFUSED_LONGEST_WAIT_S = 60.0
+
+
+def refused_wait(refusals: int, waited_s: float, max_wait_s: float) -> float | None:
+    """How long to wait before starting a refused child again: 5, 10, 20, 40, 60, 60, ... s, cut to what is
+    left of ``max_wait_s``; None once ``waited_s`` has used it up."""
+    left = max_wait_s - waited_s
+    if left <= 0:
+        return None
+    return min(REFUSED_FIRST_WAIT_S * 2 ** min(refusals, 16), REFUSED_LONGEST_WAIT_S, left)
 
 
 @dataclass(frozen=True)
@@ -128,9 +168,9 @@ class Blame:
 
 def blame(outcome: Outcome, in_flight: list[str], crashes: dict[str, int], max_item_crashes: int, batch_size: int,
           worked_batch: int | None, signal: int | None = None, stage: str = "stage", hung: bool = False,
-          skippable: bool = False) -> Blame | None:
-    """Culprit isolation: a child that died (signal, watchdog) or ran out of memory at batch size 1
-    while working on ``in_flight`` items suspects only those; the others go on.
+          skippable: bool = False, error: str | None = None) -> Blame | None:
+    """Culprit isolation: a child that died (signal, watchdog), exited with an error or ran out of memory
+    at batch size 1 while working on ``in_flight`` items suspects only those; the others go on.
 
     ``crashes`` (item -> deaths it was in flight at) is updated for a death; an item fails alone when it
     reaches ``max_item_crashes``. Out of memory at batch size 1 isolates at once, and the others resume
@@ -139,12 +179,15 @@ def blame(outcome: Outcome, in_flight: list[str], crashes: dict[str, int], max_i
     """
     if not in_flight:
         return None
-    if outcome is Outcome.KILLED:
+    if outcome in (Outcome.KILLED, Outcome.ERROR):
         for item in in_flight:
             crashes[item] = crashes.get(item, 0) + 1
         culprits = tuple(i for i in in_flight if crashes[i] >= max_item_crashes)
-        how = "hung (no progress within the watchdog's limit)" if hung else (
-            f"was killed by {signal_name(signal)}" if signal else "was killed")
+        if outcome is Outcome.ERROR:
+            how = f"exited with an error ({error})" if error else "exited with an error"
+        else:
+            how = "hung (no progress within the watchdog's limit)" if hung else (
+                f"was killed by {signal_name(signal)}" if signal else "was killed")
         count = crashes[in_flight[0]]
         reason = f"crashed the {stage} child {count} time{'s' if count > 1 else ''}: it {how} while on this input"
         return Blame(culprits, reason, batch_size)

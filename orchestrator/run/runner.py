@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,7 +17,7 @@ from contracts import (
     WorkItem,
     load_artifact,
 )
-from contracts.errors import ArtifactError
+from contracts.errors import ArtifactError, DiskFullError
 from contracts.jsonl import read_lines
 from contracts.report import Attempt, StageRun
 from contracts.stage_settings import MemorySettings
@@ -80,7 +81,8 @@ class StageRunner:
 
     def __init__(self, executor: Executor, run_dir: Path, env: dict[str, str], device: str,
                  max_signal_retries: int, stop_path: Path | None = None,
-                 memory: MemorySettings | None = None, max_item_crashes: int = 2) -> None:
+                 memory: MemorySettings | None = None, max_item_crashes: int = 2,
+                 refused_wait_s: float = 0.0) -> None:
         self.executor = executor
         #: memory checkpoint options for every child (None: the contract's defaults)
         self.memory = memory or MemorySettings()
@@ -91,6 +93,8 @@ class StageRunner:
         self.max_signal_retries = max_signal_retries
         #: deaths of a child an input may be in flight at before it fails alone (culprit isolation)
         self.max_item_crashes = max_item_crashes
+        #: how long a stage whose start is refused (a temporary condition) keeps trying, in all
+        self.refused_wait_s = refused_wait_s
 
     @staticmethod
     def _name(spec: StageSpec, chunk: int, attempt: int) -> str:
@@ -122,6 +126,9 @@ class StageRunner:
         attempts: list[Attempt] = []
         batch_size = spec.batch_size
         signal_retries = 0
+        error_retries = 0
+        refusals = 0
+        waited_s = 0.0
         retries = 0
         #: item -> deaths of a child while it was in flight; the largest batch size that finished an item
         crashes: dict[str, int] = {}
@@ -157,6 +164,7 @@ class StageRunner:
             # what the child reported, from its result or, if it died first, from its progress lines
             reported = {r.id: r for r in (result.items if result else _progress_items(request))}
             left: list[WorkItem] = []
+            finished_before = len(outcomes)
             for item in todo:
                 item_result = reported.get(item.id)
                 if item_result is not None and not item_result.ok:
@@ -169,8 +177,11 @@ class StageRunner:
                 else:
                     left.append(item)
             todo = left
+            progressed = len(outcomes) > finished_before
             if not todo:
                 break
+            if done.outcome is Outcome.DISK_FULL:  # the run stops; what is done stays done, a rerun resumes
+                raise DiskFullError(done.last_error or f"{spec.name}: a disk the child writes to is full")
             if done.outcome is Outcome.INTERRUPTED:
                 log.warning("%s: stopped; %d item(s) left for the next run", spec.name, len(todo))
                 for item in todo:
@@ -179,7 +190,8 @@ class StageRunner:
                 break
             suspects = [i for i in (done.in_flight or []) if i in {item.id for item in todo}]
             blamed = blame(done.outcome, suspects, crashes, self.max_item_crashes, batch_size, worked,
-                           signal=done.signal, stage=spec.name, hung=done.hung, skippable=spec.skippable)
+                           signal=done.signal, stage=spec.name, hung=done.hung, skippable=spec.skippable,
+                           error=_short(done.last_error))
             if blamed is not None:
                 for item in todo:
                     if item.id in blamed.culprits:
@@ -195,11 +207,18 @@ class StageRunner:
                 retries += 1
                 continue
             decision = next_step(done.outcome, batch_size, signal_retries, self.max_signal_retries,
-                                 signal=done.signal, stage=spec.name, skippable=spec.skippable)
+                                 signal=done.signal, stage=spec.name, skippable=spec.skippable,
+                                 refusals=refusals, waited_s=waited_s, max_wait_s=self.refused_wait_s,
+                                 progressed=progressed, error_retries=error_retries)
             if decision.retry:
-                log.warning("%s", decision.reason)
+                log.warning("%s%s", decision.reason, f": {done.last_error}" if done.last_error else "")
                 if done.outcome is Outcome.KILLED:
                     signal_retries += 1
+                elif done.outcome is Outcome.ERROR:
+                    error_retries += 1
+                elif done.outcome is Outcome.REFUSED:
+                    refusals += 1
+                    waited_s += self._pause(decision.wait_s)
                 batch_size = decision.batch_size
                 retries += 1
                 continue
@@ -222,6 +241,24 @@ class StageRunner:
             "attempts": attempts, "ok": ok, "failed": failed, "wall_s": sum(a.wall_s for a in attempts),
         })
         return outcomes, report
+
+
+    def _pause(self, seconds: float) -> float:
+        """Wait ``seconds`` (a refused start's backoff), or less if the run is asked to stop; the seconds waited."""
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            if self.stop_path is not None and self.stop_path.exists():
+                break
+            time.sleep(min(0.5, seconds - (time.monotonic() - started)) if seconds > 0 else 0)
+        return time.monotonic() - started
+
+
+def _short(error: str | None, limit: int = 200) -> str | None:
+    """A child's last error line, cut for a one-line reason."""
+    if not error:
+        return None
+    error = " ".join(error.split())
+    return error if len(error) <= limit else error[:limit - 3] + "..."
 
 
 def _item_line(line: str) -> ItemResult:

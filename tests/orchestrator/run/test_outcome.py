@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from contracts import ExitCode
-from orchestrator.run.outcome import Outcome, next_step, outcome_of
+from orchestrator.run.outcome import Outcome, next_step, outcome_of, refused_wait
 
 
 @pytest.mark.parametrize(
@@ -99,4 +99,42 @@ def test_oom_blames_only_at_batch_one_and_the_rest_resume_at_the_batch_that_work
 
 def test_nobody_in_flight_means_the_stage_wide_policy():
     assert blame(Outcome.KILLED, [], {}, 2, 4, None) is None
-    assert blame(Outcome.ERROR, ["a"], {}, 2, 4, None) is None
+    assert blame(Outcome.ERROR, [], {}, 2, 4, None) is None
+    assert blame(Outcome.CONTRACT_ERROR, ["a"], {}, 2, 4, None) is None
+
+
+def test_an_error_exit_blames_only_the_items_in_flight_like_a_death():
+    """Issue 23, case 5: a child that exits with an ordinary error while items are in flight fails only an
+    input proven to be the culprit (in flight at ``max_item_crashes`` such exits), not its whole chunk."""
+    crashes: dict[str, int] = {}
+    first = blame(Outcome.ERROR, ["b"], crashes, 2, 4, None, stage="asr", error="RuntimeError: bad frame")
+    assert first.culprits == () and first.batch_size == 4
+    second = blame(Outcome.ERROR, ["b"], crashes, 2, 4, None, stage="asr", error="RuntimeError: bad frame")
+    assert second.culprits == ("b",)
+    assert second.reason == ("crashed the asr child 2 times: it exited with an error (RuntimeError: bad frame) "
+                             "while on this input")
+
+
+def test_an_error_between_items_retries_the_rest_a_bounded_number_of_times():
+    assert next_step(Outcome.ERROR, 4, 0, 2, progressed=True, error_retries=0).retry
+    assert next_step(Outcome.ERROR, 4, 0, 2, progressed=True, error_retries=1).retry
+    assert not next_step(Outcome.ERROR, 4, 0, 2, progressed=True, error_retries=2).retry
+    assert not next_step(Outcome.ERROR, 4, 0, 2, progressed=False).retry, "an error before any item repeats"
+
+
+def test_a_refused_start_waits_with_a_doubling_bounded_backoff_then_gives_up():
+    waits, waited, refusals = [], 0.0, 0
+    while (decision := next_step(Outcome.REFUSED, 4, 0, 2, stage="asr", refusals=refusals, waited_s=waited,
+                                 max_wait_s=300.0)).retry:
+        waits.append(decision.wait_s)
+        waited += decision.wait_s
+        refusals += 1
+    assert waits == [5, 10, 20, 40, 60, 60, 60, 45]
+    assert decision.reason == "asr was not started (refused 9 times over 300 s)"
+    assert not next_step(Outcome.REFUSED, 4, 0, 2).retry, "no wait allowed: fail at once"
+    assert refused_wait(0, 0.0, 2.0) == 2.0 and refused_wait(1, 2.0, 2.0) is None
+
+
+def test_a_full_disk_is_its_own_outcome_and_never_retried():
+    assert outcome_of(int(ExitCode.DISK_FULL)) == (Outcome.DISK_FULL, None)
+    assert not next_step(Outcome.DISK_FULL, 4, 0, 2, progressed=True).retry

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from contracts import StageRequest, WorkItem, load_model
 from orchestrator.process.executor import LocalExecutor
@@ -163,6 +164,55 @@ def test_a_warm_child_never_sees_a_request_its_hooks_refuse(tmp_path):
     assert not outcomes["x"].ok and "refused by the test" in outcomes["x"].error
     assert [a.pid for a in report.attempts] == [None] and warm.proc.exitcode is not None
     assert not (tmp_path / "x" / "note.json").exists(), "the refused request was not run by the warm child"
+
+
+class _RefuseFirst(_Refuse):
+    """Refuses the first ``times`` starts (another process briefly holding the GPU), then lets children go."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__()
+        self.times = times
+
+    def before(self, child) -> str | None:
+        return super().before(child) if len(self.request_on_disk) < self.times else None
+
+
+def test_a_refused_start_is_a_temporary_condition_waited_out(tmp_path):
+    """Issue 23, case 5: a refused start waits (bounded backoff) instead of failing the chunk at once."""
+    hook = _RefuseFirst(1)
+    runner = StageRunner(LocalExecutor([hook]), tmp_path / "run", env={}, device="cpu", max_signal_retries=0,
+                         refused_wait_s=1.0)
+    spec = StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact)
+    started = time.monotonic()
+    outcomes, report = runner.run(spec, _items(tmp_path, {"x": "1", "y": "2"}))
+    assert [a.outcome for a in report.attempts] == ["refused", "ok"]
+    assert time.monotonic() - started >= 1.0, "it waited before trying again"
+    assert all(o.ok for o in outcomes.values()) and outcomes["x"].retries == 1
+
+
+def test_a_start_refused_for_longer_than_the_wait_fails_with_the_reason(tmp_path):
+    runner = StageRunner(LocalExecutor([_Refuse()]), tmp_path / "run", env={}, device="cpu", max_signal_retries=0,
+                         refused_wait_s=1.0)
+    spec = StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact)
+    outcomes, report = runner.run(spec, _items(tmp_path, {"x": "1"}))
+    assert [a.outcome for a in report.attempts] == ["refused", "refused"]
+    assert not outcomes["x"].ok
+    assert outcomes["x"].error == "picky was not started (refused 2 times over 1 s): refused by the test"
+
+
+def test_an_error_exit_while_an_item_is_in_flight_fails_only_that_item(tmp_path):
+    """Issue 23, case 5: a child that exits with an ordinary error fails only the input it was on, once proven
+    (in flight at two such exits); the rest of the chunk is done."""
+    spec = StageSpec("killer", "tests.fixtures.stages_killer", NoteArtifact, batch_size=4,
+                     settings=FixtureSettings(marker=str(tmp_path / "marker"), kill_on="b", always=True,
+                                              signal="exit1"))
+    outcomes, report = _runner(tmp_path).run(spec, _items(tmp_path, {"a": "1", "b": "2", "c": "3", "d": "4"}))
+    assert [a.outcome for a in report.attempts] == ["error", "error", "ok"]
+    assert not outcomes["b"].ok
+    assert outcomes["b"].error.startswith("crashed the killer child 2 times: it exited with an error")
+    assert "giving up on b" in outcomes["b"].error
+    assert all(outcomes[i].ok for i in "acd")
+    assert [i.id for i in _request(tmp_path, "killer", 3).items] == ["c", "d"]
 
 
 # -- culprit isolation (issue 12) -------------------------------------------------------------------
