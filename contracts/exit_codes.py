@@ -15,6 +15,9 @@ class ExitCode(IntEnum):
     OOM = 3
     #: child: its request file or an input artifact broke the contract
     CONTRACT_ERROR = 4
+    #: child: a disk it writes to is full (it stopped; the parent stops the run);
+    #: CLI: the run stopped because a disk was full (the report says where; rerun to resume)
+    DISK_FULL = 5
     #: interrupted by the user (Ctrl-C)
     INTERRUPTED = 130
     #: CLI: stopped by SIGTERM (a service manager), after writing the report

@@ -120,6 +120,9 @@ class RunReport(Strict):
     substitutions: list[str] = Field(default_factory=list)
     #: one line per model repository the children downloaded into the Hugging Face cache during the run
     downloads: list[str] = Field(default_factory=list)
+    #: why the run stopped before its end other than by a signal (a full disk: where, how much); the
+    #: inputs it did not finish are ``interrupted`` and a rerun resumes them
+    stopped: str | None = None
 
 
 class StagePlan(Strict):

@@ -179,10 +179,14 @@ def process(
         elif item.status == "partial":
             typer.echo(f"PARTIAL {item.source}: {item.error}", err=True)
     partial = f", {report.partial} partial" if report.partial else ""
-    typer.echo(f"{report.ok} ok{partial}, {report.failed} failed, {report.interrupted} interrupted; "
-               f"report: {Path(report.output_dir) / REPORT_NAME}", err=True)
+    where = (f"the report could not be written ({orch.report_error})" if orch.report_error
+             else f"report: {Path(report.output_dir) / REPORT_NAME}")
+    typer.echo(f"{report.ok} ok{partial}, {report.failed} failed, {report.interrupted} interrupted; {where}", err=True)
     if settings.langid_only:
         typer.echo(f"languages: {Path(report.output_dir) / 'langid.csv'} and langid.json", err=True)
+    if orch.disk_full:
+        typer.echo(f"STOPPED disk full: {orch.disk_full}", err=True)
+        raise typer.Exit(ExitCode.DISK_FULL)
     if report.interrupted:
         raise typer.Exit(_stopped_code(orch))
     raise typer.Exit(ExitCode.OK if report.failed == 0 else ExitCode.FAILED)

@@ -24,7 +24,7 @@ from contracts import (
     save_model,
 )
 from contracts.errors import ArtifactError, DiskFullError
-from contracts.io import atomic_write_bytes
+from contracts.io import atomic_write_bytes, is_disk_full
 from contracts.stage_settings import StageSettings
 from stages.memory import MemoryCheckpoints, is_oom, peak_rss_mb
 from stages.noise import quiet_libraries
@@ -204,8 +204,8 @@ class Stage(ABC):
                 raise TypeError(f"{self.name} produced {type(outcome).__name__}, expected {self.output.__name__}")
             save_model(outcome, item.output)
         except BaseException as exc:
-            if is_oom(exc) or not isinstance(exc, Exception):
-                raise  # the whole child stops; the parent decides (halve the batch, ...)
+            if is_oom(exc) or is_disk_full(exc) or not isinstance(exc, Exception):
+                raise  # the whole child stops; the parent decides (halve the batch, stop the run, ...)
             reason = _one_line(exc)
             level = logging.WARNING if isinstance(exc, PipelineError) else logging.ERROR
             log.log(level, "%s: %s failed: %s", self.name, item.id, reason, exc_info=not isinstance(exc, PipelineError))

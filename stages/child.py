@@ -17,6 +17,7 @@ from importlib import import_module
 
 from contracts import ExitCode, StageRequest, load_model, save_model
 from contracts.errors import ArtifactError
+from contracts.io import is_disk_full
 from contracts.jsonl import append_line
 from stages.base import Stage
 from stages.noise import quiet_libraries
@@ -120,6 +121,9 @@ def exit_code_for(exc: BaseException, stage: str) -> ExitCode:
     if is_oom(exc):
         log.error("%s: out of memory: %s", stage, " ".join(str(exc).split())[:300])
         return ExitCode.OOM
+    if is_disk_full(exc):  # before the artifact check: the parent stops the run, nothing fails
+        log.error("%s: disk full: %s", stage, " ".join(str(exc).split())[:300])
+        return ExitCode.DISK_FULL
     if isinstance(exc, ArtifactError):
         log.error("%s: contract error: %s", stage, exc)
         return ExitCode.CONTRACT_ERROR

@@ -53,6 +53,12 @@ class OutputLock:
             record = {"pid": os.getpid(), "host": socket.gethostname(),
                       "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             os.pwrite(fd, json.dumps(record).encode(), 0)
+        except OSError as exc:  # e.g. a full disk: the run cannot start (exit 2, with the reason)
+            os.close(fd)
+            if isinstance(exc, BlockingIOError):
+                raise
+            raise SettingsError(f"cannot write to output directory {self.path.parent}: {exc.strerror or exc} "
+                                f"(writing {self.path.name})") from None
         except BaseException:
             os.close(fd)
             raise

@@ -32,8 +32,8 @@ from contracts import (
     load_artifact,
     save_model,
 )
-from contracts.errors import PipelineError
-from contracts.io import atomic_write_text
+from contracts.errors import DiskFullError, PipelineError, SettingsError
+from contracts.io import atomic_write_text, is_disk_full
 from contracts.artifacts import LanguageId
 from contracts.report import InputReport, ItemStage, RunPlan, RunReport, StagePlan, StageRun
 from orchestrator import layout
@@ -107,6 +107,10 @@ class Orchestrator:
         self._shaping: tuple[Settings, str] | None = None
         #: the signal that stopped the last run (SIGINT, SIGTERM), if one did
         self.stopped_by: int | None = None
+        #: the last run stopped because a disk was full: where, how much (one line)
+        self.disk_full: str | None = None
+        #: the last run's report could not be written: why
+        self.report_error: str | None = None
 
     def __enter__(self) -> Orchestrator:
         return self
@@ -180,10 +184,16 @@ class Orchestrator:
         out = Path(self.settings.output_dir)
         run_id = f"{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
         run_dir = layout.path(out, layout.RUNS) / run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
         self._stopping, self._stop_file = False, run_dir / "STOP"
+        self.disk_full = None
         specs = self.stage_specs()
-        inputs = plan_inputs(paths, out)
+        try:  # nothing has run yet: a full disk here is a usage error (exit 2), with the reason
+            run_dir.mkdir(parents=True, exist_ok=True)
+            inputs = plan_inputs(paths, out)
+        except (OSError, DiskFullError) as exc:
+            if is_disk_full(exc):
+                raise SettingsError(f"output directory {out} is full before the run: {_disk_line(exc, out)}") from None
+            raise
         for inp in inputs:
             chain_fingerprints(inp, specs)
         journal = Journal(layout.path(out, layout.JOURNAL), run_id)
@@ -203,7 +213,8 @@ class Orchestrator:
                 device = "cuda"
         runner = StageRunner(self.executor, run_dir, env, device, self.settings.max_signal_retries,
                              stop_path=self._stop_file, memory=self.settings.memory(),
-                             max_item_crashes=self.settings.max_item_crashes)
+                             max_item_crashes=self.settings.max_item_crashes,
+                             refused_wait_s=self.settings.refused_start_wait_s)
         stage_runs: list[StageRun] = []
         progress.start(len(inputs), resumed, len(chunks))
         hard_stop = False
@@ -222,15 +233,29 @@ class Orchestrator:
         except KeyboardInterrupt:
             hard_stop = True
             self.executor.stop_all(grace_s=1.0)
+        except DiskFullError as exc:  # anywhere: a child's artifact or progress, outputs, the journal
+            self.disk_full = _disk_line(exc, out)
+            log.error("stopping the run: %s", self.disk_full)
+            self._stopping = True
+            self.executor.stop_all(grace_s=5.0)
         for inp in inputs:
             if inp.alive and not inp.complete:
                 inp.interrupted = True
         fetched = downloads(cache_before, cached_repos()) if cache_before is not None else []
         report = self._report(run_id, started, time.monotonic() - clock, out, inputs, stage_runs, fetched)
-        save_model(report, out / REPORT_NAME)
-        save_model(report, run_dir / REPORT_NAME)
-        if self.settings.langid_only:
-            write_langid_tables(report, out)
+        if self.disk_full:
+            report = report.model_copy(update={"stopped": f"disk full: {self.disk_full}"})
+        self.report_error = None
+        try:
+            save_model(report, out / REPORT_NAME)
+            save_model(report, run_dir / REPORT_NAME)
+            if self.settings.langid_only:
+                write_langid_tables(report, out)
+        except (OSError, DiskFullError) as exc:
+            if not is_disk_full(exc):
+                raise
+            self.report_error = _disk_line(exc, out)
+            log.error("could not write the run report: %s", self.report_error)
         if self.settings.output_url:
             try:
                 upload([out / REPORT_NAME], self.settings.output_url)
@@ -537,6 +562,8 @@ class Orchestrator:
             if transcript.source_track:
                 inp.notes.append(transcript.source_track)
         except (PipelineError, OSError, ValueError) as exc:
+            if is_disk_full(exc):
+                raise DiskFullError(str(exc)) from None  # the run stops; this input resumes next run
             inp.error, inp.failed_stage = f"writing outputs failed: {exc}", "outputs"
             return
         inp.complete = True
@@ -616,6 +643,18 @@ __all__ = ["Orchestrator", "make_executor"]
 
 
 LANGID_COLUMNS = ("input", "source", "status", "language", "probability", "speech_s", "top", "reason")
+
+
+def _disk_line(exc: BaseException, out: Path) -> str:
+    """One line for a full disk: what could not be written (and how much, where the writer knew) and the
+    free space left on the output directory's filesystem."""
+    what = str(exc) if isinstance(exc, DiskFullError) else f"{exc.strerror or exc}: {getattr(exc, 'filename', '')}"
+    try:
+        free = shutil.disk_usage(out).free
+        where = f"; {free / 2**20:.1f} MiB free on {out}"
+    except OSError:
+        where = ""
+    return f"{' '.join(what.split())}{where}; free some space and run the same command again to resume"
 
 
 def write_langid_tables(report: RunReport, out: Path) -> tuple[Path, Path]:

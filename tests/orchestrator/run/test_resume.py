@@ -49,9 +49,9 @@ def child_pid(log: Path) -> int | None:
 
 def outputs(out: Path) -> dict[str, tuple[list[str], np.ndarray]]:
     result = {}
-    for transcript in sorted(out.glob("*/transcript.json")):
+    for transcript in sorted(out.rglob("transcript.json")):  # ids mirror the input folder: OUT/<folder>/<stem>/
         texts = [s["text"] for s in json.loads(transcript.read_text())["segments"]]
-        result[transcript.parent.name] = (texts, np.load(transcript.parent / "embeddings.npy"))
+        result[str(transcript.parent.relative_to(out))] = (texts, np.load(transcript.parent / "embeddings.npy"))
     return result
 
 

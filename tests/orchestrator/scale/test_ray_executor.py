@@ -172,9 +172,9 @@ def _cli(out: Path, inputs: Path, *extra: str) -> list[str]:
 
 def _outputs(out: Path) -> dict[str, tuple[list[tuple[str, str | None]], np.ndarray]]:
     result = {}
-    for transcript in sorted(out.glob("*/transcript.json")):
+    for transcript in sorted(out.rglob("transcript.json")):  # ids mirror the input folder: OUT/<folder>/<stem>/
         segments = [(s["text"], s.get("speaker")) for s in json.loads(transcript.read_text())["segments"]]
-        result[transcript.parent.name] = (segments, np.load(transcript.parent / "embeddings.npy"))
+        result[str(transcript.parent.relative_to(out))] = (segments, np.load(transcript.parent / "embeddings.npy"))
     return result
 
 
