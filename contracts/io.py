@@ -91,13 +91,17 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save_model(model: BaseModel, path: str | Path) -> Path:
-    """Validate ``model`` again and write it as JSON atomically."""
+def save_model(model: BaseModel, path: str | Path, *copies: str | Path) -> Path:
+    """Validate ``model`` again and write it as JSON atomically (to ``path`` and each of ``copies``, validated
+    and serialised once)."""
     try:
         checked = type(model).model_validate(model.model_dump())
     except ValidationError as exc:
         raise ArtifactError(path, f"refusing to write an invalid {type(model).__name__}: {_first_error(exc)}") from exc
-    return atomic_write_text(path, checked.model_dump_json(indent=2) + "\n")
+    text = checked.model_dump_json(indent=2) + "\n"
+    for copy in copies:
+        atomic_write_text(copy, text)
+    return atomic_write_text(path, text)
 
 
 def load_model(path: str | Path, cls: type[M]) -> M:

@@ -105,6 +105,8 @@ class Orchestrator:
         #: item id -> its last "outputs ok" journal event (read once per run)
         self._completed: dict[str, dict] = {}
         self._shaping: tuple[Settings, str] | None = None
+        #: journal summaries' languages, validated (JSON -> LanguageId)
+        self._languages: dict[str, LanguageId] = {}
         #: the signal that stopped the last run (SIGINT, SIGTERM), if one did
         self.stopped_by: int | None = None
         #: the last run stopped because a disk was full: where, how much (one line)
@@ -247,8 +249,7 @@ class Orchestrator:
             report = report.model_copy(update={"stopped": f"disk full: {self.disk_full}"})
         self.report_error = None
         try:
-            save_model(report, out / REPORT_NAME)
-            save_model(report, run_dir / REPORT_NAME)
+            save_model(report, out / REPORT_NAME, run_dir / REPORT_NAME)
             if self.settings.langid_only:
                 write_langid_tables(report, out)
         except (OSError, DiskFullError) as exc:
@@ -406,7 +407,7 @@ class Orchestrator:
             if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
                 return False
         try:
-            inp.language = LanguageId.model_validate(summary["language"]) if summary.get("language") else None
+            inp.language = self._language(summary.get("language"))
         except ValueError:
             return False
         inp.duration_s, inp.outputs, inp.damage = summary.get("duration_s"), summary.get("outputs") or {}, \
@@ -416,6 +417,18 @@ class Orchestrator:
         inp.stages = {spec.name: ItemStage(status="reused") for spec in specs if spec.keep}
         inp.complete = True
         return True
+
+    def _language(self, raw: dict | None) -> LanguageId | None:
+        """A journal summary's language, validated once per distinct value (a corpus has few)."""
+        if not raw:
+            return None
+        key = json.dumps(raw, sort_keys=True)
+        cache = self._languages
+        if key not in cache:
+            if len(cache) > 10_000:
+                cache.clear()
+            cache[key] = LanguageId.model_validate(raw)
+        return cache[key]
 
     def _stamp_model(self, inp: Input, spec: StageSpec, specs: list[StageSpec]) -> None:
         """A stage that ran another model than resolved (it fell back): its artifact's fingerprint and the

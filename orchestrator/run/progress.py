@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 
 from contracts import ItemResult
 from contracts.report import RunPlan, RunReport
@@ -157,8 +158,14 @@ class RichProgress(Progress):
         self.bar.stop()
 
 
-def summary_table(report: RunReport, plain: bool = False):
-    """A rich Table of every input: status, stages, audio length, error (``plain``: few lines, for pipes)."""
+#: the summary table's rows at most: the inputs that did not end ok first, then the others in order
+SUMMARY_ROWS = 50
+
+
+def summary_table(report: RunReport, plain: bool = False, rows: int = SUMMARY_ROWS):
+    """A rich Table of the run's inputs: status, stages, audio length, error (``plain``: few lines, for pipes).
+    At most ``rows`` of them, those that did not end ok first; a last row counts the others (every input is
+    in the run report)."""
     from rich import box
     from rich.table import Table
 
@@ -167,13 +174,21 @@ def summary_table(report: RunReport, plain: bool = False):
                   show_edge=not plain)
     for column in ("input", "status", "audio", "asr", "embeddings", "error"):
         table.add_column(column, overflow="fold")
-    for item in report.inputs:
+    shown = [i for i in report.inputs if i.status != "ok"][:rows]
+    shown += [i for i in report.inputs if i.status == "ok"][:rows - len(shown)]
+    order = {id(item): n for n, item in enumerate(report.inputs)}
+    shown.sort(key=lambda item: order[id(item)])
+    for item in shown:
         stages = {name: f"{s.status} {s.seconds:.1f}s" + (f" x{s.retries + 1}" if s.retries else "")
                   for name, s in item.stages.items()}
         audio = f"{item.duration_s:.1f}s" if item.duration_s else "-"
         style = {"ok": "green", "partial": "yellow", "failed": "red", "interrupted": "yellow"}[item.status]
         table.add_row(item.id, f"[{style}]{item.status}[/]", audio, stages.get("asr", "-"), stages.get("embeddings", "-"),
                       item.error or "")
+    if len(report.inputs) > len(shown):
+        hidden = Counter(i.status for i in report.inputs) - Counter(i.status for i in shown)
+        what = ", ".join(f"{count:,} {status}" for status, count in sorted(hidden.items()))
+        table.add_row(f"... {len(report.inputs) - len(shown):,} more ({what}): see the run report", "", "", "", "", "")
     table.caption = (f"{report.audio_s / 3600:.2f} h audio in {report.wall_s:.0f} s"
                      + (f", {report.throughput:.1f} h audio per hour" if report.throughput else ""))
     return table

@@ -34,3 +34,27 @@ def test_chunks_in_parallel_are_counted_apart():
     assert "chunk 2/2" not in progress.line()
     progress.input_finished(True, 3600.0)
     assert progress.line().startswith("Progress: 1/4 videos (0 failed)")
+
+
+def test_the_summary_of_a_large_run_shows_every_problem_and_counts_the_rest():
+    """At 100,000 inputs a row per input took minutes and scrolled the failures away (issue 23, scale)."""
+    from datetime import datetime, timezone
+
+    from rich.console import Console
+
+    from contracts.report import InputReport, RunReport
+    from orchestrator.run.progress import summary_table
+
+    inputs = [InputReport(id=f"corpus/{n:05d}/audio", source=f"/data/{n:05d}/audio.wav",
+                          status="failed" if n in (7, 90_001) else "ok", error="no audio stream" if n in (7, 90_001)
+                          else None) for n in range(100_000)]
+    now = datetime.now(timezone.utc)
+    report = RunReport(run_id="r", started_at=now, finished_at=now, output_dir="out", settings={}, ok=99_998,
+                       failed=2, chunk_size=50, chunks=2000, inputs=inputs, stages=[])
+    table = summary_table(report, plain=True)
+    assert table.row_count == 51
+    console = Console(width=160, record=True, file=open("/dev/null", "w"))
+    console.print(table)
+    text = console.export_text()
+    assert "corpus/00007/audio" in text and "corpus/90001/audio" in text, "every failure is shown"
+    assert "... 99,950 more (99,950 ok): see the run report" in text
