@@ -51,7 +51,7 @@ from orchestrator.run.plan import (
     plan_inputs,
 )
 from orchestrator.run.progress import LogProgress, Progress
-from orchestrator.run.remote import fetch, redact, staging_dir, upload
+from orchestrator.run.remote import FetchLimits, fetch, redact, staging_dir, upload
 from orchestrator.run.runner import StageRunner, artifact_state
 from orchestrator.settings import Settings
 from orchestrator.telemetry.perf_log import child_env as perf_log_env
@@ -259,11 +259,16 @@ class Orchestrator:
                    journal: Journal, progress: Progress, stage_runs: list[StageRun]) -> None:
         """Stage-major: each stage runs in one child over all of the chunk's inputs that need it."""
         needs = {inp.id: self._needs(inp, specs) for inp in chunk}
+        limits = FetchLimits.from_settings(self.settings)
         for inp in chunk:  # URL inputs: fetched just before their first stage needs them
+            if self._stopping:
+                return  # what is left is interrupted, for the next run
             if inp.url and needs[inp.id][specs[0].name]:
                 try:
-                    fetch(inp.url, inp.source)
+                    fetch(inp.url, inp.source, limits, cancelled=lambda: self._stopping)
                 except PipelineError as exc:
+                    if self._stopping:  # cut short by the stop, not the input's fault
+                        return
                     inp.error, inp.failed_stage = str(exc), "fetch"
                     log.error("%s: %s", inp.id, exc)
         warm = None
