@@ -171,6 +171,10 @@ class Settings(BaseSettings):
     ray_cpus_per_task: float = Field(1.0, ge=0, validation_alias=_env("ray_cpus_per_task", "PIPELINE_RAY_CPUS_PER_TASK"))
     #: CPUs of the one-run local cluster started when ``ray_address`` is None (None: all)
     ray_num_cpus: int | None = Field(None, ge=1, validation_alias=_env("ray_num_cpus", "PIPELINE_RAY_NUM_CPUS"))
+    #: a stage task the cluster has not started this many seconds after it was submitted fails its items
+    #: with the reason (what it needs, what the cluster has); 0: wait without limit
+    ray_placement_timeout_s: float = Field(
+        600.0, ge=0, validation_alias=_env("ray_placement_timeout_s", "PIPELINE_RAY_PLACEMENT_TIMEOUT_S"))
     #: chunks processed at once, each stage-major in its own children (None: what the executor can
     #: place: 1 locally, the cluster's GPUs (or CPUs) under Ray)
     parallel_chunks: int | None = Field(None, ge=1, validation_alias=_env("parallel_chunks", "PIPELINE_PARALLEL_CHUNKS"))
