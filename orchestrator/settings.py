@@ -61,6 +61,22 @@ class Settings(BaseSettings):
     output_url: str | None = Field(None, validation_alias=_env("output_url", "PIPELINE_OUTPUT_URL"))
     #: where URL outputs are built (shared storage under Ray); the same URL resumes from the same place
     staging_dir: Path = Field(Path(".cache/outputs"), validation_alias=_env("staging_dir", "PIPELINE_STAGING_DIR"))
+    #: a URL input larger than this many bytes fails alone (checked against the size the server gives,
+    #: and again while downloading: a server may give none, or a wrong one)
+    remote_max_bytes: int = Field(
+        20 * 1024**3, ge=1, validation_alias=_env("remote_max_bytes", "PIPELINE_REMOTE_MAX_BYTES"))
+    #: seconds to connect to a URL input's server (passed to the protocol: http(s), s3, sftp)
+    remote_connect_timeout_s: float = Field(
+        30.0, gt=0, validation_alias=_env("remote_connect_timeout_s", "PIPELINE_REMOTE_CONNECT_TIMEOUT_S"))
+    #: a URL input's download that receives no data for this many seconds fails (stalled)
+    remote_read_timeout_s: float = Field(
+        60.0, gt=0, validation_alias=_env("remote_read_timeout_s", "PIPELINE_REMOTE_READ_TIMEOUT_S"))
+    #: a URL input's download may take this many seconds ...
+    remote_deadline_floor_s: float = Field(
+        600.0, gt=0, validation_alias=_env("remote_deadline_floor_s", "PIPELINE_REMOTE_DEADLINE_FLOOR_S"))
+    #: ... plus this many seconds per MB of its size (1.0: at least 1 MB/s on average), then it fails
+    remote_deadline_per_mb_s: float = Field(
+        1.0, ge=0, validation_alias=_env("remote_deadline_per_mb_s", "PIPELINE_REMOTE_DEADLINE_PER_MB_S"))
     #: "auto" (CUDA when a child sees a GPU, else CPU), "cpu", "cuda" or "cuda:N" (PIPELINE_DEVICE)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", validation_alias=_env("device", "PIPELINE_DEVICE"))
     #: let children download from the Hugging Face hub (otherwise HF_HUB_OFFLINE=1): "auto" (default) checks once
@@ -155,6 +171,10 @@ class Settings(BaseSettings):
     ray_cpus_per_task: float = Field(1.0, ge=0, validation_alias=_env("ray_cpus_per_task", "PIPELINE_RAY_CPUS_PER_TASK"))
     #: CPUs of the one-run local cluster started when ``ray_address`` is None (None: all)
     ray_num_cpus: int | None = Field(None, ge=1, validation_alias=_env("ray_num_cpus", "PIPELINE_RAY_NUM_CPUS"))
+    #: a stage task the cluster has not started this many seconds after it was submitted fails its items
+    #: with the reason (what it needs, what the cluster has); 0: wait without limit
+    ray_placement_timeout_s: float = Field(
+        600.0, ge=0, validation_alias=_env("ray_placement_timeout_s", "PIPELINE_RAY_PLACEMENT_TIMEOUT_S"))
     #: chunks processed at once, each stage-major in its own children (None: what the executor can
     #: place: 1 locally, the cluster's GPUs (or CPUs) under Ray)
     parallel_chunks: int | None = Field(None, ge=1, validation_alias=_env("parallel_chunks", "PIPELINE_PARALLEL_CHUNKS"))

@@ -53,7 +53,7 @@ from orchestrator.run.plan import (
     plan_inputs,
 )
 from orchestrator.run.progress import LogProgress, Progress
-from orchestrator.run.remote import fetch, redact, staging_dir, upload, without_credentials
+from orchestrator.run.remote import FetchLimits, fetch, redact, staging_dir, upload, without_credentials
 from orchestrator.run.runner import StageRunner, artifact_state
 from orchestrator.settings import Settings
 from orchestrator.telemetry.perf_log import child_env as perf_log_env
@@ -299,11 +299,18 @@ class Orchestrator:
         done = {inp.id for inp in chunk if self._resume_complete(inp, specs)}
         needs = {inp.id: dict.fromkeys((s.name for s in specs), False) if inp.id in done else self._needs(inp, specs)
                  for inp in chunk}
+        limits = FetchLimits.from_settings(self.settings)
         for inp in chunk:  # URL inputs: fetched just before their first stage needs them
+            if self._stopping:
+                return  # what is left is interrupted, for the next run
             if inp.url and needs[inp.id][specs[0].name]:
                 try:
-                    fetch(inp.url, inp.source)
+                    fetch(inp.url, inp.source, limits, cancelled=lambda: self._stopping)
+                except DiskFullError:
+                    raise  # the run stops (see _process); this input resumes next run
                 except PipelineError as exc:
+                    if self._stopping:  # cut short by the stop, not the input's fault
+                        return
                     inp.error, inp.failed_stage = str(exc), "fetch"
                     log.error("%s: %s", inp.id, exc)
         warm = None

@@ -60,9 +60,12 @@ def _watch_config(settings) -> dict[str, Any]:
         "watchdog_per_audio_s")}
 
 
-def stage_task(request_json: str, request_path: str, log_path: str,
-               watch: dict[str, Any]) -> tuple[ChildExit, StageResult | None]:
-    """Body of the Ray task, run in a Ray worker: the stage in a spawned child, as on one machine."""
+def stage_task(request_json: str, request_path: str, log_path: str, watch: dict[str, Any],
+               started_path: str | None = None) -> tuple[ChildExit, StageResult | None]:
+    """Body of the Ray task, run in a Ray worker: the stage in a spawned child, as on one machine.
+    ``started_path`` is created first thing: the driver's sign that the cluster placed the task."""
+    if started_path is not None:
+        Path(started_path).touch()
     from orchestrator.process.executor import LocalExecutor, Watchdog
     from orchestrator.process.hooks import default_hooks
     from orchestrator.settings import Settings
@@ -151,17 +154,19 @@ class RayExecutor:
         log_path.touch()
         name = request_path.name.removesuffix(".request.json")
         options = self.task_options(name, gpu)
+        placed = request_path.with_name(f"{name}.started")
+        placed.unlink(missing_ok=True)
         started = time.perf_counter()
         # lines as "[chunk002-asr-1] ...": chunks run in parallel here
         with following(log_path, name, progress) as relay:
             ref = self._task.options(**options).remote(request.model_dump_json(), str(request_path), str(log_path),
-                                                       _watch_config(self.settings))
+                                                       _watch_config(self.settings), str(placed))
             with self._lock:
                 self._running[name] = ref
             done: ChildExit | None = None
             result: StageResult | None = None
             try:
-                done, result = self._wait(ray, ref, stage, name)
+                done, result = self._wait(ray, ref, stage, name, placed, options)
             finally:
                 if done is None:  # interrupted while waiting: never leave the task running
                     ray.cancel(ref, force=True)
@@ -181,13 +186,24 @@ class RayExecutor:
                          pid=done.pid, last_error=relay.last_error or done.last_error, gpu=done.gpu, record=record,
                          in_flight=done.in_flight, hung=done.hung), result
 
-    def _wait(self, ray, ref, stage: str, name: str) -> tuple[ChildExit, StageResult | None]:
-        """The task's (ChildExit, result), or what Ray's failure means for the retry policy (no result)."""
+    def _wait(self, ray, ref, stage: str, name: str, placed: Path,
+              options: dict[str, Any]) -> tuple[ChildExit, StageResult | None]:
+        """The task's (ChildExit, result), or what Ray's failure means for the retry policy (no result).
+        A task the cluster has not started (``placed`` not there) within ``ray_placement_timeout_s`` is
+        cancelled and refused, with what it needs and what the cluster has."""
         exc = ray.exceptions
+        limit = self.settings.ray_placement_timeout_s
+        submitted = time.monotonic()
         while True:
             ready, _ = ray.wait([ref], timeout=0.5)
             if ready:
                 break
+            if limit and time.monotonic() - submitted > limit and not placed.exists():
+                ray.cancel(ref, force=True)
+                reason = unplaced_reason(limit, options, ray.cluster_resources(),
+                                         [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")])
+                log.error("%s: ray task %s %s", stage, name, reason)
+                return _exit(Outcome.REFUSED, None, reason), None
         try:
             return ray.get(ref)
         except exc.TaskCancelledError:
@@ -222,8 +238,26 @@ class RayExecutor:
             self._started_cluster = False
 
 
-def _exit(outcome: Outcome, code: ExitCode, error: str | None) -> ChildExit:
-    return ChildExit(exitcode=int(code), outcome=outcome, signal=None, wall_s=0.0, pid=None, last_error=error)
+def _exit(outcome: Outcome, code: ExitCode | None, error: str | None) -> ChildExit:
+    return ChildExit(exitcode=None if code is None else int(code), outcome=outcome, signal=None, wall_s=0.0,
+                     pid=None, last_error=error)
+
+
+#: Ray's resource names as a person reads them
+_RESOURCES = {"num_gpus": "GPU", "num_cpus": "CPU"}
+
+
+def unplaced_reason(limit_s: float, options: dict[str, Any], cluster: dict[str, float],
+                    nodes: list[dict[str, float]]) -> str:
+    """Why a task waits: whether any one node could ever hold it, or its resources are busy."""
+    needs = {_RESOURCES[k]: float(v) for k, v in options.items() if k in _RESOURCES and v}
+    wanted = ", ".join(f"{v:g} {k}" for k, v in needs.items()) or "no resources"
+    has = ", ".join(f"{cluster.get(k, 0.0):g} {k}" for k in ("GPU", "CPU"))
+    fits = any(all(node.get(k, 0.0) >= v for k, v in needs.items()) for node in nodes)
+    why = ("the cluster's nodes have them, but they stayed busy" if fits
+           else "no node of the cluster has that much")
+    return (f"not placed within {limit_s:g} s: needs {wanted}, the cluster has {has}; {why} "
+            "(PIPELINE_RAY_PLACEMENT_TIMEOUT_S; PIPELINE_RAY_GPUS_PER_TASK / _CPUS_PER_TASK)")
 
 
 def _first_line(err: BaseException) -> str:

@@ -6,6 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import fsspec
@@ -16,7 +19,7 @@ from contracts.errors import InputError
 from orchestrator import Orchestrator, Settings
 from orchestrator.run.plan import MEDIA_SUFFIXES, expand_inputs, item_ids
 from orchestrator.run.progress import Progress
-from orchestrator.run.remote import expand_url, fetch, is_url, redact, url_identity, url_suffix
+from orchestrator.run.remote import FetchLimits, expand_url, fetch, is_url, redact, url_identity, url_suffix
 from tests.conftest import ROOT
 from tests.fixtures.generate import clips
 
@@ -44,13 +47,187 @@ def test_a_url_directory_gives_its_media_files_and_ids_come_from_their_names(mem
     assert expand_inputs(["memory://in/missing.wav"]) == ["memory://in/missing.wav"]
 
 
+#: the defaults, for fetches that stay within them
+LIMITS = FetchLimits.from_settings(Settings())
+
+
 def test_fetch_is_atomic_and_a_missing_url_is_a_one_line_input_error(memfs, tmp_path):
     memfs.pipe("/in/a.wav", b"RIFF....")
-    assert fetch("memory://in/a.wav", tmp_path / "w" / "source.wav").read_bytes() == b"RIFF...."
+    assert fetch("memory://in/a.wav", tmp_path / "w" / "source.wav", LIMITS).read_bytes() == b"RIFF...."
     with pytest.raises(InputError, match=r"could not fetch memory://in/gone.wav: FileNotFoundError") as err:
-        fetch("memory://in/gone.wav", tmp_path / "w" / "gone.wav")
+        fetch("memory://in/gone.wav", tmp_path / "w" / "gone.wav", LIMITS)
     assert "\n" not in str(err.value)
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["source.wav"]  # no partial file left
+
+
+# -- issue 23, case 9: a download is bounded in size and time, and cannot hang the run --------------------
+
+
+#: what the bad server's files hold: 3 MB, over the 1 MB limit the tests set
+BIG = 3_000_000
+
+
+class _BadHabits(BaseHTTPRequestHandler):
+    """A real HTTP server with a bad habit per path: ``/stall.wav`` sends its headers (0.5 MB, it says) and
+    a few bytes, then nothing; ``/drip.wav`` a byte every 0.2 s; ``/big.wav`` is 3 MB and says so;
+    ``/chunked.wav`` is 3 MB and does not say (chunked)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _headers(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "audio/wav")
+        if self.path.startswith("/chunked"):
+            self.send_header("Transfer-Encoding", "chunked")
+        else:  # the stalling ones say they are within the limit
+            self.send_header("Content-Length", str(BIG if self.path.startswith("/big") else 500_000))
+        self.end_headers()
+
+    def do_HEAD(self) -> None:
+        self._headers()
+
+    def do_GET(self) -> None:
+        release = self.server.release
+        self._headers()
+        try:
+            if self.path.startswith("/stall"):
+                self.wfile.write(b"RIFF" + bytes(1000))
+                self.wfile.flush()
+                release.wait(120)
+            elif self.path.startswith("/drip"):
+                while not release.wait(0.2):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+            elif self.path.startswith("/chunked"):
+                for _ in range(BIG // 65536 + 1):
+                    self.wfile.write(b"10000\r\n" + bytes(65536) + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.wfile.write(bytes(BIG))
+        except OSError:  # the client gave up: what this server is for
+            pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # clients that hang up are what it is for
+
+
+@pytest.fixture
+def bad_server():
+    """The server's base URL (127.0.0.1, a free port); stalled answers are let go at the end."""
+    server = _Server(("127.0.0.1", 0), _BadHabits)
+    server.release = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+#: tiny limits: every bad habit shows within seconds
+TIGHT = FetchLimits(max_bytes=1_000_000, connect_timeout_s=1.0, read_timeout_s=1.0, floor_s=60.0, per_mb_s=0.0)
+
+
+def _fails(url: str, target: Path, limits: FetchLimits = TIGHT) -> tuple[str, float]:
+    began = time.monotonic()
+    with pytest.raises(InputError) as err:
+        fetch(url, target, limits)
+    return str(err.value), time.monotonic() - began
+
+
+def test_a_download_that_stalls_after_its_headers_fails_in_seconds_in_one_line(bad_server, tmp_path):
+    # Given a server that sends headers and 1 KB, then nothing, and a URL with a password in it
+    url = bad_server.replace("http://", "http://alice:s3cret@") + "/stall.wav"
+    # When it is fetched with a read timeout of 1 s
+    reason, took = _fails(url, tmp_path / "w" / "source.wav")
+    # Then it fails within seconds, in one line, without the password, and leaves nothing behind
+    assert reason.startswith("could not fetch http://alice:***@127.0.0.1:")
+    assert "stalled" in reason or "timed out" in reason, reason
+    assert "\n" not in reason and "s3cret" not in reason
+    assert took < 20, took
+    assert list((tmp_path / "w").iterdir()) == []
+
+
+def test_a_read_no_timeout_can_end_is_stopped_by_the_watchdog(tmp_path):
+    # Given a "file" whose open() blocks forever (a FIFO nobody writes to): no protocol timeout applies
+    fifo = tmp_path / "in" / "talk.wav"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    # When it is fetched, Then the download process is stopped once no data came for 1 s
+    reason, took = _fails(f"file://{fifo}", tmp_path / "w" / "source.wav")
+    assert reason == (f"could not fetch file://{fifo}: stalled: no data for 1 s, 0.0 MB received "
+                      "(PIPELINE_REMOTE_READ_TIMEOUT_S)")
+    assert took < 20, took
+    assert list((tmp_path / "w").iterdir()) == []
+
+
+def test_a_download_slower_than_its_deadline_fails(bad_server, tmp_path):
+    # Given a server that never stalls but sends a byte every 0.2 s, and 3 s for the whole download
+    limits = FetchLimits(max_bytes=1_000_000, connect_timeout_s=1.0, read_timeout_s=1.0, floor_s=3.0, per_mb_s=0.0)
+    reason, took = _fails(f"{bad_server}/drip.wav", tmp_path / "w" / "source.wav", limits)
+    assert "timed out: not done within 3 s" in reason and "(PIPELINE_REMOTE_DEADLINE_FLOOR_S" in reason, reason
+    assert took < 20, took
+    assert list((tmp_path / "w").iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["big.wav", "chunked.wav"])
+def test_a_url_larger_than_the_limit_fails_whether_or_not_it_tells_its_size(bad_server, tmp_path, name):
+    # Given 3 MB at the URL (its size told, or not: chunked) and a limit of 1 MB
+    reason, _ = _fails(f"{bad_server}/{name}", tmp_path / "w" / "source.wav")
+    # Then it fails naming the limit, and nothing half-written is left
+    assert reason.endswith("larger than the limit of 1.0 MB (PIPELINE_REMOTE_MAX_BYTES)"), reason
+    if name == "big.wav":  # told: refused before downloading
+        assert f"it is {BIG / 1e6:.1f} MB" in reason
+    assert list((tmp_path / "w").iterdir()) == []
+
+
+def test_the_remote_limits_are_settings():
+    env = {"PIPELINE_REMOTE_MAX_BYTES": "1000", "PIPELINE_REMOTE_CONNECT_TIMEOUT_S": "2",
+           "PIPELINE_REMOTE_READ_TIMEOUT_S": "3", "PIPELINE_REMOTE_DEADLINE_FLOOR_S": "4",
+           "PIPELINE_REMOTE_DEADLINE_PER_MB_S": "0.5"}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        limits = FetchLimits.from_settings(Settings())
+    assert limits == FetchLimits(max_bytes=1000, connect_timeout_s=2, read_timeout_s=3, floor_s=4, per_mb_s=0.5)
+    assert limits.deadline_s(size=10_000_000, received=0) == 9.0  # 4 s + 0.5 s per MB of the told size
+    assert limits.deadline_s(size=None, received=20_000_000) == 14.0  # none told: of what came so far
+    assert LIMITS.max_bytes == 20 * 1024**3
+
+
+@pytest.mark.slow
+def test_url_inputs_that_stall_or_are_too_large_fail_alone_and_the_run_goes_on(bad_server, tmp_path):
+    local = clips(tmp_path / "clips", 1, seconds=2.5)[0]
+    sources = [str(local), f"{bad_server}/stall.wav", f"{bad_server}/big.wav", f"{bad_server}/chunked.wav"]
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "process", *sources, "--output", str(out), "--no-speakers",
+         "--embedding-profile", "embedded", "--device", "cpu"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PIPELINE_REMOTE_READ_TIMEOUT_S": "1", "PIPELINE_REMOTE_CONNECT_TIMEOUT_S": "1",
+             "PIPELINE_REMOTE_MAX_BYTES": "1000000"})
+    # the run finished (exit 1: some inputs failed) with the local input done
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = json.loads((out / "run-report.json").read_text())
+    inputs = {i["source"]: i for i in report["inputs"]}
+    assert (report["ok"], report["failed"]) == (1, 3)
+    assert inputs[str(local)]["status"] == "ok" and "-->" in (out / "clip000" / "transcript.srt").read_text()
+    # each URL failed alone, at the fetch, with a one-line reason
+    expected = {"stall.wav": ("stalled", "timed out"), "big.wav": ("larger than the limit of 1.0 MB",),
+                "chunked.wav": ("larger than the limit of 1.0 MB",)}
+    for name, words in expected.items():
+        failed = inputs[f"{bad_server}/{name}"]
+        assert failed["failed_stage"] == "fetch" and "\n" not in failed["error"], failed
+        assert any(word in failed["error"] for word in words), failed["error"]
+    # nothing half-written anywhere
+    assert not [p for p in out.rglob("*") if p.name.endswith((".partial", ".fetch.json"))]
 
 
 def test_passwords_in_urls_are_redacted():

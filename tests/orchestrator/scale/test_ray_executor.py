@@ -35,7 +35,7 @@ import psutil  # noqa: E402
 
 from contracts import StageRequest, WorkItem, load_model  # noqa: E402
 from orchestrator import Settings  # noqa: E402
-from orchestrator.scale.ray_executor import RayExecutor  # noqa: E402
+from orchestrator.scale.ray_executor import RayExecutor, unplaced_reason  # noqa: E402
 from orchestrator.process.toolkit import stop_tree  # noqa: E402
 from orchestrator.registry import StageSpec  # noqa: E402
 from orchestrator.run.runner import StageRunner  # noqa: E402
@@ -160,6 +160,46 @@ def test_a_killed_ray_worker_is_retried_for_the_unfinished_items(executor, tmp_p
     # the stage child died with its worker (PR_SET_PDEATHSIG), and the retry ran in a new one
     assert not psutil.pid_exists(killed["child"]) or psutil.Process(killed["child"]).status() == "zombie"
     assert load_model(tmp_path / "a" / "note.json", NoteArtifact).pid != killed["child"]
+
+
+def test_a_task_the_cluster_can_never_place_fails_within_the_placement_timeout(executor, tmp_path):
+    # Given the 2-CPU cluster, stage tasks that ask for 4 CPUs each, and 3 s to place one (issue 23, case 9)
+    greedy = RayExecutor(executor.settings.replace(ray_cpus_per_task=4, ray_placement_timeout_s=3))
+    runner = StageRunner(greedy, tmp_path / "run", env={}, device="cpu", max_signal_retries=2)
+    spec = StageSpec("sleeper", "tests.fixtures.stages_sleeper", NoteArtifact, batch_size=2,
+                     settings=FixtureSettings(**{"started": str(tmp_path / "started"), "sleep_s": 0}))
+    began = time.monotonic()
+    try:
+        outcomes, report = runner.run(spec, _items(tmp_path, {"a": "1", "b": "2"}))
+    finally:
+        greedy.close()
+    took = time.monotonic() - began
+    # Then the task is refused within seconds instead of waiting forever, and its items fail with the reason
+    assert [a.outcome for a in report.attempts] == ["refused"]
+    assert took < 30, took
+    for item in "ab":
+        assert not outcomes[item].ok and outcomes[item].error == (
+            "sleeper was not started: not placed within 3 s: needs 4 CPU, the cluster has 0 GPU, 2 CPU; no node "
+            "of the cluster has that much (PIPELINE_RAY_PLACEMENT_TIMEOUT_S; PIPELINE_RAY_GPUS_PER_TASK / "
+            "_CPUS_PER_TASK)")
+    assert not (tmp_path / "started").exists() and not (tmp_path / "a" / "note.json").exists()
+    # and the cluster is not left holding it: a task it can place still runs
+    outcomes, _ = StageRunner(executor, tmp_path / "run2", env={}, device="cpu", max_signal_retries=2).run(
+        spec, _items(tmp_path, {"c": "3"}))
+    assert outcomes["c"].ok
+
+
+def test_an_unplaced_task_says_whether_it_can_ever_be_placed():
+    needs = {"name": "chunk001-asr-1", "num_cpus": 1.0, "num_gpus": 1.0, "max_retries": 0}
+    # no node has a GPU: it never will be placed
+    assert unplaced_reason(600, needs, {"CPU": 8.0}, [{"CPU": 4.0}, {"CPU": 4.0}]).startswith(
+        "not placed within 600 s: needs 1 CPU, 1 GPU, the cluster has 0 GPU, 8 CPU; no node of the cluster has")
+    # 2 GPUs on 2 nodes, but no node has 2: still never
+    assert "no node" in unplaced_reason(60, needs | {"num_gpus": 2.0}, {"CPU": 8.0, "GPU": 2.0},
+                                        [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 4.0, "GPU": 1.0}])
+    # a node has what it needs: other work holds it
+    assert "but they stayed busy" in unplaced_reason(60, needs, {"CPU": 8.0, "GPU": 1.0},
+                                                     [{"CPU": 4.0}, {"CPU": 4.0, "GPU": 1.0}])
 
 
 # -- the whole pipeline through the CLI --------------------------------------------------------------
