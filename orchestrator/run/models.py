@@ -141,6 +141,8 @@ def model_label(stage: str, artifact: Artifact | None) -> str | None:
     if stage == "diarization":
         return model.removeprefix("pyannote:") if model.startswith("pyannote:") and not fallback \
             else DIARIZATION_EMBEDDED
+    if stage == "asr" and getattr(artifact, "requested_model", None):  # the name asked for, without revision
+        return _asr(artifact.requested_model, lambda name: name)
     return None
 
 

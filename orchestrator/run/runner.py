@@ -216,9 +216,9 @@ class StageRunner:
                     signal_retries += 1
                 elif done.outcome is Outcome.ERROR:
                     error_retries += 1
-                elif done.outcome is Outcome.REFUSED:
+                elif done.outcome is Outcome.REFUSED:  # the time a refusal took counts too (Ray: placement)
                     refusals += 1
-                    waited_s += self._pause(decision.wait_s)
+                    waited_s += done.wall_s + self._pause(decision.wait_s)
                 batch_size = decision.batch_size
                 retries += 1
                 continue

