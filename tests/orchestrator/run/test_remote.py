@@ -313,7 +313,7 @@ def test_s3_inputs_and_outputs_through_the_cli(s3, tmp_path):
     assert done.returncode == 1, done.stderr[-3000:]
     assert "FAILED s3://media/in/notes.wav: [audio]" in done.stderr
     fs.invalidate_cache()
-    for item in ("clip000", "clip001"):
+    for item in ("in/clip000", "in/clip001"):  # ids mirror the input "folder"
         assert fs.exists(f"media/out/{item}/transcript.srt") and fs.exists(f"media/out/{item}/embeddings.npy")
         assert "-->" in fs.cat(f"media/out/{item}/transcript.srt").decode()
     report = json.loads(fs.cat("media/out/run-report.json"))

@@ -51,7 +51,7 @@ def outputs(out: Path) -> dict[str, tuple[list[str], np.ndarray]]:
     result = {}
     for transcript in sorted(out.rglob("transcript.json")):  # ids mirror the input folder: OUT/<folder>/<stem>/
         texts = [s["text"] for s in json.loads(transcript.read_text())["segments"]]
-        result[str(transcript.parent.relative_to(out))] = (texts, np.load(transcript.parent / "embeddings.npy"))
+        result[transcript.parent.name] = (texts, np.load(transcript.parent / "embeddings.npy"))
     return result
 
 
