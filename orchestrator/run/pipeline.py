@@ -400,6 +400,8 @@ class Orchestrator:
     def _resume_complete(self, inp: Input, specs: list[StageSpec]) -> bool:
         """An input the journal saw completed with the same outputs fingerprint, whose files are still the
         very ones (size and modification time) validated then: reused without reading them again."""
+        if self.settings.output_url:  # outputs at a URL are uploaded again by every run (a lost upload is redone)
+            return False
         event = self._completed.get(inp.id)
         if not event or not inp.alive or event.get("fingerprint") != self._outputs_fingerprint(inp):
             return False

@@ -180,15 +180,14 @@ def assign_ids(found: list[Found], known: dict[str, str] | None = None) -> list[
     taken = _Taken()
     for item_id in known.values():
         taken.add(item_id)
-    ids = []
-    for item in found:
-        key = source_key(item.source)
-        if key in known:
-            ids.append(known[key])
-            continue
-        item_id = _free([_part(p) for p in item.parts], taken)
+    keys = [source_key(item.source) for item in found]
+    ids: list[str | None] = [known.get(key) for key in keys]
+    # new ids in the order of their sources, not of the arguments: the same files get the same ids however
+    # they are listed (which of Talk.wav and talk.wav gets the "-2" does not depend on a shuffle)
+    for index in sorted((i for i, item_id in enumerate(ids) if item_id is None), key=keys.__getitem__):
+        item_id = _free([_part(p) for p in found[index].parts], taken)
         taken.add(item_id)
-        ids.append(item_id)
+        ids[index] = item_id
     return ids
 
 

@@ -126,3 +126,13 @@ def test_a_corpus_of_same_named_files_and_repeated_arguments_through_bin_pipelin
     assert again.returncode == 0, again.stderr[-3000:]
     rerun = json.loads((out / layout.REPORT).read_text())
     assert all(s["attempts"] == [] for s in rerun["stages"]), "a rerun starts no child"
+
+
+def test_ids_do_not_depend_on_the_order_the_sources_are_given_in(tmp_path):
+    """The chaos test gives its files shuffled: which of Talk.wav and talk.wav gets the suffix must not change."""
+    files = [tmp_path / "odd" / name for name in ("talk.wav", "Talk.wav", "x.wav")] + [tmp_path / "other" / "x.wav"]
+    found = [Found(f, (f.stem,)) for f in files]
+    forward = dict(zip(files, assign_ids(found)))
+    backward = dict(zip(reversed(files), assign_ids(list(reversed(found)))))
+    assert forward == backward
+    assert forward[tmp_path / "odd" / "Talk.wav"] == "Talk" and forward[tmp_path / "odd" / "talk.wav"] == "talk-2"
