@@ -55,8 +55,8 @@ def without_credentials(url: str) -> str:
 def _fs(url: str):
     import fsspec
 
-    try:
-        return fsspec.core.url_to_fs(url)
+    try:  # listing and identifying at planning, and uploads, are bounded by the protocol timeouts too
+        return fsspec.core.url_to_fs(url, **_PLANNING.protocol_options(_protocol(url)))
     except Exception as exc:  # noqa: BLE001 - a missing protocol package, a malformed URL, a refused login
         raise InputError(f"cannot open {redact(url)}: {type(exc).__name__}: {_line(exc)}") from None
 
@@ -146,6 +146,11 @@ class FetchLimits:
         if protocol == "ftp":
             return {"timeout": self.connect_timeout_s}
         return {}
+
+
+#: the connect / read timeouts of the parent's own calls (listing a URL folder, a source's size and etag at
+#: planning, uploads): the settings' defaults (planning runs before a run's settings reach this module)
+_PLANNING = FetchLimits(max_bytes=0, connect_timeout_s=30.0, read_timeout_s=60.0, floor_s=0.0, per_mb_s=0.0)
 
 
 def _size(value: float) -> str:
