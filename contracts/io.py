@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -43,20 +44,24 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno in _FULL)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + rename).
+def atomic_write_bytes(path: str | Path, data: bytes | Callable[[], Iterable[bytes]]) -> Path:
+    """Write ``data`` (bytes, or a function giving them in pieces: nothing held whole) to ``path``
+    atomically (temp file + fsync + rename).
 
     On any failure the temporary file is removed and ``path`` is left as it was; a full disk
     (or quota, or file size limit) is a :class:`DiskFullError` that names the file.
     """
     path = Path(path)
     tmp = None
+    written = 0
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), 0o644)  # mkstemp's 0600 would hide outputs from other users
-            fh.write(data)
+            for piece in ((data,) if isinstance(data, bytes) else data()):
+                fh.write(piece)
+                written += len(piece)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -67,7 +72,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             except FileNotFoundError:
                 pass
         if isinstance(exc, OSError) and exc.errno in _FULL:
-            raise DiskFullError(f"no space left writing {path.name} ({len(data)} bytes; {exc.strerror}) "
+            size = len(data) if isinstance(data, bytes) else f"{written} of more"
+            raise DiskFullError(f"no space left writing {path.name} ({size} bytes; {exc.strerror}) "
                                 f"in {path.parent}") from None
         raise
     _fsync_dir(path.parent)
@@ -95,13 +101,37 @@ def save_model(model: BaseModel, path: str | Path, *copies: str | Path) -> Path:
     """Validate ``model`` again and write it as JSON atomically (to ``path`` and each of ``copies``, validated
     and serialised once)."""
     try:
-        checked = type(model).model_validate(model.model_dump())
+        type(model).model_validate(model.model_dump())  # the checked copy is dropped at once: a large report
     except ValidationError as exc:
         raise ArtifactError(path, f"refusing to write an invalid {type(model).__name__}: {_first_error(exc)}") from exc
-    text = checked.model_dump_json(indent=2) + "\n"
+    data = model.model_dump_json(indent=2).encode("utf-8") + b"\n"
     for copy in copies:
-        atomic_write_text(copy, text)
-    return atomic_write_text(path, text)
+        atomic_write_bytes(copy, data)
+    return atomic_write_bytes(path, data)
+
+
+def save_large(model: BaseModel, field: str, path: str | Path, *copies: str | Path) -> Path:
+    """:func:`save_model` for a model with a long list ``field`` (a run report of 100,000 inputs): validated
+    and written (compact JSON) one element at a time, so it is never held whole as a dict or a text."""
+    head = model.model_copy(update={field: []})
+    elements = getattr(model, field)
+    try:
+        type(model).model_validate(head.model_dump())
+        for element in elements:
+            type(element).model_validate(element.model_dump())
+    except ValidationError as exc:
+        raise ArtifactError(path, f"refusing to write an invalid {type(model).__name__}: {_first_error(exc)}") from exc
+    before, after = head.model_dump_json().split(f'"{field}":[]', 1)
+
+    def pieces() -> Iterator[bytes]:
+        yield f'{before}"{field}":['.encode()
+        for number, element in enumerate(elements):
+            yield (b"," if number else b"") + element.model_dump_json().encode()
+        yield f"]{after}\n".encode()
+
+    for copy in copies:
+        atomic_write_bytes(copy, pieces)
+    return atomic_write_bytes(path, pieces)
 
 
 def load_model(path: str | Path, cls: type[M]) -> M:

@@ -83,17 +83,24 @@ def read_lines(path: str | Path, model: type[M] | None = None) -> list:
 
     A torn or invalid line (a writer killed mid-line) is skipped with a debug message.
     """
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().splitlines()
-    except (FileNotFoundError, NotADirectoryError):
-        return []
     records = []
-    for line in lines:
-        if not line.strip():
-            continue
+    for line in iter_lines(path):
         try:
             records.append(model.model_validate_json(line) if model is not None else json.loads(line))
         except ValueError:
             log.debug("skipping an unreadable line of %s", path)
     return records
+
+
+def iter_lines(path: str | Path):
+    """The non-blank lines of ``path`` (split at ``\\n`` only), one at a time: a journal of 100,000 inputs is
+    never held whole. Nothing when the file does not exist."""
+    try:
+        fh = open(path, "rb")
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with fh:
+        for raw in fh:
+            line = raw.decode("utf-8", errors="replace").strip()
+            if line:
+                yield line

@@ -130,3 +130,20 @@ def test_missing_file_is_an_error_naming_it(tmp_path):
     with pytest.raises(ArtifactError, match="missing") as info:
         load_model(tmp_path / "nope.json", StageRequest)
     assert "nope.json" in str(info.value)
+
+
+def test_a_large_model_is_written_one_element_at_a_time_and_reads_back_equal(tmp_path):
+    from datetime import datetime, timezone
+
+    from contracts.io import load_model, save_large
+    from contracts.report import InputReport, RunReport
+
+    now = datetime.now(timezone.utc)
+    report = RunReport(run_id="r", started_at=now, finished_at=now, output_dir="out", settings={"a": [1, "x"]}, ok=3,
+                       failed=0, chunk_size=2, chunks=2, stages=[], stopped='disk "full": [] "inputs":[]',
+                       inputs=[InputReport(id=f'odd "inputs":[] {n}', source=f"s{n}", status="ok") for n in range(3)])
+    save_large(report, "inputs", tmp_path / "a.json", tmp_path / "b.json")
+    assert load_model(tmp_path / "a.json", RunReport) == report == load_model(tmp_path / "b.json", RunReport)
+    empty = report.model_copy(update={"inputs": []})
+    save_large(empty, "inputs", tmp_path / "c.json")
+    assert load_model(tmp_path / "c.json", RunReport) == empty
