@@ -58,6 +58,18 @@ def _batch(value: str | None, option: str) -> int | str | None:
     raise typer.BadParameter(f"{value!r} is neither a positive number nor 'auto'", param_hint=option)
 
 
+def _settings(overrides: dict):
+    """Settings from the flags given (None: not given) over the environment; exit 2 naming a bad one."""
+    from orchestrator import Settings
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        typer.echo(f"error: invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+
+
 def _stopped_code(orch) -> ExitCode:
     """130 after Ctrl-C, 143 after SIGTERM (as shells and service managers expect)."""
     import signal
@@ -112,7 +124,7 @@ def process(
     """Transcribe and embed each input; write DIR/<input>/... and DIR/run-report.json."""
     from rich.console import Console
 
-    from orchestrator import Orchestrator, Settings
+    from orchestrator import Orchestrator
     from orchestrator.run.pipeline import REPORT_NAME
     from orchestrator.run.progress import LogProgress, Progress, RichProgress, summary_table
     from orchestrator.run.remote import is_url
@@ -133,12 +145,7 @@ def process(
         "parallel_chunks": parallel_chunks, "wait_for_output": wait or None, "on_damaged": on_damaged,
         "langid_only": langid_only or None,
     }
-    try:
-        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        typer.echo(f"error: invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
-        raise typer.Exit(ExitCode.USAGE) from None
+    settings = _settings(overrides)
     if verbosity == QUIET:
         progress = Progress()  # counts only
     else:
@@ -225,7 +232,6 @@ def export(
 ) -> None:
     """Write the files of each input again from its stored artifacts, with the current caption settings
     (CAPTION_*) and speaker names; starts no model child. Then OUT/index.html."""
-    from orchestrator import Settings
     from orchestrator.layout import FORMATS
     from orchestrator.run.export import export as run_export
 
@@ -236,12 +242,7 @@ def export(
     if formats is not None and formats.strip().lower() == "all":
         formats = ",".join(FORMATS)
     overrides = {"output_dir": output, "export_formats": formats, "wait_for_output": wait or None}
-    try:
-        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        typer.echo(f"error: invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
-        raise typer.Exit(ExitCode.USAGE) from None
+    settings = _settings(overrides)
     from contracts.errors import SettingsError
 
     try:
