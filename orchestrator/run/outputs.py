@@ -66,9 +66,8 @@ def to_srt(src: Sources) -> str:
 
 
 def to_vtt(src: Sources) -> str:
-    lang = f"\nLanguage: {src.transcript.language}" if src.transcript.language else ""
     blocks = [f"{timestamp(c.start, '.')} --> {timestamp(c.end, '.')}\n{c.text}\n" for c in src.cues]
-    return f"WEBVTT{lang}\n\n" + "\n".join(blocks)
+    return "WEBVTT\n\n" + "\n".join(blocks)
 
 
 def turns(transcript: TranscriptArtifact) -> list[tuple[str | None, float, float, str]]:

@@ -27,7 +27,7 @@ def test_timestamps():
 def test_srt_and_vtt():
     src = Sources("a", T)
     assert to_srt(src) == "1\n00:00:00,000 --> 00:00:01,250\nHello there.\n\n2\n00:59:59,999 --> 01:00:01,500\n[Host] Bye.\n"
-    assert to_vtt(src).startswith("WEBVTT\nLanguage: en\n\n00:00:00.000 --> 00:00:01.250\nHello there.\n")
+    assert to_vtt(src).startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.250\nHello there.\n")
     assert to_txt(src) == "Hello there.\n[Host] Bye.\n"
 
 
