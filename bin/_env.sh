@@ -40,3 +40,18 @@ ensure_weights() {
   fi
   "$root/.venv/bin/python" -m stages.weights ${UV:+--uv "$UV"} >&2
 }
+
+# ensure_chromium: the transcript page is tested in a real headless Chromium (Debian's package, driven by
+# Playwright: its own browser download is not reachable offline). Installed quietly when missing and root.
+ensure_chromium() {
+  if command -v chromium >/dev/null 2>&1; then
+    return 0
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bin: installing Debian's chromium for the page tests (once)" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 ||
+      echo "bin: could not install chromium; the page tests will fail under CI" >&2
+  else
+    echo "bin: no chromium (apt-get install chromium); the page tests are skipped" >&2
+  fi
+}

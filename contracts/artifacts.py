@@ -47,6 +47,11 @@ class SidecarArtifact(Artifact):
     sha256: str = Sha256
 
 
+#: the audio stage also writes a compressed copy (Ogg Opus) of what it decoded beside its artifact under
+#: this name; the parent keeps it for the transcript page (``orchestrator.layout.LISTEN``)
+LISTEN_COPY = "listen.ogg"
+
+
 class AudioArtifact(SidecarArtifact):
     """Decoded audio: 16 kHz mono float32 samples in a ``.npy`` sidecar."""
 

@@ -58,6 +58,18 @@ def _batch(value: str | None, option: str) -> int | str | None:
     raise typer.BadParameter(f"{value!r} is neither a positive number nor 'auto'", param_hint=option)
 
 
+def _settings(overrides: dict):
+    """Settings from the flags given (None: not given) over the environment; exit 2 naming a bad one."""
+    from orchestrator import Settings
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        typer.echo(f"error: invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+
+
 def _stopped_code(orch) -> ExitCode:
     """130 after Ctrl-C, 143 after SIGTERM (as shells and service managers expect)."""
     import signal
@@ -112,7 +124,7 @@ def process(
     """Transcribe and embed each input; write DIR/<input>/... and DIR/run-report.json."""
     from rich.console import Console
 
-    from orchestrator import Orchestrator, Settings
+    from orchestrator import Orchestrator
     from orchestrator.run.pipeline import REPORT_NAME
     from orchestrator.run.progress import LogProgress, Progress, RichProgress, summary_table
     from orchestrator.run.remote import is_url
@@ -133,12 +145,7 @@ def process(
         "parallel_chunks": parallel_chunks, "wait_for_output": wait or None, "on_damaged": on_damaged,
         "langid_only": langid_only or None,
     }
-    try:
-        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        typer.echo(f"error: invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
-        raise typer.Exit(ExitCode.USAGE) from None
+    settings = _settings(overrides)
     if verbosity == QUIET:
         progress = Progress()  # counts only
     else:
@@ -213,6 +220,43 @@ def langid(
     process(inputs, output=output, device=device, asr_model=asr_model or os.environ.get("ASR_MODEL") or "whisper-base",
             languages=languages, chunk_size=chunk_size, parallel_chunks=parallel_chunks, force=force, wait=wait,
             verbose=verbose, quiet=quiet, langid_only=True)
+
+
+@app.command()
+def export(
+    output: Annotated[Path, typer.Argument(help="The output directory of earlier `process` runs.", show_default=False)],
+    formats: Annotated[Optional[str], typer.Option("--format", "-f", help="Comma-separated: srt, vtt, txt, tsv, json, rttm, textgrid, eaf, docx, html, aud, or all [default: env PIPELINE_FORMATS, else srt,vtt,txt,html].")] = None,
+    inputs: Annotated[Optional[list[str]], typer.Option("--inputs", help="Only these inputs (ids or sources; repeatable) [default: all].")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait while a run uses the output directory [env PIPELINE_WAIT].")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every file.")] = False,
+) -> None:
+    """Write the files of each input again from its stored artifacts, with the current caption settings
+    (CAPTION_*) and speaker names; starts no model child. Then OUT/index.html."""
+    from orchestrator.layout import FORMATS
+    from orchestrator.run.export import export as run_export
+
+    setup_logging(_verbosity(verbose))
+    if not output.is_dir():
+        typer.echo(f"error: {output} is not a directory", err=True)
+        raise typer.Exit(ExitCode.USAGE)
+    if formats is not None and formats.strip().lower() == "all":
+        formats = ",".join(FORMATS)
+    overrides = {"output_dir": output, "export_formats": formats, "wait_for_output": wait or None}
+    settings = _settings(overrides)
+    from contracts.errors import SettingsError
+
+    try:
+        result = run_export(settings, settings.export_formats, inputs)
+    except SettingsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    for name in result.unknown:
+        typer.echo(f"UNKNOWN {name}: not an input of {output}", err=True)
+    for item_id, why in result.failed.items():
+        typer.echo(f"FAILED {item_id}: {why}", err=True)
+    typer.echo(f"{result.written} inputs, {result.files} files ({','.join(settings.export_formats)}) in "
+               f"{result.seconds:.1f} s; index: {output / 'index.html'}", err=True)
+    raise typer.Exit(ExitCode.USAGE if result.unknown else ExitCode.FAILED if result.failed else ExitCode.OK)
 
 
 @app.command()

@@ -34,6 +34,17 @@ INDEX = "index.html"
 RUN_LEVEL: frozenset[str] = frozenset({REPORT, JOURNAL, IDS, LOCK, RUNS, PERF_LOGS, LANGID_CSV, LANGID_JSON, INDEX})
 
 
+#: ``pipeline export --format`` names -> the file each writes in an input's folder (``OUT/<id>/``)
+FORMATS: dict[str, str] = {
+    "srt": "transcript.srt", "vtt": "transcript.vtt", "txt": "transcript.txt", "tsv": "transcript.tsv",
+    "json": "transcript.words.json", "rttm": "transcript.rttm", "textgrid": "transcript.TextGrid",
+    "eaf": "transcript.eaf", "docx": "transcript.docx", "html": "transcript.html", "aud": "transcript.labels.txt",
+}
+#: the compressed copy of an input's audio the transcript page plays (written by the audio stage as
+#: ``.work/listen.ogg``, moved beside the transcript when the input finishes)
+LISTEN = "audio.ogg"
+
+
 def reserved(name: str) -> bool:
     """Whether ``name`` (an id's top-level folder) would take a run-level file's place (any case)."""
     return name.lower() in _LOWER or name.startswith(".")

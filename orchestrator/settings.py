@@ -102,9 +102,27 @@ class Settings(BaseSettings):
     #: longest stretch of speech (s) whisperX joins into one decoding window (Whisper's 30 s: full
     #: context; words are timed by the alignment stage, so speakers no longer need short windows)
     asr_chunk_size: int = Field(30, ge=1, le=30, validation_alias=_env("asr_chunk_size", "ASR_CHUNK_SIZE"))
-    #: SRT/VTT cues: about this many characters a line (two lines at most) and at most this many seconds
+    # -- captions (issue 26): subtitle rules close to broadcast guidelines (orchestrator.run.captions) ---------
+    #: characters a caption line holds at most (Chinese, Japanese, Korean: their own, lower limits)
     caption_line_chars: int = Field(42, ge=10, le=200, validation_alias=_env("caption_line_chars", "CAPTION_LINE_CHARS"))
+    #: lines a cue holds at most
+    caption_lines: int = Field(2, ge=1, le=4, validation_alias=_env("caption_lines", "CAPTION_LINES"))
+    #: seconds a cue stays on screen at most ...
     caption_max_s: float = Field(7.0, gt=0, le=60, validation_alias=_env("caption_max_s", "CAPTION_MAX_SECONDS"))
+    #: ... and at least (20 frames at 24 fps), unless the next cue starts sooner
+    caption_min_s: float = Field(0.833, ge=0, le=10, validation_alias=_env("caption_min_s", "CAPTION_MIN_SECONDS"))
+    #: reading speed: characters a second at most (17: broadcast adult; 20: a faster profile)
+    caption_max_cps: float = Field(17.0, gt=0, le=100, validation_alias=_env("caption_max_cps", "CAPTION_MAX_CPS"))
+    #: frames between two cues at least, at ``caption_fps`` frames a second
+    caption_min_gap_frames: int = Field(2, ge=0, le=50, validation_alias=_env("caption_min_gap_frames", "CAPTION_MIN_GAP_FRAMES"))
+    caption_fps: float = Field(25.0, gt=0, le=120, validation_alias=_env("caption_fps", "CAPTION_FPS"))
+    #: a pause in speech longer than this ends a cue, and no cue stays on screen longer than this after its
+    #: last word: a caption never stays up over a long silence
+    caption_max_pause_s: float = Field(1.5, gt=0, le=30, validation_alias=_env("caption_max_pause_s", "CAPTION_MAX_PAUSE_S"))
+    #: files `process` writes for each input beside its artifacts (segments.jsonl always); `pipeline export`
+    #: writes any of srt, vtt, txt, tsv, json, rttm, textgrid, eaf, docx, html, aud (PIPELINE_FORMATS)
+    export_formats: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["srt", "vtt", "txt", "html"], validation_alias=_env("export_formats", "PIPELINE_FORMATS"))
     #: whisperX batch of 30 s windows; halved on out-of-memory
     asr_batch_size: BatchSize = Field(16, validation_alias=_env("asr_batch_size", "ASR_BATCH_SIZE"))
     #: pack the speech windows of several inputs of a chunk into shared decoder batches; "auto": on CUDA
@@ -284,6 +302,19 @@ class Settings(BaseSettings):
     job_max_files: int = Field(10_000, ge=1, validation_alias=_env("job_max_files", "PIPELINE_JOB_MAX_FILES"))
     #: jobs that may wait in the queue (429 above)
     job_max_queued: int = Field(100, ge=1, validation_alias=_env("job_max_queued", "PIPELINE_JOB_MAX_QUEUED"))
+
+    @field_validator("export_formats", mode="before")
+    @classmethod
+    def _formats(cls, value):
+        from orchestrator.layout import FORMATS
+
+        if isinstance(value, str):
+            value = value.split(",")
+        names = list(dict.fromkeys(str(v).strip().lower() for v in value or [] if str(v).strip()))
+        unknown = [n for n in names if n not in FORMATS]
+        if unknown:
+            raise ValueError(f"unknown format {unknown[0]!r} (one of {', '.join(FORMATS)})")
+        return names
 
     @field_validator("input_roots", mode="before")
     @classmethod

@@ -15,7 +15,8 @@ import os
 import stat
 from pathlib import Path
 
-from contracts import AudioArtifact, InputError, SourceVersion, StageRequest, WorkItem
+from contracts import AudioArtifact, DiskFullError, InputError, SourceVersion, StageRequest, WorkItem
+from contracts.artifacts import LISTEN_COPY
 from contracts.stage_settings import AudioSettings
 from stages.base import Stage, save_array
 
@@ -58,6 +59,12 @@ class AudioStage(Stage):
             log.warning("audio: %s is damaged: %s; keeping what decoded", source, info["damage"])
         sidecar = Path(item.output).with_suffix(".npy")
         digest = save_array(sidecar, samples)
+        try:
+            write_listen_copy(sidecar.with_name(LISTEN_COPY), samples)
+        except (av.FFmpegError, OSError) as exc:  # the transcript page then points at the source
+            if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise DiskFullError(f"no space left writing {LISTEN_COPY} ({exc}) in {sidecar.parent}") from None
+            log.warning("audio: no compressed copy of %s for the transcript page: %s", source, exc)
         return AudioArtifact(
             item_id=item.id,
             fingerprint=item.fingerprint,
@@ -180,6 +187,32 @@ def decode(path: Path):
         of = f" of {expected:.1f} s" if expected else ""
         info["damage"] = f"decoded {decoded:.1f} s{of}" + (f" ({error})" if error else "")
     return samples, info
+
+
+#: the compressed copy: Opus at this bit rate (speech at 16 kHz mono: ~11 MB an hour)
+LISTEN_BIT_RATE = 24_000
+
+
+def write_listen_copy(path: Path, samples) -> None:
+    """``samples`` (16 kHz mono float32) as Ogg Opus at ``path`` (temp file, then rename): what the
+    transcript page plays. Browsers seek in it; an hour encodes in seconds."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with av.open(str(tmp), "w", format="ogg") as out:
+            stream = out.add_stream("libopus", rate=SAMPLE_RATE, layout="mono")
+            stream.bit_rate = LISTEN_BIT_RATE
+            step = SAMPLE_RATE * 10
+            for at in range(0, samples.shape[0], step):
+                frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[None, at:at + step]),
+                                                   format="flt", layout="mono")
+                frame.sample_rate = SAMPLE_RATE
+                for packet in stream.encode(frame):
+                    out.mux(packet)
+            for packet in stream.encode(None):
+                out.mux(packet)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 #: a stream that decodes to less than this share of the length its container states is damaged

@@ -91,3 +91,26 @@ def stage_settings(stage: str, **fields) -> dict:
     from orchestrator.registry import stage_settings as build
 
     return build(stage, **fields).model_dump(mode="json")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Every SRT / WebVTT file the tests wrote (under pytest's base temporary directory) keeps the subtitle
+    rules the words allow (tests/caption_rules.py); one that breaks a rule fails the session."""
+    from tests.caption_rules import check
+
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or getattr(session.config, "workerinput", None) is not None:
+        return
+    try:
+        base = factory.getbasetemp()
+    except (OSError, ValueError):
+        return
+    files = sorted(p for ext in ("*.srt", "*.vtt") for p in base.rglob(ext) if p.is_file())
+    problems = [f"{p.relative_to(base)}: {line}" for p in files for line in check(p)]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"caption rules: {len(files)} caption files checked, {len(problems)} problems")
+        for line in problems[:50]:
+            reporter.write_line(f"  CAPTION RULE BROKEN {line}", red=True)
+    if problems:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,13 +1,27 @@
-"""User-facing files written from validated artifacts: SRT, VTT, TXT, JSONL."""
+"""User-facing files written from validated artifacts, one renderer per format.
+
+``process`` writes the ``export_formats`` (default SRT, VTT, TXT and the transcript page) and
+``segments.jsonl``; ``pipeline export`` writes any of :data:`orchestrator.layout.FORMATS` again from
+the stored artifacts (``orchestrator.run.export``). Every renderer is a pure function of a
+:class:`Sources`: the final transcript, the diarization turns when there are some, the names voice
+profiles gave, the run's notes and where the page finds the audio.
+"""
 
 from __future__ import annotations
 
+import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
 
-from contracts import EmbeddingsArtifact, TranscriptArtifact
-from contracts.io import atomic_write_text
+from contracts import DiarizationArtifact, EmbeddingsArtifact, TranscriptArtifact
+from contracts.io import atomic_write_bytes, atomic_write_text
+from orchestrator import layout
+from orchestrator.run.captions import CaptionRules, Cue, cues, label, spaced
+
+FORMATS = tuple(layout.FORMATS)
 
 
 def timestamp(seconds: float, separator: str) -> str:
@@ -18,104 +32,250 @@ def timestamp(seconds: float, separator: str) -> str:
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{separator}{millis:03d}"
 
 
-#: caption layout: at most this many lines of about this many characters, and this many seconds
-LINE_CHARS = 42
-MAX_LINES = 2
-CUE_MAX_S = 7.0
-SENTENCE_ENDS = (".", "?", "!", "…")
+@dataclass
+class Sources:
+    """What an input's files are made from."""
+
+    item_id: str
+    transcript: TranscriptArtifact
+    rules: CaptionRules = field(default_factory=CaptionRules)
+    #: who spoke when (None: speakers off, or the fast path went without)
+    diarization: DiarizationArtifact | None = None
+    #: diarization cluster -> the name a voice profile gave it
+    names: dict[str, str] = field(default_factory=dict)
+    #: the run's notes on this input (language, substitutions, damage, ...), shown atop the page
+    notes: list[str] = field(default_factory=list)
+    #: the audio the page plays, relative to the input's folder (None: none found)
+    audio: str | None = None
+    #: the input's status in the output folder's index
+    status: str = "ok"
+    source: str = ""
+
+    @cached_property
+    def cues(self) -> list[Cue]:
+        return cues(self.transcript, self.rules)
+
+    def speakers(self) -> list[str]:
+        """Speakers in order of first appearance."""
+        return list(dict.fromkeys(s.speaker for s in self.transcript.segments if s.speaker))
 
 
-@dataclass(frozen=True)
-class Cue:
-    start: float
-    end: float
-    speaker: str | None
-    text: str
+def to_srt(src: Sources) -> str:
+    return "\n".join(f"{n}\n{timestamp(c.start, ',')} --> {timestamp(c.end, ',')}\n{c.text}\n"
+                     for n, c in enumerate(src.cues, start=1))
 
 
-def _label(speaker: str | None, text: str) -> str:
-    return f"[{speaker}] {text}" if speaker else text
-
-
-def _wrap(text: str, line_chars: int, max_lines: int) -> str:
-    """Text on at most ``max_lines`` lines of about ``line_chars`` (the last line takes any rest)."""
-    lines: list[str] = []
-    for word in text.split():
-        if lines and len(lines) < max_lines and len(lines[-1]) + 1 + len(word) <= line_chars:
-            lines[-1] += " " + word
-        elif lines and len(lines) >= max_lines:
-            lines[-1] += " " + word
-        else:
-            lines.append(word)
-    return "\n".join(lines)
-
-
-def _balanced(words: list, budget: int, max_s: float) -> list[list]:
-    """A sentence's words in the fewest near-equal parts (by characters) that each fit ``budget`` and ``max_s``."""
-    for parts in range(1, len(words) + 1):
-        size = sum(len(w.word) + 1 for w in words) / parts
-        out: list[list] = [[]]
-        used = 0.0
-        for w in words:
-            if out[-1] and used + len(w.word) / 2 > size * len(out) and len(out) < parts:
-                out.append([])
-            out[-1].append(w)
-            used += len(w.word) + 1
-        if all(len(" ".join(w.word for w in p)) <= budget and p[-1].end - p[0].start <= max_s for p in out):
-            return out
-    return [[w] for w in words]
-
-
-def cues(transcript: TranscriptArtifact, line_chars: int = LINE_CHARS, max_s: float = CUE_MAX_S,
-         max_lines: int = MAX_LINES) -> list[Cue]:
-    """Caption cues: one speaker each (segments are speaker-pure), split at sentence ends, at most
-    ``max_lines`` x ``line_chars`` characters and ``max_s`` seconds where word times allow, never overlapping."""
-    budget = line_chars * max_lines
-    out: list[Cue] = []
-    for seg in transcript.segments:
-        words = [w for w in seg.words or [] if w.start is not None and w.end is not None]
-        if not words:
-            out.append(Cue(seg.start, seg.end, seg.speaker, seg.text))
-            continue
-        budget_here = budget - (len(seg.speaker) + 3 if seg.speaker else 0)
-        sentence: list = []
-        for n, w in enumerate(words):
-            sentence.append(w)
-            if w.word.endswith(SENTENCE_ENDS) or n == len(words) - 1:
-                for part in _balanced(sentence, budget_here, max_s):
-                    out.append(Cue(part[0].start, part[-1].end, seg.speaker, " ".join(x.word for x in part)))
-                sentence = []
-    out.sort(key=lambda c: (c.start, c.end))
-    fixed = []
-    for n, cue in enumerate(out):
-        end = min(cue.end, out[n + 1].start) if n + 1 < len(out) else cue.end
-        fixed.append(Cue(cue.start, max(cue.start, end), cue.speaker, _wrap(_label(cue.speaker, cue.text),
-                                                                              line_chars, max_lines)))
-    return fixed
-
-
-def to_srt(transcript: TranscriptArtifact, **layout) -> str:
-    blocks = [
-        f"{n}\n{timestamp(c.start, ',')} --> {timestamp(c.end, ',')}\n{c.text}\n"
-        for n, c in enumerate(cues(transcript, **layout), start=1)
-    ]
-    return "\n".join(blocks)
-
-
-def to_vtt(transcript: TranscriptArtifact, **layout) -> str:
-    blocks = [f"{timestamp(c.start, '.')} --> {timestamp(c.end, '.')}\n{c.text}\n" for c in cues(transcript, **layout)]
+def to_vtt(src: Sources) -> str:
+    blocks = [f"{timestamp(c.start, '.')} --> {timestamp(c.end, '.')}\n{c.text}\n" for c in src.cues]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
-def to_txt(transcript: TranscriptArtifact) -> str:
-    """One line per speaker turn (consecutive segments of one speaker joined)."""
-    turns: list[tuple[str | None, list[str]]] = []
+def turns(transcript: TranscriptArtifact) -> list[tuple[str | None, float, float, str]]:
+    """Consecutive segments of one speaker joined: (speaker, start, end, text)."""
+    glue = " " if spaced(transcript.language) else ""
+    out: list[tuple[str | None, float, float, str]] = []
     for seg in transcript.segments:
-        if turns and turns[-1][0] == seg.speaker:
-            turns[-1][1].append(seg.text)
+        text = seg.text.strip()
+        if out and out[-1][0] == seg.speaker:
+            speaker, start, _, joined = out[-1]
+            out[-1] = (speaker, start, seg.end, f"{joined}{glue}{text}")
         else:
-            turns.append((seg.speaker, [seg.text]))
-    return "".join(f"{_label(speaker, ' '.join(texts))}\n" for speaker, texts in turns)
+            out.append((seg.speaker, seg.start, seg.end, text))
+    return out
+
+
+def to_txt(src: Sources) -> str:
+    """One line per speaker turn."""
+    return "".join(f"{label(s) + ' ' if s else ''}{text}\n" for s, _, _, text in turns(src.transcript))
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split())
+
+
+def to_tsv(src: Sources) -> str:
+    """One row per segment: start and end in seconds, speaker, text."""
+    rows = ["start\tend\tspeaker\ttext"]
+    rows += [f"{s.start:.3f}\t{s.end:.3f}\t{_cell(s.speaker or '')}\t{_cell(s.text)}" for s in src.transcript.segments]
+    return "\n".join(rows) + "\n"
+
+
+def to_json(src: Sources) -> str:
+    """The transcript without the run's bookkeeping: segments, words, speakers."""
+    t = src.transcript
+    doc = {"id": src.item_id, "source": t.source, "language": t.language, "duration_s": t.duration_s,
+           "speakers": src.speakers(),
+           "segments": [{"start": s.start, "end": s.end, "speaker": s.speaker, "text": s.text.strip(),
+                         "words": [w.model_dump() for w in s.words or []]} for s in t.segments]}
+    return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
+
+
+def _field(text: str) -> str:
+    return "_".join(text.split()) or "NA"
+
+
+def speaker_turns(src: Sources) -> list[tuple[float, float, str]]:
+    """Who spoke when: the diarization's turns (named where a profile named them), else the segments'."""
+    if src.diarization is not None and src.diarization.turns:
+        return [(t.start, t.end, src.names.get(t.speaker, t.speaker)) for t in src.diarization.turns]
+    return [(s.start, s.end, s.speaker) for s in src.transcript.segments if s.speaker and s.end > s.start]
+
+
+def to_rttm(src: Sources) -> str:
+    """NIST RTTM: one SPEAKER line per turn (names without spaces)."""
+    uri = _field(src.item_id.replace("/", "_"))
+    return "".join(f"SPEAKER {uri} 1 {start:.3f} {end - start:.3f} <NA> <NA> {_field(who)} <NA> <NA>\n"
+                   for start, end, who in speaker_turns(src))
+
+
+def _tiers(src: Sources) -> list[tuple[str, list[tuple[float, float, str]]]]:
+    """Per speaker, a tier of its segments and one of its words (times clamped so that nothing overlaps)."""
+    speakers = src.speakers() or [None]
+    tiers = []
+    for speaker in speakers:
+        segs = [s for s in src.transcript.segments if s.speaker == speaker]
+        words = [(w.start, w.end, w.word.strip()) for s in segs for w in s.words or []
+                 if w.start is not None and w.end is not None and w.word.strip()]
+        name = speaker or "speech"
+        tiers.append((name, _ordered([(s.start, s.end, s.text.strip()) for s in segs])))
+        if words:
+            tiers.append((f"{name} words", _ordered(words)))
+    return tiers
+
+
+def _ordered(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    out: list[tuple[float, float, str]] = []
+    for start, end, text in sorted(spans):
+        start = round(max(start, out[-1][1] if out else 0.0), 3)
+        end = round(end, 3)
+        if end > start:
+            out.append((start, end, text))
+    return out
+
+
+def to_textgrid(src: Sources) -> str:
+    """Praat TextGrid (long text format): interval tiers per speaker, segments and words."""
+    tiers = _tiers(src)
+    xmax = max([src.transcript.duration_s] + [s[-1][1] for _, s in tiers if s])
+
+    def q(text: str) -> str:
+        return '"' + text.replace('"', '""') + '"'
+
+    lines = ['File type = "ooTextFile"', 'Object class = "TextGrid"', "", "xmin = 0", f"xmax = {xmax}",
+             "tiers? <exists>", f"size = {len(tiers)}", "item []:"]
+    for n, (name, spans) in enumerate(tiers, start=1):
+        filled: list[tuple[float, float, str]] = []
+        at = 0.0
+        for start, end, text in spans:
+            if start > at:
+                filled.append((at, start, ""))
+            filled.append((start, end, text))
+            at = end
+        if at < xmax or not filled:
+            filled.append((at, xmax, ""))
+        lines += [f"    item [{n}]:", '        class = "IntervalTier"', f"        name = {q(name)}",
+                  "        xmin = 0", f"        xmax = {xmax}", f"        intervals: size = {len(filled)}"]
+        for k, (start, end, text) in enumerate(filled, start=1):
+            lines += [f"        intervals [{k}]:", f"            xmin = {start}", f"            xmax = {end}",
+                      f"            text = {q(text)}"]
+    return "\n".join(lines) + "\n"
+
+
+def to_eaf(src: Sources) -> str:
+    """ELAN annotation document (EAF 3.0): a tier per speaker (its participant), and one of its words."""
+    slots: list[int] = []
+    tiers_xml = []
+    ann = 0
+    for name, spans in _tiers(src):
+        speaker = name.removesuffix(" words")
+        kind = "word" if name.endswith(" words") else "utterance"
+        body = []
+        for start, end, text in spans:
+            slots += [round(start * 1000), round(end * 1000)]
+            ann += 1
+            body.append(f'    <ANNOTATION><ALIGNABLE_ANNOTATION ANNOTATION_ID="a{ann}" '
+                        f'TIME_SLOT_REF1="ts{len(slots) - 1}" TIME_SLOT_REF2="ts{len(slots)}">'
+                        f"<ANNOTATION_VALUE>{escape(text)}</ANNOTATION_VALUE></ALIGNABLE_ANNOTATION></ANNOTATION>")
+        tiers_xml.append(f'  <TIER LINGUISTIC_TYPE_REF="{kind}" PARTICIPANT={quoteattr(speaker)} '
+                         f'TIER_ID={quoteattr(name)}>\n' + "".join(b + "\n" for b in body) + "  </TIER>")
+    media = (f'    <MEDIA_DESCRIPTOR MEDIA_URL={quoteattr(src.audio)} MIME_TYPE="audio/ogg" '
+             f'RELATIVE_MEDIA_URL={quoteattr("./" + src.audio)}/>\n') if src.audio else ""
+    time_order = "".join(f'    <TIME_SLOT TIME_SLOT_ID="ts{n}" TIME_VALUE="{v}"/>\n' for n, v in enumerate(slots, 1))
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<ANNOTATION_DOCUMENT AUTHOR="isostage" DATE="'
+        f'{src.transcript.created_at.strftime("%Y-%m-%dT%H:%M:%S+00:00")}" FORMAT="3.0" VERSION="3.0" '
+        'xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
+        'xsi:noNamespaceSchemaLocation="http://www.mpi.nl/tools/elan/EAFv3.0.xsd">\n'
+        f'  <HEADER MEDIA_FILE="" TIME_UNITS="milliseconds">\n{media}'
+        f'    <PROPERTY NAME="lastUsedAnnotationId">{ann}</PROPERTY>\n  </HEADER>\n'
+        f"  <TIME_ORDER>\n{time_order}  </TIME_ORDER>\n" + "\n".join(tiers_xml) + "\n"
+        '  <LINGUISTIC_TYPE GRAPHIC_REFERENCES="false" LINGUISTIC_TYPE_ID="utterance" TIME_ALIGNABLE="true"/>\n'
+        '  <LINGUISTIC_TYPE GRAPHIC_REFERENCES="false" LINGUISTIC_TYPE_ID="word" TIME_ALIGNABLE="true"/>\n'
+        '  <CONSTRAINT DESCRIPTION="Time subdivision of parent annotation\'s time interval, no time gaps allowed '
+        'within this interval" STEREOTYPE="Time_Subdivision"/>\n'
+        '  <CONSTRAINT DESCRIPTION="Symbolic subdivision of a parent annotation. Annotations refering to the same '
+        'parent are ordered" STEREOTYPE="Symbolic_Subdivision"/>\n'
+        '  <CONSTRAINT DESCRIPTION="1-1 association with a parent annotation" STEREOTYPE="Symbolic_Association"/>\n'
+        '  <CONSTRAINT DESCRIPTION="Time alignable annotations within the parent annotation\'s time interval, gaps '
+        'are allowed" STEREOTYPE="Included_In"/>\n'
+        "</ANNOTATION_DOCUMENT>\n")
+
+
+def to_docx(src: Sources) -> bytes:
+    """A Word document for editors: title, the run's notes, one paragraph per speaker turn."""
+    import docx  # python-docx: imported when a document is written
+
+    document = docx.Document()
+    document.core_properties.title = src.item_id
+    document.add_heading(src.item_id, level=1)
+    for note in _page_notes(src):
+        document.add_paragraph(note, style="List Bullet")
+    for speaker, start, _, text in turns(src.transcript):
+        paragraph = document.add_paragraph()
+        head = paragraph.add_run(f"{speaker or 'Speech'}  {timestamp(start, '.')[:-4]}")
+        head.bold = True
+        paragraph.add_run("\n" + text)
+    buffer = io.BytesIO()
+    document.save(buffer)
+    return buffer.getvalue()
+
+
+def to_aud(src: Sources) -> str:
+    """Audacity labels (File > Import > Labels): start, end (seconds), label; one per segment."""
+    return "".join(f"{s.start:.6f}\t{s.end:.6f}\t{_cell((label(s.speaker) + ' ' if s.speaker else '') + s.text)}\n"
+                   for s in src.transcript.segments)
+
+
+def _page_notes(src: Sources) -> list[str]:
+    from orchestrator.run.page import notes
+
+    return notes(src)
+
+
+def to_html(src: Sources) -> str:
+    from orchestrator.run.page import transcript_page
+
+    return transcript_page(src)
+
+
+RENDER = {"srt": to_srt, "vtt": to_vtt, "txt": to_txt, "tsv": to_tsv, "json": to_json, "rttm": to_rttm,
+          "textgrid": to_textgrid, "eaf": to_eaf, "docx": to_docx, "html": to_html, "aud": to_aud}
+assert set(RENDER) == set(FORMATS)
+
+
+def write_formats(directory: Path, src: Sources, formats: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """Write ``formats`` of ``src`` into ``directory`` (atomic writes); return file name -> path."""
+    written = {}
+    for name in formats:
+        data = RENDER[name](src)
+        path = directory / layout.FORMATS[name]
+        if isinstance(data, bytes):
+            atomic_write_bytes(path, data)
+        else:
+            atomic_write_text(path, data)
+        written[path.name] = str(path)
+    return written
 
 
 def to_jsonl(transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact, vectors) -> str:
@@ -137,17 +297,12 @@ def to_jsonl(transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact, vec
     return "".join(line + "\n" for line in lines)
 
 
-def write_outputs(directory: Path, transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact,
-                  vectors, line_chars: int = LINE_CHARS, max_s: float = CUE_MAX_S) -> dict[str, str]:
-    """Write the derived files next to transcript.json and embeddings.npy; return name -> path."""
-    layout = {"line_chars": line_chars, "max_s": max_s}
-    files = {
-        "transcript.srt": to_srt(transcript, **layout),
-        "transcript.vtt": to_vtt(transcript, **layout),
-        "transcript.txt": to_txt(transcript),
-        "segments.jsonl": to_jsonl(transcript, embeddings, vectors),
-    }
-    written = {name: str(atomic_write_text(directory / name, text)) for name, text in files.items()}
+def write_outputs(directory: Path, src: Sources, embeddings: EmbeddingsArtifact, vectors,
+                  formats: list[str] | tuple[str, ...] = ("srt", "vtt", "txt", "html")) -> dict[str, str]:
+    """What ``process`` writes next to transcript.json and embeddings.npy; return name -> path."""
+    written = write_formats(directory, src, formats)
+    written["segments.jsonl"] = str(atomic_write_text(directory / "segments.jsonl",
+                                                      to_jsonl(src.transcript, embeddings, vectors)))
     written["transcript.json"] = str(directory / "transcript.json")
     written["embeddings.npy"] = str(directory / embeddings.sidecar)
     written["embeddings.json"] = str(directory / "embeddings.json")

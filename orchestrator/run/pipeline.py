@@ -33,8 +33,8 @@ from contracts import (
     save_model,
 )
 from contracts.errors import DiskFullError, PipelineError, SettingsError
+from contracts.artifacts import LISTEN_COPY as LISTEN_SCRATCH, LanguageId
 from contracts.io import atomic_write_text, is_disk_full, save_large
-from contracts.artifacts import LanguageId
 from contracts.report import InputReport, ItemStage, RunPlan, RunReport, StagePlan, StageRun
 from orchestrator import layout
 from orchestrator.gpu.sizing import resolve_auto
@@ -45,6 +45,8 @@ from orchestrator.run.hub import cached_repos, downloads, resolve_hub
 from orchestrator.run.journal import Completed, Journal
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.models import actual_model, model_label, resolve_models, same_model
+from orchestrator.run.captions import CaptionRules
+from orchestrator.run.export import load_sources, write_index
 from orchestrator.run.outputs import write_outputs
 from orchestrator.run.plan import (
     Input,
@@ -67,7 +69,7 @@ LARGE_REPORT = 1000
 REUSED = ItemStage(status="reused")
 #: bump when the files written from the artifacts change (captions, TXT, segments.jsonl): every input's
 #: outputs are then rewritten on the next run
-OUTPUTS_VERSION = 1
+OUTPUTS_VERSION = 2
 #: kept for callers of earlier versions
 ID_INDEX = layout.IDS
 
@@ -259,6 +261,8 @@ class Orchestrator:
                 save_large(report, "inputs", out / REPORT_NAME, run_dir / REPORT_NAME)
             if self.settings.langid_only:
                 write_langid_tables(report, out)
+            elif "html" in self.settings.export_formats:
+                write_index(out)
         except (OSError, DiskFullError) as exc:
             if not is_disk_full(exc):
                 raise
@@ -382,7 +386,7 @@ class Orchestrator:
         """What an input's outputs are made from: every stage's fingerprint and the settings that shape the
         written files (captions, where outputs go, langid-only), so a change of either rewrites them."""
         if self._shaping is None or self._shaping[0] is not self.settings:
-            shaping = {k: v for k, v in self.settings.model_dump(mode="json").items() if k.startswith("caption")}
+            shaping = {k: v for k, v in self.settings.model_dump(mode="json").items() if k.startswith(("caption_", "export_"))}
             self._shaping = (self.settings, json.dumps({
                 "outputs": shaping, "version": OUTPUTS_VERSION, "langid_only": self.settings.langid_only,
                 "output_url": without_credentials(self.settings.output_url or "")}, sort_keys=True))
@@ -570,11 +574,6 @@ class Orchestrator:
             transcript = load_artifact(inp.artifact("transcript"), TranscriptArtifact)
             embeddings = load_artifact(inp.artifact("embeddings"), EmbeddingsArtifact)
             vectors = np.load(inp.directory / embeddings.sidecar, allow_pickle=False)
-            inp.outputs = write_outputs(inp.directory, transcript, embeddings, vectors,
-                                        line_chars=self.settings.caption_line_chars, max_s=self.settings.caption_max_s)
-            if self.settings.output_url:
-                self._upload(inp)
-            inp.duration_s = transcript.duration_s
             if transcript.speakers_note and not inp.skipped:  # a fast-path skip already has its note
                 inp.notes.append(transcript.speakers_note)
             if transcript.speech_note:  # e.g. silence: no segments, and why
@@ -591,6 +590,15 @@ class Orchestrator:
                 inp.notes.append(f"language {inp.language.status}: {inp.language.reason}")
             if transcript.source_track:
                 inp.notes.append(transcript.source_track)
+            listen = inp.directory / ".work" / LISTEN_SCRATCH
+            if listen.exists():  # the audio stage's compressed copy, kept for the transcript page
+                os.replace(listen, inp.directory / layout.LISTEN)
+            src = load_sources(inp.directory, inp.id, CaptionRules.from_settings(self.settings),
+                               [*inp.notes, *inp.substitutions], transcript, diarization)
+            inp.outputs = write_outputs(inp.directory, src, embeddings, vectors, self.settings.export_formats)
+            if self.settings.output_url:
+                self._upload(inp)
+            inp.duration_s = transcript.duration_s
         except (PipelineError, OSError, ValueError) as exc:
             if is_disk_full(exc):
                 raise DiskFullError(str(exc)) from None  # the run stops; this input resumes next run

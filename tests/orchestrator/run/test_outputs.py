@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from contracts import EmbeddingsArtifact, TranscriptArtifact
-from orchestrator.run.outputs import cues, timestamp, to_jsonl, to_srt, to_txt, to_vtt
+from orchestrator.run.captions import CaptionRules, cues
+from orchestrator.run.outputs import Sources, timestamp, to_jsonl, to_srt, to_txt, to_vtt
 
 T = TranscriptArtifact(
     item_id="a", fingerprint="f", source="/a.mp4", language="en", model="m", requested_model="embedded",
@@ -24,9 +25,10 @@ def test_timestamps():
 
 
 def test_srt_and_vtt():
-    assert to_srt(T) == "1\n00:00:00,000 --> 00:00:01,250\nHello there.\n\n2\n00:59:59,999 --> 01:00:01,500\n[Host] Bye.\n"
-    assert to_vtt(T).startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.250\nHello there.\n")
-    assert to_txt(T) == "Hello there.\n[Host] Bye.\n"
+    src = Sources("a", T)
+    assert to_srt(src) == "1\n00:00:00,000 --> 00:00:01,250\nHello there.\n\n2\n00:59:59,999 --> 01:00:01,500\n[Host] Bye.\n"
+    assert to_vtt(src).startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.250\nHello there.\n")
+    assert to_txt(src) == "Hello there.\n[Host] Bye.\n"
 
 
 def test_jsonl_rows_match_embeddings():
@@ -57,16 +59,16 @@ def test_cues_split_at_sentence_ends_length_and_time_and_never_overlap():
         {"id": 1, "start": 3.0, "end": 18.0, "text": " ".join(w for w, _, _ in long_words), "speaker": "Guest",
          "words": _words([(w, s + 3.0, e + 3.0) for w, s, e in long_words])}])
     cs = cues(t)
-    assert [c.text for c in cs[:2]] == ["[Host] Hi.", "[Host] How are you?"]
+    assert cs[0].text == "[Host] Hi. How are you?"  # one sentence after another, both fit one cue
     for a, b in zip(cs, cs[1:]):
         assert a.end <= b.start, (a, b)
     for c in cs:
         lines = c.text.split("\n")
         assert len(lines) <= 2 and all(len(line) <= 42 for line in lines), c
         assert c.end - c.start <= 7.0 and c.text.count("[") == 1, c
-    assert " ".join(c.text.replace("[Guest] ", "").replace("\n", " ") for c in cs[2:]) == t.segments[1].text
-    srt = to_srt(t, line_chars=20, max_s=2.0)
-    assert "[Host] Hi.\n" in srt and max(len(line) for line in srt.splitlines() if "-->" not in line) <= 20
+    assert " ".join(c.text.replace("[Guest] ", "").replace("\n", " ") for c in cs[1:]) == t.segments[1].text
+    srt = to_srt(Sources("a", t, CaptionRules(line_chars=20, max_s=2.0)))
+    assert "[Host] Hi." in srt and max(len(line) for line in srt.splitlines() if "-->" not in line) <= 20
 
 
 def test_txt_is_one_line_per_speaker_turn():
@@ -74,4 +76,4 @@ def test_txt_is_one_line_per_speaker_turn():
         {"id": 0, "start": 0.0, "end": 1.0, "text": "Hello.", "speaker": "Host"},
         {"id": 1, "start": 1.0, "end": 2.0, "text": "Welcome.", "speaker": "Host"},
         {"id": 2, "start": 2.0, "end": 3.0, "text": "Thanks.", "speaker": "Guest"}])
-    assert to_txt(t) == "[Host] Hello. Welcome.\n[Guest] Thanks.\n"
+    assert to_txt(Sources("a", t)) == "[Host] Hello. Welcome.\n[Guest] Thanks.\n"

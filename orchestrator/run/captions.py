@@ -1,0 +1,257 @@
+"""Caption cues by subtitle rules: line length and count, reading speed, duration, gaps, breaks.
+
+The rules (``CaptionRules``, from the ``caption_*`` settings) follow common broadcast guidelines:
+at most 42 characters a line and 2 lines, at most 17 characters a second (20 for a faster profile),
+0.833 s to 7 s on screen, 2 frames at 25 fps between cues. Cues end at sentence ends and speaker
+changes in preference to anywhere else, a cue never holds two speakers, and a cue is never on screen
+over a pause longer than ``max_pause_s``. Chinese, Japanese and Korean get their own line length and
+reading speed (:data:`SCRIPT_LIMITS`), and Chinese and Japanese words are joined without spaces.
+
+How: the words of each block (one speaker, no long pause inside) are cut into cues by dynamic
+programming over the cut points (hard: the text fits the lines, the words fit ``max_s``; costs: a cut
+that is not at a sentence end, reading speed above the limit, a cue shorter than the minimum), each
+cue's text is broken into balanced lines, and its time on screen is stretched towards what reading
+needs, within the next cue's start less the gap, ``max_pause_s`` after its last word and ``max_s``.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass, replace
+
+from contracts import TranscriptArtifact
+
+SENTENCE_ENDS = (".", "?", "!", "…", "。", "？", "！")
+CLAUSE_ENDS = (",", ";", ":", "—", "–", "、", "，", "；", "：")
+#: a line never ends with one of these when another break fits (English, French, German, Spanish, Italian)
+WEAK_WORDS = frozenset(
+    "a an the of to and or but for in on at by with from as that "
+    "le la les un une des du de et ou au aux "
+    "der die das den dem des ein eine einen einem einer und oder "
+    "el los las una unos unas y o del al "
+    "il lo gli i uno e di da".split())
+#: languages written without spaces between words (Whisper gives their words unspaced)
+UNSPACED = frozenset({"zh", "ja", "yue", "th", "lo", "my", "km", "bo"})
+#: per language: characters a line and characters a second (Netflix's timed-text guides for these
+#: languages: Japanese 13 a line and 4 a second, Chinese 16 and 9, Korean 16 and 12)
+SCRIPT_LIMITS: dict[str, tuple[int, float]] = {"ja": (13, 4.0), "zh": (16, 9.0), "yue": (16, 9.0),
+                                               "ko": (16, 12.0)}
+
+
+@dataclass(frozen=True)
+class CaptionRules:
+    """Subtitle rules; the defaults are the ``caption_*`` settings' (documented in the README)."""
+
+    line_chars: int = 42
+    lines: int = 2
+    min_s: float = 0.833
+    max_s: float = 7.0
+    max_cps: float = 17.0
+    min_gap_s: float = 2 / 25
+    max_pause_s: float = 1.5
+
+    @classmethod
+    def from_settings(cls, settings) -> CaptionRules:
+        return cls(line_chars=settings.caption_line_chars, lines=settings.caption_lines,
+                   min_s=settings.caption_min_s, max_s=settings.caption_max_s, max_cps=settings.caption_max_cps,
+                   min_gap_s=settings.caption_min_gap_frames / settings.caption_fps,
+                   max_pause_s=settings.caption_max_pause_s)
+
+    def for_language(self, language: str | None) -> CaptionRules:
+        """These rules with a script's own limits (never looser than the ones set)."""
+        limits = SCRIPT_LIMITS.get((language or "").lower().split("-")[0])
+        if limits is None:
+            return self
+        return replace(self, line_chars=min(self.line_chars, limits[0]), max_cps=min(self.max_cps, limits[1]))
+
+
+@dataclass(frozen=True)
+class Cue:
+    start: float
+    end: float
+    speaker: str | None
+    #: the lines as shown (the speaker label on the first), joined with "\n"
+    text: str
+
+
+@dataclass(frozen=True)
+class _Token:
+    text: str
+    start: float
+    end: float
+
+
+def label(speaker: str | None) -> str:
+    return f"[{speaker}]" if speaker else ""
+
+
+def spaced(language: str | None) -> bool:
+    return (language or "").lower().split("-")[0] not in UNSPACED
+
+
+def is_wide(char: str) -> bool:
+    return unicodedata.east_asian_width(char) in ("W", "F")
+
+
+def _is_punct(text: str) -> bool:
+    return bool(text) and all(unicodedata.category(c).startswith("P") for c in text)
+
+
+def _join(words: list[str], space: bool) -> str:
+    if space:
+        return " ".join(words)
+    out = ""
+    for word in words:  # unspaced scripts: a Latin word among them keeps its spaces
+        if out and not (is_wide(out[-1]) or is_wide(word[0]) or _is_punct(word)):
+            out += " "
+        out += word
+    return out
+
+
+def _tokens(segment, space: bool, line_chars: int) -> list[_Token]:
+    """A segment's words with times; words without times share the segment's time by their length.
+    An unspaced word longer than a line is cut (any cut is a valid break there)."""
+    timed = [w for w in segment.words or [] if w.start is not None and w.end is not None and w.word.strip()]
+    if segment.words and len(timed) == len([w for w in segment.words if w.word.strip()]):
+        tokens = [_Token(w.word.strip(), w.start, max(w.start, w.end)) for w in timed]
+    else:
+        texts = segment.text.split() if space else [segment.text.strip()]
+        total = sum(len(t) for t in texts) or 1
+        tokens, at = [], segment.start
+        for text in texts:
+            length = (segment.end - segment.start) * len(text) / total
+            tokens.append(_Token(text, at, at + length))
+            at += length
+    out: list[_Token] = []
+    for tok in tokens:
+        if space or len(tok.text) <= line_chars:
+            out.append(tok)
+            continue
+        pieces = [tok.text[i:i + line_chars] for i in range(0, len(tok.text), line_chars)]
+        step = (tok.end - tok.start) / len(pieces)
+        out.extend(_Token(p, tok.start + n * step, tok.start + (n + 1) * step) for n, p in enumerate(pieces))
+    return out
+
+
+def break_lines(words: list[str], rules: CaptionRules, space: bool = True) -> list[str] | None:
+    """``words`` on the fewest lines (at most ``rules.lines``) of at most ``rules.line_chars``, balanced:
+    lines of near-equal length, no line ending with a weak word (article, preposition) nor starting with
+    punctuation where another break fits. None when they do not fit. One word longer than a line is a
+    line of its own."""
+    n = len(words)
+    if n == 0:
+        return [""]
+    for count in range(1, rules.lines + 1):
+        best: dict[tuple[int, int], tuple[float, list[int]]] = {(0, 0): (0.0, [])}
+        for lines_used in range(count):
+            for (start, used), (cost, cuts) in list(best.items()):
+                if used != lines_used:
+                    continue
+                for end in range(start + 1, n + 1):
+                    text = _join(words[start:end], space)
+                    if len(text) > rules.line_chars and end - start > 1:
+                        break
+                    if lines_used + 1 == count and end != n:
+                        continue
+                    penalty = 0.0
+                    if end - start == 1 and words[start].startswith("[") and n > 1:
+                        penalty += 50  # a speaker label alone on its line
+                    if end < n and words[end - 1].lower().strip("'\"") in WEAK_WORDS:
+                        penalty += 1000
+                    if end < n and _is_punct(words[end]):
+                        penalty += 10000
+                    key = (end, lines_used + 1)
+                    total = cost + penalty + (rules.line_chars - len(text)) ** 2
+                    if key not in best or total < best[key][0]:
+                        best[key] = (total, [*cuts, end])
+        if (n, count) in best:
+            cuts = best[(n, count)][1]
+            return [_join(words[a:b], space) for a, b in zip([0, *cuts], cuts)]
+    return None
+
+
+def _break_cost(tok: _Token, last: bool) -> float:
+    if last or tok.text.endswith(SENTENCE_ENDS):
+        return 0.0
+    if tok.text.endswith(CLAUSE_ENDS):
+        return 1.5
+    if tok.text.lower().strip("'\"") in WEAK_WORDS:
+        return 6.0
+    return 4.0
+
+
+def _block_cues(block: list[_Token], speaker: str | None, rules: CaptionRules, space: bool,
+                follows: float | None) -> list[tuple[list[_Token], list[str]]]:
+    """One block's cues: its words cut where the rules and the break costs are best."""
+    prefix = [label(speaker)] if speaker else []
+    n = len(block)
+    best: list[tuple[float, int, list[str] | None]] = [(0.0, -1, None)] + [(float("inf"), -1, None)] * n
+    budget = rules.line_chars * rules.lines
+    for end in range(1, n + 1):
+        for start in range(end - 1, -1, -1):
+            words = [t.text for t in block[start:end]]
+            chars = len(_join(prefix + words, space))
+            if end - start > 1 and chars > budget + rules.line_chars:
+                break
+            span = block[end - 1].end - block[start].start
+            if end - start > 1 and span > rules.max_s:
+                break
+            lines = break_lines(prefix + words, rules, space)
+            if lines is None and end - start > 1:
+                continue
+            lines = lines or [*prefix, *words]
+            # time it could stay: until the next cue (less the gap), a pause after the last word, max_s
+            limit = block[end].start - rules.min_gap_s if end < n else (
+                block[-1].end + rules.max_pause_s if follows is None else min(follows - rules.min_gap_s,
+                                                                             block[-1].end + rules.max_pause_s))
+            shown = max(min(limit, block[start].start + rules.max_s) - block[start].start, 1e-3)
+            cps = chars / shown
+            cost = best[start][0] + 1.0 + _break_cost(block[end - 1], end == n)
+            if cps > rules.max_cps:
+                cost += 20.0 * (cps / rules.max_cps - 1.0)
+            if shown < rules.min_s:
+                cost += 3.0
+            if cost < best[end][0]:
+                best[end] = (cost, start, lines)
+    out = []
+    end = n
+    while end > 0:
+        _, start, lines = best[end]
+        out.append((block[start:end], lines))
+        end = start
+    return out[::-1]
+
+
+def cues(transcript: TranscriptArtifact, rules: CaptionRules | None = None) -> list[Cue]:
+    """The transcript's caption cues under ``rules`` (default: the defaults), in time order."""
+    rules = (rules or CaptionRules()).for_language(transcript.language)
+    space = spaced(transcript.language)
+    # blocks: one speaker, no pause longer than max_pause_s inside
+    blocks: list[tuple[str | None, list[_Token]]] = []
+    for seg in transcript.segments:
+        for tok in _tokens(seg, space, rules.line_chars):
+            if blocks and blocks[-1][0] == seg.speaker and tok.start - blocks[-1][1][-1].end <= rules.max_pause_s:
+                blocks[-1][1].append(tok)
+            else:
+                blocks.append((seg.speaker, [tok]))
+    blocks.sort(key=lambda b: b[1][0].start)
+    raw: list[tuple[float, float, str | None, list[str], int]] = []
+    for n, (speaker, block) in enumerate(blocks):
+        follows = blocks[n + 1][1][0].start if n + 1 < len(blocks) else None
+        for toks, lines in _block_cues(block, speaker, rules, space, follows):
+            raw.append((toks[0].start, toks[-1].end, speaker, lines, sum(map(len, lines))))
+    raw.sort(key=lambda c: (c[0], c[1]))
+    out: list[Cue] = []
+    prev_end = None
+    for n, (start, speech_end, speaker, lines, chars) in enumerate(raw):
+        if prev_end is not None:
+            start = max(start, prev_end + rules.min_gap_s)
+        want = start + max(rules.min_s, chars / rules.max_cps)
+        end = max(speech_end, min(want, speech_end + rules.max_pause_s))
+        end = min(end, start + rules.max_s)
+        if n + 1 < len(raw):
+            end = min(end, raw[n + 1][0] - rules.min_gap_s)
+        end = max(end, start + min(rules.min_s, 0.2))  # overlapping speech: the next cue moves instead
+        out.append(Cue(round(start, 3), round(end, 3), speaker, "\n".join(lines)))
+        prev_end = round(end, 3)
+    return out

@@ -1,0 +1,139 @@
+"""``pipeline export``: every format written again from the stored artifacts, starting no child.
+
+An input's files are made from its final ``transcript.json``, its ``diarization.json`` and
+``speaker_embeddings.json`` when there are some (who spoke when, and the names profiles gave), the
+run's notes the journal kept for it, and the current caption settings. The output folder's index
+(``OUT/index.html``) is written again too, from the journal: every input with its status and links.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contracts import DiarizationArtifact, TranscriptArtifact, load_artifact
+from contracts.artifacts import SpeakerEmbeddingsArtifact
+from contracts.errors import PipelineError
+from contracts.io import atomic_write_text
+from orchestrator import layout
+from orchestrator.run.captions import CaptionRules
+from orchestrator.run.journal import Journal
+from orchestrator.run.lock import OutputLock
+from orchestrator.run.outputs import Sources, write_formats
+from orchestrator.run.page import index_page
+from orchestrator.run.plan import load_ids
+
+log = logging.getLogger(__name__)
+
+
+def audio_href(directory: Path, transcript: TranscriptArtifact) -> str | None:
+    """What the page plays, relative to the input's folder: the compressed copy beside it, else the
+    source (when it is a local file: moving the output folder alone then loses it), else nothing."""
+    if (directory / layout.LISTEN).is_file():
+        return layout.LISTEN
+    source = Path(transcript.source)
+    if "://" not in transcript.source and source.is_file():
+        return os.path.relpath(source.resolve(), directory.resolve())
+    return None
+
+
+def load_sources(directory: Path, item_id: str, rules: CaptionRules, notes: list[str] | None = None,
+                 transcript: TranscriptArtifact | None = None,
+                 diarization: DiarizationArtifact | None = None) -> Sources:
+    """An input's :class:`Sources` from its folder (artifacts already read may be passed in)."""
+    transcript = transcript or load_artifact(directory / "transcript.json", TranscriptArtifact)
+    if diarization is None and (directory / "diarization.json").exists():
+        diarization = load_artifact(directory / "diarization.json", DiarizationArtifact)
+    names: dict[str, str] = {}
+    if (directory / "speaker_embeddings.json").exists():
+        try:  # only the names are read: the sidecar's vectors are not needed here
+            matched = SpeakerEmbeddingsArtifact.model_validate_json((directory / "speaker_embeddings.json").read_bytes())
+            names = {m.speaker: m.name for m in matched.matches if m.name}
+        except ValueError as exc:
+            log.warning("%s: speaker names not read: %s", item_id, exc)
+    return Sources(item_id=item_id, transcript=transcript, rules=rules, diarization=diarization, names=names,
+                   notes=list(notes or []), audio=audio_href(directory, transcript))
+
+
+def index_rows(out: Path, events: dict[str, dict] | None = None) -> list[dict]:
+    """One row per input the output folder knows (its index of ids, and the journal): last status, files."""
+    if events is None:
+        events = {}
+        for event in Journal(layout.path(out, layout.JOURNAL), "index").events():
+            if event.get("stage") == "outputs":
+                events[event.get("item")] = event
+    sources = {item_id: source for source, item_id in load_ids(out).items()}
+    rows = []
+    for item_id in sorted(set(sources) | {i for i in events if isinstance(i, str)}):
+        event = events.get(item_id) or {}
+        summary = event.get("summary") or {}
+        status = ("partial" if summary.get("damage") else "ok") if event.get("status") == "ok" else \
+            "failed" if event.get("status") == "failed" else "not finished"
+        directory = out / item_id
+        files = sorted(name for name in layout.FORMATS.values() if (directory / name).is_file())
+        rows.append({"id": item_id, "status": status, "source": sources.get(item_id, ""),
+                     "duration_s": summary.get("duration_s"), "error": event.get("error"), "files": files})
+    return rows
+
+
+def write_index(out: Path, events: dict[str, dict] | None = None) -> Path:
+    return atomic_write_text(layout.path(out, layout.INDEX), index_page(index_rows(out, events)))
+
+
+@dataclass
+class ExportResult:
+    written: int = 0
+    files: int = 0
+    #: id -> why its files could not be written
+    failed: dict[str, str] = field(default_factory=dict)
+    #: asked for but not in the output folder
+    unknown: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def export(settings, formats: list[str], only: list[str] | None = None) -> ExportResult:
+    """Write ``formats`` for the inputs of ``settings.output_dir`` (``only``: these ids or sources) with the
+    current caption settings; then the index. Holds the output folder's lock (one writer at a time)."""
+    out = Path(settings.output_dir)
+    started = time.perf_counter()
+    result = ExportResult()
+    rules = CaptionRules.from_settings(settings)
+    with OutputLock(out, wait=settings.wait_for_output):
+        events: dict[str, dict] = {}
+        for event in Journal(layout.path(out, layout.JOURNAL), "export").events():
+            if event.get("stage") == "outputs":
+                events[event.get("item")] = event
+        ids = load_ids(out)
+        known = sorted(set(ids.values()) | {i for i in events if isinstance(i, str)})
+        if only:
+            by_source = {str(Path(k)): v for k, v in ids.items()}
+            wanted = []
+            for name in only:
+                item_id = name if name in known else by_source.get(str(Path(name).absolute()), by_source.get(name))
+                if item_id is None:
+                    result.unknown.append(name)
+                else:
+                    wanted.append(item_id)
+            known = list(dict.fromkeys(wanted))
+        for item_id in known:
+            directory = out / item_id
+            if not (directory / "transcript.json").exists():
+                if only:
+                    result.failed[item_id] = "no transcript.json (not processed yet, or it failed)"
+                continue
+            summary = (events.get(item_id) or {}).get("summary") or {}
+            notes = [*(summary.get("notes") or []), *(summary.get("substitutions") or [])]
+            try:
+                src = load_sources(directory, item_id, rules, notes)
+                result.files += len(write_formats(directory, src, formats))
+            except (PipelineError, OSError, ValueError) as exc:
+                result.failed[item_id] = str(exc)
+                log.warning("%s: %s", item_id, exc)
+                continue
+            result.written += 1
+        write_index(out, events)
+    result.seconds = time.perf_counter() - started
+    return result
