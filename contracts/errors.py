@@ -23,7 +23,13 @@ class InputError(PipelineError):
 
 
 class DiskFullError(PipelineError):
-    """A file could not be written: no space left on its filesystem, a quota, or the file size limit."""
+    """A file could not be written: no space left on its filesystem, or a quota. Nobody's input's fault:
+    the run stops, and a rerun resumes."""
+
+
+class FileTooLargeError(DiskFullError):
+    """A file is larger than the file size limit (``ulimit -f``) allows: it never will fit, so the input
+    it belongs to fails alone."""
 
 
 class StageError(PipelineError):

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from contracts.errors import ArtifactError, DiskFullError
+from contracts.errors import ArtifactError, DiskFullError, FileTooLargeError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -40,8 +40,11 @@ _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    """A :class:`DiskFullError`, or an OS error that means the disk (quota, file size limit) is full."""
-    return isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno in _FULL)
+    """A full disk or quota (:class:`DiskFullError`, ENOSPC, EDQUOT): the run stops. Not a file over the size
+    limit (:class:`FileTooLargeError`, EFBIG): that one file never fits, and its input fails alone."""
+    if isinstance(exc, DiskFullError):
+        return not isinstance(exc, FileTooLargeError)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes | Callable[[], Iterable[bytes]]) -> Path:
@@ -73,6 +76,9 @@ def atomic_write_bytes(path: str | Path, data: bytes | Callable[[], Iterable[byt
                 pass
         if isinstance(exc, OSError) and exc.errno in _FULL:
             size = len(data) if isinstance(data, bytes) else f"{written} of more"
+            if exc.errno == errno.EFBIG:
+                raise FileTooLargeError(f"file too large to write {path.name} ({size} bytes; {exc.strerror}: the "
+                                        f"file size limit) in {path.parent}") from None
             raise DiskFullError(f"no space left writing {path.name} ({size} bytes; {exc.strerror}) "
                                 f"in {path.parent}") from None
         raise

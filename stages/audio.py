@@ -62,7 +62,7 @@ class AudioStage(Stage):
         try:
             write_listen_copy(sidecar.with_name(LISTEN_COPY), samples)
         except (av.FFmpegError, OSError) as exc:  # the transcript page then points at the source
-            if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):  # the run stops
                 raise DiskFullError(f"no space left writing {LISTEN_COPY} ({exc}) in {sidecar.parent}") from None
             log.warning("audio: no compressed copy of %s for the transcript page: %s", source, exc)
         return AudioArtifact(
@@ -198,7 +198,7 @@ def write_listen_copy(path: Path, samples) -> None:
     transcript page plays. Browsers seek in it; an hour encodes in seconds."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with av.open(str(tmp), "w", format="ogg") as out:
+        with av.open(str(tmp), "w", format="ogg", options={"fflags": "+bitexact"}) as out:  # bitexact: a fixed Ogg serial, the same bytes each run
             stream = out.add_stream("libopus", rate=SAMPLE_RATE, layout="mono")
             stream.bit_rate = LISTEN_BIT_RATE
             step = SAMPLE_RATE * 10

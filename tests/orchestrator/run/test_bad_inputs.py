@@ -175,7 +175,10 @@ def small_disk(request, tmp_path):
         subprocess.run(["umount", "-l", str(out)], check=False)
 
 
-def test_a_full_disk_fails_the_item_that_did_not_fit_and_leaves_no_partial_artifact(tmp_path, small_disk):
+def test_a_file_too_large_fails_alone_and_a_full_disk_stops_the_run_leaving_no_partial_artifact(tmp_path, small_disk,
+                                                                                                   request):
+    """A file the size limit (ulimit -f) forbids can never be written: its input fails alone. A full disk is
+    nobody's input's fault (issue 23, case 4): the run stops with exit 5 and fails nothing."""
     import subprocess
 
     from tests.conftest import ROOT
@@ -187,12 +190,18 @@ def test_a_full_disk_fails_the_item_that_did_not_fit_and_leaves_no_partial_artif
     done = subprocess.run([str(ROOT / "bin" / "pipeline"), "process", str(small), str(big), "--output", str(out),
                            "--no-speakers"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           preexec_fn=preexec)
-    assert done.returncode == 1, done.stderr[-2000:]
     report = json.loads((out / "run-report.json").read_text())
     by_name = {item["source"].rsplit("/", 1)[-1]: item for item in report["inputs"]}
-    assert by_name["small.wav"]["status"] == "ok", by_name["small.wav"]
-    failed = by_name["big.wav"]
-    assert failed["status"] == "failed" and failed["failed_stage"] == "audio"
-    assert failed["error"].startswith("no space left writing audio.npy (4") and "\n" not in failed["error"]
-    left = sorted(p.name for p in (out / failed["id"]).rglob("*") if p.is_file())
+    big_item = by_name["big.wav"]
+    if request.node.callspec.params["small_disk"] == "file size limit":
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert by_name["small.wav"]["status"] == "ok", by_name["small.wav"]
+        assert big_item["status"] == "failed" and big_item["failed_stage"] == "audio"
+        assert big_item["error"].startswith("file too large to write audio.npy (4") and "\n" not in big_item["error"]
+    else:
+        assert done.returncode == 5, done.stderr[-2000:]
+        assert report["failed"] == 0 and report["stopped"].startswith("disk full: ")
+        assert big_item["status"] == "interrupted"
+        assert "STOPPED disk full: " in done.stderr and "Traceback" not in done.stderr
+    left = sorted(p.name for p in (out / big_item["id"]).rglob("*") if p.is_file())
     assert left == [], f"nothing half-written is left: {left}"
