@@ -8,6 +8,7 @@ run's notes the journal kept for it, and the current caption settings. The outpu
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -18,9 +19,9 @@ from contracts import DiarizationArtifact, TranscriptArtifact, load_artifact
 from contracts.artifacts import SpeakerEmbeddingsArtifact
 from contracts.errors import PipelineError
 from contracts.io import atomic_write_text
+from contracts.jsonl import iter_lines
 from orchestrator import layout
 from orchestrator.run.captions import CaptionRules
-from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.outputs import Sources, write_formats
 from orchestrator.run.page import index_page
@@ -58,13 +59,29 @@ def load_sources(directory: Path, item_id: str, rules: CaptionRules, notes: list
                    notes=list(notes or []), audio=audio_href(directory, transcript))
 
 
+def outputs_events(journal: Path) -> dict[str, dict]:
+    """item id -> its last "outputs" event, with only what the index shows (status, error, duration,
+    damage): read a line at a time, so a journal of 100,000 inputs is never held whole."""
+    events: dict[str, dict] = {}
+    for line in iter_lines(journal):
+        if '"outputs"' not in line:
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict) or event.get("stage") != "outputs" or not isinstance(event.get("item"), str):
+            continue
+        summary = event.get("summary") if isinstance(event.get("summary"), dict) else {}
+        events[event["item"]] = {"status": event.get("status"), "error": event.get("error"),
+                                 "summary": {"damage": summary.get("damage"), "duration_s": summary.get("duration_s")}}
+    return events
+
+
 def index_rows(out: Path, events: dict[str, dict] | None = None) -> list[dict]:
     """One row per input the output folder knows (its index of ids, and the journal): last status, files."""
     if events is None:
-        events = {}
-        for event in Journal(layout.path(out, layout.JOURNAL), "index").events():
-            if event.get("stage") == "outputs":
-                events[event.get("item")] = event
+        events = outputs_events(layout.path(out, layout.JOURNAL))
     sources = {item_id: source for source, item_id in load_ids(out).items()}
     rows = []
     for item_id in sorted(set(sources) | {i for i in events if isinstance(i, str)}):
@@ -103,9 +120,7 @@ def export(settings, formats: list[str], only: list[str] | None = None) -> Expor
     rules = CaptionRules.from_settings(settings)
     with OutputLock(out, wait=settings.wait_for_output):
         events: dict[str, dict] = {}
-        for event in Journal(layout.path(out, layout.JOURNAL), "export").events():
-            if event.get("stage") == "outputs":
-                events[event.get("item")] = event
+        events = outputs_events(layout.path(out, layout.JOURNAL))
         ids = load_ids(out)
         known = sorted(set(ids.values()) | {i for i in events if isinstance(i, str)})
         if only:

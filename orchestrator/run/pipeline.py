@@ -113,6 +113,8 @@ class Orchestrator:
         self._shaping: tuple[Settings, str] | None = None
         #: journal summaries' languages, validated (JSON -> LanguageId)
         self._languages: dict[str, LanguageId] = {}
+        #: inputs of the current run reused from the journal alone
+        self._fast_resumed = 0
         #: the signal that stopped the last run (SIGINT, SIGTERM), if one did
         self.stopped_by: int | None = None
         #: the last run stopped because a disk was full: where, how much (one line)
@@ -206,6 +208,7 @@ class Orchestrator:
             chain_fingerprints(inp, specs)
         journal = Journal(layout.path(out, layout.JOURNAL), run_id)
         self._completed = {} if self.settings.force else journal.completed()
+        self._fast_resumed = 0
         resumed = sum(inp.id in self._completed and self._completed[inp.id].fingerprint == self._outputs_fingerprint(inp)
                       for inp in inputs)
         size = self.settings.chunk_size
@@ -261,8 +264,9 @@ class Orchestrator:
                 save_large(report, "inputs", out / REPORT_NAME, run_dir / REPORT_NAME)
             if self.settings.langid_only:
                 write_langid_tables(report, out)
-            elif "html" in self.settings.export_formats:
-                write_index(out)
+            elif "html" in self.settings.export_formats and (
+                    self._fast_resumed < len(inputs) or not layout.path(out, layout.INDEX).exists()):
+                write_index(out)  # a run that only found everything done leaves the index as it was
         except (OSError, DiskFullError) as exc:
             if not is_disk_full(exc):
                 raise
@@ -436,6 +440,7 @@ class Orchestrator:
         inp.notes.extend(summary.get("notes") or [])
         inp.substitutions = list(summary.get("substitutions") or [])
         inp.stages = {spec.name: REUSED for spec in specs if spec.keep}
+        self._fast_resumed += 1
         inp.complete = True
         return True
 
