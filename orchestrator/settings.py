@@ -291,6 +291,15 @@ class Settings(BaseSettings):
     #: jobs that may wait in the queue (429 above)
     job_max_queued: int = Field(100, ge=1, validation_alias=_env("job_max_queued", "PIPELINE_JOB_MAX_QUEUED"))
 
+    #: finished jobs (and their outputs) are deleted this many seconds after they finished (0: kept forever)
+    job_retention_s: float = Field(7 * 24 * 3600.0, ge=0, validation_alias=_env("job_retention_s", "PIPELINE_JOB_RETENTION_S"))
+    #: largest audio file POST /v1/audio/transcriptions accepts (OpenAI's limit is 25 MB); 413 above
+    max_upload_bytes: int = Field(25 * 1024 * 1024, ge=1024, validation_alias=_env("max_upload_bytes", "PIPELINE_MAX_UPLOAD_BYTES"))
+    #: seconds a transcription request may take end to end (queue + run); one that cannot is refused at once (429)
+    transcription_timeout_s: float = Field(900.0, gt=0, validation_alias=_env("transcription_timeout_s", "PIPELINE_TRANSCRIPTION_TIMEOUT_S"))
+    #: seconds per input a job is assumed to take until one has finished on this server (admission of transcriptions)
+    transcription_prior_s: float = Field(60.0, gt=0, validation_alias=_env("transcription_prior_s", "PIPELINE_TRANSCRIPTION_PRIOR_S"))
+
     @field_validator("input_roots", "read_roots", mode="before")
     @classmethod
     def _split_roots(cls, value):
