@@ -1,20 +1,24 @@
 """Jobs of the API server: confined input paths, job records on disk, and one queue run through the Orchestrator.
 
-A job is a list of files (directories are expanded at submission) inside the
-server's allowed input roots (at most ``job_max_paths`` paths expanding to
-``job_max_files`` files, 413 beyond; at most ``job_max_queued`` jobs waiting,
-429 beyond). Its state lives in ``<server_dir>/jobs/<id>/job.json`` (a
-validated :class:`contracts.api.JobRecord`, written atomically when its status
-changes) plus ``progress.jsonl`` beside it, where per-stage progress is
-appended as the job runs (one line per stage start and per finished item,
-never a rewrite of the record); on load the lines are applied over the record.
-Its outputs go to ``<server_dir>/jobs/<id>/out/``. Reading a job takes no
-lock: records are immutable snapshots replaced whole. One
-thread runs the jobs one at a time, each through the same
-:class:`orchestrator.run.pipeline.Orchestrator` as the CLI (isolated stage
-children, chunks, journal). On start, jobs found ``queued`` or ``running``
-are queued again; the Orchestrator's resume reuses whatever a previous run
-finished, so re-running is safe.
+A job is a list of files or directories inside the server's allowed input
+roots (at most ``job_max_paths`` paths holding ``job_max_files`` media files,
+413 beyond, the walk stopping one file past the limit; at most
+``job_max_queued`` jobs waiting, 429 beyond). The record keeps the submitted
+paths; the run expands directories as ``pipeline process`` does, and whatever
+is wrong with one input fails it alone (the job's inputs are the run report's).
+Its state lives in ``<server_dir>/jobs/<id>/job.json`` (a validated
+:class:`contracts.api.JobRecord`, written atomically when its status changes)
+plus ``progress.jsonl`` beside it, where per-stage progress is appended as the
+job runs; on load the lines are applied over the record. Its outputs go to
+``<server_dir>/jobs/<id>/out/``. Reading a job takes no lock: records are
+immutable snapshots replaced whole. One thread runs the jobs one at a time,
+each through the same :class:`orchestrator.run.pipeline.Orchestrator` as the
+CLI, with the audio stage confined to the roots on the file it opens. On
+start, jobs found ``queued`` or ``running`` are queued again (the
+Orchestrator's resume reuses what a previous run finished); finished jobs
+expire after ``job_retention_s``. One server owns the state folder (its lock).
+A transcription (``POST /v1/audio/transcriptions``) is a job of one uploaded
+file, read from its own folder only, removed once answered.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from contracts.errors import ApiError, ArtifactError, PipelineError
 from contracts.report import RunReport
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.pipeline import Orchestrator
-from orchestrator.run.plan import MEDIA_SUFFIXES, plan_inputs, shown
+from orchestrator.run.plan import iter_media, plan_inputs, shown
 from orchestrator.run.progress import LogProgress
 from orchestrator.settings import Settings
 
@@ -93,28 +97,14 @@ def count_files(path: Path, roots: list[Path], limit: int) -> int:
         return 1
     real_roots = [Path(os.path.realpath(root)) for root in roots]
     count = 0
-    seen: set[tuple[int, int]] = set()
-    for directory, dirs, files in os.walk(path, followlinks=True):  # as orchestrator.run.plan walks it
-        try:
-            st = os.stat(directory)
-        except OSError:
-            dirs[:] = []
-            continue
-        if (st.st_dev, st.st_ino) in seen:
-            dirs[:] = []
-            continue
-        seen.add((st.st_dev, st.st_ino))
-        for name in files:
-            if os.path.splitext(name)[1].lower() not in MEDIA_SUFFIXES:
-                continue
-            file = Path(directory) / name
-            if not any(_inside(Path(os.path.realpath(file)), root) for root in real_roots):
-                raise ApiError(403, f"{shown(file)} resolves outside the allowed input roots (symlink)",
-                               type="permission_error", param="paths", code="path_outside_roots")
-            count += 1
-            if count > limit:
-                raise ApiError(413, f"the paths expand to more than {limit} files (PIPELINE_JOB_MAX_FILES)",
-                               type="request_too_large", param="paths", code="too_many_files")
+    for file in iter_media(path):  # as the run will walk it, stopped one file past the limit
+        if not any(_inside(Path(os.path.realpath(file)), root) for root in real_roots):
+            raise ApiError(403, f"{shown(file)} resolves outside the allowed input roots (symlink)",
+                           type="permission_error", param="paths", code="path_outside_roots")
+        count += 1
+        if count > limit:
+            raise ApiError(413, f"the paths expand to more than {limit} files (PIPELINE_JOB_MAX_FILES)",
+                           type="request_too_large", param="paths", code="too_many_files")
     return count
 
 
