@@ -298,6 +298,7 @@ class ProfileWorker:
         self.cost = BatchCost()
         #: tokens per second and per text, learnt from the worker's answers: admission by expected wait
         self.throughput = Throughput()
+        self._last_done, self._backlog = 0.0, False
         self._queue: deque[_Part] = deque()
         self._queued_texts = 0
         self._cond = threading.Condition()
@@ -541,7 +542,12 @@ class ProfileWorker:
         self._last_active = time.monotonic()
         if isinstance(reply, Embedded):
             self.cost.observe(reply.count * max(reply.tokens, default=0), self._last_active - sent)
-            self.throughput.observe(sum(reply.tokens), reply.count, self._last_active - sent)
+            # back to back (texts were waiting when the last micro-batch ended), the rate is measured from that
+            # end: the batching thread's own time and its wait for the server's GIL count, as they do for a
+            # queued request
+            since = self._last_done if self._backlog else sent
+            self.throughput.observe(sum(reply.tokens), reply.count, self._last_active - since)
+            self._last_done, self._backlog = self._last_active, bool(self._queued_texts)
             self._deliver(parts, reply, worker)
             return reply
         if reply.reason == "oom":
