@@ -84,7 +84,9 @@ class JobRequest(BaseModel):
     paths: list[str] = Field(min_length=1, max_length=10_000)
 
 
-JobStatus = Literal["queued", "running", "done", "failed"]
+#: "cancelled": DELETE /v1/jobs/{id} stopped it before it finished
+JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
+FINISHED: tuple[str, ...] = ("done", "failed", "cancelled")
 
 
 class JobInput(Strict):
@@ -116,9 +118,15 @@ class JobRecord(Strict):
 
     schema_version: Literal[1] = 1
     id: str = Field(pattern=JOB_ID)
+    #: "transcription": one uploaded file of POST /v1/audio/transcriptions (removed once answered)
+    kind: Literal["job", "transcription"] = "job"
     status: JobStatus = "queued"
-    #: the confined, resolved files to process
+    #: the submitted files and directories, confined to the input roots (directories are expanded when the
+    #: job runs, as the command line does; names that are not UTF-8 never travel in the record)
     paths: list[str]
+    #: the spoken language and Whisper's initial prompt (transcriptions; None: the server's settings)
+    language: str | None = None
+    prompt: str | None = None
     output_dir: str
     created_at: datetime
     started_at: datetime | None = None
@@ -175,3 +183,63 @@ class Health(Strict):
     workers: list[WorkerHealth] | None = None
     jobs_queued: int | None = None
     job_running: str | None = None
+
+
+TRANSCRIPTION_FORMATS = ("json", "verbose_json", "text", "srt", "vtt")
+
+
+class TranscriptionWord(Strict):
+    """OpenAI's ``TranscriptionWord``, plus the speaker (None without speakers)."""
+
+    word: str
+    start: float
+    end: float
+    speaker: str | None = None
+
+
+class TranscriptionSegment(Strict):
+    """OpenAI's ``TranscriptionSegment``. Fields Whisper-through-whisperX does not give back are filled as
+    neutral values: ``seek`` 0, ``temperature`` 0, ``tokens`` [], ``avg_logprob`` the log of the words' mean
+    aligner score (0 without words), ``no_speech_prob`` 0; ``compression_ratio`` is computed from the text as
+    Whisper does (gzip). ``speaker`` is this server's extra field."""
+
+    id: int
+    seek: int = 0
+    start: float
+    end: float
+    text: str
+    tokens: list[int] = Field(default_factory=list)
+    temperature: float = 0.0
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+    speaker: str | None = None
+
+
+class TranscriptionUsage(Strict):
+    type: Literal["duration"] = "duration"
+    seconds: float
+
+
+class Transcription(Strict):
+    """``response_format=json``: OpenAI's ``Transcription``."""
+
+    text: str
+    usage: TranscriptionUsage | None = None
+
+
+class TranscriptionVerbose(Strict):
+    """``response_format=verbose_json``: OpenAI's ``TranscriptionVerbose``; ``segments`` / ``words`` as
+    ``timestamp_granularities[]`` asks (segments by default). Extra fields of this server: ``speakers`` (the
+    labels or enrolled names found, in order of first appearance; empty without speakers) and ``model`` (the
+    ASR model that ran)."""
+
+    task: Literal["transcribe"] = "transcribe"
+    language: str
+    duration: float
+    text: str
+    segments: list[TranscriptionSegment] | None = None
+    words: list[TranscriptionWord] | None = None
+    usage: TranscriptionUsage | None = None
+    speakers: list[str] = Field(default_factory=list)
+    model: str | None = None

@@ -26,7 +26,7 @@ class StageSettings(BaseModel):
     #: fields that say where or how to reach things, not what the output is: left out of the fingerprint
     #: (whether the hub answers, cache and weights paths; the model that actually runs is fingerprinted
     #: on its own, see ``orchestrator.run.models``)
-    ENVIRONMENT: ClassVar[frozenset[str]] = frozenset({"allow_hub", "weights_dir", "profiles_dir"})
+    ENVIRONMENT: ClassVar[frozenset[str]] = frozenset({"allow_hub", "weights_dir", "profiles_dir", "roots"})
 
     def identity(self) -> dict[str, Any]:
         """The settings that change results (what the fingerprint hashes)."""
@@ -36,6 +36,9 @@ class StageSettings(BaseModel):
 class AudioSettings(StageSettings):
     #: a source damaged part-way: keep what decoded (the input is reported ``partial``) or fail it
     on_damaged: Literal["keep", "fail"]
+    #: directories the stage may read sources from, checked on the file it actually opened (the HTTP API's
+    #: input roots; a job's upload folder); empty: any file
+    roots: list[str] = Field(default_factory=list)
 
 
 class AsrSettings(StageSettings):
@@ -57,6 +60,8 @@ class AsrSettings(StageSettings):
     #: windows of several inputs share batches (False: each input's windows alone, as whisperX does;
     #: "auto": on CUDA only)
     pack_inputs: bool | Literal["auto"]
+    #: Whisper's ``initial_prompt``: text that sets the vocabulary and style of the first window (None: none)
+    prompt: str | None = None
     #: time each window's words with the decoder's cross-attention as it is decoded (the alignment stage
     #: then runs no model unless a wav2vec2 aligner is on disk); off when alignment is off
     word_timestamps: bool = True

@@ -363,7 +363,8 @@ def serve(
     embedding_profile: Annotated[Optional[str], typer.Option(help="Embedding profile of jobs [env EMBEDDING_PROFILE].")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the workers' too.")] = False,
 ) -> None:
-    """HTTP API: OpenAI-compatible POST /v1/embeddings, POST/GET /v1/jobs, GET /health, GET /metrics."""
+    """HTTP API: OpenAI-compatible POST /v1/embeddings and /v1/audio/transcriptions, POST/GET/DELETE /v1/jobs,
+    GET /health, GET /metrics. One server per --server-dir (a second one exits 2 naming the first)."""
     from contracts.errors import SettingsError
     from orchestrator import Settings
     from orchestrator.api.server import serve as run_server
@@ -392,7 +393,11 @@ def serve(
     except SettingsError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
-    run_server(settings)
+    try:
+        run_server(settings)
+    except SettingsError as exc:  # e.g. another server owns the state folder (it is named)
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
 
 
 def main() -> None:

@@ -138,14 +138,14 @@ ALIGNMENT_NEEDS: dict[str, Need] = {"wav2vec2": Need(1.0 * GIB_MIB, 64)}
 
 
 STAGES: tuple[StageDef, ...] = (
-    StageDef("audio", "stages.audio", AudioArtifact, AudioSettings, build=lambda s: AudioSettings(on_damaged=s.on_damaged),
+    StageDef("audio", "stages.audio", AudioArtifact, AudioSettings, build=lambda s: AudioSettings(on_damaged=s.on_damaged, roots=[str(r) for r in s.read_roots]),
              gpu=False, keep=False),
     StageDef("asr", "stages.asr", TranscriptArtifact, AsrSettings, key="asr", inputs=("audio",),
              build=lambda s: AsrSettings(
                  model=s.asr_model, language=s.asr_language, languages=s.asr_languages,
                  weights_dir=_str(s.weights_dir), identify_only=s.langid_only,
                  compute_type=s.asr_compute_type, allow_hub=s.hub, pack_inputs=s.asr_pack_inputs,
-                 chunk_size=s.asr_chunk_size, word_timestamps=s.align),
+                 chunk_size=s.asr_chunk_size, word_timestamps=s.align, prompt=s.asr_prompt),
              batch_size=lambda s: s.asr_batch_size, needs=ASR_NEEDS, need_key=lambda c: model_key(c.model)),
     StageDef("diarization", "stages.diarization", DiarizationArtifact, DiarizationSettings, inputs=("audio",),
              build=lambda s: DiarizationSettings(

@@ -92,6 +92,8 @@ class Settings(BaseSettings):
     asr_model: str = Field("whisper-base", validation_alias=_env("asr_model", "ASR_MODEL"))
     #: spoken language; None: English for ".en" models, detected otherwise
     asr_language: str | None = Field(None, validation_alias=_env("asr_language", "ASR_LANGUAGE"))
+    #: Whisper's initial prompt (vocabulary, spelling, style); the API's ``prompt`` of a transcription
+    asr_prompt: str | None = Field(None, validation_alias=_env("asr_prompt", "ASR_PROMPT"))
     #: ``pipeline langid``: run only decoding and language identification, write langid.csv / langid.json
     langid_only: bool = False
     #: languages identification may choose from, e.g. "en,de,es" (ASR_LANGUAGES / --languages); empty: any
@@ -200,6 +202,10 @@ class Settings(BaseSettings):
     stop_grace_s: float = Field(30.0, ge=0, validation_alias=_env("stop_grace_s", "PIPELINE_STOP_GRACE_S"))
     #: a source damaged part-way: "keep" what decoded (reported as partial) or "fail" the input
     on_damaged: Literal["keep", "fail"] = Field("keep", validation_alias=_env("on_damaged", "PIPELINE_ON_DAMAGED"))
+    #: the audio stage opens only files whose real path (of the file actually opened) is under one of these;
+    #: empty: any file. The server sets it to its input roots for each job
+    read_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list,
+                                                        validation_alias=_env("read_roots", "PIPELINE_READ_ROOTS"))
     #: wait for another run that holds the output directory instead of stopping with exit 2
     wait_for_output: bool = Field(False, validation_alias=_env("wait_for_output", "PIPELINE_WAIT"))
     #: redo every stage even when a valid, current artifact exists
@@ -303,6 +309,15 @@ class Settings(BaseSettings):
     #: jobs that may wait in the queue (429 above)
     job_max_queued: int = Field(100, ge=1, validation_alias=_env("job_max_queued", "PIPELINE_JOB_MAX_QUEUED"))
 
+    #: finished jobs (and their outputs) are deleted this many seconds after they finished (0: kept forever)
+    job_retention_s: float = Field(7 * 24 * 3600.0, ge=0, validation_alias=_env("job_retention_s", "PIPELINE_JOB_RETENTION_S"))
+    #: largest audio file POST /v1/audio/transcriptions accepts (OpenAI's limit is 25 MB); 413 above
+    max_upload_bytes: int = Field(25 * 1024 * 1024, ge=1024, validation_alias=_env("max_upload_bytes", "PIPELINE_MAX_UPLOAD_BYTES"))
+    #: seconds a transcription request may take end to end (queue + run); one that cannot is refused at once (429)
+    transcription_timeout_s: float = Field(900.0, gt=0, validation_alias=_env("transcription_timeout_s", "PIPELINE_TRANSCRIPTION_TIMEOUT_S"))
+    #: seconds per input a job is assumed to take until one has finished on this server (admission of transcriptions)
+    transcription_prior_s: float = Field(60.0, gt=0, validation_alias=_env("transcription_prior_s", "PIPELINE_TRANSCRIPTION_PRIOR_S"))
+
     @field_validator("export_formats", mode="before")
     @classmethod
     def _formats(cls, value):
@@ -316,7 +331,7 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown format {unknown[0]!r} (one of {', '.join(FORMATS)})")
         return names
 
-    @field_validator("input_roots", mode="before")
+    @field_validator("input_roots", "read_roots", mode="before")
     @classmethod
     def _split_roots(cls, value):
         if isinstance(value, str):

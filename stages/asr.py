@@ -106,6 +106,7 @@ class AsrStage(TorchStage):
                 device_index=int(index or 0),
                 compute_type=compute_type,
                 language=language,
+                asr_options={"initial_prompt": settings.prompt} if settings.prompt else None,
                 vad_method="pyannote",  # its weights ship inside whisperx; "silero" needs torch.hub
                 local_files_only=not settings.allow_hub,
                 threads=os.cpu_count() or 1,

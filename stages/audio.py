@@ -13,6 +13,8 @@ import errno
 import logging
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from contracts import AudioArtifact, DiskFullError, InputError, SourceVersion, StageRequest, WorkItem
@@ -50,9 +52,10 @@ class AudioStage(Stage):
     def process(self, item: WorkItem, upstream, request: StageRequest) -> AudioArtifact:
         source = Path(upstream)
         size = check_readable(source)
-        check_unchanged(source, item.source_version)
-        samples, info = decode(source)
-        check_unchanged(source, item.source_version, during=True)
+        with open_confined(source, self.settings.roots) as (fd, opened):
+            check_unchanged(source, item.source_version, fd=fd)
+            samples, info = decode(opened, shown=source)
+            check_unchanged(source, item.source_version, during=True, fd=fd)
         if info["damage"] and self.settings.on_damaged == "fail":
             raise InputError(f"damaged media: {info['damage']} (PIPELINE_ON_DAMAGED=keep transcribes what decoded)")
         if info["damage"]:
@@ -106,6 +109,36 @@ def check_readable(path: Path) -> int:
     return info.st_size
 
 
+@contextmanager
+def open_confined(path: Path, roots: list[str]) -> Iterator[tuple[int, Path]]:
+    """Open ``path`` once and yield (descriptor, a path naming that very open file).
+
+    The check against ``roots`` is made on the file actually opened (its real path, as the kernel
+    reports it for the descriptor), not on the name: a folder swapped for a symbolic link after the
+    parent checked the name reads nothing outside the roots. Everything after (decoding, the
+    unchanged check) goes through ``/proc/self/fd/N``, the same open file, whatever the name points
+    at by then. Non-blocking, so a name swapped for a FIFO cannot hang the child.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(f"cannot open ({exc.strerror}): {path}") from None
+    try:
+        opened = Path(f"/proc/self/fd/{fd}")
+        if roots:
+            real = Path(os.readlink(opened))
+            allowed = [Path(os.path.realpath(root)) for root in roots]
+            if not any(real == root or root in real.parents for root in allowed):
+                log.warning("audio: %s opened %s, outside the allowed roots", path, real)
+                raise InputError(f"refused: the file opened is outside the allowed input roots (was a folder "
+                                 f"on its path replaced by a symbolic link?): {path}")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"not a regular file (replaced since it was checked): {path}")
+        yield fd, opened
+    finally:
+        os.close(fd)
+
+
 def recorded_source(path: Path) -> str:
     """The source as artifacts record it. A name that is not UTF-8 reaches this stage as the parent's link in
     the output directory: the file it points at is recorded, its bytes escaped as \\xNN (as the report does)."""
@@ -118,12 +151,13 @@ def recorded_source(path: Path) -> str:
     return str(path)
 
 
-def check_unchanged(path: Path, planned: SourceVersion | None, during: bool = False) -> None:
-    """Fail when ``path`` is not the file the run planned (written to, replaced, truncated since)."""
+def check_unchanged(path: Path, planned: SourceVersion | None, during: bool = False, fd: int | None = None) -> None:
+    """Fail when ``path`` (or the open file ``fd``) is not the file the run planned (written to, replaced,
+    truncated since)."""
     if planned is None:
         return
     try:
-        st = os.stat(path)
+        st = os.fstat(fd) if fd is not None else os.stat(path)
     except OSError as exc:
         raise InputError(f"source disappeared while it was read ({exc.strerror}): {path}") from None
     if (st.st_size, st.st_mtime_ns) == (planned.size, planned.mtime_ns):
@@ -141,12 +175,17 @@ def pick_stream(container):
     return (marked or audio)[0], bool(marked) and len(audio) > 1
 
 
-def decode(path: Path):
-    """Return (float32 mono 16 kHz samples, facts about the source stream)."""
+def decode(path: Path, shown: Path | None = None):
+    """Return (float32 mono 16 kHz samples, facts about the source stream); errors name ``shown`` (the
+    source's name when ``path`` is its open descriptor's ``/proc/self/fd/N``)."""
+    opened, path = path, shown or path
     try:
-        container = av.open(str(path), options=dict(OPEN_OPTIONS))
+        container = av.open(str(opened), options=dict(OPEN_OPTIONS))
     except av.FFmpegError as exc:
-        why = _refusal(path) if isinstance(exc, av.ArgumentError) else _reason(exc)
+        # through /proc/self/fd/N FFmpeg sees no file name, so a playlist is "invalid data" rather than a
+        # refused format: its first bytes tell either way
+        why = _refusal(opened) or ("not an audio or video container the pipeline reads"  # "Invalid argument"
+                                   if isinstance(exc, av.ArgumentError) else _reason(exc))
         raise InputError(f"not a readable media file ({why}): {path}") from None
     with container:
         if not container.streams.audio:
@@ -234,7 +273,8 @@ _POINTERS = ((b"#EXTM3U", "an HLS/M3U playlist"), (b"ffconcat", "an FFmpeg conca
 
 
 def _refusal(path: Path) -> str | None:
-    """Why a file that FFmpeg refused to open under :data:`OPEN_OPTIONS` is refused, when its first bytes tell."""
+    """Why a file that FFmpeg refused to open under :data:`OPEN_OPTIONS` is refused, when its first bytes tell
+    (None when they do not)."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
@@ -243,7 +283,7 @@ def _refusal(path: Path) -> str | None:
     for magic, what in _POINTERS:
         if head[: len(magic)].lower() == magic.lower():
             return f"{what}: it points at other files, which are not read"
-    return "not an audio or video container the pipeline reads"  # FFmpeg says "Invalid argument" here
+    return None
 
 
 def _reason(exc: Exception) -> str:

@@ -18,17 +18,21 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
+import os
+import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security.utils import get_authorization_scheme_param
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -42,16 +46,25 @@ from contracts.api import (
     EmbeddingUsage,
     ErrorDetail,
     ErrorResponse,
+    FINISHED,
     Health,
+    JobInput,
     JobInputResult,
     JobRecord,
     JobRequest,
     JobResult,
+    TRANSCRIPTION_FORMATS,
+    Transcription,
+    TranscriptionSegment,
+    TranscriptionUsage,
+    TranscriptionVerbose,
+    TranscriptionWord,
 )
 from contracts.errors import ApiError, ArtifactError
 from contracts.report import RunReport
 from orchestrator.gpu.nvml import NvmlReader
-from orchestrator.api.jobs import JobQueue
+from orchestrator.api.admission import refusal
+from orchestrator.api.jobs import UPLOAD_DIR, JobQueue
 from orchestrator.api.metrics import CONTENT_TYPE, Metrics, ScrapeCollector
 from orchestrator.settings import Settings
 from orchestrator.api.workers import EmbeddingPool
@@ -65,7 +78,10 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           422: "invalid_request_error", 429: "rate_limit_error", 503: "server_error", 504: "timeout_error"}
 #: documented error responses (OpenAPI)
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 413, 429, 503)}
-_ROUTES = ("/v1/embeddings", "/v1/jobs", "/health", "/metrics", "/openapi.json", "/docs")
+TRANSCRIPTIONS = "/v1/audio/transcriptions"
+_ROUTES = ("/v1/embeddings", "/v1/jobs", TRANSCRIPTIONS, "/health", "/metrics", "/openapi.json", "/docs")
+#: room for the multipart framing and the form's other fields around an upload
+FORM_OVERHEAD = 64 * 1024
 #: paths answered without a token (liveness probes: status only, the detail needs the token)
 OPEN_PATHS = frozenset({"/health"})
 #: Host names a loopback server without a token answers (anything else may be DNS rebinding from a browser)
@@ -124,8 +140,12 @@ class Guard:
     header is parsed with FastAPI's own helper.
     """
 
-    def __init__(self, app, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, app, settings: Settings, metrics: Metrics,
+                 admit_upload: Callable[[], ApiError | None] | None = None) -> None:
         self.app = app
+        self.upload_limit = settings.max_upload_bytes + FORM_OVERHEAD
+        #: transcriptions are admitted (or refused, 429) before their upload is read
+        self.admit_upload = admit_upload
         token = settings.api_token.get_secret_value() if settings.api_token else ""
         self.expected = token.encode() if token else None
         self.max_body = settings.max_body_bytes
@@ -187,8 +207,21 @@ class Guard:
     async def _body(self, scope, receive, send) -> None:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
-            await self._too_large(scope, receive, send)
+        upload = scope["path"] == TRANSCRIPTIONS and scope["method"] == "POST"
+        limit = self.upload_limit if upload else self.max_body
+        if upload and self.admit_upload is not None:
+            refused = self.admit_upload()
+            if refused is not None:
+                self.metrics.rejected.labels(reason="expected_wait").inc()
+                await _error(429, refused.message, code=refused.code, headers={
+                    "Retry-After": str(refused.retry_after or self.retry_after), "Connection": "close"})(
+                    scope, receive, send)
+                return
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await self._too_large(scope, receive, send, limit)
+            return
+        if upload and declared is not None:  # streamed to the form parser (it spools to disk), never held whole
+            await self.app(scope, _bounded(receive, int(declared)), send)
             return
         body, more, size = [], True, 0
         while more:
@@ -197,8 +230,8 @@ class Guard:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body:
-                await self._too_large(scope, receive, send)
+            if size > limit:
+                await self._too_large(scope, receive, send, limit)
                 return
             body.append(chunk)
             more = message.get("more_body", False)
@@ -214,9 +247,25 @@ class Guard:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, scope, receive, send) -> None:
-        await _error(413, f"request body larger than {self.max_body} bytes", code="body_too_large",
+    async def _too_large(self, scope, receive, send, limit: int) -> None:
+        await _error(413, f"request body larger than {limit} bytes", code="body_too_large",
                      headers={"Connection": "close"})(scope, receive, send)
+
+
+def _bounded(receive, declared: int):
+    """``receive`` that ends the request (a disconnect) when more than ``declared`` bytes arrive."""
+    seen = 0
+
+    async def bounded():
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > declared:
+                return {"type": "http.disconnect"}
+        return message
+
+    return bounded
 
 
 def check_embedding_request(body: EmbeddingRequest, settings: Settings) -> tuple[str, list[str]]:
@@ -293,43 +342,123 @@ def model_name(model: str) -> str:
     return Path(model).name if Path(model).is_absolute() else model
 
 
-def job_result(record: JobRecord, include_vectors: bool) -> JobResult:
-    """The transcripts and embeddings of a finished job, read back from its validated artifacts."""
+def _input_result(record: JobRecord, item: JobInput, done, include_vectors: bool) -> JobInputResult:
+    """One input's result, read back from its validated artifacts (its vectors only when asked)."""
     import numpy as np
 
-    report = None
+    result = JobInputResult(id=item.id, source=item.source, status=done.status if done else item.status,
+                            error=done.error if done else item.error, outputs=done.outputs if done else {})
+    if done is None or done.status not in ("ok", "partial"):
+        return result
+    directory = Path(record.output_dir) / item.id
+    transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
+    transcript = transcript.model_copy(update={"model": model_name(transcript.model),
+                                               "requested_model": model_name(transcript.requested_model)})
+    embeddings = load_artifact(directory / "embeddings.json", EmbeddingsArtifact)
+    embeddings = embeddings.model_copy(update={"model": model_name(embeddings.model),
+                                               "requested_model": model_name(embeddings.requested_model)})
+    vectors = np.load(directory / embeddings.sidecar, allow_pickle=False).tolist() if include_vectors else None
+    return result.model_copy(update={"transcript": transcript, "embeddings": embeddings, "vectors": vectors,
+                                     "text": " ".join(s.text for s in transcript.segments)})
+
+
+def job_result_chunks(record: JobRecord, include_vectors: bool) -> Iterator[bytes]:
+    """A finished job's :class:`JobResult` as JSON, written one input at a time: the response streams
+    (chunked), and only one input's transcript and vectors are in memory at once, whatever the job's size.
+    An unreadable output ends the input's entry with its error instead of failing the whole answer."""
     report_path = Path(record.output_dir) / REPORT_NAME
-    if report_path.exists():
-        report = load_model(report_path, RunReport)
+    report = load_model(report_path, RunReport) if report_path.exists() else None
     by_id = {i.id: i for i in report.inputs} if report else {}
-    inputs = []
-    for item in record.inputs:
-        done = by_id.get(item.id)
-        result = JobInputResult(id=item.id, source=item.source, status=done.status if done else item.status,
-                                error=done.error if done else item.error, outputs=done.outputs if done else {})
-        if done is not None and done.status in ("ok", "partial"):
-            directory = Path(record.output_dir) / item.id
-            transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
-            transcript = transcript.model_copy(update={"model": model_name(transcript.model),
-                                                       "requested_model": model_name(transcript.requested_model)})
-            embeddings = load_artifact(directory / "embeddings.json", EmbeddingsArtifact)
-            embeddings = embeddings.model_copy(update={"model": model_name(embeddings.model),
-                                                       "requested_model": model_name(embeddings.requested_model)})
-            vectors = np.load(directory / embeddings.sidecar, allow_pickle=False).tolist() if include_vectors else None
-            result = result.model_copy(update={
-                "transcript": transcript, "embeddings": embeddings, "vectors": vectors,
-                "text": " ".join(s.text for s in transcript.segments)})
-        inputs.append(result)
-    return JobResult(id=record.id, status=record.status, inputs=inputs)
+    head = JobResult(id=record.id, status=record.status, inputs=[]).model_dump_json()
+    yield head[:-len("[]}")].encode() + b"["
+    for number, item in enumerate(record.inputs):
+        try:
+            result = _input_result(record, item, by_id.get(item.id), include_vectors)
+        except ArtifactError as exc:
+            log.error("job %s: %s", record.id, exc)
+            result = JobInputResult(id=item.id, source=item.source, status="failed",
+                                    error=f"an output of this input is unreadable: {exc.reason}")
+        yield (b"," if number else b"") + result.model_dump_json().encode()
+    yield b"]}"
+
+
+def compression_ratio(text: str) -> float:
+    """Whisper's ``compression_ratio``: bytes of the text over bytes of its zlib compression."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def transcription_answer(record: JobRecord, response_format: str, granularities: list[str]) -> Response:
+    """A finished transcription job as OpenAI answers it; 400 with the input's reason when it failed."""
+    item = record.inputs[0] if record.inputs else None
+    if item is None or item.status not in ("ok", "partial"):
+        why = (item.error if item else None) or record.error or "the audio could not be transcribed"
+        raise ApiError(400, why, type="invalid_request_error", param="file", code="invalid_audio")
+    directory = Path(record.output_dir) / item.id
+    if response_format in ("srt", "vtt"):
+        return PlainTextResponse((directory / f"transcript.{response_format}").read_text(encoding="utf-8"),
+                                 media_type="text/plain; charset=utf-8")
+    transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
+    text = " ".join(seg.text.strip() for seg in transcript.segments if seg.text.strip())
+    usage = TranscriptionUsage(seconds=round(transcript.duration_s, 3))
+    if response_format == "text":
+        return PlainTextResponse(text + "\n", media_type="text/plain; charset=utf-8")
+    if response_format == "json":
+        return Response(Transcription(text=text, usage=usage).model_dump_json(), media_type="application/json")
+    segments, words, speakers = [], [], []
+    for seg in transcript.segments:
+        timed = [w for w in seg.words or [] if w.start is not None and w.end is not None]
+        scores = [w.score for w in seg.words or [] if w.score is not None and w.score > 0]
+        segments.append(TranscriptionSegment(
+            id=len(segments), start=seg.start, end=seg.end, text=seg.text, speaker=seg.speaker,
+            avg_logprob=math.log(sum(scores) / len(scores)) if scores else 0.0,
+            compression_ratio=compression_ratio(seg.text)))
+        words.extend(TranscriptionWord(word=w.word, start=w.start, end=w.end, speaker=w.speaker or seg.speaker)
+                     for w in timed)
+        for name in [seg.speaker, *(w.speaker for w in seg.words or [])]:
+            if name and name not in speakers:
+                speakers.append(name)
+    verbose = TranscriptionVerbose(
+        language=transcript.language, duration=transcript.duration_s, text=text, usage=usage,
+        segments=segments if not granularities or "segment" in granularities else None,
+        words=words if "word" in granularities else None, speakers=speakers, model=model_name(transcript.model))
+    return Response(verbose.model_dump_json(exclude_none=True), media_type="application/json")
+
+
+def _form_text(form, name: str) -> str | None:
+    value = form.get(name)
+    if value is None or isinstance(value, str):
+        return value or None
+    raise ApiError(400, f"'{name}' must be a text field", param=name, code="invalid_request")
+
+
+async def save_upload(upload, directory: Path, limit: int) -> None:
+    """Copy the uploaded file into ``directory`` as ``audio<suffix>`` (the suffix only when it is a plain
+    one); 413 beyond ``limit`` bytes."""
+    suffix = os.path.splitext(upload.filename or "")[1].lower()
+    suffix = suffix if suffix[1:].isalnum() and suffix.isascii() and len(suffix) <= 8 else ""
+    directory.mkdir(parents=True, exist_ok=True)
+    size = 0
+    with open(directory / f"audio{suffix}", "wb") as out:
+        while chunk := await upload.read(1 << 20):
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the audio file is larger than {limit} bytes (PIPELINE_MAX_UPLOAD_BYTES)",
+                               type="request_too_large", param="file", code="file_too_large")
+            await asyncio.to_thread(out.write, chunk)
+    if size == 0:
+        raise ApiError(400, "the audio file is empty", param="file", code="invalid_audio")
 
 
 def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI:
-    """The FastAPI application; raises :class:`SettingsError` for a non-loopback host without a token."""
+    """The FastAPI application; raises :class:`SettingsError` for a non-loopback host without a token, and
+    :class:`OutputBusyError` when another server owns ``server_dir``."""
     settings.check_serve()
     settings = resolve_hub(settings)  # allow_hub=auto: decided once, at start (workers load models later)
+    jobs = JobQueue(settings)
+    jobs.claim()  # one server per state folder: a second one stops here, naming the holder
     metrics = pool.metrics if pool is not None else Metrics()
     pool = pool or EmbeddingPool(settings, metrics)
-    jobs = JobQueue(settings)
     gpu = NvmlReader()
     metrics.registry.register(ScrapeCollector(jobs.counts, lambda: jobs.queued, lambda: _gpu_memory(pool, gpu)))
 
@@ -352,7 +481,7 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
-        headers = {"Retry-After": str(settings.retry_after_s)} if exc.status == 429 else None
+        headers = {"Retry-After": str(exc.retry_after or settings.retry_after_s)} if exc.status == 429 else None
         return _error(exc.status, exc.message, exc.type if exc.type != "server_error" or exc.status >= 500 else None,
                       exc.param, exc.code, headers=headers)
 
@@ -404,16 +533,115 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
 
     @app.get("/v1/jobs/{job_id}/result", response_model=JobResult, responses={**ERRORS, 409: {"model": ErrorResponse}})
     async def get_result(job_id: str, embeddings: bool = Query(False, description="include the vectors")) -> Response:
-        """Transcripts and embeddings of a finished job (409 while it is queued or running)."""
+        """Transcripts and embeddings of a finished job (409 while it is queued or running), streamed one
+        input at a time (chunked JSON: memory does not grow with the job's size)."""
         record = await asyncio.to_thread(jobs.get, job_id)
-        if record.status in ("queued", "running"):
+        if record.status not in FINISHED:
             raise ApiError(409, f"job {job_id} is {record.status}; its result is not ready",
                            type="conflict_error", code="job_not_finished")
         try:
-            result = await asyncio.to_thread(job_result, record, embeddings)
+            chunks = await asyncio.to_thread(job_result_chunks, record, embeddings)
+            first = await asyncio.to_thread(next, chunks)  # the report is read before the answer starts
         except ArtifactError as exc:
-            raise ApiError(500, f"an output of job {job_id} is unreadable: {exc.reason}", code="bad_output") from exc
-        return Response(result.model_dump_json(), media_type="application/json")
+            raise ApiError(500, f"the run report of job {job_id} is unreadable: {exc.reason}", code="bad_output") from exc
+
+        def whole() -> Iterator[bytes]:
+            yield first
+            yield from chunks
+
+        return StreamingResponse(whole(), media_type="application/json")
+
+    @app.delete("/v1/jobs/{job_id}", response_model=JobRecord, responses=ERRORS)
+    async def delete_job(job_id: str, delete_outputs: bool = Query(
+            False, description="also delete the job's outputs and record (404 afterwards)")) -> Response:
+        """Cancel a queued or running job (a running job's stage children finish their current item first;
+        202 until then). With ``delete_outputs=true`` its folder goes too once it has stopped."""
+        record = await asyncio.to_thread(jobs.cancel, job_id, delete_outputs)
+        return Response(record.model_dump_json(), status_code=200 if record.status in FINISHED else 202,
+                        media_type="application/json")
+
+    def admit_upload() -> ApiError | None:
+        """A transcription that could not finish within PIPELINE_TRANSCRIPTION_TIMEOUT_S is refused now."""
+        ahead, own = jobs.expected_wait_s(), jobs.clock.per_input_s
+        retry = refusal(ahead, own, settings.transcription_timeout_s)
+        if retry is None:
+            return None
+        return ApiError(429, f"the transcription queue would not answer within {settings.transcription_timeout_s:g}s "
+                             f"(about {ahead + own:.0f}s expected, {jobs.clock.per_input_s:.0f}s per input measured); "
+                             f"retry in {retry}s", type="rate_limit_error", code="expected_wait", retry_after=retry)
+
+    @app.post(TRANSCRIPTIONS, response_model=TranscriptionVerbose, responses={**ERRORS, 504: {"model": ErrorResponse}})
+    async def transcriptions(request: Request) -> Response:
+        """OpenAI's audio transcription (multipart: ``file``, ``model``, ``language``, ``prompt``,
+        ``response_format``, ``timestamp_granularities[]``), run as a job through the isolated stages."""
+        refused = admit_upload()
+        if refused is not None:
+            raise refused
+        try:
+            form = await request.form(max_files=1, max_fields=32)
+        except Exception as exc:  # noqa: BLE001 - python-multipart / starlette: a malformed form
+            raise ApiError(400, f"the request is not a valid multipart form ({type(exc).__name__}: {exc})",
+                           code="invalid_form") from None
+        try:
+            return await _transcribe(form, request)
+        finally:
+            await form.close()
+
+    async def _transcribe(form, request: Request) -> Response:
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise ApiError(400, "'file' must be an uploaded audio file", param="file", code="missing_file")
+        if not _form_text(form, "model"):
+            raise ApiError(400, "'model' is required (any name: this server transcribes with its ASR_MODEL)",
+                           param="model", code="missing_model")
+        response_format = _form_text(form, "response_format") or "json"
+        if response_format not in TRANSCRIPTION_FORMATS:
+            raise ApiError(400, f"'response_format' must be one of {', '.join(TRANSCRIPTION_FORMATS)}",
+                           param="response_format", code="invalid_response_format")
+        granularities = [g for g in form.getlist("timestamp_granularities[]") if isinstance(g, str)]
+        if any(g not in ("word", "segment") for g in granularities):
+            raise ApiError(400, "'timestamp_granularities[]' takes 'word' and 'segment'",
+                           param="timestamp_granularities", code="invalid_request")
+        if granularities and response_format != "verbose_json":
+            raise ApiError(400, "'timestamp_granularities[]' needs response_format=verbose_json",
+                           param="timestamp_granularities", code="invalid_request")
+        language, prompt = _form_text(form, "language"), _form_text(form, "prompt")
+        try:
+            settings.replace(asr_language=language)
+        except ValueError as exc:
+            raise ApiError(400, f"'language' is not a language code: {language}", param="language",
+                           code="invalid_language") from exc
+        job_id = jobs.new_id()
+        folder = jobs.directory / job_id
+        try:
+            await save_upload(upload, folder / UPLOAD_DIR, settings.max_upload_bytes)
+            record = await asyncio.to_thread(jobs.submit_upload, folder / UPLOAD_DIR, language, prompt)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+            raise
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future = loop.create_future()
+
+        def done(final: JobRecord | None) -> None:
+            loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(final))
+
+        jobs.watch(record.id, done)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            ready, _ = await asyncio.wait({finished, gone}, timeout=settings.transcription_timeout_s,
+                                          return_when=asyncio.FIRST_COMPLETED)
+            if finished not in ready:
+                await asyncio.to_thread(jobs.cancel, record.id, True)
+                if gone in ready:
+                    raise ApiError(499, "client closed the request", code="client_closed")
+                raise ApiError(504, f"the transcription was not done within {settings.transcription_timeout_s:g}s "
+                                    "(PIPELINE_TRANSCRIPTION_TIMEOUT_S); it was cancelled", type="timeout_error",
+                               code="deadline_exceeded")
+            final = finished.result()
+            return await asyncio.to_thread(transcription_answer, final, response_format, granularities)
+        finally:
+            gone.cancel()
+            await asyncio.to_thread(jobs.delete, record.id)
 
     @app.get("/health", response_model=Health, response_model_exclude_none=True)
     async def health(request: Request) -> Response:
@@ -429,7 +657,7 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         page = await asyncio.to_thread(metrics.render)  # the scrape collector reads NVML: off the event loop
         return Response(page, media_type=CONTENT_TYPE)
 
-    app.add_middleware(Guard, settings=settings, metrics=metrics)
+    app.add_middleware(Guard, settings=settings, metrics=metrics, admit_upload=admit_upload)
     return app
 
 

@@ -59,6 +59,7 @@ from contracts.worker import (
     WorkerConfig,
 )
 from orchestrator.process.toolkit import CONTEXT, FileFollower, LogRelay, spawn, stop
+from orchestrator.api.admission import Throughput, refusal
 from orchestrator.api.metrics import Metrics
 from orchestrator.run.outcome import OOM_ADVICE, Outcome, next_step, outcome_of
 from orchestrator.settings import Settings
@@ -295,6 +296,9 @@ class ProfileWorker:
         self.max_tokens: int | None = None
         #: a micro-batch's cost, learnt from the worker's answers: decides how long texts are grouped
         self.cost = BatchCost()
+        #: tokens per second and per text, learnt from the worker's answers: admission by expected wait
+        self.throughput = Throughput()
+        self._last_done, self._backlog = 0.0, False
         self._queue: deque[_Part] = deque()
         self._queued_texts = 0
         self._cond = threading.Condition()
@@ -324,6 +328,15 @@ class ProfileWorker:
                 self.metrics.rejected.labels(reason="queue").inc()
                 raise ApiError(429, f"the {self.profile!r} queue is full ({self._queued_texts} texts waiting, "
                                     f"at most {bound}); retry later", type="rate_limit_error", code="queue_full")
+            ahead = self.throughput.queue_seconds(self._queued_texts)
+            own = self.throughput.seconds(sum(self.tokens(n) for n in request.lengths))
+            retry = refusal(ahead, own, self.settings.request_timeout_s)
+            if retry is not None:
+                self.metrics.rejected.labels(reason="expected_wait").inc()
+                raise ApiError(429, f"the {self.profile!r} queue would not answer within the request deadline of "
+                                    f"{self.settings.request_timeout_s:g}s (about {ahead + own:.0f}s expected at the "
+                                    f"measured {self.throughput.tokens_per_s:.0f} tokens/s); retry in {retry}s",
+                               type="rate_limit_error", code="expected_wait", retry_after=retry)
             self._queue.extend(_Part(request, i, 1) for i in range(len(texts)))
             self._queued_texts += len(texts)
             self.metrics.queue.labels(profile=self.profile).set(self._queued_texts)
@@ -529,6 +542,12 @@ class ProfileWorker:
         self._last_active = time.monotonic()
         if isinstance(reply, Embedded):
             self.cost.observe(reply.count * max(reply.tokens, default=0), self._last_active - sent)
+            # back to back (texts were waiting when the last micro-batch ended), the rate is measured from that
+            # end: the batching thread's own time and its wait for the server's GIL count, as they do for a
+            # queued request
+            since = self._last_done if self._backlog else sent
+            self.throughput.observe(sum(reply.tokens), reply.count, self._last_active - since)
+            self._last_done, self._backlog = self._last_active, bool(self._queued_texts)
             self._deliver(parts, reply, worker)
             return reply
         if reply.reason == "oom":

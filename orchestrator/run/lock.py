@@ -26,9 +26,14 @@ LOCK_NAME = layout.LOCK
 
 
 class OutputLock:
-    def __init__(self, directory: Path, wait: bool = False) -> None:
+    """``what`` names the folder in errors, ``advice`` says what to do when it is held, ``role`` says in the
+    lock file what holds it (the server's state folder uses the same lock: ``orchestrator.api.jobs``)."""
+
+    def __init__(self, directory: Path, wait: bool = False, what: str = "output directory",
+                 advice: str = "wait for it (--wait) or choose another --output", role: str = "pipeline") -> None:
         self.path = Path(directory) / LOCK_NAME
         self.wait = wait
+        self.what, self.advice, self.role = what, advice, role
         self._fd: int | None = None
 
     def __enter__(self) -> OutputLock:
@@ -36,7 +41,7 @@ class OutputLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:  # read-only, not a directory, no permission: nothing could be written there
-            raise SettingsError(f"cannot write to output directory {self.path.parent}: "
+            raise SettingsError(f"cannot write to {self.what} {self.path.parent}: "
                                 f"{exc.strerror or exc}") from None
         try:
             try:
@@ -44,20 +49,18 @@ class OutputLock:
             except BlockingIOError:
                 holder = _holder(fd)
                 if not self.wait:
-                    raise OutputBusyError(
-                        f"output directory {self.path.parent} is in use by {holder}: wait for it (--wait) or choose "
-                        "another --output") from None
-                log.warning("output directory %s is in use by %s: waiting for it", self.path.parent, holder)
+                    raise OutputBusyError(f"{self.what} {self.path.parent} is in use by {holder}: {self.advice}") from None
+                log.warning("%s %s is in use by %s: waiting for it", self.what, self.path.parent, holder)
                 fcntl.flock(fd, fcntl.LOCK_EX)
             os.ftruncate(fd, 0)
-            record = {"pid": os.getpid(), "host": socket.gethostname(),
+            record = {"pid": os.getpid(), "host": socket.gethostname(), "role": self.role,
                       "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             os.pwrite(fd, json.dumps(record).encode(), 0)
         except OSError as exc:  # e.g. a full disk: the run cannot start (exit 2, with the reason)
             os.close(fd)
             if isinstance(exc, BlockingIOError):
                 raise
-            raise SettingsError(f"cannot write to output directory {self.path.parent}: {exc.strerror or exc} "
+            raise SettingsError(f"cannot write to {self.what} {self.path.parent}: {exc.strerror or exc} "
                                 f"(writing {self.path.name})") from None
         except BaseException:
             os.close(fd)
@@ -74,6 +77,7 @@ class OutputLock:
 def _holder(fd: int) -> str:
     try:
         record = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        return f"pipeline pid {record['pid']} on {record['host']} (started {record['started_at']})"
+        return (f"{record.get('role', 'pipeline')} pid {record['pid']} on {record['host']} "
+                f"(started {record['started_at']})")
     except (ValueError, KeyError, OSError):
         return "another pipeline run"

@@ -20,6 +20,7 @@ import logging
 import os
 import stat
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -82,9 +83,9 @@ def find_inputs(paths: list[str | Path]) -> list[Found]:
     return out
 
 
-def _media_under(root: Path) -> list[Path]:
-    """Media files below ``root`` in sorted order; linked folders are followed once (no loops)."""
-    found: list[Path] = []
+def iter_media(root: Path) -> Iterator[Path]:
+    """Media-named files below ``root`` as the walk meets them (folders in sorted order); linked folders
+    are followed once (no loops). A caller may stop early (the API's bounded walk)."""
     seen: set[tuple[int, int]] = set()
     for directory, dirs, files in os.walk(root, followlinks=True):
         try:
@@ -98,9 +99,12 @@ def _media_under(root: Path) -> list[Path]:
         seen.add((st.st_dev, st.st_ino))
         dirs.sort()
         base = Path(directory)
-        found.extend(base / f for f in files if os.path.splitext(f)[1].lower() in MEDIA_SUFFIXES)
-    found.sort()
-    return [p for p in found if p.is_file()]
+        yield from (base / f for f in files if os.path.splitext(f)[1].lower() in MEDIA_SUFFIXES)
+
+
+def _media_under(root: Path) -> list[Path]:
+    """Media files below ``root`` in sorted order."""
+    return [p for p in sorted(iter_media(root)) if p.is_file()]
 
 
 def expand_inputs(paths: list[str | Path]) -> list[Path | str]:

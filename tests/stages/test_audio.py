@@ -213,3 +213,29 @@ def test_a_source_that_changed_since_planning_is_refused_with_what_changed(tmp_p
     item = STAGE.run(request).items[0]
     assert not item.ok and item.error.startswith(
         f"source changed since the run was planned (size {st.st_size} -> {st.st_size + 3200} bytes)")
+
+
+def test_a_folder_swapped_for_a_link_out_of_the_roots_is_refused_where_the_file_is_opened(tmp_path, media):
+    import os
+    import shutil
+
+    # Given a source inside the allowed root, checked by the parent...
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "talks").mkdir(parents=True)
+    outside.mkdir()
+    shutil.copy(media / "speech.wav", root / "talks" / "talk.wav")
+    shutil.copy(media / "speech.wav", outside / "talk.wav")
+    os.symlink(root / "talks" / "talk.wav", tmp_path / "link.wav")  # how the parent hands over odd names
+    ok = _run(tmp_path / "before", {"a": str(root / "talks" / "talk.wav"), "l": str(tmp_path / "link.wav")},
+              roots=[str(root)])
+    assert [i.ok for i in ok.items] == [True, True], ok.items
+    # When its folder is replaced by a symbolic link to a folder outside the root before the child opens it
+    shutil.rmtree(root / "talks")
+    os.symlink(outside, root / "talks")
+    result = _run(tmp_path / "after", {"a": str(root / "talks" / "talk.wav")}, roots=[str(root)])
+    # Then nothing is decoded: the file actually opened is outside the roots
+    assert not result.items[0].ok
+    assert "outside the allowed input roots" in result.items[0].error, result.items[0].error
+    assert not (tmp_path / "after" / "a" / "audio.npy").exists()
+    # And without roots (the command line) the same path is read as the user gave it
+    assert _run(tmp_path / "cli", {"a": str(root / "talks" / "talk.wav")}).items[0].ok

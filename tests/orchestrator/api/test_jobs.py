@@ -13,7 +13,7 @@ from contracts import load_model
 from contracts.api import JobRecord
 from contracts.errors import ApiError
 from orchestrator.api.client import Client
-from orchestrator.api.jobs import confine
+from orchestrator.api.jobs import confine, count_files
 from orchestrator.api.server import start_in_thread
 from orchestrator.settings import Settings
 from tests.conftest import MAX_WER, MEDIA, SPEECH_TEXT, wer
@@ -38,13 +38,13 @@ def _refused(raw: str, roots: list, status: int) -> str:
     return caught.value.message
 
 
-def test_paths_inside_the_root_are_accepted_and_resolved(roots):
+def test_paths_inside_the_root_are_accepted_and_counted(roots):
     root, _ = roots
-    assert confine(str(root / "a.wav"), [root]) == [root.resolve() / "a.wav"]
-    assert confine("sub/b.mp4", [root]) == [root.resolve() / "sub" / "b.mp4"], "relative to the first root"
-    assert confine(str(root), [root]) == [root.resolve() / "a.wav", root.resolve() / "sub" / "b.mp4"]
+    assert confine(str(root / "a.wav"), [root]) == root.resolve() / "a.wav"
+    assert confine("sub/b.mp4", [root]) == root.resolve() / "sub" / "b.mp4", "relative to the first root"
+    assert confine(str(root), [root]) == root.resolve() and count_files(root.resolve(), [root], 10) == 2
     os.symlink(root / "a.wav", root / "link-inside.wav")
-    assert confine(str(root / "link-inside.wav"), [root]) == [root.resolve() / "a.wav"]
+    assert confine(str(root / "link-inside.wav"), [root]) == root.resolve() / "link-inside.wav"
 
 
 def test_outside_dotdot_and_symlinks_out_are_refused_with_a_reason(roots):
@@ -59,16 +59,42 @@ def test_outside_dotdot_and_symlinks_out_are_refused_with_a_reason(roots):
     (root / "mixed").mkdir()
     (root / "mixed" / "ok.wav").write_bytes(b"x")
     os.symlink(outside / "secret.wav", root / "mixed" / "sneaky.wav")
-    assert "sneaky.wav" in _refused(str(root / "mixed"), [root], 403), "a symlink inside a submitted directory"
+    with pytest.raises(ApiError) as caught:
+        count_files(root / "mixed", [root], 10)
+    assert caught.value.status == 403 and "sneaky.wav" in caught.value.message, "a symlink inside a directory"
     assert "accepts no jobs" in _refused(str(root / "a.wav"), [], 403)
 
 
-def test_missing_empty_and_media_less_paths_are_422(roots):
+def test_malformed_paths_are_422_and_missing_ones_fail_alone_later(roots):
     root, _ = roots
-    assert "does not exist" in _refused(str(root / "missing.wav"), [root], 422)
+    assert confine(str(root / "missing.wav"), [root]) == root.resolve() / "missing.wav", "like the command line"
     assert _refused("", [root], 422)
-    (root / "empty").mkdir()
-    assert "without media" in _refused(str(root / "empty"), [root], 422)
+    assert "Unicode" in _refused("bad-\udcff.wav", [root], 422)
+
+
+def test_the_walk_stops_one_file_past_the_limit(tmp_path):
+    # Given 50 folders of one media file each
+    root = tmp_path / "root"
+    for i in range(50):
+        (root / f"d{i:02d}").mkdir(parents=True)
+        (root / f"d{i:02d}" / "talk.wav").write_bytes(b"x")
+    seen = []
+    real_walk = os.walk
+
+    def counting_walk(*args, **kwargs):
+        for directory, dirs, files in real_walk(*args, **kwargs):
+            seen.append(len(files))
+            yield directory, dirs, files
+
+    os.walk = counting_walk
+    try:
+        with pytest.raises(ApiError) as caught:
+            count_files(root, [root], 3)
+    finally:
+        os.walk = real_walk
+    # Then the walk stopped at the fourth file (limit + 1): 413, and 45 folders were never listed
+    assert caught.value.status == 413 and caught.value.code == "too_many_files"
+    assert len(seen) == 5, seen  # the root and four folders
 
 
 def test_the_http_answer_says_why(tmp_path, roots):
@@ -78,7 +104,7 @@ def test_the_http_answer_says_why(tmp_path, roots):
         refused = httpx.post(f"{server.url}/v1/jobs", json={"paths": [str(outside / "secret.wav")]})
         assert refused.status_code == 403 and refused.json()["error"]["code"] == "path_outside_roots"
         assert httpx.post(f"{server.url}/v1/jobs", json={"paths": []}).status_code == 400
-        assert httpx.post(f"{server.url}/v1/jobs", json={"paths": ["missing.wav"]}).status_code == 422
+        assert httpx.post(f"{server.url}/v1/jobs", json={"paths": [""]}).status_code == 422
         assert httpx.get(f"{server.url}/v1/jobs/..%2F..%2Fetc").status_code == 404
         assert not list((tmp_path / "server" / "jobs").iterdir()), "no job was created"
     finally:

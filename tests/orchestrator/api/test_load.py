@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from collections.abc import Callable
 
 import httpx
@@ -283,3 +284,30 @@ def test_a_thousand_concurrent_connections_get_only_200_or_429_and_memory_stays_
     assert not failures, failures[:5]
     assert statuses.get(200) and set(statuses) <= {200, 429}, statuses
     assert 0 < peak["rss"] < 4 * 2**30, "the server's memory stayed bounded"
+
+
+def test_a_request_that_cannot_finish_within_its_deadline_is_refused_at_once(server):
+    worker = server.app.state.pool.worker("embedded")
+    rate = worker.throughput
+    saved = (rate.tokens_per_s, rate.tokens_per_text, rate.batch_s, rate.measured)
+    # Given a busy worker, a full request queued, and a measured rate at which it takes ~50 s (deadline 60 s)
+    sleeper, slept, release = _busy(server)
+    filler, filled = _in_thread(server, [f"waiting text {i}" for i in range(QUEUE_BOUND - 1)])
+    wait_for(lambda: _queued(server) == QUEUE_BOUND - 1 or filled, timeout=60, what="the queue to fill")
+    assert not filled, filled
+    rate.tokens_per_s, rate.tokens_per_text, rate.batch_s, rate.measured = 1.4, 10.0, 0.5, True
+    try:
+        # When one more request arrives
+        t0 = time.monotonic()
+        refused = _post(server, ["one text behind fifty seconds of work"])
+        # Then it is refused at once (not accepted only to time out), saying when it would fit
+        assert time.monotonic() - t0 < 2
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "expected_wait", refused.text
+        assert int(refused.headers["retry-after"]) >= 2
+    finally:
+        rate.tokens_per_s, rate.tokens_per_text, rate.batch_s, rate.measured = saved
+        release()
+        sleeper.join()
+        filler.join()
+    assert slept["response"].status_code == 200 and filled["response"].status_code == 200
+    assert not _seen(server, "one text behind fifty seconds of work")
