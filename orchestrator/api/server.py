@@ -576,6 +576,10 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         ``response_format``, ``timestamp_granularities[]``), run as a job through the isolated stages."""
         refused = admit_upload()
         if refused is not None:
+            # decided before the upload is parsed or stored; it is still read and dropped (bounded by the
+            # body limit): a response sent over an unread body makes the client's TCP see a reset, not the 429
+            async for _ in request.stream():
+                pass
             raise refused
         try:
             form = await request.form(max_files=1, max_fields=32)

@@ -85,7 +85,7 @@ def test_admission_refuses_at_once_what_cannot_finish_in_time(client, server):
     object.__setattr__(settings, "transcription_timeout_s", 60.0)
     job = httpx.post(f"{server.url}/v1/jobs", json={"paths": ["speech.wav"]}, timeout=30).json()
     try:
-        # When a transcription arrives: it is refused at once, before its upload is read, with a Retry-After
+        # When a transcription arrives: it is refused at once, before its upload is stored, with a Retry-After
         t0 = time.monotonic()
         with pytest.raises(openai.RateLimitError) as caught:
             _create(client)
