@@ -219,9 +219,11 @@ def test_progress_is_appended_not_rewritten_and_reading_a_job_takes_no_lock(tmp_
     assert seen.stage == "asr" and all(i.stages == {"audio": "ok", "asr": "ok"} for i in seen.inputs)
     # And a restarted server finds the same progress (the lines applied over the record)
     again = JobQueue(settings)
-    again.start()
     try:
-        assert again.get(job.id).inputs == seen.inputs and again.get(job.id).stage == "asr"
+        with again._cond:  # the runner thread waits for the lock: what start() recovered, before the job runs again
+            again.start()
+            recovered = again.get(job.id)
+        assert recovered.inputs == seen.inputs and recovered.stage == "asr"
     finally:
         again.close()
 
