@@ -5,6 +5,17 @@ The maths is pure and lives here (like ``orchestrator.run.outcome`` for retries)
 request's wait from the work queued ahead of it and the throughput they measured, and ask
 :func:`refusal` whether to take it. A refused request's ``Retry-After`` is when the work ahead will have
 shrunk enough for it to fit, so a client that honours it is not refused again for the same reason.
+
+Two things keep that true under heavy overload (1,000 clients on one worker):
+
+- **Spread.** Refused at the same moment, a thousand clients told "in 2 s" come back together and are
+  refused together again: the refusals themselves then take the CPU the worker needs. The caller adds a
+  random share (``spread``, drawn in [0, 1)) of the work queued ahead, so the retries arrive spread over
+  the time the queue takes to drain, at about the rate it drains.
+- **Calibration** (:class:`Lateness`). The estimate counts the worker's compute; the server's own time
+  (HTTP, JSON, the event loop shared by every connection) is not in it and grows with the number of
+  connections. Each answered request's measured time is compared with its estimate, and estimates are
+  scaled by that ratio (never below 1), so an accepted request still finishes within its deadline.
 """
 
 from __future__ import annotations
@@ -16,14 +27,43 @@ import math
 MARGIN = 0.8
 
 
-def refusal(ahead_s: float, own_s: float, deadline_s: float, margin: float = MARGIN) -> int | None:
+def refusal(ahead_s: float, own_s: float, deadline_s: float, margin: float = MARGIN, spread: float = 0.0) -> int | None:
     """None to admit a request expected to wait ``ahead_s`` for the work before it and ``own_s`` for its
-    own; else the seconds after which it would fit (``Retry-After``, at least 1). An empty queue admits
-    anything (a request larger than its deadline still gets its chance, alone)."""
+    own; else the seconds after which it would fit (``Retry-After``, at least 1), plus ``spread`` (a
+    share in [0, 1), drawn by the caller) of ``ahead_s``: refused clients come back spread over the
+    queue's drain time, not all at once. An empty queue admits anything (a request larger than its
+    deadline still gets its chance, alone)."""
     budget = deadline_s * margin
     if ahead_s <= 0 or ahead_s + own_s <= budget:
         return None
-    return max(1, math.ceil(ahead_s + own_s - budget))
+    return max(1, math.ceil(ahead_s + own_s - budget + spread * ahead_s))
+
+
+def drain_retry(drain_s: float, floor_s: int, spread: float = 0.0) -> int:
+    """``Retry-After`` for a request refused before its size is known (too many in flight, or a queue
+    already past its budget): when the work queued now is expected to be done, spread like
+    :func:`refusal`; never less than ``floor_s`` (``PIPELINE_RETRY_AFTER_S``)."""
+    return max(floor_s, math.ceil(drain_s * (0.5 + spread)))
+
+
+class Lateness:
+    """How much longer answered requests took than estimated (server time from arrival to answer over
+    the queue's estimate at admission), exponentially weighted; :attr:`factor` scales later estimates.
+    Requests estimated under ``MIN_ESTIMATE_S`` are not counted: their time is mostly fixed costs
+    that the ratio would blow up. The factor stays within [1, ``CEILING``]."""
+
+    MIN_ESTIMATE_S = 0.5
+    CEILING = 4.0
+
+    def __init__(self, weight: float = 0.1) -> None:
+        self.weight = weight
+        self.factor = 1.0
+
+    def observe(self, estimate_s: float, actual_s: float) -> None:
+        if estimate_s < self.MIN_ESTIMATE_S or actual_s <= 0:
+            return
+        ratio = min(self.CEILING, max(1.0, actual_s / estimate_s))
+        self.factor = (1 - self.weight) * self.factor + self.weight * ratio
 
 
 class Throughput:

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import random
 import shutil
 import socket
 import threading
@@ -63,7 +64,7 @@ from contracts.api import (
 from contracts.errors import ApiError, ArtifactError
 from contracts.report import RunReport
 from orchestrator.gpu.nvml import NvmlReader
-from orchestrator.api.admission import refusal
+from orchestrator.api.admission import drain_retry, refusal
 from orchestrator.api.jobs import UPLOAD_DIR, JobQueue
 from orchestrator.api.metrics import CONTENT_TYPE, Metrics, ScrapeCollector
 from orchestrator.settings import Settings
@@ -141,7 +142,8 @@ class Guard:
     """
 
     def __init__(self, app, settings: Settings, metrics: Metrics,
-                 admit_upload: Callable[[], ApiError | None] | None = None) -> None:
+                 admit_upload: Callable[[], ApiError | None] | None = None,
+                 drain_s: Callable[[], float] | None = None) -> None:
         self.app = app
         self.upload_limit = settings.max_upload_bytes + FORM_OVERHEAD
         #: transcriptions are admitted (or refused, 429) before their upload is read
@@ -153,6 +155,10 @@ class Guard:
         self.check_host = self.expected is None and settings.is_loopback()
         self.max_in_flight = settings.max_concurrent_requests
         self.retry_after = str(settings.retry_after_s)
+        self.floor_s = settings.retry_after_s
+        #: seconds until the queued work is done: the in-flight limit's Retry-After (not a fixed second,
+        #: which brings every refused client back at once: a retry storm that takes the event loop)
+        self.drain_s = drain_s
         self.in_flight = 0
 
     async def __call__(self, scope, receive, send) -> None:
@@ -190,13 +196,15 @@ class Guard:
                          code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
             return
         scope.setdefault("state", {})["authorized"] = authorized
+        scope["state"]["arrived"] = time.monotonic()
         if scope["path"] in OPEN_PATHS:
             await self._body(scope, receive, send)
             return
         if self.in_flight >= self.max_in_flight:
             self.metrics.rejected.labels(reason="concurrency").inc()
-            await _error(429, f"too many requests in flight (more than {self.max_in_flight}); retry later",
-                         code="too_many_requests", headers={"Retry-After": self.retry_after})(scope, receive, send)
+            retry = drain_retry(self.drain_s() if self.drain_s else 0.0, self.floor_s, random.random())
+            await _error(429, f"too many requests in flight (more than {self.max_in_flight}); retry in {retry}s",
+                         code="too_many_requests", headers={"Retry-After": str(retry)})(scope, receive, send)
             return
         self.in_flight += 1
         try:
@@ -516,9 +524,13 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         429 (Retry-After) when the profile's queue is full; 504 past the request deadline. A client that
         disconnects has its queued texts dropped."""
         profile, texts = check_embedding_request(body, settings)
-        result = await wait_for_rows(pool.ticket(profile, texts), request, settings, metrics)
-        response = embedding_response(result.vectors, result.tokens, result.model, body.encoding_format)
-        return Response(response.model_dump_json(), media_type="application/json")
+        ticket = pool.ticket(profile, texts)
+        result = await wait_for_rows(ticket, request, settings, metrics)
+        answer = embedding_response(result.vectors, result.tokens, result.model, body.encoding_format).model_dump_json()
+        arrived = request.scope.get("state", {}).get("arrived")
+        if arrived is not None:
+            ticket.worker.answered(ticket, time.monotonic() - arrived)
+        return Response(answer, media_type="application/json")
 
     @app.post("/v1/jobs", status_code=202, response_model=JobRecord, responses={**ERRORS, 403: {"model": ErrorResponse},
                                                                                  422: {"model": ErrorResponse}})
@@ -563,7 +575,7 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
     def admit_upload() -> ApiError | None:
         """A transcription that could not finish within PIPELINE_TRANSCRIPTION_TIMEOUT_S is refused now."""
         ahead, own = jobs.expected_wait_s(), jobs.clock.per_input_s
-        retry = refusal(ahead, own, settings.transcription_timeout_s)
+        retry = refusal(ahead, own, settings.transcription_timeout_s, spread=random.random())
         if retry is None:
             return None
         return ApiError(429, f"the transcription queue would not answer within {settings.transcription_timeout_s:g}s "
@@ -661,7 +673,7 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         page = await asyncio.to_thread(metrics.render)  # the scrape collector reads NVML: off the event loop
         return Response(page, media_type=CONTENT_TYPE)
 
-    app.add_middleware(Guard, settings=settings, metrics=metrics, admit_upload=admit_upload)
+    app.add_middleware(Guard, settings=settings, metrics=metrics, admit_upload=admit_upload, drain_s=pool.drain_s)
     return app
 
 

@@ -34,6 +34,7 @@ import concurrent.futures
 import itertools
 import logging
 import os
+import random
 import re
 import threading
 import time
@@ -59,7 +60,7 @@ from contracts.worker import (
     WorkerConfig,
 )
 from orchestrator.process.toolkit import CONTEXT, FileFollower, LogRelay, spawn, stop
-from orchestrator.api.admission import Throughput, refusal
+from orchestrator.api.admission import Lateness, Throughput, refusal
 from orchestrator.api.metrics import Metrics
 from orchestrator.run.outcome import OOM_ADVICE, Outcome, next_step, outcome_of
 from orchestrator.settings import Settings
@@ -167,6 +168,8 @@ class _Request:
         self.left = len(texts)
         self.model: str | None = None
         self.done = False
+        #: seconds the queue expected it to take at admission (uncalibrated; 0 before any measurement)
+        self.estimate = 0.0
 
     def fill(self, start: int, rows: np.ndarray, tokens: list[int], model: str) -> None:
         if self.done:
@@ -298,9 +301,13 @@ class ProfileWorker:
         self.cost = BatchCost()
         #: tokens per second and per text, learnt from the worker's answers: admission by expected wait
         self.throughput = Throughput()
+        #: answered requests' time over their estimate: the server's own time, which the estimate leaves out
+        self.lateness = Lateness()
         self._last_done, self._backlog = 0.0, False
         self._queue: deque[_Part] = deque()
         self._queued_texts = 0
+        #: a micro-batch is with the worker
+        self._busy = False
         self._cond = threading.Condition()
         self._closing = False
         self._worker: _Process | None = None
@@ -330,13 +337,15 @@ class ProfileWorker:
                                     f"at most {bound}); retry later", type="rate_limit_error", code="queue_full")
             ahead = self.throughput.queue_seconds(self._queued_texts)
             own = self.throughput.seconds(sum(self.tokens(n) for n in request.lengths))
-            retry = refusal(ahead, own, self.settings.request_timeout_s)
+            late = self.lateness.factor
+            retry = refusal(ahead * late, own * late, self.settings.request_timeout_s, spread=random.random())
             if retry is not None:
                 self.metrics.rejected.labels(reason="expected_wait").inc()
                 raise ApiError(429, f"the {self.profile!r} queue would not answer within the request deadline of "
-                                    f"{self.settings.request_timeout_s:g}s (about {ahead + own:.0f}s expected at the "
-                                    f"measured {self.throughput.tokens_per_s:.0f} tokens/s); retry in {retry}s",
+                                    f"{self.settings.request_timeout_s:g}s (about {(ahead + own) * late:.0f}s expected "
+                                    f"at the measured {self.throughput.tokens_per_s:.0f} tokens/s); retry in {retry}s",
                                type="rate_limit_error", code="expected_wait", retry_after=retry)
+            request.estimate = ahead + own
             self._queue.extend(_Part(request, i, 1) for i in range(len(texts)))
             self._queued_texts += len(texts)
             self.metrics.queue.labels(profile=self.profile).set(self._queued_texts)
@@ -356,6 +365,20 @@ class ProfileWorker:
             self.metrics.dropped_texts.labels(profile=self.profile).inc(dropped)
             log.info("%s: dropped %d queued text(s) of a request: %s", self.name, dropped, reason)
         return dropped
+
+    def answered(self, ticket: Ticket, seconds: float) -> None:
+        """A request was answered ``seconds`` after it reached the server: calibrates later estimates."""
+        self.lateness.observe(ticket.request.estimate, seconds)
+
+    def drain_s(self) -> float:
+        """Seconds until the texts queued now are computed (calibrated; 0 before any measurement)."""
+        with self._cond:
+            queued, busy = self._queued_texts, self._busy
+        rate = self.throughput
+        if not rate.measured:
+            return 0.0
+        in_flight = rate.batch_s if busy or queued else 0.0
+        return (rate.seconds(queued * rate.tokens_per_text) + in_flight) * self.lateness.factor
 
     def health(self) -> WorkerHealth:
         worker = self._worker
@@ -389,12 +412,15 @@ class ProfileWorker:
             if not batch:  # idle for too long
                 self._stop_worker("idle")
                 continue
+            self._busy = True
             try:
                 self._run(batch)
             except Exception as exc:  # noqa: BLE001 - never leave a request hanging
                 log.exception("%s: micro-batch failed unexpectedly", self.name)
                 for part in batch:
                     part.request.fail(ApiError(500, f"internal error ({type(exc).__name__})", code="internal_error"))
+            finally:
+                self._busy = False
         self._stop_worker("shutdown")
         with self._cond:
             leftover, self._queue = list(self._queue), deque()
@@ -776,6 +802,10 @@ class EmbeddingPool:
 
     def health(self) -> list[WorkerHealth]:
         return [w.health() for w in self.workers()]
+
+    def drain_s(self) -> float:
+        """Seconds until every profile's queued texts are computed (the longest queue)."""
+        return max((w.drain_s() for w in self.workers()), default=0.0)
 
     def close(self) -> None:
         with self._lock:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.api.admission import Throughput, refusal
+from orchestrator.api.admission import Lateness, Throughput, drain_retry, refusal
 
 
 def test_an_empty_queue_admits_anything_and_a_full_one_refuses_with_when_it_would_fit():
@@ -22,3 +22,35 @@ def test_throughput_is_learnt_from_batches_and_unknown_until_the_first():
     for _ in range(50):
         rate.observe(tokens=1600, texts=32, seconds=1.0)  # the machine got busy: half the rate
     assert abs(rate.tokens_per_s - 1600) < 1
+
+
+def test_refused_clients_are_told_to_come_back_spread_over_the_queues_drain_time():
+    # 40 s ahead, 10 s own, budget 48 s: fits in 2 s; the spread adds up to the 40 s queued ahead
+    assert refusal(40.0, 10.0, 60.0, spread=0.0) == 2
+    assert refusal(40.0, 10.0, 60.0, spread=0.5) == 22
+    retries = [refusal(40.0, 10.0, 60.0, spread=u / 100) for u in range(100)]
+    assert min(retries) == 2 and max(retries) == 42 and len(set(retries)) > 30, "not one moment for everyone"
+    assert refusal(10.0, 5.0, 60.0, spread=0.99) is None, "the spread never refuses what fits"
+
+
+def test_a_refusal_before_the_size_is_known_waits_for_the_queue_to_drain():
+    assert drain_retry(0.0, 1) == 1, "nothing measured: the configured floor"
+    assert drain_retry(20.0, 1, spread=0.0) == 10
+    assert drain_retry(20.0, 1, spread=0.99) == 30
+    assert drain_retry(0.4, 3, spread=0.99) == 3
+
+
+def test_lateness_scales_estimates_by_how_late_answers_were_and_never_below_one():
+    late = Lateness()
+    assert late.factor == 1.0
+    late.observe(estimate_s=0.1, actual_s=5.0)
+    assert late.factor == 1.0, "tiny estimates are mostly fixed costs: not counted"
+    for _ in range(60):
+        late.observe(estimate_s=4.0, actual_s=6.0)  # the HTTP side adds half again
+    assert abs(late.factor - 1.5) < 0.01
+    for _ in range(60):
+        late.observe(estimate_s=4.0, actual_s=1.0)  # faster than estimated: back to 1, not below
+    assert abs(late.factor - 1.0) < 0.01
+    for _ in range(60):
+        late.observe(estimate_s=1.0, actual_s=100.0)
+    assert late.factor <= Lateness.CEILING

@@ -262,8 +262,9 @@ def test_a_thousand_concurrent_connections_get_only_200_or_429_and_memory_stays_
                         failures.append(type(exc).__name__)
                         return
                     statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
-                    if response.status_code == 429:
-                        await asyncio.sleep(float(response.headers["retry-after"]))
+                    if response.status_code == 429:  # honoured, but not past the end of the load window
+                        await asyncio.sleep(min(float(response.headers["retry-after"]),
+                                                max(0.0, stop_at - time.monotonic())))
 
             async def watch() -> None:
                 while not peak["done"]:
@@ -311,3 +312,37 @@ def test_a_request_that_cannot_finish_within_its_deadline_is_refused_at_once(ser
         filler.join()
     assert slept["response"].status_code == 200 and filled["response"].status_code == 200
     assert not _seen(server, "one text behind fifty seconds of work")
+
+
+def test_past_the_in_flight_limit_retry_after_is_when_the_queue_drains_not_a_fixed_second(tmp_path):
+    """Before: every request past PIPELINE_MAX_CONCURRENT_REQUESTS was told 'retry in 1 s', so at 1,000
+    clients they all came back each second and the refusals took the event loop (bench/api.py)."""
+    record = tmp_path / "batches.jsonl"
+    record.touch()
+    settings = Settings(server_dir=tmp_path / "server", port=0, embed_max_wait_ms=20, max_concurrent_requests=1,
+                        embed_batch_timeout_s=BATCH_LIMIT_S, worker_start_timeout_s=120)
+    pool = EmbeddingPool(settings, module="tests.fixtures.worker_controlled", options={"record": str(record)})
+    running = start_in_thread(settings, pool)
+    running.record = record
+    try:
+        assert _post(running, ["warm up"]).status_code == 200
+        rate = pool.worker("embedded").throughput
+        # Given the one request allowed in flight, waiting in the worker, and a queue measured to drain in ~40 s
+        sleeper, slept, release = _busy(running)
+        rate.tokens_per_s, rate.tokens_per_text, rate.batch_s, rate.measured = 1.0, 1.0, 40.0, True
+        try:
+            retries = []
+            for _ in range(8):
+                # When more requests arrive
+                refused = _post(running, ["one more"])
+                assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_requests"
+                retries.append(int(refused.headers["retry-after"]))
+        finally:
+            release()
+            sleeper.join()
+        # Then they are told to come back when the queue has drained, spread out, not all in 1 s
+        assert all(20 <= r <= 60 for r in retries), retries
+        assert len(set(retries)) > 1, retries
+        assert slept["response"].status_code == 200
+    finally:
+        running.stop()
