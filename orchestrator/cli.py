@@ -325,7 +325,7 @@ def _speakers_call(output: Path, verbose: bool, call, **overrides):
 @speakers_app.command("cluster")
 def speakers_cluster(
     output: OutArg,
-    distance: Annotated[Optional[float], typer.Option(help="Cosine distance under which a voice joins a corpus speaker [env CORPUS_SPEAKER_DISTANCE, default 0.4].")] = None,
+    distance: Annotated[Optional[float], typer.Option(help="Cosine distance under which a voice joins a corpus speaker [env CORPUS_SPEAKER_DISTANCE, default 0.3].")] = None,
     wait: WaitOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:

@@ -170,7 +170,7 @@ class Settings(BaseSettings):
     #: cosine distance under which a new input's speaker joins a corpus speaker (and new speakers group
     #: together); lower: fewer wrong merges, more ids for one voice (trade-off measured in the README)
     corpus_speaker_distance: float = Field(
-        0.4, gt=0, le=2, validation_alias=_env("corpus_speaker_distance", "CORPUS_SPEAKER_DISTANCE"))
+        0.3, gt=0, le=2, validation_alias=_env("corpus_speaker_distance", "CORPUS_SPEAKER_DISTANCE"))
     #: similarity threshold written into new voice profiles (None: the encoder's default)
     speaker_threshold: float | None = Field(
         None, ge=-1, le=1, validation_alias=_env("speaker_threshold", "SPEAKER_THRESHOLD"))

@@ -165,8 +165,9 @@ def read_corpus(out: Path) -> CorpusSpeakers | None:
     try:
         return load_model(path, CorpusSpeakers)
     except ArtifactError as exc:
-        raise ArtifactError(f"{exc}; fix it, or move it away and run `pipeline speakers cluster {out}` to "
-                            "cluster the corpus again (names and merges made so far are then lost)") from None
+        raise ArtifactError(path, f"{exc.reason}; fix it, or move it away and run `pipeline speakers cluster "
+                                  f"{out}` to cluster the corpus again (names and merges made so far are then "
+                                  "lost)") from None
 
 
 def corpus_labels(corpus: CorpusSpeakers | None) -> dict[str, dict[str, tuple[str, str]]]:

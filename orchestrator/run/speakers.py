@@ -469,7 +469,8 @@ def voice_profile(out: Path, corpus: CorpusSpeakers, speaker: CorpusSpeaker,
                                  duration_s=max(m.seconds, 1e-3),
                                  embedding=[float(x) for x in _unit(vectors[(m.item_id, m.speaker)])]))
     if not clips:
-        raise ArtifactError(f"{speaker.id}: none of its inputs' diarization artifacts is readable")
+        raise ArtifactError(out / speaker.members[0].item_id / "diarization.json",
+                            f"{speaker.id}: none of its inputs' diarization artifacts is readable")
     kind = corpus.encoder or "campplus"
     first = load_artifact(out / speaker.members[0].item_id / "diarization.json", DiarizationArtifact)
     identity = json.dumps(sorted((c.path, c.sha256) for c in clips))
@@ -521,7 +522,8 @@ def split(settings, out: Path, sid: str, item_ids: list[str]) -> CorpusSpeaker:
         def centroid(members):
             known = [(vectors[(m.item_id, m.speaker)], m.seconds) for m in members if (m.item_id, m.speaker) in vectors]
             if not known:
-                raise ArtifactError(f"{speaker.id}: the voices of {members[0].item_id} are not readable")
+                raise ArtifactError(out / members[0].item_id / "diarization.json",
+                                    f"{speaker.id}: the voices of {members[0].item_id} are not readable")
             return _centroid(known)
 
         new = CorpusSpeaker(id=speaker_id(corpus.next_id), centroid=centroid(moving), members=moving)
