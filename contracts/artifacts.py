@@ -252,11 +252,11 @@ class DiarizationArtifact(Artifact):
             if len({len(v) for v in self.voices.values()}) != 1 or self.voice_encoder is None:
                 raise ValueError("voices must share one dimension and name their encoder")
             for label, vector in self.voices.items():
-                _unit(vector, f"voice of {label}")
+                require_unit(vector, f"voice of {label}")
         return self
 
 
-def _unit(vector: list[float], what: str) -> None:
+def require_unit(vector: list[float], what: str) -> None:
     norm = sum(x * x for x in vector) ** 0.5
     if abs(norm - 1.0) > 1e-3:
         raise ValueError(f"{what} must be L2-normalised (norm {norm:.4f})")
@@ -289,9 +289,9 @@ class VoiceProfile(Artifact):
     def _shapes(self) -> VoiceProfile:
         if len(self.embedding) != self.dimension or any(len(c.embedding) != self.dimension for c in self.clips):
             raise ValueError(f"every embedding must have {self.dimension} values")
-        _unit(self.embedding, "embedding")
+        require_unit(self.embedding, "embedding")
         for clip in self.clips:
-            _unit(clip.embedding, f"embedding of {clip.path}")
+            require_unit(clip.embedding, f"embedding of {clip.path}")
         return self
 
 

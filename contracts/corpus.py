@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from contracts.artifacts import Strict, _unit
+from contracts.artifacts import Strict, require_unit
 
 #: corpus speaker ids: S0001, S0002, ... (never reused)
 SPEAKER_ID = r"^S\d{4,}$"
@@ -91,5 +91,5 @@ class CorpusSpeakers(Strict):
         if len({len(s.centroid) for s in self.speakers}) > 1:
             raise ValueError("every centroid must have the same dimension")
         for s in self.speakers:
-            _unit(s.centroid, f"centroid of {s.id}")
+            require_unit(s.centroid, f"centroid of {s.id}")
         return self
