@@ -182,9 +182,12 @@ def assign(corpus: CorpusSpeakers | None, voices: list[Voice], distance: float,
     changed = set(fresh_items)
 
     # members of re-placed inputs leave their speakers
+    enrolled = {(v.item_id, v.speaker): v.enrolled for v in voices}
     speakers: dict[str, dict] = {}
     for s in corpus.speakers:
-        kept = [m for m in s.members if m.item_id not in fresh_items]
+        kept = [m.model_copy(update={"enrolled": enrolled[(m.item_id, m.speaker)]})
+                if enrolled.get((m.item_id, m.speaker), m.enrolled) != m.enrolled else m  # profiles changed
+                for m in s.members if m.item_id not in fresh_items]
         if not kept:
             continue
         centroid = s.centroid

@@ -79,6 +79,12 @@ def test_an_input_diarized_again_is_placed_again_and_other_encoders_are_left_out
     members = {(m.item_id, m.speaker): m.fingerprint for s in redone.corpus.speakers for m in s.members}
     assert members[("a", "SPEAKER_01")] == "new-a" and redone.changed == {"a"}
     assert ids_of(redone.corpus)[("a", "SPEAKER_00")] == ids_of(redone.corpus)[("b", "SPEAKER_00")]
+    named = [Voice(v.item_id, v.speaker, v.vector, v.seconds, v.fingerprint, v.encoder, "Host" if v.speaker ==
+                   "SPEAKER_00" else None) for v in voices("b", 0)]  # a profile names b's speaker on a later run
+    relabelled = assign(redone.corpus, named, 0.4)
+    assert relabelled.changed == {"a", "b"} and not relabelled.new_speakers
+    assert next(s.label for s in relabelled.corpus.speakers if s.id == ids_of(redone.corpus)[("b", "SPEAKER_00")]) \
+        == "Host"
     other = assign(redone.corpus, [Voice("c", "SPEAKER_00", PEOPLE[0], 3, "f", "pyannote:x")], 0.4)
     assert other.skipped == 1 and "c" not in {m.item_id for s in other.corpus.speakers for m in s.members}
 
