@@ -403,17 +403,20 @@ def speakers_merge(
 def speakers_split(
     output: OutArg,
     speaker: Annotated[str, typer.Argument(help="The corpus speaker to split (S0007).", show_default=False)],
-    inputs: Annotated[list[str], typer.Option("--input", help="An input (id) whose speaker is another voice; repeatable.")],
+    inputs: Annotated[Optional[list[str]], typer.Option("--input", help="An input (id) whose speaker is another voice; repeatable [default: group its voices again].")] = None,
+    distance: Annotated[Optional[float], typer.Option(help="Without --input: the distance its voices are grouped at again [default: half of CORPUS_SPEAKER_DISTANCE].")] = None,
     wait: WaitOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """A wrong merge mended: the speakers of these inputs leave SPEAKER and become a new corpus speaker."""
+    """A wrong merge mended: the speakers of these inputs (or the voices that group apart) leave SPEAKER and
+    become new corpus speakers."""
     from orchestrator.run.speakers import split
 
-    _, new = _speakers_call(output, verbose, lambda settings, out: split(settings, out, speaker, inputs),
+    _, new = _speakers_call(output, verbose, lambda settings, out: split(settings, out, speaker, inputs, distance),
                             wait_for_output=wait or None)
-    typer.echo(f"{new.id}: {len(new.members)} speaker(s) of {', '.join(sorted({m.item_id for m in new.members}))} "
-               f"split from {speaker}", err=True)
+    for s in new:
+        typer.echo(f"{s.id}: {len(s.members)} speaker(s) of {', '.join(sorted({m.item_id for m in s.members}))} "
+                   f"split from {speaker}", err=True)
 
 
 @app.command()

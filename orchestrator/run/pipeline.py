@@ -183,11 +183,12 @@ class Orchestrator:
 
         return merge(self.settings, Path(self.settings.output_dir), keep, other)
 
-    def split_speaker(self, speaker: str, inputs: list[str]):
-        """The speakers of ``inputs`` leave ``speaker`` for a new corpus speaker (``pipeline speakers split``)."""
+    def split_speaker(self, speaker: str, inputs: list[str] | None = None, distance: float | None = None):
+        """The speakers of ``inputs`` leave ``speaker`` for a new corpus speaker; without ``inputs`` its voices
+        are grouped again at ``distance`` (``pipeline speakers split``). Returns the new corpus speakers."""
         from orchestrator.run.speakers import split
 
-        return split(self.settings, Path(self.settings.output_dir), speaker, inputs)
+        return split(self.settings, Path(self.settings.output_dir), speaker, inputs, distance)
 
     def plan(self, paths: list[str | Path]) -> RunPlan:
         """What :meth:`process` would do, stage by stage, with the reasons: starts no child, writes nothing,

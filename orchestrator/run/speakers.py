@@ -506,32 +506,45 @@ def merge(settings, out: Path, keep: str, other: str) -> CorpusSpeaker:
     return merged_speaker
 
 
-def split(settings, out: Path, sid: str, item_ids: list[str]) -> CorpusSpeaker:
+def split(settings, out: Path, sid: str, item_ids: list[str] | None = None,
+          distance: float | None = None) -> list[CorpusSpeaker]:
     """``pipeline speakers split OUT S0007 --input ID ...``: those inputs' members of S0007 become a new
-    corpus speaker (a wrong merge mended); the rest stay S0007."""
+    corpus speaker (a wrong merge mended); the rest stay S0007. Without ``item_ids``, S0007's voices are
+    grouped again at ``distance`` (default: half the ``corpus_speaker_distance`` setting): the group with
+    the most speech keeps S0007, each other one becomes a new corpus speaker. Returns the new ones."""
     with OutputLock(out, wait=settings.wait_for_output):
         corpus = read_corpus(out)
         speaker = _find(corpus, sid)
-        moving = [m for m in speaker.members if m.item_id in set(item_ids)]
-        unknown = sorted(set(item_ids) - {m.item_id for m in speaker.members})
-        if unknown:
-            raise SettingsError(f"{speaker.id} does not speak in {', '.join(unknown)}")
-        staying = [m for m in speaker.members if m.item_id not in set(item_ids)]
-        if not moving or not staying:
+        vectors = _vectors(out, speaker.members)
+        if item_ids:
+            unknown = sorted(set(item_ids) - {m.item_id for m in speaker.members})
+            if unknown:
+                raise SettingsError(f"{speaker.id} does not speak in {', '.join(unknown)}")
+            parts = [[m for m in speaker.members if m.item_id not in set(item_ids)],
+                     [m for m in speaker.members if m.item_id in set(item_ids)]]
+        else:
+            distance = settings.corpus_speaker_distance / 2 if distance is None else distance
+            known = [m for m in speaker.members if (m.item_id, m.speaker) in vectors]
+            voices = [Voice(m.item_id, m.speaker, vectors[(m.item_id, m.speaker)], m.seconds, m.fingerprint, "")
+                      for m in known]
+            parts = [[known[i] for i in group] for group in group_voices(voices, distance)] if voices else []
+            if len(parts) >= 2:  # members whose voices are not readable stay
+                parts[0] += [m for m in speaker.members if (m.item_id, m.speaker) not in vectors]
+            if len(parts) < 2:
+                raise SettingsError(f"{speaker.id}'s voices are one voice even at distance {distance:g}: name the "
+                                    "inputs to split off with --input, or a lower distance")
+        if any(not part for part in parts):
             raise SettingsError(f"splitting {speaker.id} needs some of its inputs to move and some to stay "
                                 f"(it speaks in {len({m.item_id for m in speaker.members})})")
-        vectors = _vectors(out, speaker.members)
 
         def centroid(members):
             known = [(vectors[(m.item_id, m.speaker)], m.seconds) for m in members if (m.item_id, m.speaker) in vectors]
-            if not known:
-                raise ArtifactError(out / members[0].item_id / "diarization.json",
-                                    f"{speaker.id}: the voices of {members[0].item_id} are not readable")
-            return _centroid(known)
+            return _centroid(known) if known else speaker.centroid  # voices unreadable: keep the old centre
 
-        new = CorpusSpeaker(id=speaker_id(corpus.next_id), centroid=centroid(moving), members=moving)
-        kept = speaker.model_copy(update={"centroid": centroid(staying), "members": staying})
-        corpus = _replace(corpus, kept, new, next_id=corpus.next_id + 1)
+        kept = speaker.model_copy(update={"centroid": centroid(parts[0]), "members": parts[0]})
+        new = [CorpusSpeaker(id=speaker_id(corpus.next_id + n), centroid=centroid(part), members=part)
+               for n, part in enumerate(parts[1:])]
+        corpus = _replace(corpus, kept, *new, next_id=corpus.next_id + len(new))
         save_corpus(out, corpus)
-        rewrite(settings, out, {m.item_id for m in moving}, corpus)
+        rewrite(settings, out, {m.item_id for part in parts[1:] for m in part}, corpus)
     return new

@@ -167,7 +167,7 @@ def test_merge_and_split_mend_the_clustering_and_ids_are_never_reused(folder):
     corpus = read_corpus(out)
     assert corpus.merged == {other: keep} and len(corpus.speakers) == 2
 
-    new = split(settings, out, other, ["c"])  # the merged-away id still names the speaker it went into
+    [new] = split(settings, out, other, ["c"])  # the merged-away id still names the speaker it went into
     assert new.id == "S0004" and {m.item_id for m in new.members} == {"c"}
     assert labels(out, "c") == {"S0004", ids[("c", "SPEAKER_00")]}
     with pytest.raises(SettingsError, match="does not speak in"):
@@ -175,9 +175,14 @@ def test_merge_and_split_mend_the_clustering_and_ids_are_never_reused(folder):
     with pytest.raises(SettingsError, match="no corpus speaker"):
         merge(settings, out, keep, "S0099")
 
+    [regrouped] = split(settings, out, keep)  # no inputs named: its voices grouped again, a's second leaves
+    assert regrouped.id == "S0005" and [(m.item_id, m.speaker) for m in regrouped.members] == [("a", "SPEAKER_01")]
+    with pytest.raises(SettingsError, match="one voice even at distance"):
+        split(settings, out, keep)
+
     make_input(out, "d", (3,))  # a later run: a new voice gets a new id, never a retired one
     placed = place(settings, out, ["d"])
-    assert placed.new_speakers == ["S0005"] and placed.changed == {"d"}
+    assert placed.new_speakers == ["S0006"] and placed.changed == {"d"}
 
 
 def test_a_damaged_corpus_file_is_never_overwritten(folder):
