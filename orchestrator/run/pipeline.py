@@ -122,8 +122,10 @@ class Orchestrator:
         self.disk_full: str | None = None
         #: the last run's report could not be written: why
         self.report_error: str | None = None
-        #: chunks run in parallel place their speakers in OUT/speakers.json one at a time
+        #: chunks run in parallel place their speakers in OUT/speakers.json one at a time; the corpus as the
+        #: last chunk saved it (the run holds the output lock: nothing else writes it meanwhile)
         self._corpus_lock = threading.Lock()
+        self._corpus = None
 
     def __enter__(self) -> Orchestrator:
         return self
@@ -245,6 +247,7 @@ class Orchestrator:
         journal = Journal(layout.path(out, layout.JOURNAL), run_id)
         self._completed = {} if self.settings.force else journal.completed()
         self._fast_resumed = 0
+        self._corpus = None  # read again: `pipeline speakers` may have changed it since the last run
         resumed = sum(inp.id in self._completed and self._completed[inp.id].fingerprint == self._outputs_fingerprint(inp)
                       for inp in inputs)
         size = self.settings.chunk_size
@@ -435,7 +438,8 @@ class Orchestrator:
         out = Path(self.settings.output_dir)
         with self._corpus_lock:
             try:
-                placed = place(self.settings, out, [inp.id for inp in inputs])
+                placed = place(self.settings, out, [inp.id for inp in inputs], self._corpus)
+                self._corpus = placed.corpus
                 others = placed.changed - {inp.id for inp in inputs}
                 if others:
                     rewrite(self.settings, out, others, placed.corpus)

@@ -242,11 +242,12 @@ def folder_items(out: Path) -> list[str]:
     return sorted(set(load_ids(out).values()))
 
 
-def place(settings, out: Path, item_ids: list[str] | None = None) -> Placed:
+def place(settings, out: Path, item_ids: list[str] | None = None, corpus: CorpusSpeakers | None = None) -> Placed:
     """Place the voices of ``item_ids`` (default: every input of ``out``) into ``OUT/speakers.json`` and
     save it; return what changed. The caller holds the output folder's lock and rewrites the files of
-    ``Placed.changed`` inputs (:func:`rewrite`), unless it is about to write them anyway."""
-    corpus = read_corpus(out)
+    ``Placed.changed`` inputs (:func:`rewrite`), unless it is about to write them anyway. ``corpus``: the
+    folder's corpus as the caller last saved it (a run's chunks), so that it is not read again."""
+    corpus = corpus if corpus is not None else read_corpus(out)
     voices: list[Voice] = []
     missing = 0
     for item_id in item_ids if item_ids is not None else folder_items(out):
