@@ -335,10 +335,20 @@ def rewrite(settings, out: Path, item_ids: set[str] | list[str], corpus: CorpusS
     return written
 
 
+#: inputs placed at once by ``speakers cluster``: their voices' distance matrix is (2 x 1,000)^2 doubles, 32 MB
+PLACE_BATCH = 1000
+
+
 def cluster(settings, out: Path) -> Placed:
-    """``pipeline speakers cluster OUT``: place every input's speakers not placed yet, write their files."""
+    """``pipeline speakers cluster OUT``: place every input's speakers not placed yet (``PLACE_BATCH`` inputs
+    at a time, as successive runs would), write their files."""
     with OutputLock(out, wait=settings.wait_for_output):
-        placed = place(settings, out)
+        items = folder_items(out)
+        placed = Placed(read_corpus(out) or CorpusSpeakers(distance=settings.corpus_speaker_distance))
+        for start in range(0, max(len(items), 1), PLACE_BATCH):
+            step = place(settings, out, items[start:start + PLACE_BATCH], placed.corpus)
+            placed = Placed(step.corpus, placed.changed | step.changed, placed.new_speakers + step.new_speakers,
+                            placed.skipped + step.skipped)
         rewrite(settings, out, placed.changed, placed.corpus)
     return placed
 

@@ -256,3 +256,18 @@ def test_every_voice_is_one_corpus_speaker_across_files_and_ids_stay(diarized_co
     scores = corpus_scores(placed.corpus, arts, truths)
     assert scores["speakers"] == 4 and not scores["split"] and not scores["merged"], scores
     assert scores["purity"] >= 0.95 and scores["coverage"] >= 0.95, scores
+
+
+def test_cluster_places_a_folder_made_before_corpus_speakers(folder, monkeypatch):
+    """An output folder without speakers.json (older, or corpus speakers off): `speakers cluster` places
+    every input, a batch at a time, and writes their files with the corpus labels."""
+    import orchestrator.run.speakers as speakers
+
+    settings, out = folder
+    (out / "speakers.json").unlink()
+    monkeypatch.setattr(speakers, "PLACE_BATCH", 2)  # a then b in one batch, c in the next
+    placed = speakers.cluster(settings, out)
+    assert len(placed.corpus.speakers) == 3 and placed.changed == {"a", "b", "c"} and len(placed.new_speakers) == 3
+    assert labels(out, "a") == {s.id for s in placed.corpus.speakers
+                                if any(m.item_id == "a" for m in s.members)}
+    assert read_corpus(out) == placed.corpus
