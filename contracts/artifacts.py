@@ -89,6 +89,9 @@ class Word(Strict):
     #: the aligner's confidence in the word, 0..1 (wav2vec2: its score; Whisper: mean token probability)
     score: float | None = None
     speaker: str | None = None
+    #: the other voices the diarization has during this word (two people at once); set in the files written
+    #: from the artifacts (``orchestrator.run.speakers.overlaps``), None in the artifacts themselves
+    overlap: list[str] | None = None
 
 
 class Segment(Strict):
@@ -98,6 +101,8 @@ class Segment(Strict):
     text: str
     words: list[Word] | None = None
     speaker: str | None = None
+    #: the other voices heard during this segment (see :attr:`Word.overlap`)
+    overlap: list[str] | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> Segment:
@@ -225,6 +230,12 @@ class DiarizationArtifact(Artifact):
     min_speakers: int | None = Field(default=None, ge=1)
     max_speakers: int | None = Field(default=None, ge=1)
     duration_s: float = Field(ge=0)
+    #: each speaker's voice: the L2-normalised mean of the diarizer's embeddings of that speaker's clips,
+    #: kept for corpus speakers (``orchestrator.run.speakers``). None: the diarizer kept none (the pyannote
+    #: pipeline; artifacts written before they were kept)
+    voices: dict[str, list[float]] | None = None
+    #: the encoder that made ``voices`` (kind:model, as in voice profiles); same-encoder vectors compare
+    voice_encoder: str | None = None
 
     @property
     def speakers(self) -> list[str]:
@@ -234,10 +245,18 @@ class DiarizationArtifact(Artifact):
     def _sorted(self) -> DiarizationArtifact:
         if any(b.start < a.start for a, b in zip(self.turns, self.turns[1:])):
             raise ValueError("turns must be sorted by start time")
+        if self.voices:
+            unknown = set(self.voices) - set(self.speakers)
+            if unknown:
+                raise ValueError(f"voices of speakers without turns: {sorted(unknown)}")
+            if len({len(v) for v in self.voices.values()}) != 1 or self.voice_encoder is None:
+                raise ValueError("voices must share one dimension and name their encoder")
+            for label, vector in self.voices.items():
+                require_unit(vector, f"voice of {label}")
         return self
 
 
-def _unit(vector: list[float], what: str) -> None:
+def require_unit(vector: list[float], what: str) -> None:
     norm = sum(x * x for x in vector) ** 0.5
     if abs(norm - 1.0) > 1e-3:
         raise ValueError(f"{what} must be L2-normalised (norm {norm:.4f})")
@@ -270,9 +289,9 @@ class VoiceProfile(Artifact):
     def _shapes(self) -> VoiceProfile:
         if len(self.embedding) != self.dimension or any(len(c.embedding) != self.dimension for c in self.clips):
             raise ValueError(f"every embedding must have {self.dimension} values")
-        _unit(self.embedding, "embedding")
+        require_unit(self.embedding, "embedding")
         for clip in self.clips:
-            _unit(clip.embedding, f"embedding of {clip.path}")
+            require_unit(clip.embedding, f"embedding of {clip.path}")
         return self
 
 

@@ -92,6 +92,8 @@ class InputReport(Strict):
     notes: list[str] = Field(default_factory=list)
     #: language identification (the transcript's ``language_id``)
     language: LanguageId | None = None
+    #: seconds during which the diarization has two or more voices at once (None: no diarization)
+    overlap_s: float | None = None
 
 
 class RunReport(Strict):

@@ -295,6 +295,130 @@ def enroll(
     typer.echo(f"enrolled {name}: {path}", err=True)
 
 
+speakers_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                           help="Corpus speakers: one voice, one id (S0001, ...) across an output folder.")
+app.add_typer(speakers_app, name="speakers")
+
+OutArg = Annotated[Path, typer.Argument(help="The output directory of earlier `process` runs.", show_default=False)]
+WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait while a run uses the output directory [env PIPELINE_WAIT].")]
+
+
+def _speakers_call(output: Path, verbose: bool, call, **overrides):
+    """Run ``call(settings, output)``; a usage error exits 2, another failure 1, both naming the reason."""
+    from contracts.errors import PipelineError, SettingsError
+
+    setup_logging(_verbosity(verbose))
+    if not output.is_dir():
+        typer.echo(f"error: {output} is not a directory", err=True)
+        raise typer.Exit(ExitCode.USAGE)
+    settings = _settings({"output_dir": output, **overrides})
+    try:
+        return settings, call(settings, output)
+    except SettingsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    except PipelineError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.FAILED) from None
+
+
+@speakers_app.command("cluster")
+def speakers_cluster(
+    output: OutArg,
+    distance: Annotated[Optional[float], typer.Option(help="Cosine distance under which a voice joins a corpus speaker [env CORPUS_SPEAKER_DISTANCE, default 0.3].")] = None,
+    wait: WaitOpt = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Place the speakers of every input not placed yet into corpus speakers (OUT/speakers.json) and write
+    their files again; starts no model child. `process` does this after each chunk."""
+    from orchestrator.run.speakers import cluster
+
+    _, placed = _speakers_call(output, verbose, cluster, corpus_speaker_distance=distance, wait_for_output=wait or None)
+    typer.echo(f"{len(placed.corpus.speakers)} corpus speakers ({len(placed.new_speakers)} new); "
+               f"{len(placed.changed)} inputs' files written again", err=True)
+
+
+@speakers_app.command("list")
+def speakers_list(
+    output: OutArg,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Each corpus speaker: inputs, speaking time, and its longest turn alone (a file and times to listen to)."""
+    import dataclasses
+    import json
+
+    from orchestrator.run.speakers import summaries
+
+    _, rows = _speakers_call(output, verbose, lambda settings, out: summaries(out))
+    if json_out:
+        typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=1, ensure_ascii=False))
+        return
+    for r in rows:
+        turn = f"{r.clean_turn[1]} {r.clean_turn[2]:.2f}-{r.clean_turn[3]:.2f} s" if r.clean_turn else "-"
+        shown = f"{r.id} {r.label}" if r.label != r.id else r.id
+        typer.echo(f"{shown}\t{r.inputs} inputs\t{r.seconds:.1f} s\tlongest alone: {turn}")
+
+
+@speakers_app.command("name")
+def speakers_name(
+    output: OutArg,
+    speaker: Annotated[str, typer.Argument(help="The corpus speaker (S0007).", show_default=False)],
+    name: Annotated[str, typer.Argument(help="Its name, as transcripts should show it.", show_default=False)],
+    profiles: Annotated[Optional[Path], typer.Option("--profiles", help="Where its voice profile is written [env PIPELINE_PROFILES_DIR, default ./profiles].")] = None,
+    wait: WaitOpt = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Name a corpus speaker in every file of the folder at once (no model runs) and write its voice profile,
+    so that `process --profiles DIR` names that voice in new inputs too."""
+    from orchestrator.run.speakers import name as run_name
+
+    def call(settings, out):
+        if settings.profiles_dir is None:
+            settings = settings.replace(profiles_dir=Path("profiles"))
+        return run_name(settings, out, speaker, name)
+
+    _, named = _speakers_call(output, verbose, call, profiles_dir=profiles, wait_for_output=wait or None)
+    typer.echo(f"{named.speaker.id} is {named.speaker.name}: {named.rewritten} inputs' files written again; "
+               f"voice profile {named.profile}", err=True)
+
+
+@speakers_app.command("merge")
+def speakers_merge(
+    output: OutArg,
+    keep: Annotated[str, typer.Argument(help="The corpus speaker that stays (S0007).", show_default=False)],
+    other: Annotated[str, typer.Argument(help="The one merged into it (S0012).", show_default=False)],
+    wait: WaitOpt = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Two corpus speakers are one voice: OTHER's inputs become KEEP's, in every file."""
+    from orchestrator.run.speakers import merge
+
+    _, merged = _speakers_call(output, verbose, lambda settings, out: merge(settings, out, keep, other),
+                               wait_for_output=wait or None)
+    typer.echo(f"{other} merged into {merged.id}: {len({m.item_id for m in merged.members})} inputs", err=True)
+
+
+@speakers_app.command("split")
+def speakers_split(
+    output: OutArg,
+    speaker: Annotated[str, typer.Argument(help="The corpus speaker to split (S0007).", show_default=False)],
+    inputs: Annotated[Optional[list[str]], typer.Option("--input", help="An input (id) whose speaker is another voice; repeatable [default: group its voices again].")] = None,
+    distance: Annotated[Optional[float], typer.Option(help="Without --input: the distance its voices are grouped at again [default: half of CORPUS_SPEAKER_DISTANCE].")] = None,
+    wait: WaitOpt = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """A wrong merge mended: the speakers of these inputs (or the voices that group apart) leave SPEAKER and
+    become new corpus speakers."""
+    from orchestrator.run.speakers import split
+
+    _, new = _speakers_call(output, verbose, lambda settings, out: split(settings, out, speaker, inputs, distance),
+                            wait_for_output=wait or None)
+    for s in new:
+        typer.echo(f"{s.id}: {len(s.members)} speaker(s) of {', '.join(sorted({m.item_id for m in s.members}))} "
+                   f"split from {speaker}", err=True)
+
+
 @app.command()
 def gpu(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,

@@ -30,8 +30,11 @@ LANGID_CSV = "langid.csv"
 LANGID_JSON = "langid.json"
 #: the output folder's index page
 INDEX = "index.html"
+#: corpus speakers: which input's speaker is which voice across the folder (``orchestrator.run.speakers``)
+SPEAKERS = "speakers.json"
 
-RUN_LEVEL: frozenset[str] = frozenset({REPORT, JOURNAL, IDS, LOCK, RUNS, PERF_LOGS, LANGID_CSV, LANGID_JSON, INDEX})
+RUN_LEVEL: frozenset[str] = frozenset({REPORT, JOURNAL, IDS, LOCK, RUNS, PERF_LOGS, LANGID_CSV, LANGID_JSON, INDEX,
+                                       SPEAKERS})
 
 
 #: ``pipeline export --format`` names -> the file each writes in an input's folder (``OUT/<id>/``)

@@ -153,7 +153,8 @@ STAGES: tuple[StageDef, ...] = (
                  weights_dir=_str(s.weights_dir)),
              batch_size=lambda s: s.voice_enrollment_batch_size,  # its speaker-embedding batches
              enabled=lambda s: s.speakers and not s.langid_only, skippable=_fast_path,
-             needs=SPEAKER_NEEDS, need_key=lambda c: "embedded" if c.model == "embedded" else "auto"),
+             needs=SPEAKER_NEEDS, need_key=lambda c: "embedded" if c.model == "embedded" else "auto",
+             version=2),  # 2: the artifact keeps each speaker's voice (corpus speakers)
     StageDef("enrollment", "stages.enrollment", SpeakerEmbeddingsArtifact, EnrollmentSettings,
              inputs=("diarization", "audio"),
              build=lambda s: EnrollmentSettings(

@@ -164,6 +164,13 @@ class Settings(BaseSettings):
     enable_fast_path: bool = Field(True, validation_alias=_env("enable_fast_path", "ENABLE_FAST_PATH"))
     #: directory of voice profiles (``pipeline enroll``); every profile in it is matched (None: none)
     profiles_dir: Path | None = Field(None, validation_alias=_env("profiles_dir", "PIPELINE_PROFILES_DIR"))
+    #: corpus speakers: after each chunk the speakers of every input of the output folder are clustered into
+    #: S0001, S0002, ... kept in OUT/speakers.json, and the files show them (orchestrator.run.speakers)
+    corpus_speakers: bool = Field(True, validation_alias=_env("corpus_speakers", "PIPELINE_CORPUS_SPEAKERS"))
+    #: cosine distance under which a new input's speaker joins a corpus speaker (and new speakers group
+    #: together); lower: fewer wrong merges, more ids for one voice (trade-off measured in the README)
+    corpus_speaker_distance: float = Field(
+        0.3, gt=0, le=2, validation_alias=_env("corpus_speaker_distance", "CORPUS_SPEAKER_DISTANCE"))
     #: similarity threshold written into new voice profiles (None: the encoder's default)
     speaker_threshold: float | None = Field(
         None, ge=-1, le=1, validation_alias=_env("speaker_threshold", "SPEAKER_THRESHOLD"))

@@ -19,6 +19,10 @@ The embedded diarizer is built from real pretrained parts and a kept library:
 4. **reconstruction**: each global speaker's activity is the average of its
    local activities over the windows covering a frame; frames above 0.5 form
    its turns.
+
+Each speaker's voice (the normalised mean of its clips' embeddings, which step 3
+already has) is kept in the artifact (``voices``) for corpus speakers; the
+pyannote pipeline's own speaker embeddings are kept the same way.
 """
 
 from __future__ import annotations
@@ -111,12 +115,15 @@ class DiarizationStage(TorchStage):
 
     def process(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> DiarizationArtifact:
         samples = self._samples(item, audio)
+        voices: dict = {}
         if self.pipeline is not None:
-            frame = self.pipeline(samples, min_speakers=self.min_speakers, max_speakers=self.max_speakers)
+            frame, vectors = self.pipeline(samples, min_speakers=self.min_speakers, max_speakers=self.max_speakers,
+                                           return_embeddings=True)
             raw = [(float(r.start), float(r.end), str(r.speaker)) for r in frame.itertuples()]
+            voices = {str(k): np.asarray(v, np.float32) for k, v in (vectors or {}).items()}
         else:
-            raw = self.embedded(samples, self.min_speakers, self.max_speakers)
-        return self._artifact(item, audio, raw)
+            raw = self.embedded(samples, self.min_speakers, self.max_speakers, voices)
+        return self._artifact(item, audio, raw, voices)
 
     def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
                        ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
@@ -151,8 +158,9 @@ class DiarizationStage(TorchStage):
 
         def finish(member: Member, rows) -> DiarizationArtifact:
             audio, local = member.data.audio, member.data.local
+            voices: dict = {}
             return self._artifact(member.item, audio, embedded.finish(local, rows, self.min_speakers,
-                                                                      self.max_speakers))
+                                                                      self.max_speakers, voices), voices)
 
         segments = self.pack_groups(request, entries, windows, compute=embedded.segment, finish=segmented,
                                     batches=GROUP_BATCHES)
@@ -163,7 +171,14 @@ class DiarizationStage(TorchStage):
     def _samples(self, item: WorkItem, audio: AudioArtifact):
         return np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
 
-    def _artifact(self, item: WorkItem, audio: AudioArtifact, raw) -> DiarizationArtifact:
+    def _artifact(self, item: WorkItem, audio: AudioArtifact, raw, voices: dict | None = None) -> DiarizationArtifact:
+        names = label_names(raw)
+        kept = {}
+        for key, vector in (voices or {}).items():
+            norm = float(np.linalg.norm(vector))
+            if key in names and norm > 0 and np.isfinite(norm):
+                kept[names[key]] = [float(x) for x in np.asarray(vector, np.float64) / norm]
+        encoder = (self.embedded.encoder.name if self.pipeline is None else self.model_name) if kept else None
         return DiarizationArtifact(
             item_id=item.id,
             fingerprint=item.fingerprint,
@@ -176,21 +191,30 @@ class DiarizationStage(TorchStage):
             min_speakers=self.min_speakers,
             max_speakers=self.max_speakers,
             duration_s=audio.duration_s,
+            voices=kept or None,
+            voice_encoder=encoder,
         )
 
     def close(self) -> None:
         self.pipeline = self.embedded = None
 
 
+def _kept(raw: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    return sorted((round(s, 3), round(e, 3), spk) for s, e, spk in raw if e - s > 1e-3)
+
+
+def label_names(raw: list[tuple[float, float, str]]) -> dict[str, str]:
+    """The diarizer's cluster names -> SPEAKER_00, SPEAKER_01, ... in order of first appearance."""
+    names: dict[str, str] = {}
+    for _, _, speaker in _kept(raw):
+        names.setdefault(speaker, f"SPEAKER_{len(names):02d}")
+    return names
+
+
 def relabel(raw: list[tuple[float, float, str]]) -> list[SpeakerTurn]:
     """Sorted turns labelled SPEAKER_00, SPEAKER_01, ... in order of first appearance."""
-    raw = sorted((round(s, 3), round(e, 3), spk) for s, e, spk in raw if e - s > 1e-3)
-    names: dict[str, str] = {}
-    turns = []
-    for start, end, speaker in raw:
-        label = names.setdefault(speaker, f"SPEAKER_{len(names):02d}")
-        turns.append(SpeakerTurn(start=start, end=end, speaker=label))
-    return turns
+    names = label_names(raw)
+    return [SpeakerTurn(start=start, end=end, speaker=names[speaker]) for start, end, speaker in _kept(raw)]
 
 
 class EmbeddedDiarizer:
@@ -220,11 +244,13 @@ class EmbeddedDiarizer:
         self.batch_size = max(1, batch_size)
         self.name = f"{EMBEDDED}:pyannote-segmentation-3.0+campplus"
 
-    def __call__(self, samples, min_speakers: int | None = None, max_speakers: int | None = None):
-        """(start, end, cluster) for each turn of ``samples`` (16 kHz mono float32)."""
+    def __call__(self, samples, min_speakers: int | None = None, max_speakers: int | None = None,
+                 voices: dict | None = None):
+        """(start, end, cluster) for each turn of ``samples`` (16 kHz mono float32); ``voices`` (when given)
+        gets each cluster's voice (:meth:`finish`)."""
         local = self.local(samples, self.segment(self.windows(samples)))
         return self.finish(local, self.encoder.embed(local.clips, self.batch_size) if local.clips else None,
-                           min_speakers, max_speakers)
+                           min_speakers, max_speakers, voices)
 
     def windows(self, samples) -> list:
         """The 10 s windows of ``samples`` every ``STEP_S`` (views; the last one zero-padded), cut as
@@ -269,11 +295,17 @@ class EmbeddedDiarizer:
                     clips.append(clip)
         return _Local(samples.size / SAMPLE_RATE, activity, starts, frame_s, keys, clips)
 
-    def finish(self, local: _Local, embeddings, min_speakers: int | None = None, max_speakers: int | None = None):
-        """Cluster the local speakers' ``embeddings`` (rows of ``local.clips``) and rebuild the turns."""
+    def finish(self, local: _Local, embeddings, min_speakers: int | None = None, max_speakers: int | None = None,
+               voices: dict | None = None):
+        """Cluster the local speakers' ``embeddings`` (rows of ``local.clips``) and rebuild the turns.
+        ``voices`` (when given) gets each cluster's voice: cluster name -> the mean of its embeddings."""
         if not local.clips:
             return []
         labels = cluster(embeddings, min_speakers, max_speakers)
+        if voices is not None:
+            rows = np.asarray(embeddings, np.float64)
+            rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+            voices.update({f"C{s}": rows[labels == s].mean(axis=0) for s in range(int(labels.max()) + 1)})
         activity, starts, frame_s, keys = local.activity, local.starts, local.frame_s, local.keys
         chunks, frames, _ = activity.shape
 

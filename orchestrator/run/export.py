@@ -22,6 +22,7 @@ from contracts.io import atomic_write_text
 from contracts.jsonl import iter_lines
 from orchestrator import layout
 from orchestrator.run.captions import CaptionRules
+from orchestrator.run.labels import corpus_labels, label_transcript, read_corpus
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.outputs import Sources, write_formats
 from orchestrator.run.page import index_page
@@ -43,8 +44,10 @@ def audio_href(directory: Path, transcript: TranscriptArtifact) -> str | None:
 
 def load_sources(directory: Path, item_id: str, rules: CaptionRules, notes: list[str] | None = None,
                  transcript: TranscriptArtifact | None = None,
-                 diarization: DiarizationArtifact | None = None) -> Sources:
-    """An input's :class:`Sources` from its folder (artifacts already read may be passed in)."""
+                 diarization: DiarizationArtifact | None = None,
+                 corpus: dict[str, tuple[str, str]] | None = None) -> Sources:
+    """An input's :class:`Sources` from its folder (artifacts already read may be passed in); ``corpus``: its
+    speakers' corpus speakers (:func:`orchestrator.run.labels.corpus_labels`)."""
     transcript = transcript or load_artifact(directory / "transcript.json", TranscriptArtifact)
     if diarization is None and (directory / "diarization.json").exists():
         diarization = load_artifact(directory / "diarization.json", DiarizationArtifact)
@@ -55,8 +58,12 @@ def load_sources(directory: Path, item_id: str, rules: CaptionRules, notes: list
             names = {m.speaker: m.name for m in matched.matches if m.name}
         except ValueError as exc:
             log.warning("%s: speaker names not read: %s", item_id, exc)
-    return Sources(item_id=item_id, transcript=transcript, rules=rules, diarization=diarization, names=names,
-                   notes=list(notes or []), audio=audio_href(directory, transcript))
+    corpus = corpus or {}
+    labelled = label_transcript(transcript, diarization.turns if diarization else None, names, corpus)
+    return Sources(item_id=item_id, transcript=labelled.transcript, rules=rules, diarization=diarization,
+                   names=names, corpus=corpus, file_speakers=labelled.file_speakers,
+                   corpus_speakers=labelled.corpus_speakers, notes=list(notes or []),
+                   audio=audio_href(directory, transcript))
 
 
 def outputs_events(journal: Path) -> dict[str, dict]:
@@ -119,8 +126,8 @@ def export(settings, formats: list[str], only: list[str] | None = None) -> Expor
     result = ExportResult()
     rules = CaptionRules.from_settings(settings)
     with OutputLock(out, wait=settings.wait_for_output):
-        events: dict[str, dict] = {}
         events = outputs_events(layout.path(out, layout.JOURNAL))
+        labels = corpus_labels(read_corpus(out))
         ids = load_ids(out)
         known = sorted(set(ids.values()) | {i for i in events if isinstance(i, str)})
         if only:
@@ -142,7 +149,7 @@ def export(settings, formats: list[str], only: list[str] | None = None) -> Expor
             summary = (events.get(item_id) or {}).get("summary") or {}
             notes = [*(summary.get("notes") or []), *(summary.get("substitutions") or [])]
             try:
-                src = load_sources(directory, item_id, rules, notes)
+                src = load_sources(directory, item_id, rules, notes, corpus=labels.get(item_id))
                 result.files += len(write_formats(directory, src, formats))
             except (PipelineError, OSError, ValueError) as exc:
                 result.failed[item_id] = str(exc)

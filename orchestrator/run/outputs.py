@@ -20,6 +20,7 @@ from contracts import DiarizationArtifact, EmbeddingsArtifact, TranscriptArtifac
 from contracts.io import atomic_write_bytes, atomic_write_text
 from orchestrator import layout
 from orchestrator.run.captions import CaptionRules, Cue, cues, label, spaced
+from orchestrator.run.labels import caption_segments
 
 FORMATS = tuple(layout.FORMATS)
 
@@ -43,6 +44,12 @@ class Sources:
     diarization: DiarizationArtifact | None = None
     #: diarization cluster -> the name a voice profile gave it
     names: dict[str, str] = field(default_factory=dict)
+    #: diarization cluster -> (its corpus speaker's id, what the files show for it) (empty: no corpus)
+    corpus: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: per segment of ``transcript``: the input's own label and its corpus speaker's id
+    #: (:func:`orchestrator.run.labels.label_transcript`; empty: ``transcript`` is shown as it is)
+    file_speakers: list[str | None] = field(default_factory=list)
+    corpus_speakers: list[str | None] = field(default_factory=list)
     #: the run's notes on this input (language, substitutions, damage, ...), shown atop the page
     notes: list[str] = field(default_factory=list)
     #: the audio the page plays, relative to the input's folder (None: none found)
@@ -53,7 +60,8 @@ class Sources:
 
     @cached_property
     def cues(self) -> list[Cue]:
-        return cues(self.transcript, self.rules)
+        glue = " " if spaced(self.transcript.language) else ""
+        return cues(caption_segments(self.transcript, glue), self.rules)
 
     def speakers(self) -> list[str]:
         """Speakers in order of first appearance."""
@@ -105,9 +113,22 @@ def to_json(src: Sources) -> str:
     t = src.transcript
     doc = {"id": src.item_id, "source": t.source, "language": t.language, "duration_s": t.duration_s,
            "speakers": src.speakers(),
-           "segments": [{"start": s.start, "end": s.end, "speaker": s.speaker, "text": s.text.strip(),
-                         "words": [w.model_dump() for w in s.words or []]} for s in t.segments]}
+           "segments": [{"start": s.start, "end": s.end, "speaker": s.speaker, **_speaker_fields(src, n, s),
+                         "text": s.text.strip(),
+                         "words": [w.model_dump(exclude=set() if w.overlap else {"overlap"}) for w in s.words or []]}
+                        for n, s in enumerate(t.segments)]}
     return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
+
+
+def _speaker_fields(src: Sources, n: int, segment) -> dict:
+    """The input's own label and the corpus speaker's id of segment ``n``, and the voices heard with it."""
+    fields: dict = {}
+    if src.file_speakers:
+        fields["file_speaker"] = src.file_speakers[n]
+        fields["corpus_speaker"] = src.corpus_speakers[n]
+    if segment.overlap:
+        fields["overlap"] = segment.overlap
+    return fields
 
 
 def _field(text: str) -> str:
@@ -117,7 +138,8 @@ def _field(text: str) -> str:
 def speaker_turns(src: Sources) -> list[tuple[float, float, str]]:
     """Who spoke when: the diarization's turns (named where a profile named them), else the segments'."""
     if src.diarization is not None and src.diarization.turns:
-        return [(t.start, t.end, src.names.get(t.speaker, t.speaker)) for t in src.diarization.turns]
+        return [(t.start, t.end, src.corpus[t.speaker][1] if t.speaker in src.corpus
+                 else src.names.get(t.speaker, t.speaker)) for t in src.diarization.turns]
     return [(s.start, s.end, s.speaker) for s in src.transcript.segments if s.speaker and s.end > s.start]
 
 
@@ -278,8 +300,9 @@ def write_formats(directory: Path, src: Sources, formats: list[str] | tuple[str,
     return written
 
 
-def to_jsonl(transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact, vectors) -> str:
-    """One line per segment: text, times, its row in embeddings.npy and the vector itself."""
+def to_jsonl(transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact, vectors, src: Sources | None = None) -> str:
+    """One line per segment: text, times, speaker (with ``src``: the input's own label, the corpus speaker's
+    id and the voices heard with it too), its row in embeddings.npy and the vector itself."""
     if embeddings.count != len(transcript.segments):
         raise ValueError(f"{embeddings.count} embeddings for {len(transcript.segments)} segments")
     lines = []
@@ -290,6 +313,7 @@ def to_jsonl(transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact, vec
             "end": segment.end,
             "text": segment.text,
             "speaker": segment.speaker,
+            **(_speaker_fields(src, row, segment) if src is not None else {}),
             "embedding_row": row,
             "embedding": [round(float(x), 7) for x in vectors[row]],
         }
@@ -302,7 +326,7 @@ def write_outputs(directory: Path, src: Sources, embeddings: EmbeddingsArtifact,
     """What ``process`` writes next to transcript.json and embeddings.npy; return name -> path."""
     written = write_formats(directory, src, formats)
     written["segments.jsonl"] = str(atomic_write_text(directory / "segments.jsonl",
-                                                      to_jsonl(src.transcript, embeddings, vectors)))
+                                                      to_jsonl(src.transcript, embeddings, vectors, src)))
     written["transcript.json"] = str(directory / "transcript.json")
     written["embeddings.npy"] = str(directory / embeddings.sidecar)
     written["embeddings.json"] = str(directory / "embeddings.json")

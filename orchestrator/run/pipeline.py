@@ -47,6 +47,7 @@ from orchestrator.run.lock import OutputLock
 from orchestrator.run.models import actual_model, model_label, resolve_models, same_model
 from orchestrator.run.captions import CaptionRules
 from orchestrator.run.export import load_sources, write_index
+from orchestrator.run.labels import overlap_seconds
 from orchestrator.run.outputs import write_outputs
 from orchestrator.run.plan import (
     Input,
@@ -69,7 +70,7 @@ LARGE_REPORT = 1000
 REUSED = ItemStage(status="reused")
 #: bump when the files written from the artifacts change (captions, TXT, segments.jsonl): every input's
 #: outputs are then rewritten on the next run
-OUTPUTS_VERSION = 2
+OUTPUTS_VERSION = 3  # 3: corpus speakers' labels, overlapping voices
 #: kept for callers of earlier versions
 ID_INDEX = layout.IDS
 
@@ -121,6 +122,10 @@ class Orchestrator:
         self.disk_full: str | None = None
         #: the last run's report could not be written: why
         self.report_error: str | None = None
+        #: chunks run in parallel place their speakers in OUT/speakers.json one at a time; the corpus as the
+        #: last chunk saved it (the run holds the output lock: nothing else writes it meanwhile)
+        self._corpus_lock = threading.Lock()
+        self._corpus = None
 
     def __enter__(self) -> Orchestrator:
         return self
@@ -153,6 +158,39 @@ class Orchestrator:
         """
         with OutputLock(Path(self.settings.output_dir), wait=self.settings.wait_for_output):
             return self._process(paths, progress)
+
+    # -- corpus speakers (``orchestrator.run.speakers``): the output folder's voices, no model runs ----------
+
+    def speakers(self):
+        """Each corpus speaker of the output folder (``pipeline speakers list``), longest speaking time first."""
+        from orchestrator.run.speakers import summaries
+
+        return summaries(Path(self.settings.output_dir))
+
+    def cluster_speakers(self):
+        """Place every input's speakers not placed yet (``pipeline speakers cluster``); their files are written again."""
+        from orchestrator.run.speakers import cluster
+
+        return cluster(self.settings, Path(self.settings.output_dir))
+
+    def name_speaker(self, speaker: str, name: str):
+        """Name corpus speaker ``speaker`` in every file, and write its voice profile into ``profiles_dir``."""
+        from orchestrator.run.speakers import name as run_name
+
+        return run_name(self.settings, Path(self.settings.output_dir), speaker, name)
+
+    def merge_speakers(self, keep: str, other: str):
+        """``other``'s inputs become ``keep``'s (``pipeline speakers merge``)."""
+        from orchestrator.run.speakers import merge
+
+        return merge(self.settings, Path(self.settings.output_dir), keep, other)
+
+    def split_speaker(self, speaker: str, inputs: list[str] | None = None, distance: float | None = None):
+        """The speakers of ``inputs`` leave ``speaker`` for a new corpus speaker; without ``inputs`` its voices
+        are grouped again at ``distance`` (``pipeline speakers split``). Returns the new corpus speakers."""
+        from orchestrator.run.speakers import split
+
+        return split(self.settings, Path(self.settings.output_dir), speaker, inputs, distance)
 
     def plan(self, paths: list[str | Path]) -> RunPlan:
         """What :meth:`process` would do, stage by stage, with the reasons: starts no child, writes nothing,
@@ -209,6 +247,7 @@ class Orchestrator:
         journal = Journal(layout.path(out, layout.JOURNAL), run_id)
         self._completed = {} if self.settings.force else journal.completed()
         self._fast_resumed = 0
+        self._corpus = None  # read again: `pipeline speakers` may have changed it since the last run
         resumed = sum(inp.id in self._completed and self._completed[inp.id].fingerprint == self._outputs_fingerprint(inp)
                       for inp in inputs)
         size = self.settings.chunk_size
@@ -375,16 +414,44 @@ class Orchestrator:
         finally:
             if warm is not None:
                 runner.executor.cancel(warm)
+        labels = self._place_speakers([inp for inp in chunk if inp.alive and inp.id not in done])
         for inp in chunk:
             if inp.alive and inp.id not in done:
                 noted = len(inp.notes)
-                self._finish(inp)
+                self._finish(inp, labels.get(inp.id))
                 journal.record(inp.id, "outputs", "ok" if inp.complete else "failed",
                                fingerprint=self._outputs_fingerprint(inp), error=inp.error,
                                **(self._completion(inp, specs, inp.notes[noted:]) if inp.complete else {}))
             if not inp.interrupted:
                 progress.input_finished(inp.complete, inp.duration_s or 0.0)
         progress.chunk_finished(number)
+
+    def _place_speakers(self, inputs: list[Input]) -> dict[str, dict[str, tuple[str, str]]]:
+        """Corpus speakers: the voices of ``inputs`` placed in OUT/speakers.json (numpy and scipy on the stored
+        vectors, no model); the files of other inputs whose labels this changed are written again. Returns
+        the labels the files of ``inputs`` show. A failure here costs the labels, never an input."""
+        if not (self.settings.corpus_speakers and self.settings.speakers and inputs) or self.settings.langid_only:
+            return {}
+        from orchestrator.run.labels import corpus_labels
+        from orchestrator.run.speakers import place, rewrite
+
+        out = Path(self.settings.output_dir)
+        with self._corpus_lock:
+            try:
+                placed = place(self.settings, out, [inp.id for inp in inputs], self._corpus)
+                self._corpus = placed.corpus
+                others = placed.changed - {inp.id for inp in inputs}
+                if others:
+                    rewrite(self.settings, out, others, placed.corpus)
+            except (PipelineError, OSError, ValueError) as exc:
+                if is_disk_full(exc):
+                    raise DiskFullError(str(exc)) from None
+                log.error("corpus speakers not updated: %s", exc)
+                return {}
+        if placed.new_speakers:
+            log.info("corpus speakers: %d new (%s), %d in all", len(placed.new_speakers),
+                     ", ".join(placed.new_speakers[:10]), len(placed.corpus.speakers))
+        return corpus_labels(placed.corpus)
 
     def _outputs_fingerprint(self, inp: Input) -> str:
         """What an input's outputs are made from: every stage's fingerprint and the settings that shape the
@@ -407,7 +474,7 @@ class Orchestrator:
             except OSError:  # an uploaded output (a URL): nothing local to check
                 continue
             files[path.name] = [st.st_size, st.st_mtime_ns]
-        summary = {"duration_s": inp.duration_s, "outputs": inp.outputs, "notes": notes,
+        summary = {"duration_s": inp.duration_s, "outputs": inp.outputs, "notes": notes, "overlap_s": inp.overlap_s,
                    "substitutions": inp.substitutions, "damage": inp.damage,
                    "language": inp.language.model_dump(mode="json") if inp.language else None}
         return {"files": files, "summary": summary}
@@ -437,6 +504,8 @@ class Orchestrator:
             return False
         inp.duration_s, inp.outputs, inp.damage = summary.get("duration_s"), summary.get("outputs") or {}, \
             summary.get("damage")
+        overlap = summary.get("overlap_s")
+        inp.overlap_s = float(overlap) if isinstance(overlap, (int, float)) else None
         inp.notes.extend(summary.get("notes") or [])
         inp.substitutions = list(summary.get("substitutions") or [])
         inp.stages = {spec.name: REUSED for spec in specs if spec.keep}
@@ -559,7 +628,7 @@ class Orchestrator:
                         fingerprint=inp.fingerprints[spec.name],
                         source_version=inp.planned if previous is None and not inp.url else None)
 
-    def _finish(self, inp: Input) -> None:
+    def _finish(self, inp: Input, corpus: dict[str, tuple[str, str]] | None = None) -> None:
         import numpy as np  # numpy only: no model library in the parent
 
         if self.settings.langid_only:
@@ -598,8 +667,9 @@ class Orchestrator:
             listen = inp.directory / ".work" / LISTEN_SCRATCH
             if listen.exists():  # the audio stage's compressed copy, kept for the transcript page
                 os.replace(listen, inp.directory / layout.LISTEN)
+            inp.overlap_s = overlap_seconds(diarization.turns) if diarization is not None else None
             src = load_sources(inp.directory, inp.id, CaptionRules.from_settings(self.settings),
-                               [*inp.notes, *inp.substitutions], transcript, diarization)
+                               [*inp.notes, *inp.substitutions], transcript, diarization, corpus)
             inp.outputs = write_outputs(inp.directory, src, embeddings, vectors, self.settings.export_formats)
             if self.settings.output_url:
                 self._upload(inp)
@@ -630,7 +700,7 @@ class Orchestrator:
                 id=inp.id, source=inp.shown,
                 status=inp.status, error=inp.error or (f"damaged source: {inp.damage}" if inp.damage else None),
                 failed_stage=inp.failed_stage, duration_s=inp.duration_s, outputs=inp.outputs, stages=inp.stages,
-                notes=inp.notes, language=inp.language,
+                notes=inp.notes, language=inp.language, overlap_s=inp.overlap_s,
             )
             for inp in inputs
         ]

@@ -264,6 +264,8 @@ class Input:
     planned: SourceVersion | None = None
     #: language identification (the transcript's)
     language: LanguageId | None = None
+    #: seconds of two or more voices at once (the diarization's; None: no diarization)
+    overlap_s: float | None = None
     #: stage -> the model that ran, where it was not the one the run resolved (a fallback)
     models: dict[str, str] = field(default_factory=dict)
 

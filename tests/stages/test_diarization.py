@@ -81,6 +81,18 @@ def test_der_on_two_speaker_dialogues_is_below_the_bound(diarized, name):
     assert art.speakers == ["SPEAKER_00", "SPEAKER_01"] and art.turns[0].speaker == "SPEAKER_00"
 
 
+def test_each_speaker_s_voice_is_kept_and_one_voice_matches_across_dialogues(diarized):
+    """The artifact keeps one unit vector per speaker (corpus speakers): the Host's voice in the two
+    dialogues is closer to itself than to the Guest's or the Stranger's."""
+    arts = diarized[0]
+    for art in arts.values():
+        assert set(art.voices) == set(art.speakers) and art.voice_encoder.startswith("campplus:")
+    hg, hs = (arts[n].voices for n in DIALOGUES)
+    same = float(np.dot(hg["SPEAKER_00"], hs["SPEAKER_00"]))
+    assert same > 0.7 and same > max(float(np.dot(hg["SPEAKER_00"], hs["SPEAKER_01"])),
+                                     float(np.dot(hg["SPEAKER_01"], hs["SPEAKER_00"]))) + 0.2
+
+
 def test_three_voices_in_one_recording_are_three_speakers(diarized, audio_dir):
     """Both dialogues joined (Host in both, Guest and Stranger two similar female voices): the number of
     speakers is found, 3, and DER stays under the bound (measured 2.4 %)."""

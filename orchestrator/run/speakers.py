@@ -1,0 +1,561 @@
+"""Corpus speakers: the speakers of every input of an output folder clustered into ``S0001``, ``S0002``, ...
+
+Each input's diarization artifact keeps one voice per speaker (``DiarizationArtifact.voices``). This
+module, in the parent (numpy and scipy on stored vectors: no model runs), places those voices into
+corpus speakers kept in ``OUT/speakers.json`` (:class:`contracts.corpus.CorpusSpeakers`):
+
+- :func:`place` (after each chunk of ``process``, and ``pipeline speakers cluster``): the voices of
+  inputs not placed yet are clustered among themselves (average linkage, cosine distance, cut at
+  ``corpus_speaker_distance``; two speakers of one input are never one voice), then each group joins
+  the nearest corpus speaker within that distance or becomes a new one. Speakers already placed keep
+  their ids; an input diarized again is placed again.
+- :func:`name` gives a corpus speaker a name, writes the files of every input it speaks in again
+  (from the stored artifacts, as ``pipeline export`` does) and writes a voice profile from its
+  voices, so that later runs with ``--profiles`` name it at once: an enrolled profile and a named
+  corpus speaker are one thing.
+- :func:`merge` and :func:`split` mend the clustering by hand; ids are never reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contracts import DiarizationArtifact, EmbeddingsArtifact, ProfileClip, VoiceProfile, load_artifact, save_model
+from contracts.artifacts import SpeakerEmbeddingsArtifact
+from contracts.corpus import CorpusMember, CorpusSpeaker, CorpusSpeakers, speaker_id
+from contracts.errors import ArtifactError, PipelineError, SettingsError
+from contracts.io import sha256_file
+from contracts.stage_settings import DEFAULT_THRESHOLDS
+from orchestrator import layout
+from orchestrator.run.captions import CaptionRules
+from orchestrator.run.export import load_sources
+from orchestrator.run.journal import Journal
+from orchestrator.run.labels import corpus_labels, overlap_spans, read_corpus
+from orchestrator.run.lock import OutputLock
+from orchestrator.run.outputs import write_formats, write_outputs
+from orchestrator.run.plan import load_ids
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Voice:
+    """One input's speaker, as its diarization artifact keeps it."""
+
+    item_id: str
+    speaker: str
+    vector: object  # numpy (dimension,), L2-normalised
+    seconds: float
+    fingerprint: str
+    encoder: str
+    enrolled: str | None = None
+
+
+def encoder_kind(encoder: str) -> str:
+    return encoder.split(":", 1)[0]
+
+
+def read_voices(directory: Path, item_id: str) -> list[Voice] | None:
+    """The voices an input's folder keeps (None: no diarization, or one without voices)."""
+    import numpy as np
+
+    path = directory / "diarization.json"
+    if not path.exists():
+        return None
+    diarization = load_artifact(path, DiarizationArtifact)
+    if not diarization.voices:
+        return None
+    enrolled: dict[str, str] = {}
+    matched = directory / "speaker_embeddings.json"
+    if matched.exists():
+        try:  # the names only: the sidecar's vectors are not needed
+            enrolled = {m.speaker: m.name for m in
+                        SpeakerEmbeddingsArtifact.model_validate_json(matched.read_bytes()).matches if m.name}
+        except ValueError as exc:
+            log.warning("%s: enrolled names not read: %s", item_id, exc)
+    seconds = Counter()
+    for turn in diarization.turns:
+        seconds[turn.speaker] += turn.end - turn.start
+    return [Voice(item_id, label, np.asarray(vector, np.float64), round(seconds[label], 3), diarization.fingerprint,
+                  diarization.voice_encoder or "", enrolled.get(label))
+            for label, vector in sorted(diarization.voices.items())]
+
+
+# -- clustering (pure) ----------------------------------------------------------------------------
+
+
+def _unit(vector):
+    import numpy as np
+
+    return vector / max(float(np.linalg.norm(vector)), 1e-12)
+
+
+def group_voices(voices: list[Voice], distance: float) -> list[list[int]]:
+    """Indexes of ``voices`` grouped as one voice: average-linkage clusters of cosine distance below
+    ``distance``; two speakers of one input are never in one group (the diarizer told them apart)."""
+    import numpy as np
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import squareform
+
+    n = len(voices)
+    if n <= 1:
+        return [list(range(n))]
+    vectors = np.stack([v.vector for v in voices])
+    dist = np.clip(1.0 - vectors @ vectors.T, 0.0, 2.0)
+    items = np.array([v.item_id for v in voices], dtype=object)
+    dist[items[:, None] == items[None, :]] = 2.0  # cannot-link: the same input's speakers
+    np.fill_diagonal(dist, 0.0)
+    labels = fcluster(linkage(squareform(dist, checks=False), method="average"), t=distance, criterion="distance")
+    groups: list[list[int]] = []
+    for label in np.unique(labels):
+        members = [int(i) for i in np.flatnonzero(labels == label)]
+        centre = _unit(vectors[members].mean(axis=0))
+        parts: list[list[int]] = []  # still two of one input (average linkage allows it): most central first
+        for i in sorted(members, key=lambda i: -float(vectors[i] @ centre)):
+            part = next((p for p in parts if all(voices[j].item_id != voices[i].item_id for j in p)), None)
+            if part is None:
+                parts.append([i])
+            else:
+                part.append(i)
+        groups.extend(parts)
+    return sorted(groups, key=lambda g: (-sum(voices[i].seconds for i in g), min(g)))
+
+
+def _centroid(vectors_seconds) -> list[float]:
+    import numpy as np
+
+    total = sum(np.asarray(v) * max(s, 1e-3) for v, s in vectors_seconds)
+    return [float(x) for x in _unit(np.asarray(total, np.float64))]
+
+
+def unplaced(corpus: CorpusSpeakers | None, voices: list[Voice]) -> set[str]:
+    """Inputs of ``voices`` not placed in ``corpus`` as they are now (new, or diarized again since)."""
+    now: dict[str, tuple[str, set]] = {}
+    for v in voices:
+        now.setdefault(v.item_id, (v.fingerprint, set()))[1].add(v.speaker)
+    before: dict[str, tuple[str, set]] = {}
+    for s in corpus.speakers if corpus else []:
+        for m in s.members:
+            before.setdefault(m.item_id, (m.fingerprint, set()))[1].add(m.speaker)
+    return {item for item, state in now.items() if before.get(item) != state}
+
+
+def _member(voice: Voice) -> CorpusMember:
+    return CorpusMember(item_id=voice.item_id, speaker=voice.speaker, seconds=voice.seconds,
+                        fingerprint=voice.fingerprint, enrolled=voice.enrolled)
+
+
+@dataclass
+class Placed:
+    """What :func:`assign` changed."""
+
+    corpus: CorpusSpeakers
+    #: inputs whose speakers' corpus labels changed (their files are to be written again)
+    changed: set[str] = field(default_factory=set)
+    new_speakers: list[str] = field(default_factory=list)
+    #: voices of another encoder than the corpus's, left out
+    skipped: int = 0
+
+
+def assign(corpus: CorpusSpeakers | None, voices: list[Voice], distance: float,
+           vectors: dict[tuple[str, str], object] | None = None) -> Placed:
+    """``corpus`` with ``voices`` placed (pure: no file is read). A voice already placed with the same
+    fingerprint stays where it is; every other voice of those inputs is placed again. ``vectors`` gives
+    the voices of members already placed whose speaker must be recomputed (inputs re-diarized); the
+    centroid of a speaker that only gains members is updated from its own."""
+    import numpy as np
+
+    corpus = corpus or CorpusSpeakers(distance=distance)
+    kinds = {encoder_kind(v.encoder) for v in voices}
+    kind = corpus.encoder or (max(sorted(kinds), key=lambda k: sum(encoder_kind(v.encoder) == k for v in voices))
+                              if kinds else None)
+    skipped = [v for v in voices if encoder_kind(v.encoder) != kind]
+    voices = [v for v in voices if encoder_kind(v.encoder) == kind]
+    fresh_items = unplaced(corpus, voices)
+    new = [v for v in voices if v.item_id in fresh_items]
+    changed = set(fresh_items)
+
+    # members of re-placed inputs leave their speakers
+    enrolled = {(v.item_id, v.speaker): v.enrolled for v in voices}
+    speakers: dict[str, dict] = {}
+    for s in corpus.speakers:
+        kept = [m.model_copy(update={"enrolled": enrolled[(m.item_id, m.speaker)]})
+                if enrolled.get((m.item_id, m.speaker), m.enrolled) != m.enrolled else m  # profiles changed
+                for m in s.members if m.item_id not in fresh_items]
+        if not kept:
+            continue
+        centroid = s.centroid
+        if len(kept) != len(s.members):
+            known = [(vectors[(m.item_id, m.speaker)], m.seconds) for m in kept
+                     if vectors and (m.item_id, m.speaker) in vectors]
+            centroid = _centroid(known) if known else centroid
+        speakers[s.id] = {"name": s.name, "centroid": centroid, "members": kept}
+    next_id = corpus.next_id
+    new_ids = []
+    for group in group_voices(new, distance) if new else []:
+        members = [new[i] for i in group]
+        items = {v.item_id for v in members}
+        centre = np.asarray(_centroid([(v.vector, v.seconds) for v in members]))
+        best, best_sim = None, 1.0 - distance
+        for sid, s in speakers.items():
+            if items & {m.item_id for m in s["members"]}:
+                continue  # one of these inputs already has a speaker there: another voice
+            sim = float(np.asarray(s["centroid"]) @ centre)
+            if sim >= best_sim:
+                best, best_sim = sid, sim
+        if best is None:
+            best = speaker_id(next_id)
+            next_id += 1
+            new_ids.append(best)
+            speakers[best] = {"name": None, "centroid": [float(x) for x in centre], "members": []}
+        else:
+            s = speakers[best]
+            had = sum(m.seconds for m in s["members"])
+            s["centroid"] = _centroid([(s["centroid"], had), *[(v.vector, v.seconds) for v in members]])
+        speakers[best]["members"] = speakers[best]["members"] + [_member(v) for v in members]
+    result = CorpusSpeakers(
+        encoder=kind, distance=distance, next_id=next_id, merged=corpus.merged,
+        speakers=[CorpusSpeaker(id=sid, name=s["name"], centroid=s["centroid"],
+                                members=sorted(s["members"], key=lambda m: (m.item_id, m.speaker)))
+                  for sid, s in sorted(speakers.items())])
+    # an unnamed speaker's label comes from its members' enrolled names: inputs sharing it show it anew
+    before, after = corpus_labels(corpus), corpus_labels(result)
+    changed |= {i for i in set(before) | set(after) if before.get(i) != after.get(i)}
+    return Placed(result, changed, new_ids, len(skipped))
+
+
+# -- the output folder --------------------------------------------------------------------------
+
+
+def save_corpus(out: Path, corpus: CorpusSpeakers) -> Path:
+    return save_model(corpus, layout.path(out, layout.SPEAKERS))
+
+
+def folder_items(out: Path) -> list[str]:
+    """Every input id of the output folder (its index of ids), sorted."""
+    return sorted(set(load_ids(out).values()))
+
+
+def place(settings, out: Path, item_ids: list[str] | None = None, corpus: CorpusSpeakers | None = None) -> Placed:
+    """Place the voices of ``item_ids`` (default: every input of ``out``) into ``OUT/speakers.json`` and
+    save it; return what changed. The caller holds the output folder's lock and rewrites the files of
+    ``Placed.changed`` inputs (:func:`rewrite`), unless it is about to write them anyway. ``corpus``: the
+    folder's corpus as the caller last saved it (a run's chunks), so that it is not read again."""
+    corpus = corpus if corpus is not None else read_corpus(out)
+    voices: list[Voice] = []
+    missing = 0
+    for item_id in item_ids if item_ids is not None else folder_items(out):
+        try:
+            found = read_voices(out / item_id, item_id)
+        except (PipelineError, OSError, ValueError) as exc:
+            log.warning("%s: speakers not placed: %s", item_id, exc)
+            continue
+        if found is None:
+            missing += (out / item_id / "diarization.json").exists()
+            continue
+        voices.extend(found)
+    if missing:
+        log.warning("%d input(s) diarized before voices were kept: rerun `pipeline process` on them to place "
+                    "their speakers", missing)
+    rediarized = _rediarized_vectors(out, corpus, voices)
+    placed = assign(corpus, voices, settings.corpus_speaker_distance, rediarized)
+    if placed.skipped:
+        log.warning("%d speaker(s) embedded by another encoder than the corpus's (%s) left out",
+                    placed.skipped, placed.corpus.encoder)
+    if placed.changed or corpus is None or placed.corpus.speakers != corpus.speakers:
+        save_corpus(out, placed.corpus)
+    return placed
+
+
+def _rediarized_vectors(out: Path, corpus: CorpusSpeakers | None, voices: list[Voice]) -> dict:
+    """The voices of members whose speaker loses a re-diarized input's member (its centroid is recomputed)."""
+    if corpus is None:
+        return {}
+    redone = unplaced(corpus, voices)
+    touched = [s for s in corpus.speakers if any(m.item_id in redone for m in s.members)]
+    return _vectors(out, [m for s in touched for m in s.members if m.item_id not in redone])
+
+
+def _vectors(out: Path, members: list[CorpusMember]) -> dict[tuple[str, str], object]:
+    vectors = {}
+    for item_id in sorted({m.item_id for m in members}):
+        for v in read_voices(out / item_id, item_id) or []:
+            vectors[(v.item_id, v.speaker)] = v.vector
+    return {(m.item_id, m.speaker): vectors[(m.item_id, m.speaker)] for m in members
+            if (m.item_id, m.speaker) in vectors}
+
+
+def rewrite(settings, out: Path, item_ids: set[str] | list[str], corpus: CorpusSpeakers | None = None) -> int:
+    """Write the files of ``item_ids`` again from their stored artifacts with the corpus speakers' labels:
+    every format the folder holds, ``segments.jsonl`` too; starts no child. The journal gets each
+    input's new file sizes, so the next run still finds it complete without reading its artifacts.
+    Returns the number of inputs written."""
+    import numpy as np
+
+    labels = corpus_labels(corpus if corpus is not None else read_corpus(out))
+    rules = CaptionRules.from_settings(settings)
+    journal = Journal(layout.path(out, layout.JOURNAL), f"speakers-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    completed = journal.completed() if item_ids else {}
+    written = 0
+    for item_id in sorted(item_ids):
+        directory = out / item_id
+        if not (directory / "transcript.json").exists():
+            continue
+        event = completed[item_id].event() if item_id in completed else {}
+        summary = event.get("summary") if isinstance(event.get("summary"), dict) else {}
+        notes = [*(summary.get("notes") or []), *(summary.get("substitutions") or [])]
+        try:
+            src = load_sources(directory, item_id, rules, notes, corpus=labels.get(item_id))
+            formats = [name for name, file in layout.FORMATS.items() if (directory / file).exists()]
+            if (directory / "segments.jsonl").exists() and (directory / "embeddings.json").exists():
+                embeddings = load_artifact(directory / "embeddings.json", EmbeddingsArtifact)
+                vectors = np.load(directory / embeddings.sidecar, allow_pickle=False)
+                files = write_outputs(directory, src, embeddings, vectors, formats)
+            else:
+                files = write_formats(directory, src, formats)
+        except (PipelineError, OSError, ValueError) as exc:
+            log.warning("%s: files not written again: %s", item_id, exc)
+            continue
+        written += 1
+        if event and isinstance(event.get("files"), dict):
+            stats = dict(event["files"])
+            for path in files.values():
+                path = Path(path)
+                if path.name in stats and path.exists():
+                    st = path.stat()
+                    stats[path.name] = [st.st_size, st.st_mtime_ns]
+            journal.record(item_id, "outputs", "ok", fingerprint=event.get("fingerprint"), files=stats,
+                           summary=summary)
+    return written
+
+
+#: inputs placed at once by ``speakers cluster``: their voices' distance matrix is (2 x 1,000)^2 doubles, 32 MB
+PLACE_BATCH = 1000
+
+
+def cluster(settings, out: Path) -> Placed:
+    """``pipeline speakers cluster OUT``: place every input's speakers not placed yet (``PLACE_BATCH`` inputs
+    at a time, as successive runs would), write their files."""
+    with OutputLock(out, wait=settings.wait_for_output):
+        items = folder_items(out)
+        placed = Placed(read_corpus(out) or CorpusSpeakers(distance=settings.corpus_speaker_distance))
+        for start in range(0, max(len(items), 1), PLACE_BATCH):
+            step = place(settings, out, items[start:start + PLACE_BATCH], placed.corpus)
+            placed = Placed(step.corpus, placed.changed | step.changed, placed.new_speakers + step.new_speakers,
+                            placed.skipped + step.skipped)
+        rewrite(settings, out, placed.changed, placed.corpus)
+    return placed
+
+
+# -- listing ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class SpeakerSummary:
+    id: str
+    label: str
+    name: str | None
+    inputs: int
+    seconds: float
+    #: the longest stretch of it speaking alone: (input id, file to listen to, start, end)
+    clean_turn: tuple[str, str, float, float] | None
+    members: list[tuple[str, str]]
+
+
+def clean_turns(diarization: DiarizationArtifact, speaker: str) -> list[tuple[float, float]]:
+    """``speaker``'s turns less the times another voice speaks too."""
+    spans = overlap_spans(diarization.turns)
+    out = []
+    for turn in (t for t in diarization.turns if t.speaker == speaker):
+        start = turn.start
+        for a, b in spans:
+            if b <= start or a >= turn.end:
+                continue
+            if a > start:
+                out.append((start, a))
+            start = max(start, b)
+        if turn.end > start:
+            out.append((start, turn.end))
+    return out
+
+
+def _listen(directory: Path, diarization: DiarizationArtifact) -> str:
+    copy = directory / layout.LISTEN
+    return str(copy) if copy.exists() else diarization.source
+
+
+def summaries(out: Path, corpus: CorpusSpeakers | None = None) -> list[SpeakerSummary]:
+    """``pipeline speakers list OUT``: each corpus speaker, longest speaking time first."""
+    corpus = corpus if corpus is not None else read_corpus(out)
+    rows = []
+    cache: dict[str, DiarizationArtifact | None] = {}
+    for s in corpus.speakers if corpus else []:
+        best = None
+        for m in s.members:
+            if m.item_id not in cache:
+                try:
+                    cache[m.item_id] = load_artifact(out / m.item_id / "diarization.json", DiarizationArtifact)
+                except ArtifactError:
+                    cache[m.item_id] = None
+            diarization = cache[m.item_id]
+            if diarization is None:
+                continue
+            for a, b in clean_turns(diarization, m.speaker):
+                if best is None or b - a > best[3] - best[2]:
+                    best = (m.item_id, _listen(out / m.item_id, diarization), round(a, 3), round(b, 3))
+        rows.append(SpeakerSummary(s.id, s.label, s.name, len({m.item_id for m in s.members}), round(s.seconds, 3),
+                                   best, [(m.item_id, m.speaker) for m in s.members]))
+    return sorted(rows, key=lambda r: (-r.seconds, r.id))
+
+
+# -- mending -----------------------------------------------------------------------------------------
+
+
+def _find(corpus: CorpusSpeakers | None, sid: str) -> CorpusSpeaker:
+    if corpus is None:
+        raise SettingsError("this output folder has no corpus speakers yet: run `pipeline speakers cluster` first")
+    sid = corpus.merged.get(sid, sid)
+    for s in corpus.speakers:
+        if s.id == sid:
+            return s
+    raise SettingsError(f"no corpus speaker {sid}: `pipeline speakers list` shows them")
+
+
+def _replace(corpus: CorpusSpeakers, *speakers: CorpusSpeaker, drop: tuple[str, ...] = (),
+             merged: dict[str, str] | None = None, next_id: int | None = None) -> CorpusSpeakers:
+    by_id = {s.id: s for s in corpus.speakers if s.id not in drop}
+    by_id.update({s.id: s for s in speakers})
+    return CorpusSpeakers(encoder=corpus.encoder, distance=corpus.distance, next_id=next_id or corpus.next_id,
+                          speakers=[by_id[k] for k in sorted(by_id)], merged=merged or corpus.merged)
+
+
+@dataclass
+class Named:
+    speaker: CorpusSpeaker
+    profile: Path | None
+    rewritten: int
+
+
+def name(settings, out: Path, sid: str, new_name: str, profile: bool = True) -> Named:
+    """``pipeline speakers name OUT S0007 "Dr. Lee"``: the name on every file the speaker is in, and a voice
+    profile ``PROFILES_DIR/<name>.json`` from its voices (``profile``: when a profiles directory is set)."""
+    from orchestrator.run.enroll import profile_file_name
+
+    new_name = new_name.strip()
+    if not new_name:
+        raise SettingsError("a speaker's name cannot be empty")
+    with OutputLock(out, wait=settings.wait_for_output):
+        corpus = read_corpus(out)
+        speaker = _find(corpus, sid)
+        taken = [s.id for s in corpus.speakers if s.name == new_name and s.id != speaker.id]
+        if taken:
+            raise SettingsError(f"{taken[0]} is already named {new_name!r}: merge them "
+                                f"(`pipeline speakers merge {out} {taken[0]} {speaker.id}`) or choose another name")
+        speaker = speaker.model_copy(update={"name": new_name})
+        corpus = _replace(corpus, speaker)
+        path = None
+        if profile and settings.profiles_dir is not None:
+            path = Path(settings.profiles_dir) / f"{profile_file_name(new_name)}.json"
+            save_model(voice_profile(out, corpus, speaker, settings.speaker_threshold), path)
+            log.info("%s: voice profile %s", speaker.id, path)
+        save_corpus(out, corpus)
+        rewritten = rewrite(settings, out, {m.item_id for m in speaker.members}, corpus)
+    return Named(speaker, path, rewritten)
+
+
+def voice_profile(out: Path, corpus: CorpusSpeakers, speaker: CorpusSpeaker,
+                  threshold: float | None = None) -> VoiceProfile:
+    """A voice profile (the format ``pipeline enroll`` writes) from a corpus speaker's voices: one clip per
+    input it speaks in (the input's diarization artifact, with that speaker's label and its seconds)."""
+    vectors = _vectors(out, speaker.members)
+    clips = []
+    for m in speaker.members:
+        if (m.item_id, m.speaker) not in vectors:
+            continue
+        path = out / m.item_id / "diarization.json"
+        clips.append(ProfileClip(path=f"{path.resolve()}#{m.speaker}", sha256=sha256_file(path),
+                                 duration_s=max(m.seconds, 1e-3),
+                                 embedding=[float(x) for x in _unit(vectors[(m.item_id, m.speaker)])]))
+    if not clips:
+        raise ArtifactError(out / speaker.members[0].item_id / "diarization.json",
+                            f"{speaker.id}: none of its inputs' diarization artifacts is readable")
+    kind = corpus.encoder or "campplus"
+    first = load_artifact(out / speaker.members[0].item_id / "diarization.json", DiarizationArtifact)
+    identity = json.dumps(sorted((c.path, c.sha256) for c in clips))
+    return VoiceProfile(
+        item_id=speaker.id, fingerprint=hashlib.sha256(identity.encode()).hexdigest()[:32], name=speaker.name,
+        encoder=kind, encoder_model=first.voice_encoder or kind, dimension=len(speaker.centroid),
+        embedding=_centroid([(c.embedding, c.duration_s) for c in clips]), clips=clips,
+        threshold=DEFAULT_THRESHOLDS.get(kind, 0.6) if threshold is None else threshold)
+
+
+def merge(settings, out: Path, keep: str, other: str) -> CorpusSpeaker:
+    """``pipeline speakers merge OUT S0007 S0012``: S0012's inputs become S0007's (S0012 is not used again)."""
+    with OutputLock(out, wait=settings.wait_for_output):
+        corpus = read_corpus(out)
+        a, b = _find(corpus, keep), _find(corpus, other)
+        if a.id == b.id:
+            raise SettingsError(f"{keep} and {other} are one speaker already")
+        both = {m.item_id for m in a.members} & {m.item_id for m in b.members}
+        if both:
+            log.warning("%s and %s both speak in %s: that input's two speakers become one", a.id, b.id,
+                        ", ".join(sorted(both)))
+        merged_speaker = CorpusSpeaker(
+            id=a.id, name=a.name or b.name,
+            centroid=_centroid([(a.centroid, a.seconds), (b.centroid, b.seconds)]),
+            members=sorted([*a.members, *b.members], key=lambda m: (m.item_id, m.speaker)))
+        merged = {k: (a.id if v == b.id else v) for k, v in corpus.merged.items()} | {b.id: a.id}
+        corpus = _replace(corpus, merged_speaker, drop=(b.id,), merged=merged)
+        save_corpus(out, corpus)
+        rewrite(settings, out, {m.item_id for m in merged_speaker.members}, corpus)
+    return merged_speaker
+
+
+def split(settings, out: Path, sid: str, item_ids: list[str] | None = None,
+          distance: float | None = None) -> list[CorpusSpeaker]:
+    """``pipeline speakers split OUT S0007 --input ID ...``: those inputs' members of S0007 become a new
+    corpus speaker (a wrong merge mended); the rest stay S0007. Without ``item_ids``, S0007's voices are
+    grouped again at ``distance`` (default: half the ``corpus_speaker_distance`` setting): the group with
+    the most speech keeps S0007, each other one becomes a new corpus speaker. Returns the new ones."""
+    with OutputLock(out, wait=settings.wait_for_output):
+        corpus = read_corpus(out)
+        speaker = _find(corpus, sid)
+        vectors = _vectors(out, speaker.members)
+        if item_ids:
+            unknown = sorted(set(item_ids) - {m.item_id for m in speaker.members})
+            if unknown:
+                raise SettingsError(f"{speaker.id} does not speak in {', '.join(unknown)}")
+            parts = [[m for m in speaker.members if m.item_id not in set(item_ids)],
+                     [m for m in speaker.members if m.item_id in set(item_ids)]]
+        else:
+            distance = settings.corpus_speaker_distance / 2 if distance is None else distance
+            known = [m for m in speaker.members if (m.item_id, m.speaker) in vectors]
+            voices = [Voice(m.item_id, m.speaker, vectors[(m.item_id, m.speaker)], m.seconds, m.fingerprint, "")
+                      for m in known]
+            parts = [[known[i] for i in group] for group in group_voices(voices, distance)] if voices else []
+            if len(parts) >= 2:  # members whose voices are not readable stay
+                parts[0] += [m for m in speaker.members if (m.item_id, m.speaker) not in vectors]
+            if len(parts) < 2:
+                raise SettingsError(f"{speaker.id}'s voices are one voice even at distance {distance:g}: name the "
+                                    "inputs to split off with --input, or a lower distance")
+        if any(not part for part in parts):
+            raise SettingsError(f"splitting {speaker.id} needs some of its inputs to move and some to stay "
+                                f"(it speaks in {len({m.item_id for m in speaker.members})})")
+
+        def centroid(members):
+            known = [(vectors[(m.item_id, m.speaker)], m.seconds) for m in members if (m.item_id, m.speaker) in vectors]
+            return _centroid(known) if known else speaker.centroid  # voices unreadable: keep the old centre
+
+        kept = speaker.model_copy(update={"centroid": centroid(parts[0]), "members": parts[0]})
+        new = [CorpusSpeaker(id=speaker_id(corpus.next_id + n), centroid=centroid(part), members=part)
+               for n, part in enumerate(parts[1:])]
+        corpus = _replace(corpus, kept, *new, next_id=corpus.next_id + len(new))
+        save_corpus(out, corpus)
+        rewrite(settings, out, {m.item_id for part in parts[1:] for m in part}, corpus)
+    return new
