@@ -205,6 +205,7 @@ def main() -> None:
             count = max(args.texts, 2 * clients * args.request_size)
             rows.append(_in_process("--client", url, "--clients", str(clients), "--texts", str(count),
                                     "--request-size", str(args.request_size)))
+            print(f"measured: {json.dumps(rows[-1])}", flush=True)  # kept if a later level is cut short
     finally:
         stop_server(proc)
         shutil.rmtree(work, ignore_errors=True)

@@ -8,10 +8,11 @@ shrunk enough for it to fit, so a client that honours it is not refused again fo
 
 Two things keep that true under heavy overload (1,000 clients on one worker):
 
-- **Spread.** Refused at the same moment, a thousand clients told "in 2 s" come back together and are
-  refused together again: the refusals themselves then take the CPU the worker needs. The caller adds a
-  random share (``spread``, drawn in [0, 1)) of the work queued ahead, so the retries arrive spread over
-  the time the queue takes to drain, at about the rate it drains.
+- **Return slots** (:class:`Slots`). Refused at the same moment, a thousand clients told "in 2 s" come
+  back together and are refused together again: the refusals themselves then take the CPU the worker
+  needs. Each refused request is instead given the next free slot after the time it would fit, and the
+  slot after it is its own compute time later, so refused clients come back one after another at the
+  rate the worker drains the queue, not all at once.
 - **Calibration** (:class:`Lateness`). The estimate counts the worker's compute; the server's own time
   (HTTP, JSON, the event loop shared by every connection) is not in it and grows with the number of
   connections. Each answered request's measured time is compared with its estimate, and estimates are
@@ -44,6 +45,22 @@ def drain_retry(drain_s: float, floor_s: int, spread: float = 0.0) -> int:
     already past its budget): when the work queued now is expected to be done, spread like
     :func:`refusal`; never less than ``floor_s`` (``PIPELINE_RETRY_AFTER_S``)."""
     return max(floor_s, math.ceil(drain_s * (0.5 + spread)))
+
+
+class Slots:
+    """When refused requests should come back: one after another, each its own compute time after the
+    one before, from when the first would fit. Slots in the past are forgotten (a client that did not
+    come back does not hold up the others for long)."""
+
+    def __init__(self) -> None:
+        self.free_at = 0.0
+
+    def take(self, now: float, fits_in_s: float, own_s: float) -> int:
+        """``Retry-After`` (whole seconds, at least 1) for a request refused at ``now`` that would fit
+        in ``fits_in_s`` and takes ``own_s`` itself."""
+        slot = max(now + fits_in_s, self.free_at)
+        self.free_at = slot + max(own_s, 0.0)
+        return max(1, math.ceil(slot - now))
 
 
 class Lateness:

@@ -34,7 +34,6 @@ import concurrent.futures
 import itertools
 import logging
 import os
-import random
 import re
 import threading
 import time
@@ -60,7 +59,7 @@ from contracts.worker import (
     WorkerConfig,
 )
 from orchestrator.process.toolkit import CONTEXT, FileFollower, LogRelay, spawn, stop
-from orchestrator.api.admission import Lateness, Throughput, refusal
+from orchestrator.api.admission import Lateness, Slots, Throughput, refusal
 from orchestrator.api.metrics import Metrics
 from orchestrator.run.outcome import OOM_ADVICE, Outcome, next_step, outcome_of
 from orchestrator.settings import Settings
@@ -303,6 +302,8 @@ class ProfileWorker:
         self.throughput = Throughput()
         #: answered requests' time over their estimate: the server's own time, which the estimate leaves out
         self.lateness = Lateness()
+        #: when refused requests are told to come back (one after another, at the rate the queue drains)
+        self.slots = Slots()
         self._last_done, self._backlog = 0.0, False
         self._queue: deque[_Part] = deque()
         self._queued_texts = 0
@@ -338,8 +339,9 @@ class ProfileWorker:
             ahead = self.throughput.queue_seconds(self._queued_texts)
             own = self.throughput.seconds(sum(self.tokens(n) for n in request.lengths))
             late = self.lateness.factor
-            retry = refusal(ahead * late, own * late, self.settings.request_timeout_s, spread=random.random())
+            retry = refusal(ahead * late, own * late, self.settings.request_timeout_s)
             if retry is not None:
+                retry = self.slots.take(time.monotonic(), retry, own * late)
                 self.metrics.rejected.labels(reason="expected_wait").inc()
                 raise ApiError(429, f"the {self.profile!r} queue would not answer within the request deadline of "
                                     f"{self.settings.request_timeout_s:g}s (about {(ahead + own) * late:.0f}s expected "

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from orchestrator.api.admission import Lateness, Throughput, drain_retry, refusal
+import collections
+import math
+
+from orchestrator.api.admission import Lateness, Slots, Throughput, drain_retry, refusal
 
 
 def test_an_empty_queue_admits_anything_and_a_full_one_refuses_with_when_it_would_fit():
@@ -54,3 +57,15 @@ def test_lateness_scales_estimates_by_how_late_answers_were_and_never_below_one(
     for _ in range(60):
         late.observe(estimate_s=1.0, actual_s=100.0)
     assert late.factor <= Lateness.CEILING
+
+
+def test_refused_requests_get_return_slots_one_after_another_at_the_rate_the_queue_drains():
+    slots = Slots()
+    # a thousand requests refused at the same moment, each fitting in 2 s and taking 0.05 s itself
+    retries = [slots.take(now=100.0, fits_in_s=2.0, own_s=0.05) for _ in range(1000)]
+    assert retries[0] == 2 and retries == sorted(retries)
+    assert retries[-1] == math.ceil(2.0 + 999 * 0.05), "the last comes back when the 999 before it are done"
+    per_second = collections.Counter(retries)
+    assert max(per_second.values()) <= 21, "about 1 / 0.05 s come back each second, not all at once"
+    # slots in the past are forgotten: much later, a refusal waits only for its own fit
+    assert slots.take(now=500.0, fits_in_s=3.0, own_s=0.05) == 3
