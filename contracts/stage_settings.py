@@ -60,6 +60,8 @@ class AsrSettings(StageSettings):
     #: windows of several inputs share batches (False: each input's windows alone, as whisperX does;
     #: "auto": on CUDA only)
     pack_inputs: bool | Literal["auto"]
+    #: short speech windows of several inputs of one language share one Whisper window (stages/joining.py)
+    join_inputs: bool = True
     #: Whisper's ``initial_prompt``: text that sets the vocabulary and style of the first window (None: none)
     prompt: str | None = None
     #: time each window's words with the decoder's cross-attention as it is decoded (the alignment stage
