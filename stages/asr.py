@@ -20,7 +20,9 @@ apart (stages/joining.py); it is decoded and its words timed once, and each inpu
 gets the words that start in its own stretch, in its own time: a segment per
 input window, as when it is decoded alone. A joined window that cannot be split
 (its words could not be timed) or that fails is decoded again input by input, so
-only the input that breaks it fails. An input is written as soon as its last
+only the input that breaks it fails; a respawned child (``attempt`` > 1: the last
+one died) joins nothing, so an input that kills the child is blamed alone. An
+input is written as soon as its last
 window is decoded, and only the inputs of the batch under way are "in flight"
 for crash blame.
 
@@ -140,6 +142,11 @@ class AsrStage(TorchStage):
         pack = settings.pack_inputs
         self.pack = device.startswith("cuda") if pack == "auto" else pack
         self.join = settings.join_inputs and not settings.identify_only
+        if self.join and request is not None and request.attempt > 1:
+            # a respawned child (the last one died or ran out of memory) decodes each input's windows apart: a
+            # poison input that kills the child is then in flight alone, and fails alone (culprit isolation)
+            log.info("asr: attempt %d: no joined windows", request.attempt)
+            self.join = False
         self.word_timing = settings.word_timestamps and not settings.identify_only
         return path
 

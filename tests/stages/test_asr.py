@@ -304,13 +304,14 @@ def distinct_clips(tmp_path_factory, media):
     return decode(sources), texts
 
 
-def _run_clips(tmp, audio: dict, **settings):
+def _run_clips(tmp, audio: dict, attempt: int = 1, **settings):
     (tmp).mkdir()
     items = [WorkItem(id=name, inputs={"audio": str(path)}, output=str(tmp / f"{name}.json"), fingerprint="fp")
              for name, path in audio.items()]
     request = StageRequest(request_id="j", stage="asr", module="stages.asr", batch_size=4, device="cpu",
                            settings=stage_settings("asr", **{"pack_inputs": False, **settings}),
-                           result_path=str(tmp / "res.json"), inflight_path=str(tmp / "inflight.json"), items=items)
+                           result_path=str(tmp / "res.json"), inflight_path=str(tmp / "inflight.json"), items=items,
+                           attempt=attempt)
     seen: list[list[str]] = []
     stage = AsrStage()
     write = stage._write_in_flight
@@ -392,3 +393,13 @@ def test_a_joined_window_that_fails_is_decoded_input_by_input_and_only_the_culpr
     for name, transcript in transcripts.items():
         assert [s.text for s in transcript.segments] and [(s.start, s.end) for s in transcript.segments] == [
             (s.start, s.end) for s in alone[name].segments], name
+
+
+def test_a_respawned_child_joins_nothing(tmp_path, distinct_clips):
+    """After a child died with inputs of a joined window in flight, the next child decodes every input apart:
+    an input that kills the child is then in flight alone and fails alone (the others' deaths count once)."""
+    audio, _ = distinct_clips
+    some = {name: audio[name] for name in ["host_enroll_1", "host_enroll_2", "guest_enroll_1"]}
+    result, transcripts, seen = _run_clips(tmp_path / "respawned", some, attempt=2, join_inputs=True)
+    assert all(r.ok for r in result.items) and set(transcripts) == set(some)
+    assert all(len(ids) == 1 for ids in seen), seen
