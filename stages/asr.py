@@ -303,15 +303,16 @@ class AsrStage(TorchStage):
         joined = [k for k, window in enumerate(batch) if len(window.parts) > 1]
         timed = self._time_words(batch, encoded, texts, languages,
                                  rows=range(len(batch)) if self.word_timing else joined)
-        redo = []
+        redo, unsplit = [], 0
         for k in joined:  # each input's words back to it: its text is its words
             window = batch[k]
             if texts[k] and timed.get(k) is None:  # no times to split by: its inputs' windows go alone
                 redo.extend(window.parts)
+                unsplit += 1
                 continue
             sep = "" if self._tokenizer(languages[k]).language_code in NO_SPACE_LANGUAGES else " "
             for (job, i), words in zip(window.parts, split_words(timed.get(k) or [], window.spans)):
-                start, end = job.windows[i]
+                start = job.windows[i][0]
                 words = [w.model_copy(update={"start": round(start + w.start, 3), "end": round(start + w.end, 3)})
                          for w in words]
                 job.texts[i] = sep.join(w.word for w in words)
@@ -319,7 +320,7 @@ class AsrStage(TorchStage):
                 job.words[i] = (words or None) if self.word_timing else None
         if redo:
             log.warning("asr: %d joined window(s) could not be split by word times; their %d input window(s) are "
-                        "decoded alone", len(joined), len(redo))
+                        "decoded alone", unsplit, len(redo))
             self._generate_alone(redo)
 
     def _time_words(self, batch: list[Joined], encoded, texts: list[list[int]], languages: list[str],
