@@ -127,8 +127,8 @@ class Settings(BaseSettings):
         default_factory=lambda: ["srt", "vtt", "txt", "html"], validation_alias=_env("export_formats", "PIPELINE_FORMATS"))
     #: whisperX batch of 30 s windows; halved on out-of-memory
     asr_batch_size: BatchSize = Field(16, validation_alias=_env("asr_batch_size", "ASR_BATCH_SIZE"))
-    #: pack the speech windows of several inputs of a chunk into shared decoder batches; "auto": on CUDA
-    #: only (on the CPU a batch costs what its windows cost one by one: bench/asr_packing.py)
+    #: pack the speech windows of several inputs of a chunk into shared decoder batches; "auto": on CUDA, and
+    #: on the CPU when windows are joined (asr_join_inputs; without joining it did not pay on the CPU: #14)
     asr_pack_inputs: bool | Literal["auto"] = Field("auto", validation_alias=_env("asr_pack_inputs", "ASR_PACK_INPUTS"))
     #: join the short speech windows (short inputs, the short tails of long ones) of several inputs of a chunk
     #: that share a language into one Whisper window, 1 s of silence apart, and split the words back by time

@@ -309,7 +309,7 @@ def _run_clips(tmp, audio: dict, attempt: int = 1, **settings):
     items = [WorkItem(id=name, inputs={"audio": str(path)}, output=str(tmp / f"{name}.json"), fingerprint="fp")
              for name, path in audio.items()]
     request = StageRequest(request_id="j", stage="asr", module="stages.asr", batch_size=4, device="cpu",
-                           settings=stage_settings("asr", **{"pack_inputs": False, **settings}),
+                           settings=stage_settings("asr", **settings),
                            result_path=str(tmp / "res.json"), inflight_path=str(tmp / "inflight.json"), items=items,
                            attempt=attempt)
     seen: list[list[str]] = []
