@@ -64,8 +64,10 @@ class AsrSettings(StageSettings):
     #: most seconds of speech whisperX joins into one segment
     chunk_size: int = Field(ge=1, le=30)
     #: windows of several inputs share batches (False: each input's windows alone, as whisperX does;
-    #: "auto": on CUDA only)
+    #: "auto": on CUDA, and wherever windows are joined)
     pack_inputs: bool | Literal["auto"]
+    #: short speech windows of several inputs of one language share one Whisper window (stages/joining.py)
+    join_inputs: bool = True
     #: Whisper's ``initial_prompt``: text that sets the vocabulary and style of the first window (None: none)
     prompt: str | None = None
     #: time each window's words with the decoder's cross-attention as it is decoded (the alignment stage

@@ -10,17 +10,28 @@ the same encoder output (``Whisper.align``, stages/whisper_align.py; ``aligner``
 a few percent of the decode, where a separate pass would encode every window again. The
 alignment stage decides what the final timing is, so transcripts here say ``aligned=False``.
 
-Cross-input packing: the stage sees every input of its chunk. Each input is cut
-into speech windows by whisperX's VAD (at most ``chunk_size`` seconds each, as
-``FasterWhisperPipeline.transcribe`` does); the windows of successive inputs then
-share decoder batches of ``batch_size`` (a window never spans two inputs, results
-go back to their input in order). An input is written as soon as its last window
-is decoded, and only the inputs of the batch under way are "in flight" for crash
-blame. With ``pack_inputs`` off each input's windows are decoded alone, which is
-what whisperX does per file. "auto" packs on CUDA only: on the CPU a batch of
-windows costs what the same windows cost one by one (bench/asr_packing.py), and
-most of a window's cost is the encoder's fixed 30 s, which packing cannot share
-without putting two inputs in one window.
+Cross-input joining (#27): the stage sees every input of its chunk. Each input is
+cut into speech windows by whisperX's VAD (at most ``chunk_size`` seconds each, as
+``FasterWhisperPipeline.transcribe`` does). Whisper's encoder costs a full 30 s
+window however little speech it holds, so with ``join_inputs`` (the default) the
+short windows of inputs of the same language (short clips, the short tail of a
+long input) share one window of at most ``chunk_size`` seconds, 1 s of silence
+apart (stages/joining.py); it is decoded and its words timed once, and each input
+gets the words that start in its own stretch, in its own time: a segment per
+input window, as when it is decoded alone. A joined window that cannot be split
+(its words could not be timed) or that fails is decoded again input by input, so
+only the input that breaks it fails; a respawned child (``attempt`` > 1: the last
+one died) joins nothing, so an input that kills the child is blamed alone. An
+input is written as soon as its last
+window is decoded, and only the inputs of the batch under way are "in flight"
+for crash blame.
+
+Cross-input packing: windows (joined or not) share decoder batches of
+``batch_size``. With ``pack_inputs`` off a batch holds the windows of one window's
+inputs only (one input's, without joining: what whisperX does per file). "auto"
+packs on CUDA, and on the CPU when joining (bench/asr_packing.py: joined windows
+decode in half the time in batches, and the VAD runs of the inputs are not
+interleaved with decodes); without joining on the CPU, #14 measured no gain.
 """
 
 from __future__ import annotations
@@ -39,10 +50,15 @@ from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import AsrSettings
 from stages import language as langid
 from stages.base import TorchStage
+from stages.joining import Joined, Joiner, split_words
+from stages.joining import GAP_S as JOIN_GAP_S
 from stages.memory import is_oom
 from stages.speech import clean_pieces, whisper_says_silence
 
 log = logging.getLogger(__name__)
+
+#: languages whose words are not separated by spaces (faster-whisper's tokenizer splits their words by character)
+NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
 
 EMBEDDED = "embedded"
 #: the embedded multilingual Whisper base (stages/weights.py fetches it once)
@@ -124,8 +140,16 @@ class AsrStage(TorchStage):
         self.forced = settings.language
         self.compute_type = compute_type
         self._tokenizers: dict = {}
+        self.join = settings.join_inputs and not settings.identify_only
+        if self.join and request is not None and request.attempt > 1:
+            # a respawned child (the last one died or ran out of memory) decodes each input's windows apart: a
+            # poison input that kills the child is then in flight alone, and fails alone (culprit isolation)
+            log.info("asr: attempt %d: no joined windows", request.attempt)
+            self.join = False
         pack = settings.pack_inputs
-        self.pack = device.startswith("cuda") if pack == "auto" else pack
+        # "auto": on CUDA, and wherever windows are joined (on the CPU too: a batch of 12 joined windows decoded
+        # in 4.9 s, one at a time in 9.3 s, and the VAD of the inputs runs together instead of between decodes)
+        self.pack = (device.startswith("cuda") or self.join) if pack == "auto" else pack
         self.word_timing = settings.word_timestamps and not settings.identify_only
         return path
 
@@ -136,11 +160,13 @@ class AsrStage(TorchStage):
             return outcome
         raise AssertionError("no outcome")  # pragma: no cover
 
-    # -- packing ------------------------------------------------------------------
+    # -- packing and joining --------------------------------------------------------
 
     def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
                        ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
-        queue: deque[tuple[_Input, int]] = deque()  # (input, window index), in input order
+        ready: deque[Joined] = deque()  # windows to decode, in the order they were completed
+        joiner = Joiner(self.settings.chunk_size)
+        self._joiner = joiner
         for item, audio in entries:
             try:
                 job = self._prepare(item, audio, request)
@@ -152,11 +178,14 @@ class AsrStage(TorchStage):
             if not job.windows:
                 yield item, self._outcome(job)
                 continue
-            queue.extend((job, i) for i in range(len(job.windows)))
-            while queue and (len(queue) >= self.batch_size or not self.pack):
-                yield from self._decode(queue, request)
-        while queue:
-            yield from self._decode(queue, request)
+            key = job.language if self.join and job.language != "unknown" else None
+            for i, (start, end) in enumerate(job.windows):
+                ready.extend(joiner.add((job, i), end - start, key))
+            while ready and (len(ready) >= self.batch_size or not self.pack):
+                yield from self._decode(ready, request)
+        ready.extend(joiner.flush())
+        while ready:
+            yield from self._decode(ready, request)
 
     def _prepare(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> _Input:
         """Read ``item``'s samples, find its speech windows and its language."""
@@ -167,9 +196,12 @@ class AsrStage(TorchStage):
         language = self.language or language_id.language or (language_id.top[0].language if language_id.top else None)
         if language is None and windows and not self.settings.identify_only:
             language = self.model.detect_language(samples)  # nothing measured: whisperX's own guess (first 30 s)
-        job = _Input(item, audio, samples, windows, language or "unknown", language_id=language_id, speech=windows)
+        job = _Input(item, audio, windows, language or "unknown", language_id=language_id, speech=windows)
         if self.settings.identify_only:  # pipeline langid: no transcription
             job.windows, job.texts, job.logprobs, job.no_speech, job.words = [], [], [], [], []
+        rate = whisperx_audio.SAMPLE_RATE
+        # each window's samples, copied: the input's whole audio is not held while its last window waits to share
+        job.pieces = [samples[int(start * rate):int(end * rate)].copy() for start, end in job.windows]
         return job
 
     def identify(self, samples, windows: list[tuple[float, float]]) -> LanguageId:
@@ -185,16 +217,15 @@ class AsrStage(TorchStage):
         short to hold a word (the tail of an utterance cut at chunk_size) join a neighbour or go."""
         return clean_pieces(langid.speech_windows(self.model, samples, self.settings.chunk_size))
 
-    def _decode(self, queue: deque, request: StageRequest) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+    def _decode(self, ready: deque, request: StageRequest) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
         """Decode the next batch of windows; yield the inputs it finished (or failed, alone)."""
-        batch = [queue.popleft() for _ in range(min(self.batch_size, len(queue)))]
-        if not self.pack:  # stop at the end of the first input's windows
-            first = batch[0][0]
-            queue.extendleft(reversed([b for b in batch if b[0] is not first]))
-            batch = [b for b in batch if b[0] is first]
-        jobs = list(dict.fromkeys(job for job, _ in batch))
-        self.mark_in_flight(request, [job.item.id for job in jobs],
-                            sum(job.windows[i][1] - job.windows[i][0] for job, i in batch))
+        batch: list[Joined] = [ready.popleft() for _ in range(min(self.batch_size, len(ready)))]
+        if not self.pack:  # stop at the windows of other inputs than the first window's
+            first = set(_jobs([batch[0]]))
+            ready.extendleft(reversed([w for w in batch if not set(_jobs([w])) <= first]))
+            batch = [w for w in batch if set(_jobs([w])) <= first]
+        jobs = _jobs(batch)
+        self.mark_in_flight(request, [job.item.id for job in jobs], sum(sum(w.durations) for w in batch))
         try:
             self._generate(batch)
         except Exception as exc:
@@ -202,12 +233,13 @@ class AsrStage(TorchStage):
                 if is_oom(exc):
                     raise
                 failed = {jobs[0]: exc}
-            else:  # one input's window broke the shared batch: find it, the others go on
+            else:  # one input's window broke the shared batch (or joined window): find it, the others go on
                 log.warning("asr: a batch of %d inputs failed (%s); decoding them one by one", len(jobs), exc)
                 failed = {}
                 for job in jobs:
+                    self.mark_in_flight(request, [job.item.id], None)
                     try:
-                        self._generate([b for b in batch if b[0] is job])
+                        self._generate_alone([(j, i) for w in batch for j, i in w.parts if j is job])
                     except Exception as one:
                         if is_oom(one):
                             raise
@@ -216,27 +248,41 @@ class AsrStage(TorchStage):
                 job.failed = True
                 yield job.item, exc
             if failed:
-                kept = [entry for entry in queue if entry[0] not in failed]
-                queue.clear()
-                queue.extend(kept)
+                for window in ready:
+                    window.keep(lambda part: part[0] not in failed)
+                kept = [w for w in ready if w.parts]
+                ready.clear()
+                ready.extend(kept)
+                self._joiner.keep(lambda part: part[0] not in failed)
         for job in jobs:
             if not job.failed and job.done:
                 yield job.item, self._outcome(job)
 
-    def _generate(self, batch: list[tuple[_Input, int]]) -> None:
-        """One decoder batch over windows of possibly several inputs (each with its own language prompt)."""
+    def _generate_alone(self, parts: list[tuple[_Input, int]]) -> None:
+        """Decode these input windows each in a window of its own, ``batch_size`` at a time."""
+        for first in range(0, len(parts), self.batch_size):
+            windows = []
+            for job, i in parts[first:first + self.batch_size]:
+                window = Joined(None, JOIN_GAP_S)
+                start, end = job.windows[i]
+                window.add((job, i), end - start)
+                windows.append(window)
+            self._generate(windows)
+
+    def _generate(self, batch: list[Joined]) -> None:
+        """One decoder batch over windows of possibly several inputs (each with its own language prompt); a
+        joined window holds the speech of several inputs of one language, ``JOIN_GAP_S`` of silence apart."""
         model = self.model.model  # whisperX's faster-whisper WhisperModel
         options = self.model.options
         n_mels = model.feat_kwargs.get("feature_size") or 80
-        rate = whisperx_audio.SAMPLE_RATE
         features = []
-        for job, i in batch:
-            start, end = job.windows[i]
-            piece = job.samples[int(start * rate):int(end * rate)]
+        for window in batch:
+            audio = _joined_samples(window)[:whisperx_audio.N_SAMPLES]
             features.append(whisperx_audio.log_mel_spectrogram(
-                piece, n_mels=n_mels, padding=whisperx_audio.N_SAMPLES - piece.shape[0]))
+                audio, n_mels=n_mels, padding=whisperx_audio.N_SAMPLES - audio.shape[0]))
         encoded = model.model.encode(ctranslate2_storage(torch.stack(features)), to_cpu=False)
-        prompts = [self._prompt(job.language) for job, _ in batch]
+        languages = [window.parts[0][0].language for window in batch]
+        prompts = [self._prompt(language) for language in languages]
         results = model.model.generate(
             encoded, prompts, beam_size=options.beam_size, patience=options.patience,
             length_penalty=options.length_penalty, max_length=model.max_length,
@@ -245,55 +291,85 @@ class AsrStage(TorchStage):
             return_scores=True, return_no_speech_prob=True,
         )
         # text tokens are decoded alike in every language: the first window's tokenizer serves the batch
-        tokenizer = self._tokenizer(batch[0][0].language)
-        texts = []
-        for (job, i), result in zip(batch, results):
+        tokenizer = self._tokenizer(languages[0])
+        texts, scores = [], []
+        for window, result in zip(batch, results):
             ids = result.sequences_ids[0]
             texts.append([t for t in ids if t < tokenizer.eot])
-            job.texts[i] = tokenizer.tokenizer.decode(texts[-1])
             # whisperX's average log-probability of the window (score x length^penalty, over length + 1)
-            job.logprobs[i] = result.scores[0] * len(ids) ** options.length_penalty / (len(ids) + 1)
-            job.no_speech[i] = result.no_speech_prob
-        if self.word_timing:
-            self._time_words(batch, encoded, texts)
+            scores.append((result.scores[0] * len(ids) ** options.length_penalty / (len(ids) + 1),
+                           result.no_speech_prob))
+            if len(window.parts) == 1:
+                job, i = window.parts[0]
+                job.texts[i] = tokenizer.tokenizer.decode(texts[-1])
+                job.logprobs[i], job.no_speech[i] = scores[-1]
+        joined = [k for k, window in enumerate(batch) if len(window.parts) > 1]
+        timed = self._time_words(batch, encoded, texts, languages,
+                                 rows=range(len(batch)) if self.word_timing else joined)
+        redo, unsplit = [], 0
+        for k in joined:  # each input's words back to it: its text is its words
+            window = batch[k]
+            if texts[k] and timed.get(k) is None:  # no times to split by: its inputs' windows go alone
+                redo.extend(window.parts)
+                unsplit += 1
+                continue
+            sep = "" if self._tokenizer(languages[k]).language_code in NO_SPACE_LANGUAGES else " "
+            for (job, i), words in zip(window.parts, split_words(timed.get(k) or [], window.spans)):
+                start = job.windows[i][0]
+                words = [w.model_copy(update={"start": round(start + w.start, 3), "end": round(start + w.end, 3)})
+                         for w in words]
+                job.texts[i] = sep.join(w.word for w in words)
+                job.logprobs[i], job.no_speech[i] = scores[k]
+                job.words[i] = (words or None) if self.word_timing else None
+        if redo:
+            log.warning("asr: %d joined window(s) could not be split by word times; their %d input window(s) are "
+                        "decoded alone", unsplit, len(redo))
+            self._generate_alone(redo)
 
-    def _time_words(self, batch: list[tuple[_Input, int]], encoded, texts: list[list[int]]) -> None:
-        """Each window's words timed by the decoder's cross-attention over the encoder output just decoded
-        (CTranslate2 ``Whisper.align``, as faster-whisper's ``word_timestamps``): the alignment stage then
-        needs no second pass of the model. One call per language of the batch (its start sequence).
+    def _time_words(self, batch: list[Joined], encoded, texts: list[list[int]], languages: list[str],
+                    rows) -> dict[int, list | None]:
+        """The words of the windows ``rows`` timed by the decoder's cross-attention over the encoder output just
+        decoded (CTranslate2 ``Whisper.align``, as faster-whisper's ``word_timestamps``): the alignment stage then
+        needs no second pass of the model. One call per language of the batch (its start sequence). A window of
+        one input gets its words (in that input's time) at once; all are returned by row, in window time (None:
+        not timed).
 
         Word timing is a bonus of the decode: where it fails (not out of memory), for one language's call or
         one window, those windows keep their text without words and the alignment stage times them; the
-        other windows of the batch keep theirs."""
+        other windows of the batch keep theirs. (A joined window without words is decoded again, input by
+        input: see :meth:`_generate`.)"""
         model = self.model.model.model
         rate = whisperx_audio.SAMPLE_RATE
-        languages = list(dict.fromkeys(job.language for job, _ in batch))
-        for language in languages:
-            rows = [k for k, (job, _) in enumerate(batch) if job.language == language and texts[k]]
-            if not rows:
+        out: dict[int, list | None] = {}
+        rows = list(rows)
+        for language in dict.fromkeys(languages[k] for k in rows):
+            chosen = [k for k in rows if languages[k] == language and texts[k]]
+            if not chosen:
                 continue
             try:
-                features = encoded if len(rows) == len(batch) else _rows(encoded, rows)
+                features = encoded if len(chosen) == len(batch) else _rows(encoded, chosen)
                 tokenizer = self._tokenizer(language)
-                frames = []
-                for k in rows:
-                    job, i = batch[k]
-                    start, end = job.windows[i]
-                    frames.append(max(1, min(whisperx_audio.N_FRAMES,
-                                             int((end - start) * rate) // whisperx_audio.HOP_LENGTH)))
-                results = model.align(features, tokenizer.sot_sequence, [texts[k] for k in rows], frames)
+                frames = [max(1, min(whisperx_audio.N_FRAMES, int(batch[k].length * rate) // whisperx_audio.HOP_LENGTH))
+                          for k in chosen]
+                results = model.align(features, tokenizer.sot_sequence, [texts[k] for k in chosen], frames)
             except Exception as exc:
                 if is_oom(exc):
                     raise
-                _untimed([batch[k] for k in rows], f"language {language!r}", exc)
+                _untimed([batch[k] for k in chosen], f"language {language!r}", exc)
                 continue
-            for k, result in zip(rows, results):
-                job, i = batch[k]
-                start, end = job.windows[i]
+            for k, result in zip(chosen, results):
+                window = batch[k]
                 try:
-                    job.words[i] = timed_words(tokenizer, texts[k], result, start, end)
+                    out[k] = timed_words(tokenizer, texts[k], result, 0.0, window.length)
                 except Exception as exc:
-                    _untimed([batch[k]], f"{job.item.id} at {start:.2f} s", exc)
+                    _untimed([window], f"{', '.join(job.item.id for job in _jobs([window]))}", exc)
+                    continue
+                if len(window.parts) == 1:
+                    job, i = window.parts[0]
+                    start = job.windows[i][0]
+                    job.words[i] = [w.model_copy(update={"start": round(start + w.start, 3),
+                                                         "end": round(start + w.end, 3)}) for w in out[k]]
+        return out
 
     def _tokenizer(self, language: str):
         if language not in self._tokenizers:
@@ -364,7 +440,6 @@ class _Input:
 
     item: WorkItem
     audio: AudioArtifact
-    samples: object  # float32 samples at 16 kHz
     windows: list[tuple[float, float]]
     language: str
     texts: list[str | None] = field(default_factory=list)
@@ -378,6 +453,8 @@ class _Input:
     language_id: LanguageId | None = None
     #: every speech window found (``windows`` is what is decoded: none with identify_only)
     speech: list[tuple[float, float]] = field(default_factory=list)
+    #: each window's float32 samples at 16 kHz
+    pieces: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.texts = [None] * len(self.windows)
@@ -390,12 +467,33 @@ class _Input:
         return all(text is not None for text in self.texts)
 
 
-def _untimed(windows: list[tuple[_Input, int]], what: str, exc: Exception) -> None:
+def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:
     """These windows keep their text without words (the alignment stage will time them)."""
     log.warning("asr: word timing failed for %s (%d window(s); %s: %s); the alignment stage will time those "
                 "words", what, len(windows), type(exc).__name__, exc)
-    for job, i in windows:
-        job.words[i] = None
+    for window in windows:
+        for job, i in window.parts:
+            job.words[i] = None
+
+
+def _jobs(windows: list[Joined]) -> list[_Input]:
+    """The inputs whose speech these windows hold, in order."""
+    return list(dict.fromkeys(job for window in windows for job, _ in window.parts))
+
+
+def _joined_samples(window: Joined):
+    """A window's samples: its inputs' speech, ``window.gap_s`` of silence apart."""
+    if len(window.parts) == 1:
+        job, i = window.parts[0]
+        return job.pieces[i]
+    gap = np.zeros(int(round(window.gap_s * whisperx_audio.SAMPLE_RATE)), dtype=np.float32)
+    pieces = []
+    for job, i in window.parts:
+        piece = job.pieces[i]
+        # the layout's offsets are in seconds: each piece takes exactly its window's length in samples
+        want = int(round((job.windows[i][1] - job.windows[i][0]) * whisperx_audio.SAMPLE_RATE))
+        pieces += [gap, np.pad(piece[:want], (0, max(0, want - piece.shape[0])))]
+    return np.concatenate(pieces[1:]).astype(np.float32, copy=False)
 
 
 def _rows(encoded, rows: list[int]):

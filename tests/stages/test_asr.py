@@ -8,7 +8,7 @@ from contracts import AudioArtifact, StageRequest, TranscriptArtifact, WorkItem,
 from contracts.errors import ModelUnavailableError
 from stages.asr import AsrStage, embedded_model_path, resolve_model
 from stages.audio import STAGE as AUDIO
-from tests.conftest import MAX_WER, SPEECH_TEXT, wer, stage_settings
+from tests.conftest import DIALOGUE_TEXT, MAX_WER, SPEECH_TEXT, normalise, wer, stage_settings
 
 pytestmark = pytest.mark.slow
 
@@ -181,7 +181,7 @@ def _run_several(tmp, audio: dict, batch_size: int, pack: bool, extra: list[Work
     items = [WorkItem(id=name, inputs={"audio": str(path)}, output=str(tmp / f"{name}.json"), fingerprint="fp")
              for name, path in audio.items()]
     request = StageRequest(request_id="p", stage="asr", module="stages.asr", batch_size=batch_size, device="cpu",
-                           settings=stage_settings("asr", pack_inputs=pack, chunk_size=6),
+                           settings=stage_settings("asr", pack_inputs=pack, chunk_size=6, join_inputs=False),
                            result_path=str(tmp / "res.json"), inflight_path=str(tmp / "inflight.json"),
                            items=[*items[:2], *extra, *items[2:]])
     seen: list[list[str]] = []
@@ -256,3 +256,150 @@ def test_an_unreadable_input_in_the_middle_fails_alone(tmp_path, several_audio):
     by_id = {r.id: r for r in result.items}
     assert not by_id["broken"].ok and "upstream artifact unusable" in by_id["broken"].error
     assert set(transcripts) == set(several_audio)
+
+
+# -- cross-input joining (#27) ----------------------------------------------------------------------------
+
+#: what make_media.sh has espeak-ng say in each enrollment clip (one sentence each, in no dialogue)
+ENROLL_TEXT = {"host_enroll_1": "Welcome back. Today we talk about rivers and bridges.",
+               "host_enroll_2": "I grew up near the harbour, close to the boats.",
+               "guest_enroll_1": "My grandmother kept old maps in the attic."}
+
+
+@pytest.fixture(scope="module")
+def distinct_clips(tmp_path_factory, media):
+    """Eleven short inputs (2-6 s), each with its own sentences: the eight turns of the two dialogues cut at their
+    RTTM times (two voices) and the three enrollment clips. Returns (audio.json by name, reference text by name)."""
+    import numpy as np
+    import re
+
+    tmp = tmp_path_factory.mktemp("distinct")
+    AUDIO.import_libraries()
+
+    def decode(sources: dict) -> dict:
+        items = [WorkItem(id=k, inputs={"source": str(v)}, output=str(tmp / f"{k}.audio.json"), fingerprint="fp")
+                 for k, v in sources.items()]
+        result = AUDIO.run(StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1,
+                                        result_path=str(tmp / "r.json"), settings=stage_settings("audio"), items=items))
+        assert all(r.ok for r in result.items), result.items
+        return {k: tmp / f"{k}.audio.json" for k in sources}
+
+    sources, texts = {}, {}
+    for dialogue, text in DIALOGUE_TEXT.items():
+        audio = decode({dialogue: media / "speakers" / f"{dialogue}.mp4"})[dialogue]
+        samples = np.load(audio.parent / load_artifact(audio, AudioArtifact).sidecar)
+        turns = [line.split() for line in (media / "speakers" / f"{dialogue}.rttm").read_text().splitlines()]
+        sentences = re.findall(r"[^.?!]+[.?!]", text)
+        # the turns are the sentences in order; the first turn of host_guest holds two, as does a stranger's
+        per_turn = {"host_guest": [2, 1, 1, 1], "host_stranger": [1, 2, 2, 2]}[dialogue]
+        for n, (turn, count) in enumerate(zip(turns, per_turn)):
+            start, length = float(turn[3]), float(turn[4])
+            piece = samples[max(0, int((start - 0.2) * 16000)):int((start + length + 0.2) * 16000)]
+            name = f"{dialogue}_{n}"
+            sources[name] = _wav(tmp / f"{name}.wav", piece)
+            texts[name] = " ".join(s.strip() for s in sentences[sum(per_turn[:n]):sum(per_turn[:n + 1])])
+    for name, text in ENROLL_TEXT.items():
+        sources[name], texts[name] = media / "speakers" / f"{name}.wav", text
+    assert normalise(" ".join(texts[f"host_guest_{n}"] for n in range(4))) == normalise(DIALOGUE_TEXT["host_guest"])
+    return decode(sources), texts
+
+
+def _run_clips(tmp, audio: dict, attempt: int = 1, **settings):
+    (tmp).mkdir()
+    items = [WorkItem(id=name, inputs={"audio": str(path)}, output=str(tmp / f"{name}.json"), fingerprint="fp")
+             for name, path in audio.items()]
+    request = StageRequest(request_id="j", stage="asr", module="stages.asr", batch_size=4, device="cpu",
+                           settings=stage_settings("asr", **settings),
+                           result_path=str(tmp / "res.json"), inflight_path=str(tmp / "inflight.json"), items=items,
+                           attempt=attempt)
+    seen: list[list[str]] = []
+    stage = AsrStage()
+    write = stage._write_in_flight
+    stage._write_in_flight = lambda req, in_flight: (seen.append(in_flight.ids), write(req, in_flight))
+    result = stage.run(request)
+    transcripts = {r.id: load_artifact(r.output, TranscriptArtifact) for r in result.items if r.ok}
+    return result, transcripts, seen
+
+
+@pytest.fixture(scope="module")
+def alone_and_joined(tmp_path_factory, distinct_clips):
+    audio, _ = distinct_clips
+    tmp = tmp_path_factory.mktemp("joining")
+    return _run_clips(tmp / "alone", audio, join_inputs=False), _run_clips(tmp / "joined", audio, join_inputs=True)
+
+
+def test_joined_windows_give_every_word_to_its_own_input_in_its_own_time(distinct_clips, alone_and_joined):
+    """Eleven inputs with distinct sentences share Whisper windows: every word of each transcript belongs to that
+    input's own sentences (none is only in another input's), the segments are the input's own windows as when it
+    is decoded alone, the words are timed inside the input's own audio, where decoding it alone puts them, and the
+    word error rate is that of one input at a time."""
+    import jiwer
+
+    audio, texts = distinct_clips
+    (alone_result, alone, alone_seen), (result, joined, seen) = alone_and_joined
+    assert all(r.ok for r in result.items) and all(r.ok for r in alone_result.items)
+    assert any(len(ids) >= 3 for ids in seen), seen  # windows held several inputs ...
+    assert all(len(ids) == 1 for ids in alone_seen), alone_seen  # ... which they never do without joining
+    vocab = {name: set(normalise(text).split()) for name, text in texts.items()}
+    for name in audio:
+        # the other inputs' words of four letters or more (a misheard "a" may come out as "the" anywhere) that
+        # are neither in this input's sentences nor in what it is heard as alone
+        heard_alone = set(normalise(" ".join(s.text for s in alone[name].segments)).split())
+        others = {w for k, v in vocab.items() if k != name for w in v if len(w) >= 4} - vocab[name] - heard_alone
+        transcript = joined[name]
+        words = [w for s in transcript.segments for w in s.words]
+        foreign = [w.word for w in words if set(normalise(w.word).split()) & others]
+        assert not foreign, (name, foreign, [s.text for s in transcript.segments])
+        assert [(s.start, s.end) for s in transcript.segments] == [(s.start, s.end) for s in alone[name].segments]
+        for seg in transcript.segments:
+            assert " ".join(w.word for w in seg.words) == seg.text
+            assert all(seg.start <= w.start <= w.end <= seg.end <= transcript.duration_s + 0.5 for w in seg.words), (
+                name, seg.start, seg.end, transcript.duration_s, [(w.word, w.start, w.end) for w in seg.words])
+        theirs = [w for s in alone[name].segments for w in s.words]
+        if [w.word for w in words] == [w.word for w in theirs]:  # the same words: the same times, give or take
+            gaps = sorted(abs(a.start - b.start) for a, b in zip(words, theirs))
+            assert gaps[len(gaps) // 2] <= 0.1 and gaps[-1] <= 0.6, (name, gaps)
+    refs = [normalise(texts[name]) for name in audio]
+
+    def total_wer(transcripts):
+        return jiwer.wer(refs, [normalise(" ".join(s.text for s in transcripts[n].segments)) for n in audio])
+
+    assert total_wer(joined) <= total_wer(alone) + 0.03, (total_wer(joined), total_wer(alone))
+    assert total_wer(joined) < MAX_WER
+
+
+def test_a_joined_window_that_fails_is_decoded_input_by_input_and_only_the_culprit_fails(
+        tmp_path, distinct_clips, alone_and_joined, monkeypatch):
+    """A decoder batch that holds a poisonous input's speech fails (here: any batch with host_stranger_1 in it);
+    the inputs of its joined windows are decoded again one by one, so host_stranger_1 fails alone and every
+    other input gets the windows it gets alone."""
+    audio, _ = distinct_clips
+    (_, alone, _), _ = alone_and_joined
+    generate = AsrStage._generate
+
+    def poisoned(self, batch):
+        if any(job.item.id == "host_stranger_1" for window in batch for job, _ in window.parts):
+            raise RuntimeError("a window this decoder cannot take")
+        return generate(self, batch)
+
+    monkeypatch.setattr(AsrStage, "_generate", poisoned)
+    some = {name: audio[name] for name in ["host_stranger_0", "host_stranger_1", "host_stranger_2", "host_enroll_1",
+                                           "guest_enroll_1"]}
+    result, transcripts, seen = _run_clips(tmp_path / "poison", some, join_inputs=True)
+    by_id = {r.id: r for r in result.items}
+    assert not by_id["host_stranger_1"].ok and "cannot take" in by_id["host_stranger_1"].error
+    assert any("host_stranger_1" in ids and len(ids) > 1 for ids in seen), seen  # it shared a window first
+    assert set(transcripts) == set(some) - {"host_stranger_1"}
+    for name, transcript in transcripts.items():
+        assert [s.text for s in transcript.segments] and [(s.start, s.end) for s in transcript.segments] == [
+            (s.start, s.end) for s in alone[name].segments], name
+
+
+def test_a_respawned_child_joins_nothing(tmp_path, distinct_clips):
+    """After a child died with inputs of a joined window in flight, the next child decodes every input apart:
+    an input that kills the child is then in flight alone and fails alone (the others' deaths count once)."""
+    audio, _ = distinct_clips
+    some = {name: audio[name] for name in ["host_enroll_1", "host_enroll_2", "guest_enroll_1"]}
+    result, transcripts, seen = _run_clips(tmp_path / "respawned", some, attempt=2, join_inputs=True)
+    assert all(r.ok for r in result.items) and set(transcripts) == set(some)
+    assert all(len(ids) == 1 for ids in seen), seen
