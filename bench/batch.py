@@ -126,6 +126,8 @@ def main() -> None:
                 stage_major[runtime].append(isolated(sources, work / f"stage-major-{runtime}-{r}",
                                                      chunk_size=len(sources)))
                 one_process[runtime].append(run_in_process(sources, work / f"one-process-{runtime}-{r}"))
+                print(f"round {r + 1}, DIARIZATION_RUNTIME={runtime}: stage-major {stage_major[runtime][-1][0]:.1f} s, "
+                      f"one process {one_process[runtime][-1]['total_s']:.1f} s", flush=True)
         if not args.no_per_video:
             os.environ["DIARIZATION_RUNTIME"] = runtimes[-1]
             per_video = isolated(sources, work / "per-video", chunk_size=1)
