@@ -198,7 +198,7 @@ def relabel(raw: list[tuple[float, float, str]]) -> list[SpeakerTurn]:
 class EmbeddedDiarizer:
     """pyannote segmentation-3.0 + CAM++ + scipy agglomerative clustering, all offline."""
 
-    def __init__(self, device: str, weights_dir: str | None, batch_size: int, runtime: str = "torch") -> None:
+    def __init__(self, device: str, weights_dir: str | None, batch_size: int, runtime: str = "onnx") -> None:
         """``runtime="onnx"``: both models in ONNX Runtime on the CPU (:mod:`stages.onnx_models`; each one
         that cannot be had stays on torch, logged); "torch": the torch modules."""
         from pyannote.audio import Inference, Model
