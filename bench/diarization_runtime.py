@@ -43,13 +43,13 @@ def _reference(path: Path):
 def inputs(work: Path, long: int) -> list[tuple[str, object, object]]:
     """(name, 16 kHz samples, reference or None)."""
     import numpy as np
-    import pyannote.audio.sample as sample
+    import pyannote.audio
 
     from bench.batch import mixed_inputs
     from stages.audio import decode
 
     rows = []
-    folder = Path(sample.__file__).parent
+    folder = Path(pyannote.audio.__file__).parent / "sample"  # (importing pyannote.audio.sample decodes it)
     samples, _ = decode(folder / "sample.wav")
     rows.append(("pyannote sample", samples, _reference(folder / "sample.rttm")))
     for name in ("host_guest", "host_stranger"):
