@@ -46,8 +46,10 @@ def inputs(work: Path, long: int) -> list[tuple[str, object, object]]:
     import pyannote.audio
 
     from bench.batch import mixed_inputs
+    from stages.audio import STAGE as AUDIO
     from stages.audio import decode
 
+    AUDIO.import_libraries()  # PyAV
     rows = []
     folder = Path(pyannote.audio.__file__).parent / "sample"  # (importing pyannote.audio.sample decodes it)
     samples, _ = decode(folder / "sample.wav")
