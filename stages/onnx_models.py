@@ -36,11 +36,13 @@ OPSET = 17
 
 
 def _key(weights: Path) -> str:
+    import onnxruntime as ort
+
     digest = hashlib.sha256()
     with open(weights, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
-    digest.update(f"torch={torch.__version__};format={FORMAT};opset={OPSET}".encode())
+    digest.update(f"torch={torch.__version__};ort={ort.__version__};format={FORMAT};opset={OPSET}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -48,12 +50,15 @@ def session(name: str, module: torch.nn.Module, weights: Path, probe: torch.Tens
             dynamic: dict[int, str], tolerance: float, cache_dir: Path | None = None):
     """An ONNX Runtime session computing ``module`` (eval mode) on inputs shaped like ``probe``, or None
     (logged) when it cannot be exported, loaded, or differs from torch by more than ``tolerance``
-    (largest absolute difference on ``probe``)."""
+    (largest absolute difference on ``probe``). The check runs when the file is exported and its result
+    is kept beside it (``.checked``): a child that opens a checked file runs no torch forward pass (a
+    cold one costs seconds)."""
     try:
         import onnxruntime as ort
 
         directory = cache_dir if cache_dir is not None else weights.parent / "onnx"
         path = directory / f"{name}-{_key(weights)}.onnx"
+        checked = path.with_suffix(".checked")
         if not path.exists():
             buffer = io.BytesIO()
             with torch.no_grad(), warnings.catch_warnings():
@@ -69,10 +74,15 @@ def session(name: str, module: torch.nn.Module, weights: Path, probe: torch.Tens
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
         runner = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        if checked.exists() and float(checked.read_text()) <= tolerance:
+            log.info("onnx: %s runs in ONNX Runtime (%s, checked against torch when exported)", name, path.name)
+            return OnnxModel(runner, input_name)
         with torch.inference_mode():
             expected = module(probe).float().numpy()
         got = runner.run(None, {input_name: probe.numpy()})[0]
         difference = float(np.abs(expected - got).max())
+        if difference <= tolerance:
+            atomic_write_bytes(checked, f"{difference!r}\n".encode())
     except Exception as exc:  # noqa: BLE001 - any failure keeps the torch path, which is always there
         if is_oom(exc):
             raise
