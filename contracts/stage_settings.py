@@ -79,6 +79,10 @@ class DiarizationSettings(StageSettings):
     #: first use and checked against torch; torch where that fails) or "torch" (the earlier path)
     runtime: Literal["onnx", "torch"] = "onnx"
 
+    #: the runtime gives the same turns (checked on export; tests/stages/test_diarization.py): a change of it
+    #: reuses the artifacts instead of diarizing again
+    ENVIRONMENT: ClassVar[frozenset[str]] = StageSettings.ENVIRONMENT | {"runtime"}
+
 
 class EncoderSettings(StageSettings):
     """The speaker encoder, shared by enrollment and ``pipeline enroll``."""

@@ -179,3 +179,13 @@ def test_onnx_runtime_gives_the_turns_torch_gives(diarized, audio_dir, monkeypat
 
     # the default runtime (the fixture's): both models in ONNX Runtime
     assert EmbeddedDiarizer("cpu", None, 4, "onnx").runtime == "segmentation onnx, embeddings onnx"
+
+
+def test_the_runtime_is_not_part_of_the_artifacts_identity():
+    """Both runtimes give the same turns, so switching DIARIZATION_RUNTIME reuses the artifacts."""
+    from contracts.stage_settings import DiarizationSettings
+
+    common = dict(model="embedded", min_speakers=None, max_speakers=None, weights_dir=None)
+    assert DiarizationSettings(runtime="torch", **common).identity() == DiarizationSettings(runtime="onnx", **common).identity()
+    assert DiarizationSettings(runtime="torch", **common).identity() != \
+        DiarizationSettings(runtime="torch", **{**common, "max_speakers": 2}).identity()
