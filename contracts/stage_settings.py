@@ -83,6 +83,13 @@ class DiarizationSettings(StageSettings):
     # (no allow_hub: the pyannote pipeline reaches the hub or not through the child's HF_HUB_OFFLINE)
     #: the embedded speaker weights (None: the project's .cache/weights)
     weights_dir: str | None
+    #: what runs the embedded diarizer's two models: "onnx" (ONNX Runtime, exported from the same weights at
+    #: first use and checked against torch; torch where that fails) or "torch" (the earlier path)
+    runtime: Literal["onnx", "torch"] = "onnx"
+
+    #: the runtime gives the same turns (checked on export; tests/stages/test_diarization.py): a change of it
+    #: reuses the artifacts instead of diarizing again
+    ENVIRONMENT: ClassVar[frozenset[str]] = StageSettings.ENVIRONMENT | {"runtime"}
 
 
 class EncoderSettings(StageSettings):

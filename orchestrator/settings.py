@@ -149,6 +149,11 @@ class Settings(BaseSettings):
     #: only with allow_hub; HF_TOKEN from the environment), else the embedded offline diarizer; "embedded";
     #: or a pyannote pipeline name / local config path
     diarization_model: str = Field("auto", validation_alias=_env("diarization_model", "DIARIZATION_MODEL"))
+    #: the embedded diarizer's runtime: "onnx" (segmentation-3.0 and CAM++ in ONNX Runtime, exported at first
+    #: use from the same weights into <weights>/onnx and checked against torch; torch where that fails), or
+    #: "torch" (the earlier path, kept so the benches can compare)
+    diarization_runtime: Literal["onnx", "torch"] = Field(
+        "onnx", validation_alias=_env("diarization_runtime", "DIARIZATION_RUNTIME"))
     #: bounds on the number of speakers (None: found automatically)
     min_speakers: int | None = Field(None, ge=1, validation_alias=_env("min_speakers", "MIN_SPEAKERS"))
     max_speakers: int | None = Field(None, ge=1, validation_alias=_env("max_speakers", "MAX_SPEAKERS"))

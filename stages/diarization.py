@@ -73,6 +73,7 @@ class DiarizationStage(TorchStage):
         before the request, so that a warm child's start hides them."""
         global np, torch
         import numpy as np
+        import onnxruntime  # noqa: F401 - the embedded diarizer's runtime (DIARIZATION_RUNTIME=onnx)
         import pyannote.audio  # noqa: F401 - both diarizers' base
         import torch
         import whisperx.diarize  # noqa: F401 - the pyannote pipeline
@@ -107,8 +108,9 @@ class DiarizationStage(TorchStage):
                 self.fallback_reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
                 log.warning("diarization: pyannote pipeline %r is not available (%s); using the embedded diarizer",
                             name, self.fallback_reason)
-        self.embedded = EmbeddedDiarizer(device, settings.weights_dir, self.batch_size)
+        self.embedded = EmbeddedDiarizer(device, settings.weights_dir, self.batch_size, settings.runtime)
         self.model_name = self.embedded.name
+        log.info("diarization: embedded diarizer runs %s", self.embedded.runtime)
         return self.model_name
 
     packs_items = True
@@ -220,7 +222,9 @@ def relabel(raw: list[tuple[float, float, str]]) -> list[SpeakerTurn]:
 class EmbeddedDiarizer:
     """pyannote segmentation-3.0 + CAM++ + scipy agglomerative clustering, all offline."""
 
-    def __init__(self, device: str, weights_dir: str | None, batch_size: int) -> None:
+    def __init__(self, device: str, weights_dir: str | None, batch_size: int, runtime: str = "onnx") -> None:
+        """``runtime="onnx"``: both models in ONNX Runtime on the CPU (:mod:`stages.onnx_models`; each one
+        that cannot be had stays on torch, logged); "torch": the torch modules."""
         from pyannote.audio import Inference, Model
         from pyannote.audio.utils.reproducibility import fix_reproducibility
 
@@ -240,7 +244,15 @@ class EmbeddedDiarizer:
         fix_reproducibility(torch.device(device))  # what Inference.__call__ does (no TF32 on CUDA)
         self.window_samples = model.audio.get_num_samples(self.duration)
         self.step_samples = round(STEP_S * SAMPLE_RATE)
-        self.encoder = CamPlusPlusEncoder(device, weight_path("campplus", weights_dir))
+        self.onnx = None
+        if runtime == "onnx" and device == "cpu":
+            from stages.onnx_models import session
+
+            probe = 0.1 * torch.randn(2, 1, self.window_samples, generator=torch.Generator().manual_seed(0))
+            self.onnx = session("segmentation", model.eval(), Path(path), probe, "waveforms", {0: "batch"},
+                                tolerance=1e-3)
+        self.encoder = CamPlusPlusEncoder(device, weight_path("campplus", weights_dir), runtime)
+        self.runtime = f"segmentation {'onnx' if self.onnx else 'torch'}, embeddings {self.encoder.runtime}"
         self.batch_size = max(1, batch_size)
         self.name = f"{EMBEDDED}:pyannote-segmentation-3.0+campplus"
 
@@ -270,8 +282,16 @@ class EmbeddedDiarizer:
         rows = []
         for start in range(0, len(windows), self.batch_size):
             batch = np.stack(windows[start:start + self.batch_size]).astype(np.float32, copy=False)
-            rows.append(np.asarray(self.inference.infer(torch.from_numpy(batch).unsqueeze(1)), dtype=np.float32))
+            rows.append(np.asarray(self.infer(torch.from_numpy(batch).unsqueeze(1)), dtype=np.float32))
         return np.concatenate(rows) if rows else np.zeros((0, 0, 0), np.float32)
+
+    def infer(self, chunks):
+        """Frame activity of a batch of windows (batch, 1, samples): pyannote's ``Inference.infer`` (the
+        model, then powerset to multilabel), or the same conversion of ONNX Runtime's output."""
+        if self.onnx is None:
+            return self.inference.infer(chunks)
+        with torch.inference_mode():
+            return self.inference.conversion(self.onnx(chunks)).numpy()
 
     def local(self, samples, activity) -> _Local:
         """The clips of the local speakers to embed (steps 1 and 2's input), from the ``activity`` of

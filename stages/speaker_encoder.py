@@ -202,7 +202,8 @@ class _XVector(nn.Module):
         for i in (1, 2, 3):
             x = getattr(self, f"transit{i}")(getattr(self, f"block{i}")(x))
         x = self.out_nonlinear(x)
-        stats = torch.cat([x.mean(-1), x.std(-1, unbiased=True)], dim=-1)
+        # dim=1, not -1: the same tensor, but the ONNX exporter resolves -1 against a wrong rank here
+        stats = torch.cat([x.mean(-1), x.std(-1, unbiased=True)], dim=1)
         return self.dense(stats)
 
 
@@ -248,7 +249,9 @@ class CamPlusPlusEncoder:
 
     dimension = 192
 
-    def __init__(self, device: str = "cpu", weights: str | Path | None = None) -> None:
+    def __init__(self, device: str = "cpu", weights: str | Path | None = None, runtime: str = "torch") -> None:
+        """``runtime="onnx"`` (CPU only): the forward pass in ONNX Runtime (:mod:`stages.onnx_models`),
+        torch where that cannot be had."""
         path = Path(weights) if weights else weight_path("campplus")
         state = torch.load(path, map_location="cpu", weights_only=True)
         self.model = CamPlusPlus()
@@ -256,6 +259,15 @@ class CamPlusPlusEncoder:
         self.model.eval().to(device)
         self.device = device
         self.name = f"{CAMPPLUS}:{path}"
+        self.forward = self.model
+        self.runtime = "torch"
+        if runtime == "onnx" and device == "cpu":
+            from stages.onnx_models import session
+
+            probe = torch.randn(2, int(WINDOW_S * 100) - 2, 80, generator=torch.Generator().manual_seed(0))
+            onnx = session("campplus", self.model, path, probe, "feats", {0: "batch", 1: "frames"}, tolerance=1e-3)
+            if onnx is not None:
+                self.forward, self.runtime = onnx, "onnx"
 
     @torch.inference_mode()
     def embed(self, waveforms: list[np.ndarray], batch_size: int) -> np.ndarray:
@@ -278,7 +290,7 @@ class CamPlusPlusEncoder:
             while len(group) < batch_size and i + len(group) < len(order) and windows[order[i + len(group)]].size == size:
                 group.append(order[i + len(group)])
             feats = torch.stack([fbank(windows[j]) for j in group]).to(self.device)
-            vectors[group] = self.model(feats).float().cpu().numpy()
+            vectors[group] = self.forward(feats).float().cpu().numpy()
             i += len(group)
         out = np.zeros((len(waveforms), self.dimension), np.float32)
         np.add.at(out, owner, _normalise(vectors))

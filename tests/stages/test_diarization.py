@@ -54,12 +54,12 @@ def audio_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def diarized(audio_dir):
     """Both dialogues through the diarization stage, model "auto", offline: one load for the module."""
-    from pyannote.audio import Inference
+    from stages.diarization import EmbeddedDiarizer
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
-        infer = Inference.infer
-        mp.setattr(Inference, "infer", lambda self, chunks: SEGMENTED.append(len(chunks)) or infer(self, chunks))
+        infer = EmbeddedDiarizer.infer
+        mp.setattr(EmbeddedDiarizer, "infer", lambda self, chunks: SEGMENTED.append(len(chunks)) or infer(self, chunks))
         items = [WorkItem(id=n, inputs={"audio": str(audio_dir / n / "audio.json")},
                           output=str(audio_dir / n / "diarization.json"), fingerprint="fp-d") for n in DIALOGUES]
         result = DiarizationStage().run(request(audio_dir, "diarization", items, model="auto"))
@@ -167,3 +167,37 @@ def test_inputs_sharing_batches_get_the_turns_they_get_alone(diarized, audio_dir
         alone = load_artifact(audio_dir / n / "alone.json", DiarizationArtifact)
         assert [(t.start, t.end, t.speaker) for t in alone.turns] == \
             [(t.start, t.end, t.speaker) for t in packed[n].turns], n
+
+
+def test_onnx_runtime_gives_the_turns_torch_gives(diarized, audio_dir, monkeypatch, caplog):
+    """#28: the default runtime ran both models in ONNX Runtime (exported from the same weights, checked on a
+    probe); DIARIZATION_RUNTIME=torch, the earlier path, gives the very same turns on both dialogues."""
+    import logging
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    packed, _ = diarized
+    items = [WorkItem(id=n, inputs={"audio": str(audio_dir / n / "audio.json")},
+                      output=str(audio_dir / n / "torch.json"), fingerprint="fp-t") for n in DIALOGUES]
+    stage = DiarizationStage()
+    with caplog.at_level(logging.INFO, logger="stages.diarization"):
+        assert all(r.ok for r in stage.run(request(audio_dir, "diarization", items, model="embedded",
+                                                   runtime="torch")).items)
+    assert "runs segmentation torch, embeddings torch" in caplog.text
+    for n in DIALOGUES:
+        on_torch = load_artifact(audio_dir / n / "torch.json", DiarizationArtifact)
+        assert [(t.start, t.end, t.speaker) for t in on_torch.turns] == \
+            [(t.start, t.end, t.speaker) for t in packed[n].turns], n
+    from stages.diarization import EmbeddedDiarizer
+
+    # the default runtime (the fixture's): both models in ONNX Runtime
+    assert EmbeddedDiarizer("cpu", None, 4, "onnx").runtime == "segmentation onnx, embeddings onnx"
+
+
+def test_the_runtime_is_not_part_of_the_artifacts_identity():
+    """Both runtimes give the same turns, so switching DIARIZATION_RUNTIME reuses the artifacts."""
+    from contracts.stage_settings import DiarizationSettings
+
+    common = dict(model="embedded", min_speakers=None, max_speakers=None, weights_dir=None)
+    assert DiarizationSettings(runtime="torch", **common).identity() == DiarizationSettings(runtime="onnx", **common).identity()
+    assert DiarizationSettings(runtime="torch", **common).identity() != \
+        DiarizationSettings(runtime="torch", **{**common, "max_speakers": 2}).identity()
