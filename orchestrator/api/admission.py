@@ -17,6 +17,9 @@ Two things keep that true under heavy overload (1,000 clients on one worker):
   (HTTP, JSON, the event loop shared by every connection) is not in it and grows with the number of
   connections. Each answered request's measured time is compared with its estimate, and estimates are
   scaled by that ratio (never below 1), so an accepted request still finishes within its deadline.
+- **The event loop's lag** (:class:`LoopLag`). Time a request spends before the server's code sees it
+  (a burst of a thousand connections queues behind one event loop) is in no estimate and no measure
+  of the server's; how late a periodic timer fires is. It counts as work ahead of every request.
 """
 
 from __future__ import annotations
@@ -61,6 +64,18 @@ class Slots:
         slot = max(now + fits_in_s, self.free_at)
         self.free_at = slot + max(own_s, 0.0)
         return max(1, math.ceil(slot - now))
+
+
+class LoopLag:
+    """How late the event loop runs a periodic timer, which is about how long a request arriving now
+    waits before the server's code sees it: the largest recent lag, fading by ``decay`` a tick."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self.seconds = 0.0
+
+    def observe(self, lag_s: float) -> None:
+        self.seconds = max(max(lag_s, 0.0), self.seconds * self.decay)
 
 
 class Lateness:

@@ -64,7 +64,7 @@ from contracts.api import (
 from contracts.errors import ApiError, ArtifactError
 from contracts.report import RunReport
 from orchestrator.gpu.nvml import NvmlReader
-from orchestrator.api.admission import drain_retry, refusal
+from orchestrator.api.admission import LoopLag, drain_retry, refusal
 from orchestrator.api.jobs import UPLOAD_DIR, JobQueue
 from orchestrator.api.metrics import CONTENT_TYPE, Metrics, ScrapeCollector
 from orchestrator.settings import Settings
@@ -470,15 +470,26 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
     gpu = NvmlReader()
     metrics.registry.register(ScrapeCollector(jobs.counts, lambda: jobs.queued, lambda: _gpu_memory(pool, gpu)))
 
+    loop_lag = LoopLag()
+
+    async def watch_loop(tick_s: float = 0.1) -> None:
+        """How late the event loop runs this timer: admission counts it as work ahead of every request."""
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(tick_s)
+            loop_lag.observe(time.monotonic() - t0 - tick_s)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         jobs.start()
+        watcher = asyncio.create_task(watch_loop())
         log.info("API ready: embeddings (max batch %d, max wait %.1f ms, idle stop %.0f s), jobs in %s, input roots %s",
                  settings.embed_max_batch, settings.embed_max_wait_ms, settings.worker_idle_s, jobs.directory,
                  [str(r) for r in settings.input_roots] or "none (jobs refused)")
         try:
             yield
         finally:
+            watcher.cancel()
             await asyncio.to_thread(jobs.close)
             await asyncio.to_thread(pool.close)
 
@@ -486,6 +497,7 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
                   description="Embeddings (OpenAI-compatible) and transcription jobs; every model runs in an "
                               "isolated child process.")
     app.state.settings, app.state.pool, app.state.jobs, app.state.metrics = settings, pool, jobs, metrics
+    app.state.loop_lag = loop_lag
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
@@ -524,7 +536,7 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         429 (Retry-After) when the profile's queue is full; 504 past the request deadline. A client that
         disconnects has its queued texts dropped."""
         profile, texts = check_embedding_request(body, settings)
-        ticket = pool.ticket(profile, texts)
+        ticket = pool.ticket(profile, texts, loop_lag.seconds)
         result = await wait_for_rows(ticket, request, settings, metrics)
         answer = embedding_response(result.vectors, result.tokens, result.model, body.encoding_format).model_dump_json()
         arrived = request.scope.get("state", {}).get("arrived")

@@ -324,9 +324,10 @@ class ProfileWorker:
     def submit(self, texts: list[str]) -> concurrent.futures.Future[EmbedResult]:
         return self.ticket(texts).future
 
-    def ticket(self, texts: list[str]) -> Ticket:
+    def ticket(self, texts: list[str], waited_s: float = 0.0) -> Ticket:
         """Queue ``texts`` (one unit per text, so micro-batches can group them by length); 429 when the
-        queue holds ``embed_max_queued_texts`` already (a request larger than that still enters an empty queue)."""
+        queue holds ``embed_max_queued_texts`` already (a request larger than that still enters an empty queue)
+        or when it is not expected to finish within the deadline, counting ``waited_s`` (the event loop's lag)."""
         request = _Request(texts)
         bound = self.settings.embed_max_queued_texts
         with self._cond:
@@ -339,12 +340,12 @@ class ProfileWorker:
             ahead = self.throughput.queue_seconds(self._queued_texts)
             own = self.throughput.seconds(sum(self.tokens(n) for n in request.lengths))
             late = self.lateness.factor
-            retry = refusal(ahead * late, own * late, self.settings.request_timeout_s)
+            retry = refusal(ahead * late + waited_s, own * late, self.settings.request_timeout_s)
             if retry is not None:
                 retry = self.slots.take(time.monotonic(), retry, own * late)
                 self.metrics.rejected.labels(reason="expected_wait").inc()
                 raise ApiError(429, f"the {self.profile!r} queue would not answer within the request deadline of "
-                                    f"{self.settings.request_timeout_s:g}s (about {(ahead + own) * late:.0f}s expected "
+                                    f"{self.settings.request_timeout_s:g}s (about {(ahead + own) * late + waited_s:.0f}s expected "
                                     f"at the measured {self.throughput.tokens_per_s:.0f} tokens/s); retry in {retry}s",
                                type="rate_limit_error", code="expected_wait", retry_after=retry)
             request.estimate = ahead + own
@@ -794,9 +795,9 @@ class EmbeddingPool:
     def embed(self, profile: str, texts: list[str]) -> concurrent.futures.Future[EmbedResult]:
         return self.worker(profile).submit(texts)
 
-    def ticket(self, profile: str, texts: list[str]) -> Ticket:
+    def ticket(self, profile: str, texts: list[str], waited_s: float = 0.0) -> Ticket:
         """Queue ``texts``; the ticket's future gets the rows, ``cancel`` drops what is still queued (429 when full)."""
-        return self.worker(profile).ticket(texts)
+        return self.worker(profile).ticket(texts, waited_s)
 
     def workers(self) -> list[ProfileWorker]:
         with self._lock:

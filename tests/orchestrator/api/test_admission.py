@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import math
 
-from orchestrator.api.admission import Lateness, Slots, Throughput, drain_retry, refusal
+from orchestrator.api.admission import Lateness, LoopLag, Slots, Throughput, drain_retry, refusal
 
 
 def test_an_empty_queue_admits_anything_and_a_full_one_refuses_with_when_it_would_fit():
@@ -69,3 +69,15 @@ def test_refused_requests_get_return_slots_one_after_another_at_the_rate_the_que
     assert max(per_second.values()) <= 21, "about 1 / 0.05 s come back each second, not all at once"
     # slots in the past are forgotten: much later, a refusal waits only for its own fit
     assert slots.take(now=500.0, fits_in_s=3.0, own_s=0.05) == 3
+
+
+def test_the_loop_lag_is_the_largest_recent_lag_fading_tick_by_tick():
+    lag = LoopLag(decay=0.5)
+    lag.observe(0.001)
+    assert lag.seconds == 0.001
+    lag.observe(4.0)  # a burst of connections held the event loop
+    lag.observe(0.0)
+    assert lag.seconds == 2.0, "a burst is remembered for a while, not forgotten at the next quick tick"
+    for _ in range(20):
+        lag.observe(0.0)
+    assert lag.seconds < 1e-4

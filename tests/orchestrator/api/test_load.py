@@ -346,3 +346,16 @@ def test_past_the_in_flight_limit_retry_after_is_when_the_queue_drains_not_a_fix
         assert slept["response"].status_code == 200
     finally:
         running.stop()
+
+
+def test_a_request_behind_a_lagging_event_loop_is_refused_not_accepted_to_time_out(server):
+    """Time spent queued behind the event loop (a burst of connections) is in no worker's estimate; the
+    server measures how late its timer fires and counts that as work ahead of every request."""
+    lag = server.app.state.loop_lag
+    assert lag.seconds < 5, "an idle server's loop does not lag"
+    lag.seconds = 1e5  # as if a burst had held the loop: it fades by 10 % a tick of 0.1 s
+    refused = _post(server, ["behind the burst"])
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "expected_wait", refused.text
+    wait_for(lambda: lag.seconds < 1, timeout=60, what="the lag to fade")
+    assert _post(server, ["after the burst"]).status_code == 200
+    assert not _seen(server, "behind the burst")
