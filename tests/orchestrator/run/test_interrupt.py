@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -17,11 +18,16 @@ from tests.orchestrator.run.test_resume import child_pid, run_dir, wait_for
 
 pytestmark = pytest.mark.slow
 
+#: each input's windows decoded alone, so that "the current item" is one input: joined, the six short
+#: clips share one Whisper window and finish together (stopping between joined windows is the same rule)
+ENV = {**os.environ, "ASR_JOIN_INPUTS": "false"}
+
 
 def start(out: Path, inputs: Path, module: str = "orchestrator.cli") -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", module, "process", str(inputs), "--output", str(out), "--chunk-size", "8",
-         "--embedding-profile", "embedded"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+         "--embedding-profile", "embedded"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=ENV)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +67,7 @@ def test_first_ctrl_c_finishes_the_current_item_then_a_rerun_resumes(tmp_path, i
 
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "process", str(inputs), "--output", str(out), "--chunk-size", "8",
-         "--embedding-profile", "embedded"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+         "--embedding-profile", "embedded"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
     assert done.returncode == 0, done.stderr[-2000:]
     again = json.loads((run_dir(out) / "chunk001-asr-1.request.json").read_text())
     assert {i["id"] for i in again["items"]}.isdisjoint({i["id"] for i in asr}), "finished transcripts are not redone"
