@@ -177,13 +177,15 @@ def several_audio(tmp_path_factory, media):
     return {name: tmp / f"{name}.audio.json" for name in sources}
 
 
-def _run_several(tmp, audio: dict, batch_size: int, pack: bool, extra: list[WorkItem] = ()):
+def _run_stage(tmp, audio: dict, batch_size: int, settings: dict, extra: list[WorkItem] = (), attempt: int = 1):
+    """The ASR stage in this process over ``audio`` (+ ``extra`` items after the first two); its result, the
+    transcripts of the items that succeeded, and the item ids in flight at each step."""
     items = [WorkItem(id=name, inputs={"audio": str(path)}, output=str(tmp / f"{name}.json"), fingerprint="fp")
              for name, path in audio.items()]
-    request = StageRequest(request_id="p", stage="asr", module="stages.asr", batch_size=batch_size, device="cpu",
-                           settings=stage_settings("asr", pack_inputs=pack, chunk_size=6, join_inputs=False),
+    request = StageRequest(request_id="r", stage="asr", module="stages.asr", batch_size=batch_size, device="cpu",
+                           settings=stage_settings("asr", **settings),
                            result_path=str(tmp / "res.json"), inflight_path=str(tmp / "inflight.json"),
-                           items=[*items[:2], *extra, *items[2:]])
+                           items=[*items[:2], *extra, *items[2:]], attempt=attempt)
     seen: list[list[str]] = []
     stage = AsrStage()
     write = stage._write_in_flight
@@ -191,6 +193,10 @@ def _run_several(tmp, audio: dict, batch_size: int, pack: bool, extra: list[Work
     result = stage.run(request)
     transcripts = {r.id: load_artifact(r.output, TranscriptArtifact) for r in result.items if r.ok}
     return result, transcripts, seen
+
+
+def _run_several(tmp, audio: dict, batch_size: int, pack: bool, extra: list[WorkItem] = ()):
+    return _run_stage(tmp, audio, batch_size, dict(pack_inputs=pack, chunk_size=6, join_inputs=False), extra)
 
 
 def test_packed_batches_give_the_same_transcripts_as_one_input_at_a_time(tmp_path, several_audio):
@@ -306,19 +312,7 @@ def distinct_clips(tmp_path_factory, media):
 
 def _run_clips(tmp, audio: dict, attempt: int = 1, **settings):
     (tmp).mkdir()
-    items = [WorkItem(id=name, inputs={"audio": str(path)}, output=str(tmp / f"{name}.json"), fingerprint="fp")
-             for name, path in audio.items()]
-    request = StageRequest(request_id="j", stage="asr", module="stages.asr", batch_size=4, device="cpu",
-                           settings=stage_settings("asr", **settings),
-                           result_path=str(tmp / "res.json"), inflight_path=str(tmp / "inflight.json"), items=items,
-                           attempt=attempt)
-    seen: list[list[str]] = []
-    stage = AsrStage()
-    write = stage._write_in_flight
-    stage._write_in_flight = lambda req, in_flight: (seen.append(in_flight.ids), write(req, in_flight))
-    result = stage.run(request)
-    transcripts = {r.id: load_artifact(r.output, TranscriptArtifact) for r in result.items if r.ok}
-    return result, transcripts, seen
+    return _run_stage(tmp, audio, 4, settings, attempt=attempt)
 
 
 @pytest.fixture(scope="module")
