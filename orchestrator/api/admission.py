@@ -126,8 +126,9 @@ class Throughput:
         """Seconds to compute ``tokens`` at the measured rate (0 before any measurement)."""
         return tokens / self.tokens_per_s if self.measured else 0.0
 
-    def queue_seconds(self, texts: int) -> float:
-        """Seconds to compute ``texts`` queued texts of the usual length, plus the micro-batch in flight."""
-        if not self.measured or texts <= 0:
+    def queue_seconds(self, texts: int, busy: bool = False) -> float:
+        """Seconds to compute ``texts`` queued texts of the usual length, plus the micro-batch in flight
+        (assumed when texts are queued; ``busy``: one is in flight even with none queued)."""
+        if not self.measured or (texts <= 0 and not busy):
             return 0.0
         return self.seconds(texts * self.tokens_per_text) + self.batch_s

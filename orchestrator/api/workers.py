@@ -377,11 +377,7 @@ class ProfileWorker:
         """Seconds until the texts queued now are computed (calibrated; 0 before any measurement)."""
         with self._cond:
             queued, busy = self._queued_texts, self._busy
-        rate = self.throughput
-        if not rate.measured:
-            return 0.0
-        in_flight = rate.batch_s if busy or queued else 0.0
-        return (rate.seconds(queued * rate.tokens_per_text) + in_flight) * self.lateness.factor
+        return self.throughput.queue_seconds(queued, busy) * self.lateness.factor
 
     def health(self) -> WorkerHealth:
         worker = self._worker
