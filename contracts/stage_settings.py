@@ -73,6 +73,9 @@ class AsrSettings(StageSettings):
     #: time each window's words with the decoder's cross-attention as it is decoded (the alignment stage
     #: then runs no model unless a wav2vec2 aligner is on disk); off when alignment is off
     word_timestamps: bool = True
+    #: Whisper's repetition guard (stages/speech.py): a window's text compressing better than this is a
+    #: decoder loop, decoded again; None: off
+    compression_ratio_threshold: float | None
 
 
 class DiarizationSettings(StageSettings):

@@ -145,7 +145,7 @@ STAGES: tuple[StageDef, ...] = (
                  model=s.asr_model, language=s.asr_language, languages=s.asr_languages,
                  weights_dir=_str(s.weights_dir), identify_only=s.langid_only,
                  compute_type=s.asr_compute_type, allow_hub=s.hub, pack_inputs=s.asr_pack_inputs,
-                 join_inputs=s.asr_join_inputs,
+                 join_inputs=s.asr_join_inputs, compression_ratio_threshold=s.asr_compression_ratio_threshold,
                  chunk_size=s.asr_chunk_size, word_timestamps=s.align, prompt=s.asr_prompt),
              batch_size=lambda s: s.asr_batch_size, needs=ASR_NEEDS, need_key=lambda c: model_key(c.model)),
     StageDef("diarization", "stages.diarization", DiarizationArtifact, DiarizationSettings, inputs=("audio",),

@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     asr_language: str | None = Field(None, validation_alias=_env("asr_language", "ASR_LANGUAGE"))
     #: Whisper's initial prompt (vocabulary, spelling, style); the API's ``prompt`` of a transcription
     asr_prompt: str | None = Field(None, validation_alias=_env("asr_prompt", "ASR_PROMPT"))
+    #: Whisper's repetition guard: a decoded window whose text compresses better than this (a decoder loop,
+    #: "tell her, tell her, ...") is decoded again, alone and then at rising temperatures; None: off
+    asr_compression_ratio_threshold: float | None = Field(
+        2.4, gt=1.0, validation_alias=_env("asr_compression_ratio_threshold", "ASR_COMPRESSION_RATIO_THRESHOLD"))
     #: ``pipeline langid``: run only decoding and language identification, write langid.csv / langid.json
     langid_only: bool = False
     #: languages identification may choose from, e.g. "en,de,es" (ASR_LANGUAGES / --languages); empty: any
@@ -392,6 +396,11 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
         return value or None
+
+    @field_validator("asr_compression_ratio_threshold", mode="before")
+    @classmethod
+    def _off_is_none(cls, value):
+        return None if isinstance(value, str) and value.strip().lower() in ("", "off", "none", "null") else value
 
     @field_validator("asr_languages", mode="before")
     @classmethod

@@ -53,7 +53,7 @@ from stages.base import TorchStage
 from stages.joining import Joined, Joiner, split_words
 from stages.joining import GAP_S as JOIN_GAP_S
 from stages.memory import is_oom
-from stages.speech import clean_pieces, whisper_says_silence
+from stages.speech import clean_pieces, compression_ratio, repeats_itself, whisper_says_silence
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +96,12 @@ class AsrStage(TorchStage):
     packs_items = True
 
     def import_libraries(self) -> None:
-        global np, torch, whisperx_asr, whisperx_audio, Tokenizer, ctranslate2_storage, timed_words, WORD_TIMING
+        global ctranslate2, np, torch, whisperx_asr, whisperx_audio, Tokenizer, ctranslate2_storage, timed_words, WORD_TIMING
         import numpy as np
         import torch
         import whisperx.asr as whisperx_asr
         import whisperx.audio as whisperx_audio
+        import ctranslate2
         from faster_whisper.tokenizer import Tokenizer
         from faster_whisper.transcribe import get_ctranslate2_storage as ctranslate2_storage
 
@@ -122,7 +123,8 @@ class AsrStage(TorchStage):
                 device_index=int(index or 0),
                 compute_type=compute_type,
                 language=language,
-                asr_options={"initial_prompt": settings.prompt} if settings.prompt else None,
+                asr_options={"initial_prompt": settings.prompt,
+                             "compression_ratio_threshold": settings.compression_ratio_threshold},
                 vad_method="pyannote",  # its weights ship inside whisperx; "silero" needs torch.hub
                 local_files_only=not settings.allow_hub,
                 threads=os.cpu_count() or 1,
@@ -258,7 +260,7 @@ class AsrStage(TorchStage):
             if not job.failed and job.done:
                 yield job.item, self._outcome(job)
 
-    def _generate_alone(self, parts: list[tuple[_Input, int]]) -> None:
+    def _generate_alone(self, parts: list[tuple[_Input, int]], temperature: float = 0.0) -> None:
         """Decode these input windows each in a window of its own, ``batch_size`` at a time."""
         for first in range(0, len(parts), self.batch_size):
             windows = []
@@ -267,13 +269,26 @@ class AsrStage(TorchStage):
                 start, end = job.windows[i]
                 window.add((job, i), end - start)
                 windows.append(window)
-            self._generate(windows)
+            self._generate(windows, temperature)
 
-    def _generate(self, batch: list[Joined]) -> None:
+    def _generate(self, batch: list[Joined], temperature: float = 0.0) -> None:
         """One decoder batch over windows of possibly several inputs (each with its own language prompt); a
-        joined window holds the speech of several inputs of one language, ``JOIN_GAP_S`` of silence apart."""
+        joined window holds the speech of several inputs of one language, ``JOIN_GAP_S`` of silence apart.
+
+        Whisper's repetition guard (a text whose compression ratio is above ``compression_ratio_threshold``,
+        2.4: the decoder looped, e.g. "tell her, tell her, ..." over a second of audio): a joined window that
+        loops is decoded again input by input; a window of one input that loops is decoded again by sampling
+        at the next of ``temperatures`` (0.2 ... 1.0, as faster-whisper falls back), seeded so that a rerun
+        gives the same text, and keeps whichever decode repeats itself least."""
         model = self.model.model  # whisperX's faster-whisper WhisperModel
         options = self.model.options
+        limit = options.compression_ratio_threshold
+        if temperature > 0:
+            ctranslate2.set_random_seed(0)
+            search = {"beam_size": 1, "num_hypotheses": max(1, options.best_of or 1), "sampling_topk": 0,
+                      "sampling_temperature": temperature}
+        else:
+            search = {"beam_size": options.beam_size, "patience": options.patience}
         n_mels = model.feat_kwargs.get("feature_size") or 80
         features = []
         for window in batch:
@@ -284,7 +299,7 @@ class AsrStage(TorchStage):
         languages = [window.parts[0][0].language for window in batch]
         prompts = [self._prompt(language) for language in languages]
         results = model.model.generate(
-            encoded, prompts, beam_size=options.beam_size, patience=options.patience,
+            encoded, prompts, **search,
             length_penalty=options.length_penalty, max_length=model.max_length,
             suppress_blank=options.suppress_blank, suppress_tokens=options.suppress_tokens,
             no_repeat_ngram_size=options.no_repeat_ngram_size, repetition_penalty=options.repetition_penalty,
@@ -292,8 +307,8 @@ class AsrStage(TorchStage):
         )
         # text tokens are decoded alike in every language: the first window's tokenizer serves the batch
         tokenizer = self._tokenizer(languages[0])
-        texts, scores = [], []
-        for window, result in zip(batch, results):
+        texts, scores, kept, looped = [], [], [], []
+        for k, (window, result) in enumerate(zip(batch, results)):
             ids = result.sequences_ids[0]
             texts.append([t for t in ids if t < tokenizer.eot])
             # whisperX's average log-probability of the window (score x length^penalty, over length + 1)
@@ -301,12 +316,19 @@ class AsrStage(TorchStage):
                            result.no_speech_prob))
             if len(window.parts) == 1:
                 job, i = window.parts[0]
-                job.texts[i] = tokenizer.tokenizer.decode(texts[-1])
+                text = tokenizer.tokenizer.decode(texts[-1])
+                if temperature > 0 and compression_ratio(text) >= compression_ratio(job.texts[i] or ""):
+                    looped.append((job, i))  # no better than the last decode: that one stays
+                    continue
+                job.texts[i] = text
                 job.logprobs[i], job.no_speech[i] = scores[-1]
+                kept.append(k)
+                if repeats_itself(text, limit):
+                    looped.append((job, i))
         joined = [k for k, window in enumerate(batch) if len(window.parts) > 1]
         timed = self._time_words(batch, encoded, texts, languages,
-                                 rows=range(len(batch)) if self.word_timing else joined)
-        redo, unsplit = [], 0
+                                 rows=sorted(kept + joined) if self.word_timing else joined)
+        redo, unsplit, loops = [], 0, 0
         for k in joined:  # each input's words back to it: its text is its words
             window = batch[k]
             if texts[k] and timed.get(k) is None:  # no times to split by: its inputs' windows go alone
@@ -314,7 +336,12 @@ class AsrStage(TorchStage):
                 unsplit += 1
                 continue
             sep = "" if self._tokenizer(languages[k]).language_code in NO_SPACE_LANGUAGES else " "
-            for (job, i), words in zip(window.parts, split_words(timed.get(k) or [], window.spans)):
+            split = list(zip(window.parts, split_words(timed.get(k) or [], window.spans)))
+            if any(repeats_itself(sep.join(w.word for w in words), limit) for _, words in split):
+                redo.extend(window.parts)  # a loop also eats its neighbours' time: each input alone
+                loops += 1
+                continue
+            for (job, i), words in split:
                 start = job.windows[i][0]
                 words = [w.model_copy(update={"start": round(start + w.start, 3), "end": round(start + w.end, 3)})
                          for w in words]
@@ -322,9 +349,20 @@ class AsrStage(TorchStage):
                 job.logprobs[i], job.no_speech[i] = scores[k]
                 job.words[i] = (words or None) if self.word_timing else None
         if redo:
-            log.warning("asr: %d joined window(s) could not be split by word times; their %d input window(s) are "
-                        "decoded alone", unsplit, len(redo))
-            self._generate_alone(redo)
+            log.warning("asr: %d joined window(s) could not be split by word times and %d repeated themselves "
+                        "(compression ratio above %s); their %d input window(s) are decoded alone",
+                        unsplit, loops, limit, len(redo))
+            self._generate_alone(redo, temperature)
+        hotter = [t for t in options.temperatures or [] if t > temperature]
+        if looped and limit is not None:
+            still = [(job, i) for job, i in looped if repeats_itself(job.texts[i], limit)]
+            for job, i in still:
+                log.warning("asr: %s: %.2f-%.2f s repeats itself (compression ratio %.1f > %s) at temperature %.1f"
+                            "%s: %r", job.item.id, *job.windows[i], compression_ratio(job.texts[i]), limit,
+                            temperature, f"; decoding it again at {hotter[0]:.1f}" if hotter else "; kept",
+                            job.texts[i][:60])
+            if still and hotter:
+                self._generate_alone(still, hotter[0])
 
     def _time_words(self, batch: list[Joined], encoded, texts: list[list[int]], languages: list[str],
                     rows) -> dict[int, list | None]:

@@ -11,12 +11,16 @@ before decoding) and the alignment stage (segments, once their words are timed):
 - :func:`keep_segments`: a decoded segment whose (word) time lies mostly outside
   the detected speech, or that Whisper scores as likely non-speech, is dropped;
   the caller records how many.
+- :func:`repeats_itself`: Whisper's guard against a decoder caught in a loop ("tell
+  her, tell her, ..." over a second of audio): text whose zlib compression ratio is
+  above 2.4 is decoded again (alone, then at rising temperatures).
 
 No model, no I/O: unit-tested in tests/stages/test_speech.py.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -121,3 +125,19 @@ def whisper_says_silence(no_speech_prob: float | None, avg_logprob: float | None
     if no_speech_prob is None or avg_logprob is None:
         return False
     return no_speech_prob > no_speech_threshold and avg_logprob < logprob_threshold
+
+
+#: Whisper's repetition guard (openai-whisper, faster-whisper and whisperX default): a decoded text whose zlib
+#: compression ratio is above this is a decoder loop, not speech
+COMPRESSION_RATIO_THRESHOLD = 2.4
+
+
+def compression_ratio(text: str) -> float:
+    """Bytes of ``text`` (UTF-8) over bytes of its zlib compression, as Whisper measures it (0 for no text)."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def repeats_itself(text: str | None, threshold: float | None = COMPRESSION_RATIO_THRESHOLD) -> bool:
+    """The decoder looped: ``text`` compresses better than ``threshold`` allows (None: the guard is off)."""
+    return threshold is not None and bool(text) and compression_ratio(text) > threshold

@@ -129,7 +129,9 @@ def check(path: Path) -> list[str]:
         if words:
             inside = [w for w in words if w[0] < end - TOL and w[1] > start + TOL]
             chars = sum(len(line) for line in lines)
-            last = max((w[1] for w in inside), default=end)
+            # the last word spoken before the cue ends (a cue pushed later by the cues before it may start after
+            # its own words ended: words crammed into less time than reading them needs)
+            last = max((w[1] for w in words if w[0] < end - TOL), default=end)
             if chars / max(duration, 1e-3) > rules.max_cps + 0.05 and not (
                     up_to_next or duration >= rules.max_s - TOL or end >= last + rules.max_pause_s - TOL):
                 problems.append(f"{where}: {chars / duration:.1f} characters a second > {rules.max_cps}")

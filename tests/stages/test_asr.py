@@ -371,10 +371,10 @@ def test_a_joined_window_that_fails_is_decoded_input_by_input_and_only_the_culpr
     (_, alone, _), _ = alone_and_joined
     generate = AsrStage._generate
 
-    def poisoned(self, batch):
+    def poisoned(self, batch, temperature=0.0):
         if any(job.item.id == "host_stranger_1" for window in batch for job, _ in window.parts):
             raise RuntimeError("a window this decoder cannot take")
-        return generate(self, batch)
+        return generate(self, batch, temperature)
 
     monkeypatch.setattr(AsrStage, "_generate", poisoned)
     some = {name: audio[name] for name in ["host_stranger_0", "host_stranger_1", "host_stranger_2", "host_enroll_1",
@@ -397,3 +397,34 @@ def test_a_respawned_child_joins_nothing(tmp_path, distinct_clips):
     result, transcripts, seen = _run_clips(tmp_path / "respawned", some, attempt=2, join_inputs=True)
     assert all(r.ok for r in result.items) and set(transcripts) == set(some)
     assert all(len(ids) == 1 for ids in seen), seen
+
+
+# -- Whisper's repetition guard ----------------------------------------------------------------------------------
+
+
+def test_a_window_that_repeats_itself_is_decoded_again_at_rising_temperatures_reproducibly(tmp_path, audio_json,
+                                                                                           caplog):
+    """With a guard no text can pass (compression ratio above 1.01), every window is decoded again by sampling at
+    0.2, 0.4 ... 1.0 and keeps the decode that repeats itself least: never more than the greedy one, the words
+    timed for the text kept, and the same text on a second run (the sampling is seeded)."""
+    from stages.speech import compression_ratio
+
+    def run(name, threshold):
+        (tmp_path / name).mkdir()
+        result = AsrStage().run(_request(tmp_path / name, audio_json, compression_ratio_threshold=threshold))
+        assert result.items[0].ok, result.items[0].error
+        return load_artifact(tmp_path / name / "transcript.json", TranscriptArtifact).segments
+
+    greedy = run("greedy", None)
+    with caplog.at_level("WARNING", logger="stages.asr"):
+        first = run("first", 1.01)
+    again = run("again", 1.01)
+    said = caplog.text
+    for temperature in ("0.2", "0.4", "0.6", "0.8", "1.0"):
+        assert f"decoding it again at {temperature}" in said, said
+    assert "at temperature 1.0; kept" in said
+    assert [(s.start, s.end) for s in first] == [(s.start, s.end) for s in greedy]
+    for mine, theirs in zip(first, greedy):
+        assert compression_ratio(mine.text) <= compression_ratio(theirs.text) + 1e-9
+        assert mine.words and " ".join(w.word for w in mine.words) == mine.text
+    assert [s.text for s in again] == [s.text for s in first]

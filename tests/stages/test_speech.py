@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stages.speech import Decoded, clean_pieces, is_speech, keep_segments
+from stages.speech import Decoded, clean_pieces, compression_ratio, is_speech, keep_segments, repeats_itself
 
 
 def test_a_tail_cut_at_the_chunk_boundary_joins_the_piece_it_touches():
@@ -44,3 +44,15 @@ def test_whisper_silence_needs_both_of_its_signals():
     assert not whisper_says_silence(0.9, -0.3)  # confident words: keep, whatever the no-speech token says
     assert not whisper_says_silence(0.2, -1.5)  # speech, badly recognised: keep
     assert not whisper_says_silence(None, -1.5) and not whisper_says_silence(0.9, None)
+
+
+def test_a_decoder_loop_repeats_itself_and_real_sentences_do_not():
+    loop = "tell her, " * 66  # what whisper-tiny.en wrote for 1.5 s of a clip in a joined window
+    assert compression_ratio(loop) > 10 and repeats_itself(loop)
+    for sentence in ("for completing these things.", "The birch canoe slid on the smooth planks. Glue the sheet "
+                     "to the dark blue background. It's easy to tell the depth of a well.",
+                     "Der Hund läuft über die Straße, und die Katze schläft auf dem warmen Sofa.",
+                     "今日は天気がいいので、公園へ散歩に行きました。"):
+        assert not repeats_itself(sentence), sentence
+    assert not repeats_itself("") and not repeats_itself(None) and compression_ratio("") == 0.0
+    assert not repeats_itself(loop, None), "no threshold: the guard is off"

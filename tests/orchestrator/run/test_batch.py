@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from contracts import TranscriptArtifact
 from orchestrator import Orchestrator, Settings
+from stages.speech import repeats_itself
 from tests.fixtures.generate import clips
 
 pytestmark = pytest.mark.slow
@@ -23,6 +25,18 @@ def test_every_input_completes(batch):
     report, out = batch
     assert (report.ok, report.failed, report.chunks) == (60, 0, 3)
     assert all((out / item.id / "transcript.srt").is_file() for item in report.inputs)
+
+
+def test_no_transcript_keeps_a_decoder_loop(batch):
+    """60 clips of 1.5 s, joined into shared windows: whisper-tiny.en looped ("tell her, " 66 times in one clip's
+    1.5 s) in one of them; Whisper's repetition guard decodes such a window again."""
+    report, out = batch
+    texts = {}
+    for item in report.inputs:
+        transcript = TranscriptArtifact.model_validate_json((out / item.id / "transcript.json").read_text())
+        texts[item.id] = " ".join(segment.text for segment in transcript.segments)
+    assert not [k for k, text in texts.items() if repeats_itself(text)]
+    assert max(len(text.split()) for text in texts.values()) < 1.5 * 8, "no clip holds more words than 1.5 s can"
 
 
 def test_each_stage_loads_its_model_once_per_chunk_in_a_fresh_child(batch):
