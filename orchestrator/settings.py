@@ -322,6 +322,10 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(60.0, gt=0, validation_alias=_env("request_timeout_s", "PIPELINE_REQUEST_TIMEOUT_S"))
     #: Retry-After (seconds) sent with a 429
     retry_after_s: int = Field(1, ge=1, validation_alias=_env("retry_after_s", "PIPELINE_RETRY_AFTER_S"))
+    #: the server's event loop and HTTP parser (uvicorn's ``loop`` / ``http``): "auto" takes uvloop and httptools
+    #: (installed with the project), "asyncio" / "h11" the pure-Python ones
+    api_loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", validation_alias=_env("api_loop", "PIPELINE_API_LOOP"))
+    api_http: Literal["auto", "h11", "httptools"] = Field("auto", validation_alias=_env("api_http", "PIPELINE_API_HTTP"))
     #: most paths in one job submission (413 above)
     job_max_paths: int = Field(1000, ge=1, validation_alias=_env("job_max_paths", "PIPELINE_JOB_MAX_PATHS"))
     #: most files a job's paths may expand to (413 above)

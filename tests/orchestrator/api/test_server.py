@@ -355,3 +355,22 @@ def test_serve_reads_the_token_from_a_file_not_the_command_line(tmp_path):
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_the_server_runs_on_uvloop_and_httptools_unless_told_otherwise():
+    """The project installs what uvicorn[standard] adds and uvicorn takes them; PIPELINE_API_LOOP=asyncio and
+    PIPELINE_API_HTTP=h11 give the pure-Python ones back."""
+    from fastapi import FastAPI
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from orchestrator.api.server import uvicorn_config
+    from orchestrator.settings import Settings
+
+    default = uvicorn_config(FastAPI(), Settings())
+    default.load()
+    assert default.http_protocol_class is HttpToolsProtocol
+    assert default.get_loop_factory().__module__.startswith("uvloop")
+    plain = uvicorn_config(FastAPI(), Settings(api_loop="asyncio", api_http="h11"))
+    plain.load()
+    assert plain.http_protocol_class is H11Protocol and plain.get_loop_factory().__module__.startswith("asyncio")
