@@ -26,6 +26,7 @@ compute, and 1.5x the audio-hours per hour of torch in the same run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -133,6 +134,10 @@ def main() -> None:
                 one_process[runtime].append(run_in_process(sources, work / f"one-process-{runtime}-{r}"))
                 print(f"round {r + 1}, DIARIZATION_RUNTIME={runtime}: stage-major {stage_major[runtime][-1][0]:.1f} s, "
                       f"one process {one_process[runtime][-1]['total_s']:.1f} s", flush=True)
+                # every figure of the round, kept if a later round is cut short
+                print("measured: " + json.dumps({"round": r + 1, "runtime": runtime,
+                                                 "stage_major": stage_major[runtime][-1],
+                                                 "one_process": one_process[runtime][-1]}), flush=True)
         if not args.no_per_video:
             os.environ["DIARIZATION_RUNTIME"] = runtimes[-1]
             per_video = isolated(sources, work / "per-video", chunk_size=1)

@@ -326,6 +326,9 @@ class Settings(BaseSettings):
     #: (installed with the project), "asyncio" / "h11" the pure-Python ones
     api_loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", validation_alias=_env("api_loop", "PIPELINE_API_LOOP"))
     api_http: Literal["auto", "h11", "httptools"] = Field("auto", validation_alias=_env("api_http", "PIPELINE_API_HTTP"))
+    #: seconds an idle connection is kept open (uvicorn's default is 5): longer than the ``Retry-After`` a
+    #: refused client sleeps, so it does not come back to a connection the server is closing (a reset)
+    keep_alive_s: int = Field(75, ge=1, validation_alias=_env("keep_alive_s", "PIPELINE_KEEP_ALIVE_S"))
     #: most paths in one job submission (413 above)
     job_max_paths: int = Field(1000, ge=1, validation_alias=_env("job_max_paths", "PIPELINE_JOB_MAX_PATHS"))
     #: most files a job's paths may expand to (413 above)

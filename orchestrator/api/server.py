@@ -704,7 +704,8 @@ def uvicorn_config(app, settings: Settings, **extra):
     import uvicorn
 
     return uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                          timeout_graceful_shutdown=30, loop=settings.api_loop, http=settings.api_http, **extra)
+                          timeout_graceful_shutdown=30, loop=settings.api_loop, http=settings.api_http,
+                          timeout_keep_alive=settings.keep_alive_s, **extra)
 
 
 def serve(settings: Settings) -> None:

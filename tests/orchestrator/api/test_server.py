@@ -369,6 +369,7 @@ def test_the_server_runs_on_uvloop_and_httptools_unless_told_otherwise():
 
     default = uvicorn_config(FastAPI(), Settings())
     default.load()
+    assert default.timeout_keep_alive == 75, "a refused client sleeping its Retry-After keeps its connection"
     assert default.http_protocol_class is HttpToolsProtocol
     assert default.get_loop_factory().__module__.startswith("uvloop")
     plain = uvicorn_config(FastAPI(), Settings(api_loop="asyncio", api_http="h11"))
