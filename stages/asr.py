@@ -279,7 +279,9 @@ class AsrStage(TorchStage):
         2.4: the decoder looped, e.g. "tell her, tell her, ..." over a second of audio): a joined window that
         loops is decoded again input by input; a window of one input that loops is decoded again by sampling
         at the next of ``temperatures`` (0.2 ... 1.0, as faster-whisper falls back), seeded so that a rerun
-        gives the same text, and keeps whichever decode repeats itself least."""
+        gives the same text: the first decode that does not loop is kept, or, when every one does (speech that
+        really repeats itself, such as a chorus), the one with the highest average log-probability, as
+        faster-whisper chooses."""
         model = self.model.model  # whisperX's faster-whisper WhisperModel
         options = self.model.options
         limit = options.compression_ratio_threshold
@@ -317,8 +319,10 @@ class AsrStage(TorchStage):
             if len(window.parts) == 1:
                 job, i = window.parts[0]
                 text = tokenizer.tokenizer.decode(texts[-1])
-                if temperature > 0 and compression_ratio(text) >= compression_ratio(job.texts[i] or ""):
-                    looped.append((job, i))  # no better than the last decode: that one stays
+                if temperature > 0 and repeats_itself(text, limit) and scores[-1][0] <= (job.logprobs[i] or -1e9):
+                    # loops too, and less likely than the best decode so far (faster-whisper's choice when every
+                    # temperature fails: the highest average log-probability): that one stays
+                    looped.append((job, i))
                     continue
                 job.texts[i] = text
                 job.logprobs[i], job.no_speech[i] = scores[-1]
@@ -355,7 +359,7 @@ class AsrStage(TorchStage):
             self._generate_alone(redo, temperature)
         hotter = [t for t in options.temperatures or [] if t > temperature]
         if looped and limit is not None:
-            still = [(job, i) for job, i in looped if repeats_itself(job.texts[i], limit)]
+            still = [(job, i) for job, i in dict.fromkeys(looped) if repeats_itself(job.texts[i], limit)]
             for job, i in still:
                 log.warning("asr: %s: %.2f-%.2f s repeats itself (compression ratio %.1f > %s) at temperature %.1f"
                             "%s: %r", job.item.id, *job.windows[i], compression_ratio(job.texts[i]), limit,

@@ -405,10 +405,9 @@ def test_a_respawned_child_joins_nothing(tmp_path, distinct_clips):
 def test_a_window_that_repeats_itself_is_decoded_again_at_rising_temperatures_reproducibly(tmp_path, audio_json,
                                                                                            caplog):
     """With a guard no text can pass (compression ratio above 1.01), every window is decoded again by sampling at
-    0.2, 0.4 ... 1.0 and keeps the decode that repeats itself least: never more than the greedy one, the words
-    timed for the text kept, and the same text on a second run (the sampling is seeded)."""
-    from stages.speech import compression_ratio
-
+    0.2, 0.4 ... 1.0 and keeps the likeliest decode (highest average log-probability, as faster-whisper): the
+    transcript stays as good as the greedy one, its words are timed for the text kept, and a second run gives the
+    same text (the sampling is seeded)."""
     def run(name, threshold):
         (tmp_path / name).mkdir()
         result = AsrStage().run(_request(tmp_path / name, audio_json, compression_ratio_threshold=threshold))
@@ -424,7 +423,7 @@ def test_a_window_that_repeats_itself_is_decoded_again_at_rising_temperatures_re
         assert f"decoding it again at {temperature}" in said, said
     assert "at temperature 1.0; kept" in said
     assert [(s.start, s.end) for s in first] == [(s.start, s.end) for s in greedy]
-    for mine, theirs in zip(first, greedy):
-        assert compression_ratio(mine.text) <= compression_ratio(theirs.text) + 1e-9
+    assert wer(SPEECH_TEXT, " ".join(s.text for s in first)) <= wer(SPEECH_TEXT, " ".join(s.text for s in greedy)) + 0.05
+    for mine in first:
         assert mine.words and " ".join(w.word for w in mine.words) == mine.text
     assert [s.text for s in again] == [s.text for s in first]
