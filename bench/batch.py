@@ -20,7 +20,8 @@ for each mode, and hours of audio per hour. Goals (#4, #14): stage-major within
 in each round and prints each one's tables and the throughput of the last vs the
 first; #28's goals: stage-major within 1.03x of one process, the diarization
 child's compute within 5 % of one process's, diarization at most half of ASR's
-compute, and 1.5x the audio-hours per hour of torch in the same run.
+compute, and 1.5x the audio-hours per hour of the pipeline as it was (``--before``: torch diarization and
+no joined ASR windows, run first in each round) in the same run.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import ROOT, copies, run_in_process  # noqa: E402
 
 MEDIA = ROOT / "tests" / "fixtures" / "media"
+#: ``--before``: the settings that give the pipeline's path when #28 was filed
+BEFORE = {"DIARIZATION_RUNTIME": "torch", "ASR_JOIN_INPUTS": "false"}
 FIXTURES = [*sorted((MEDIA / "speakers").glob("*.mp4")), MEDIA / "speech.wav", *sorted((MEDIA / "speakers").glob("*.wav"))]
 
 
@@ -112,9 +115,12 @@ def main() -> None:
     parser.add_argument("--runtimes", default="onnx",
                         help="DIARIZATION_RUNTIME values to run, comma-separated (e.g. torch,onnx: the earlier "
                              "path and the new one side by side, alternating within each round)")
+    parser.add_argument("--before", action="store_true",
+                        help="also run, first in each round, the pipeline as it was when #28 was filed: "
+                             "DIARIZATION_RUNTIME=torch and ASR_JOIN_INPUTS=false (no joined ASR windows, #27)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-batch-"))
-    runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    runtimes = ["before"] * args.before + [r.strip() for r in args.runtimes.split(",") if r.strip()]
     stage_major = {r: [] for r in runtimes}
     one_process = {r: [] for r in runtimes}
     per_video = None
@@ -128,7 +134,9 @@ def main() -> None:
                     f"({audio_s / 60:.1f} min of audio, two to three voices each)")
         for r in range(args.rounds):
             for runtime in runtimes:
-                os.environ["DIARIZATION_RUNTIME"] = runtime  # read by Settings here and in the one-process run
+                # read by Settings here and in the one-process run
+                os.environ.update(BEFORE if runtime == "before" else {"DIARIZATION_RUNTIME": runtime,
+                                                                      "ASR_JOIN_INPUTS": "true"})
                 stage_major[runtime].append(isolated(sources, work / f"stage-major-{runtime}-{r}",
                                                      chunk_size=len(sources)))
                 one_process[runtime].append(run_in_process(sources, work / f"one-process-{runtime}-{r}"))
@@ -139,7 +147,7 @@ def main() -> None:
                                                  "stage_major": stage_major[runtime][-1],
                                                  "one_process": one_process[runtime][-1]}), flush=True)
         if not args.no_per_video:
-            os.environ["DIARIZATION_RUNTIME"] = runtimes[-1]
+            os.environ.update({"DIARIZATION_RUNTIME": runtimes[-1], "ASR_JOIN_INPUTS": "true"})
             per_video = isolated(sources, work / "per-video", chunk_size=1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -152,14 +160,15 @@ def main() -> None:
                                   ("one process", one_process, lambda r: r["total_s"])):
             a, b = min(map(wall, runs[first])), min(map(wall, runs[last]))
             rate = f" ({audio_s / a:.1f} -> {audio_s / b:.1f} audio h/h)" if audio_s else ""
-            print(f"{label}: DIARIZATION_RUNTIME={last} is {a / b:.2f}x the throughput of {first}{rate}")
+            print(f"{label}: {last} is {a / b:.2f}x the throughput of {first}{rate}")
 
 
 def report(args, what: str, audio_s: float | None, runtime: str, stage_major: list, one_process: list,
            per_video) -> None:
     best_major = min(stage_major, key=lambda r: r[0])
     best_one = min(one_process, key=lambda r: r["total_s"])
-    print(f"\n{what}; all stages, speakers on, CPU, embedded models, DIARIZATION_RUNTIME={runtime}, "
+    label = ", ".join(f"{k}={v}" for k, v in BEFORE.items()) if runtime == "before" else f"DIARIZATION_RUNTIME={runtime}"
+    print(f"\n{what}; all stages, speakers on, CPU, embedded models, {label}, "
           f"best of {args.rounds}\n")
     print(f"{'mode':<30} {'wall':>9} {'vs one process':>15} {'audio h/h':>10}   all rounds")
     rows = [("stage-major (1 chunk of all)", best_major[0], [r[0] for r in stage_major]),

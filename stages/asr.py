@@ -53,7 +53,7 @@ from stages.base import TorchStage
 from stages.joining import Joined, Joiner, split_words
 from stages.joining import GAP_S as JOIN_GAP_S
 from stages.memory import is_oom
-from stages.speech import clean_pieces, compression_ratio, repeats_itself, whisper_says_silence
+from stages.speech import better_loop, clean_pieces, compression_ratio, repeats_itself, whisper_says_silence
 
 log = logging.getLogger(__name__)
 
@@ -279,9 +279,9 @@ class AsrStage(TorchStage):
         2.4: the decoder looped, e.g. "tell her, tell her, ..." over a second of audio): a joined window that
         loops is decoded again input by input; a window of one input that loops is decoded again by sampling
         at the next of ``temperatures`` (0.2 ... 1.0, as faster-whisper falls back), seeded so that a rerun
-        gives the same text: the first decode that does not loop is kept, or, when every one does (speech that
-        really repeats itself, such as a chorus), the one with the highest average log-probability, as
-        faster-whisper chooses."""
+        gives the same text: the first decode that does not loop is kept, or, when every one does, the one
+        :func:`~stages.speech.better_loop` prefers (the least looped; among decodes that loop about as much,
+        as speech that really repeats itself does, the likeliest)."""
         model = self.model.model  # whisperX's faster-whisper WhisperModel
         options = self.model.options
         limit = options.compression_ratio_threshold
@@ -319,10 +319,9 @@ class AsrStage(TorchStage):
             if len(window.parts) == 1:
                 job, i = window.parts[0]
                 text = tokenizer.tokenizer.decode(texts[-1])
-                if temperature > 0 and repeats_itself(text, limit) and scores[-1][0] <= (job.logprobs[i] or -1e9):
-                    # loops too, and less likely than the best decode so far (faster-whisper's choice when every
-                    # temperature fails: the highest average log-probability): that one stays
-                    looped.append((job, i))
+                if temperature > 0 and repeats_itself(text, limit) and not better_loop(
+                        compression_ratio(text), scores[-1][0], compression_ratio(job.texts[i] or ""), job.logprobs[i]):
+                    looped.append((job, i))  # loops too, and no better than the best decode so far: that one stays
                     continue
                 job.texts[i] = text
                 job.logprobs[i], job.no_speech[i] = scores[-1]

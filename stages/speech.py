@@ -138,6 +138,23 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
+#: two looping decodes whose compression ratios are within this factor loop about as much: the likelier wins
+SIMILAR_RATIO = 1.1
+
+
+def better_loop(new_ratio: float, new_logprob: float | None, old_ratio: float, old_logprob: float | None) -> bool:
+    """Of two decodes of one window that both loop, whether the new one should replace the old: the one that
+    loops clearly less (compression ratio lower by more than ``SIMILAR_RATIO``), else the likelier (higher
+    average log-probability). Speech that really repeats itself (a chorus, a list read twice) compresses
+    about as much in every decode, and then the likeliest is the best transcript; a decode caught in a
+    loop can be likelier still (repetition is cheap for the decoder), so likelihood alone is not enough."""
+    if new_ratio * SIMILAR_RATIO < old_ratio:
+        return True
+    if old_ratio * SIMILAR_RATIO < new_ratio:
+        return False
+    return (new_logprob if new_logprob is not None else -1e9) > (old_logprob if old_logprob is not None else -1e9)
+
+
 def repeats_itself(text: str | None, threshold: float | None = COMPRESSION_RATIO_THRESHOLD) -> bool:
     """The decoder looped: ``text`` compresses better than ``threshold`` allows (None: the guard is off)."""
     return threshold is not None and bool(text) and compression_ratio(text) > threshold

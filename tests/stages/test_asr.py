@@ -405,7 +405,7 @@ def test_a_respawned_child_joins_nothing(tmp_path, distinct_clips):
 def test_a_window_that_repeats_itself_is_decoded_again_at_rising_temperatures_reproducibly(tmp_path, audio_json,
                                                                                            caplog):
     """With a guard no text can pass (compression ratio above 1.01), every window is decoded again by sampling at
-    0.2, 0.4 ... 1.0 and keeps the likeliest decode (highest average log-probability, as faster-whisper): the
+    0.2, 0.4 ... 1.0 and keeps the least looped, else likeliest, decode (stages.speech.better_loop): the
     transcript stays as good as the greedy one, its words are timed for the text kept, and a second run gives the
     same text (the sampling is seeded)."""
     def run(name, threshold):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from stages.speech import Decoded, clean_pieces, compression_ratio, is_speech, keep_segments, repeats_itself
+from stages.speech import (Decoded, better_loop, clean_pieces, compression_ratio, is_speech, keep_segments,
+                           repeats_itself)
 
 
 def test_a_tail_cut_at_the_chunk_boundary_joins_the_piece_it_touches():
@@ -56,3 +57,13 @@ def test_a_decoder_loop_repeats_itself_and_real_sentences_do_not():
         assert not repeats_itself(sentence), sentence
     assert not repeats_itself("") and not repeats_itself(None) and compression_ratio("") == 0.0
     assert not repeats_itself(loop, None), "no threshold: the guard is off"
+
+
+def test_of_two_looping_decodes_the_one_that_loops_clearly_less_wins_else_the_likelier():
+    # bench/batch.py's repeated fixture sentences: greedy 2.7 at log-prob -0.2; a sample caught in a loop 6.0 at
+    # -0.1 (likelier, as loops are) must not replace it; a sample of 2.6 at -0.6 (errors) must not either
+    assert not better_loop(6.0, -0.1, 2.7, -0.2)
+    assert not better_loop(2.6, -0.6, 2.7, -0.2)
+    assert better_loop(2.6, -0.1, 2.7, -0.2), "as looped, likelier"
+    assert better_loop(3.0, -0.9, 26.4, -0.05), "clearly less looped wins, however unlikely"
+    assert better_loop(2.7, -0.3, 2.7, None) and not better_loop(2.7, None, 2.7, -0.3)
