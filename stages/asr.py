@@ -319,15 +319,15 @@ class AsrStage(TorchStage):
             if len(window.parts) == 1:
                 job, i = window.parts[0]
                 text = tokenizer.tokenizer.decode(texts[-1])
-                if temperature > 0 and repeats_itself(text, limit) and not better_loop(
+                loops = repeats_itself(text, limit)
+                if loops:
+                    looped.append((job, i))
+                if loops and temperature > 0 and not better_loop(
                         compression_ratio(text), scores[-1][0], compression_ratio(job.texts[i] or ""), job.logprobs[i]):
-                    looped.append((job, i))  # loops too, and no better than the best decode so far: that one stays
-                    continue
+                    continue  # loops too, and no better than the best decode so far: that one stays
                 job.texts[i] = text
                 job.logprobs[i], job.no_speech[i] = scores[-1]
                 kept.append(k)
-                if repeats_itself(text, limit):
-                    looped.append((job, i))
         joined = [k for k, window in enumerate(batch) if len(window.parts) > 1]
         timed = self._time_words(batch, encoded, texts, languages,
                                  rows=sorted(kept + joined) if self.word_timing else joined)
@@ -339,18 +339,16 @@ class AsrStage(TorchStage):
                 unsplit += 1
                 continue
             sep = "" if self._tokenizer(languages[k]).language_code in NO_SPACE_LANGUAGES else " "
-            split = list(zip(window.parts, split_words(timed.get(k) or [], window.spans)))
-            if any(repeats_itself(sep.join(w.word for w in words), limit) for _, words in split):
+            split = [(part, words, sep.join(w.word for w in words))
+                     for part, words in zip(window.parts, split_words(timed.get(k) or [], window.spans))]
+            if any(repeats_itself(text, limit) for _, _, text in split):
                 redo.extend(window.parts)  # a loop also eats its neighbours' time: each input alone
                 loops += 1
                 continue
-            for (job, i), words in split:
-                start = job.windows[i][0]
-                words = [w.model_copy(update={"start": round(start + w.start, 3), "end": round(start + w.end, 3)})
-                         for w in words]
-                job.texts[i] = sep.join(w.word for w in words)
+            for (job, i), words, text in split:
+                job.texts[i] = text
                 job.logprobs[i], job.no_speech[i] = scores[k]
-                job.words[i] = (words or None) if self.word_timing else None
+                job.words[i] = (_in_input_time(words, job.windows[i][0]) or None) if self.word_timing else None
         if redo:
             log.warning("asr: %d joined window(s) could not be split by word times and %d repeated themselves "
                         "(compression ratio above %s); their %d input window(s) are decoded alone",
@@ -407,9 +405,7 @@ class AsrStage(TorchStage):
                     continue
                 if len(window.parts) == 1:
                     job, i = window.parts[0]
-                    start = job.windows[i][0]
-                    job.words[i] = [w.model_copy(update={"start": round(start + w.start, 3),
-                                                         "end": round(start + w.end, 3)}) for w in out[k]]
+                    job.words[i] = _in_input_time(out[k], job.windows[i][0])
         return out
 
     def _tokenizer(self, language: str):
@@ -515,6 +511,11 @@ def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:
     for window in windows:
         for job, i in window.parts:
             job.words[i] = None
+
+
+def _in_input_time(words: list, start: float) -> list:
+    """Words timed in a window's time, moved to the input's time (the window starts ``start`` s into it)."""
+    return [w.model_copy(update={"start": round(start + w.start, 3), "end": round(start + w.end, 3)}) for w in words]
 
 
 def _jobs(windows: list[Joined]) -> list[_Input]:
