@@ -86,19 +86,32 @@ def isolated(sources: list[str], out: Path, chunk_size: int) -> tuple[float, dic
         report = orch.process(sources, progress=Progress())
     wall = time.perf_counter() - t0
     assert report.ok == len(sources), [i.error for i in report.inputs if i.error]
-    stages: dict[str, dict[str, float]] = {}
+    stages: dict[str, dict] = {}
     for run in report.stages:
-        row = stages.setdefault(run.stage, {"import_s": 0.0, "load_s": 0.0, "compute_s": 0.0})
+        row = stages.setdefault(run.stage, {"import_s": 0.0, "load_s": 0.0, "compute_s": 0.0, "compute_cpu": None})
         for attempt in run.attempts:
-            for key in row:
+            for key in ("import_s", "load_s", "compute_s"):
                 row[key] += getattr(attempt, key) or 0.0
+            if attempt.compute_cpu is not None:
+                cpu = attempt.compute_cpu.model_dump()
+                row["compute_cpu"] = {k: v + (row["compute_cpu"] or {}).get(k, 0) for k, v in cpu.items()}
     return wall, stages
 
 
-def table(title: str, stages: dict[str, dict[str, float]]) -> None:
-    print(f"\n{title}\n{'stage':<12} {'import':>8} {'load':>8} {'compute':>9}")
+def table(title: str, stages: dict[str, dict]) -> None:
+    """Import, load and compute seconds per stage, and what the kernel counted over the compute:
+    CPU seconds (user + system) and their share of the compute's wall time (2 threads busy = 2.00),
+    minor page faults, and voluntary / involuntary context switches."""
+    print(f"\n{title}\n{'stage':<12} {'import':>8} {'load':>8} {'compute':>9} {'user':>8} {'system':>8} "
+          f"{'cpu/wall':>8} {'minflt':>9} {'vol cs':>9} {'invol cs':>9}")
     for name, row in stages.items():
-        print(f"{name:<12} {row['import_s']:>7.1f}s {row['load_s']:>7.1f}s {row['compute_s']:>8.1f}s")
+        line = f"{name:<12} {row['import_s']:>7.1f}s {row['load_s']:>7.1f}s {row['compute_s']:>8.1f}s"
+        cpu = row.get("compute_cpu")
+        if cpu:
+            share = (cpu["user_s"] + cpu["system_s"]) / row["compute_s"] if row["compute_s"] else 0.0
+            line += (f" {cpu['user_s']:>7.1f}s {cpu['system_s']:>7.1f}s {share:>8.2f} {cpu['minor_faults']:>9}"
+                     f" {cpu['voluntary_switches']:>9} {cpu['involuntary_switches']:>9}")
+        print(line)
 
 
 def main() -> None:

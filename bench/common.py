@@ -35,7 +35,8 @@ for spec in specs:
     result = import_module(spec.module).STAGE.run(request)
     assert all(r.ok for r in result.items), result.items
     timings[spec.name] = {"wall_s": time.perf_counter() - s0, "import_s": result.import_s,
-                          "load_s": result.load_s, "compute_s": result.compute_s}
+                          "load_s": result.load_s, "compute_s": result.compute_s,
+                          "compute_cpu": result.compute_cpu.model_dump() if result.compute_cpu else None}
     previous = spec
 timings["total_s"] = time.perf_counter() - t0
 print(json.dumps(timings))

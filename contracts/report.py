@@ -10,6 +10,29 @@ from pydantic import Field, JsonValue
 from contracts.artifacts import LanguageId, Strict
 
 
+class CpuUsage(Strict):
+    """What the kernel counted for a child's process over its compute phase (``getrusage``, all threads).
+
+    Against ``compute_s`` it tells waiting from working: CPU seconds near
+    ``threads x compute_s`` mean the child computed the whole time; far fewer
+    mean it waited (for a core, the disk, a lock). Page faults and context
+    switches say what it waited for.
+    """
+
+    user_s: float = Field(ge=0)
+    system_s: float = Field(ge=0)
+    minor_faults: int = Field(ge=0)
+    major_faults: int = Field(ge=0)
+    #: the process gave up its core (I/O, a lock, a thread pool's sleep)
+    voluntary_switches: int = Field(ge=0)
+    #: the kernel took its core away (something else wanted to run)
+    involuntary_switches: int = Field(ge=0)
+
+    @property
+    def cpu_s(self) -> float:
+        return self.user_s + self.system_s
+
+
 class Attempt(Strict):
     """One stage child: how it was asked to run and how it ended.
 
@@ -33,6 +56,8 @@ class Attempt(Strict):
     import_s: float | None = None
     load_s: float | None = None
     compute_s: float | None = None
+    #: the child's CPU time, faults and switches over ``compute_s``
+    compute_cpu: CpuUsage | None = None
     model: str | None = None
     device: str | None = None
     peak_rss_mb: float | None = None

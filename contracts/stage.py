@@ -6,6 +6,7 @@ from pydantic import Field, JsonValue, model_validator
 
 from contracts.artifacts import Strict
 from contracts.perf import MemoryCheckpoint
+from contracts.report import CpuUsage
 from contracts.stage_settings import MemorySettings
 
 
@@ -107,6 +108,8 @@ class StageResult(Strict):
     load_s: float = Field(ge=0)
     #: seconds spent on the items themselves
     compute_s: float = Field(ge=0)
+    #: what the kernel counted for the process over ``compute_s`` (absent from older children)
+    compute_cpu: CpuUsage | None = None
     #: the model actually used, if the stage has one
     model: str | None = None
     peak_rss_mb: float | None = None

@@ -26,7 +26,7 @@ from contracts import (
 from contracts.errors import ArtifactError, DiskFullError
 from contracts.io import atomic_write_bytes, is_disk_full
 from contracts.stage_settings import StageSettings
-from stages.memory import MemoryCheckpoints, is_oom, peak_rss_mb
+from stages.memory import MemoryCheckpoints, cpu_counters, cpu_usage_since, is_oom, peak_rss_mb
 from stages.noise import quiet_libraries
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class Stage(ABC):
         if model is not None:
             log.info("%s: loaded %s on %s (batch size %d)", self.name, model, device, request.batch_size)
         memory.check("model loaded")
-        loaded = time.perf_counter()
+        loaded, counters = time.perf_counter(), cpu_counters()
         results: list[ItemResult] = []
         self._stopped = None
 
@@ -116,7 +116,7 @@ class Stage(ABC):
         except BaseException:
             memory.check_quietly("at failure")  # e.g. out of memory: what the child held when it stopped
             raise
-        finished = time.perf_counter()
+        finished, compute_cpu = time.perf_counter(), cpu_usage_since(counters)
         self.close()
         memory.check("before exit")
         return StageResult(
@@ -128,6 +128,7 @@ class Stage(ABC):
             import_s=imported - started,
             load_s=loaded - imported,
             compute_s=finished - loaded,
+            compute_cpu=compute_cpu,
             model=model,
             peak_rss_mb=peak_rss_mb(),
             stopped=self._stopped,

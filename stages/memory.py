@@ -30,6 +30,7 @@ import time
 
 from contracts import StageRequest
 from contracts.perf import PERF_LOG_ENV, MemoryCheckpoint, PerfEvent, append_event
+from contracts.report import CpuUsage
 from contracts.units import MIB, gib
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,21 @@ def peak_rss_mb() -> float:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes
     return peak / 1024 / 1024 if sys.platform == "darwin" else peak / 1024
+
+
+def cpu_counters() -> resource.struct_rusage:
+    """The kernel's counters for this process (all its threads) now."""
+    return resource.getrusage(resource.RUSAGE_SELF)
+
+
+def cpu_usage_since(before: resource.struct_rusage) -> CpuUsage:
+    """What this process used between ``before`` (from :func:`cpu_counters`) and now."""
+    now = cpu_counters()
+    return CpuUsage(user_s=round(now.ru_utime - before.ru_utime, 3),
+                    system_s=round(now.ru_stime - before.ru_stime, 3),
+                    minor_faults=now.ru_minflt - before.ru_minflt, major_faults=now.ru_majflt - before.ru_majflt,
+                    voluntary_switches=now.ru_nvcsw - before.ru_nvcsw,
+                    involuntary_switches=now.ru_nivcsw - before.ru_nivcsw)
 
 
 def _gb(mib: float | None) -> str:

@@ -68,6 +68,7 @@ class ChildRun:
             fields |= {"ok": ok, "failed": len(result.items) - ok,
                        "items_per_s": ok / result.compute_s if result.compute_s > 0 else None,
                        "import_s": result.import_s, "load_s": result.load_s, "compute_s": result.compute_s,
+                       "compute_cpu": result.compute_cpu,
                        "model": result.model, "device": result.device, "peak_rss_mb": result.peak_rss_mb,
                        "peak_vram_mb": result.peak_vram_mb, "max_allocated_pct": max(gpu_points, default=None)}
         if check is not None:  # NVML's view of the child

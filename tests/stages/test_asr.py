@@ -51,6 +51,9 @@ def test_transcribes_the_spoken_words_and_records_what_ran(tmp_path, audio_json)
     assert transcript.fingerprint == "fp-asr" and transcript.aligned is False and transcript.language == "en"
     assert 0 <= transcript.segments[0].start < transcript.segments[-1].end <= transcript.duration_s + 0.5
     assert result.load_s > 0 and result.compute_s > 0
+    # the kernel's count of the compute: Whisper kept the CPU busy (no more than 2 threads' worth of it)
+    cpu = result.compute_cpu
+    assert 0.3 * result.compute_s < cpu.cpu_s < 2.5 * result.compute_s and cpu.minor_faults > 0, cpu
 
 
 def test_words_are_timed_while_decoding_and_the_alignment_stage_then_runs_no_model(tmp_path, audio_json):

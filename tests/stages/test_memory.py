@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stages.memory import is_oom
+from stages.memory import cpu_counters, cpu_usage_since, is_oom
 
 
 class OutOfMemoryError(RuntimeError):
@@ -48,3 +48,21 @@ def test_other_errors_are_not_oom(exc):
 ])
 def test_an_input_whose_error_merely_says_out_of_memory_is_not_oom(exc):
     assert not is_oom(exc)
+
+
+def test_cpu_usage_counts_this_process_work_and_the_pages_it_touches():
+    import time
+
+    before = cpu_counters()
+    # When the process spins for 0.3 s of CPU and writes to 64 MiB of fresh memory
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.3:
+        pass
+    block = bytearray(64 * 1024 * 1024)
+    block[::4096] = b"x" * len(block[::4096])
+    usage = cpu_usage_since(before)
+    # Then its CPU seconds include the spin, and a fault per fresh 4 KiB page (at least half of them:
+    # the allocator may hand back pages it already had)
+    assert usage.cpu_s >= 0.29 and usage.user_s > 0, usage
+    assert usage.minor_faults >= 64 * 1024 // 4 // 2, usage
+    assert usage.major_faults >= 0 and usage.voluntary_switches >= 0 and usage.involuntary_switches >= 0
