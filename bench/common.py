@@ -19,6 +19,8 @@ t0 = time.perf_counter()
 from importlib import import_module
 from contracts import StageRequest, WorkItem
 from orchestrator import Orchestrator, Settings
+from stages.memory import configure_heap
+configure_heap()  # PIPELINE_CHILD_HEAP, as a stage child does first
 out, sources = sys.argv[1], sys.argv[2:]
 specs = Orchestrator(Settings(output_dir=out, embedding_profile="embedded")).stage_specs()
 timings, previous = {}, None
@@ -36,7 +38,8 @@ for spec in specs:
     assert all(r.ok for r in result.items), result.items
     timings[spec.name] = {"wall_s": time.perf_counter() - s0, "import_s": result.import_s,
                           "load_s": result.load_s, "compute_s": result.compute_s,
-                          "compute_cpu": result.compute_cpu.model_dump() if result.compute_cpu else None}
+                          "compute_cpu": result.compute_cpu.model_dump() if result.compute_cpu else None,
+                          "peak_rss_mb": result.peak_rss_mb}
     previous = spec
 timings["total_s"] = time.perf_counter() - t0
 print(json.dumps(timings))

@@ -17,6 +17,13 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: the environment variable through which every stage child learns the run's heap policy, set before
+#: it imports anything heavy (``Settings.child_heap``; ``stages.memory.configure_heap`` applies it)
+HEAP_ENV = "PIPELINE_CHILD_HEAP"
+#: ``keep``: one malloc arena that never gives freed memory back to the kernel (the child's exit does);
+#: ``system``: the C library's defaults
+HeapPolicy = Literal["keep", "system"]
+
 
 #: cosine similarity at which a speaker matches a profile, per encoder. CAM++ on the committed espeak
 #: fixtures: same voice 0.74-0.91, different voices 0.20-0.53; ECAPA's usual verification threshold is ~0.25

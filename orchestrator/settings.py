@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from contracts.stage_settings import MemorySettings
+from contracts.stage_settings import HEAP_ENV, HeapPolicy, MemorySettings
 
 #: a batch size, or "auto": derived from the GPU's free memory (orchestrator.gpu.sizing), the default on the CPU
 BatchSize = Annotated[int, Field(ge=1)] | Literal["auto"]
@@ -200,6 +200,9 @@ class Settings(BaseSettings):
     #: start each stage's child while the previous stage computes, so its imports (seconds of
     #: torch/whisperx/transformers) overlap; it loads no model and touches no GPU until its turn
     prefetch: bool = Field(True, validation_alias=_env("prefetch", "PIPELINE_PREFETCH"))
+    #: malloc in every stage child: "keep" (one arena, freed blocks reused, never handed back to the
+    #: kernel before the child exits: no page-fault storm) or "system" (the C library's defaults)
+    child_heap: HeapPolicy = Field("keep", validation_alias=_env("child_heap", HEAP_ENV))
     #: where stage children run: "local" (spawned on this machine) or "ray" (Ray tasks, see docs/scale-out.md)
     executor: Literal["local", "ray"] = Field("local", validation_alias=_env("executor", "PIPELINE_EXECUTOR"))
     #: the Ray cluster: "auto" (RAY_ADDRESS or a running local one), "HOST:PORT", or None: start one
@@ -439,6 +442,7 @@ class Settings(BaseSettings):
             # torch.cuda.is_available() through NVML: no CUDA initialisation while a warm child waits
             "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
             "CUDA_DEVICE_ORDER": self.cuda_device_order,
+            HEAP_ENV: self.child_heap,
         }
         if self.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.cuda_visible_devices

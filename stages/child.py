@@ -21,7 +21,7 @@ from contracts.io import is_disk_full
 from contracts.jsonl import append_line
 from stages.base import Stage
 from stages.noise import quiet_libraries
-from stages.memory import is_oom
+from stages.memory import configure_heap, is_oom
 
 log = logging.getLogger("stages.child")
 
@@ -41,6 +41,7 @@ def main(request_path: str, log_path: str | None = None, warm_module: str | None
     bootstrap(log_path)
     if warm_module:
         os.environ.update(warm_env or {})
+        configure_heap()  # before the libraries' threads exist
         _import_ahead(warm_module, request_path)
     leave(run_request(request_path))
 
@@ -85,9 +86,10 @@ def run_request(request_path: str) -> ExitCode:
         log.error("bad request: %s", exc)
         return ExitCode.CONTRACT_ERROR
     os.environ.update(request.env)
+    heap = configure_heap()  # a warm child did it on arrival; this is the cold child's first chance
     log.info(
-        "%s: pid %d, attempt %d, %d item(s), batch size %d",
-        request.stage, os.getpid(), request.attempt, len(request.items), request.batch_size,
+        "%s: pid %d, attempt %d, %d item(s), batch size %d, heap %s",
+        request.stage, os.getpid(), request.attempt, len(request.items), request.batch_size, heap,
     )
     try:
         stage = import_module(request.module).STAGE

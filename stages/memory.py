@@ -22,6 +22,8 @@ a reading: a stage that did not import it is measured by its RSS.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import resource
@@ -31,6 +33,7 @@ import time
 from contracts import StageRequest
 from contracts.perf import PERF_LOG_ENV, MemoryCheckpoint, PerfEvent, append_event
 from contracts.report import CpuUsage
+from contracts.stage_settings import HEAP_ENV
 from contracts.units import MIB, gib
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,59 @@ def peak_rss_mb() -> float:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes
     return peak / 1024 / 1024 if sys.platform == "darwin" else peak / 1024
+
+
+# glibc's mallopt parameters (<malloc.h>)
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
+#: the heap policy this process applied (configure_heap runs once per process)
+_heap_policy: str | None = None
+
+
+def configure_heap(policy: str | None = None) -> str:
+    """Apply the heap policy (``HEAP_ENV`` when ``policy`` is None) to this process, once; return what holds.
+
+    ``keep`` (the default): glibc's malloc gets one arena, no ``mmap`` for large blocks and no
+    trimming, so a block a stage frees is reused by its next allocation instead of going back
+    to the kernel. The C library's defaults give every thread of a stage (CTranslate2's and
+    OpenMP's) an arena of its own, unmap a thread arena's whole heap when it empties and
+    ``mmap`` every block over 32 MiB; each new activation tensor then faults in fresh zeroed
+    pages: about 20 million page faults and a third of the ASR stage's CPU time spent in the
+    kernel on a 28-minute batch (``bench/allocator.py``). The cost is that a child's memory
+    stays at its peak until it exits, which a stage child does after its chunk. Call it
+    before the stage's libraries start their threads (a thread keeps the arena it has).
+
+    ``system`` leaves the C library as it is; so does a C library without ``mallopt`` (not glibc).
+    """
+    global _heap_policy
+    if _heap_policy is not None:
+        return _heap_policy
+    wanted = policy if policy is not None else os.environ.get(HEAP_ENV, "keep")
+    _heap_policy = "system"
+    if wanted == "system":
+        return _heap_policy
+    if wanted != "keep":
+        log.warning("%s=%r is not a heap policy (keep or system); keeping the C library's defaults",
+                     HEAP_ENV, wanted)
+        return _heap_policy
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        log.info("heap: this C library has no mallopt; its defaults stay")
+        return _heap_policy
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    # mallopt returns 1 on success; the trim threshold is an int, so "never" is its largest value
+    if all(mallopt(param, value) == 1 for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0),
+                                                           (_M_TRIM_THRESHOLD, 2**31 - 1))):
+        _heap_policy = "keep"
+    else:
+        log.warning("heap: glibc refused a mallopt setting; freed memory may still go back to the kernel")
+    return _heap_policy
+
+
+def heap_policy() -> str | None:
+    """The heap policy :func:`configure_heap` applied to this process (None: not called yet)."""
+    return _heap_policy
 
 
 def cpu_counters() -> resource.struct_rusage:

@@ -66,3 +66,37 @@ def test_cpu_usage_counts_this_process_work_and_the_pages_it_touches():
     assert usage.cpu_s >= 0.29 and usage.user_s > 0, usage
     assert usage.minor_faults >= 64 * 1024 // 4 // 2, usage
     assert usage.major_faults >= 0 and usage.voluntary_switches >= 0 and usage.involuntary_switches >= 0
+
+
+HEAP_PROBE = r"""
+import resource, sys
+from stages.memory import configure_heap
+applied = configure_heap(sys.argv[1])
+faults = []
+for _ in range(5):  # allocate, write every page of, and free 64 MiB, five times
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = bytearray(64 << 20)
+    block[::4096] = b"x" * len(block[::4096])
+    del block
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(applied, *faults)
+"""
+
+
+@pytest.mark.parametrize("policy", ["keep", "system"])
+def test_the_keep_heap_reuses_freed_memory_instead_of_faulting_in_fresh_pages(policy):
+    import subprocess
+    import sys
+
+    # a fresh process each: the policy holds for the whole process
+    out = subprocess.run([sys.executable, "-c", HEAP_PROBE, policy], capture_output=True, text=True, check=True)
+    applied, *faults = out.stdout.split()
+    later = sum(map(int, faults[1:]))
+    pages = 4 * (64 << 20) // 4096
+    assert applied == policy
+    if policy == "keep":
+        # the first block faults its pages in; the next four reuse them
+        assert int(faults[0]) > pages // 8 and later < pages // 20, faults
+    else:
+        # the C library's default maps every block this large anew, and every page faults again
+        assert later > pages // 2, faults

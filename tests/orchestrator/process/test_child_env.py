@@ -47,19 +47,30 @@ def test_warning_threshold_below_notice_is_rejected():
         Settings(memory_notice_pct=80, memory_warning_pct=70)
 
 
-def test_a_real_child_sees_the_gpu_environment(tmp_path, monkeypatch):
-    # Given settings naming GPU 1 and a 50 % notice threshold, and a parent whose own environment says otherwise
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    settings = Settings(cuda_visible_devices="1", memory_notice_pct=50)
+def _probe(tmp_path, settings: Settings) -> dict:
+    """What a real child, started as the runner starts them, saw."""
     runner = StageRunner(LocalExecutor(default_hooks(registry=ChildRegistry(tmp_path / "pids"))), tmp_path / "run",
                          env=settings.child_env(), device="cpu", max_signal_retries=0, memory=settings.memory())
     item = WorkItem(id="a", inputs={"source": "x"}, output=str(tmp_path / "a" / "note.json"), fingerprint="fp")
     outcomes, _ = runner.run(StageSpec("envprobe", "tests.fixtures.stages_envprobe", NoteArtifact,
                                        settings=FixtureSettings(**{"names": NAMES})), [item])
     assert outcomes["a"].ok
-    seen = json.loads(load_model(tmp_path / "a" / "note.json", NoteArtifact).text)
+    return json.loads(load_model(tmp_path / "a" / "note.json", NoteArtifact).text)
+
+
+def test_a_real_child_sees_the_gpu_environment(tmp_path, monkeypatch):
+    # Given settings naming GPU 1 and a 50 % notice threshold, and a parent whose own environment says otherwise
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    seen = _probe(tmp_path, Settings(cuda_visible_devices="1", memory_notice_pct=50))
     # Then the child runs with the settings' values, not the inherited ones
     # (the memory options arrive typed in the request, not as environment variables)
     assert seen == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PIPELINE_MEMORY_NOTICE_PCT": None,
-                    "memory": {"notice_pct": 50.0, "warning_pct": 85.0, "every_item": False, "tf32": True}}
+                    "memory": {"notice_pct": 50.0, "warning_pct": 85.0, "every_item": False, "tf32": True},
+                    # and its malloc keeps what it frees (glibc here)
+                    "heap": "keep"}
+
+
+def test_a_child_keeps_the_c_librarys_heap_defaults_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_CHILD_HEAP", "system")
+    assert _probe(tmp_path, Settings())["heap"] == "system"
