@@ -97,7 +97,7 @@ def table(summaries: list[Attempt], title: str = "") -> Table:
     for name, justify in [("stage", "left"), ("try", "right"), ("batch", "right"), ("outcome", "left"),
                           ("ok/failed", "right"), ("wall", "right"), ("items/s", "right"), ("device", "left"),
                           ("peak VRAM (torch)", "right"), ("peak VRAM (NVML)", "right"), ("max alloc %", "right"),
-                          ("after exit", "left"), ("peak RSS", "right")]:
+                          ("after exit", "left"), ("peak RSS", "right"), ("compute CPU", "right")]:
         t.add_column(name, justify=justify)
     for s in summaries:
         if s.gpu_leak:
@@ -109,8 +109,20 @@ def table(summaries: list[Attempt], title: str = "") -> Table:
         t.add_row(s.stage, str(s.attempt), _fmt(s.batch_size, digits=0) if s.batch_size else "—", s.outcome or "?",
                   f"{s.ok if s.ok is not None else '—'}/{s.failed if s.failed is not None else '—'}",
                   _fmt(s.wall_s, " s"), _fmt(s.items_per_s, digits=2), s.device or "—", _gib(s.peak_vram_mb),
-                  _gib(s.gpu_process_peak_mib), _fmt(s.max_allocated_pct, " %"), after, _gib(s.peak_rss_mb))
+                  _gib(s.gpu_process_peak_mib), _fmt(s.max_allocated_pct, " %"), after, _gib(s.peak_rss_mb),
+                  compute_cpu(s))
     return t
+
+
+def compute_cpu(s: Attempt) -> str:
+    """The child's CPU seconds over its compute, how many cores that kept busy on average, and the
+    kernel's share (page faults, system calls): "197 s, 1.58 cores, 36 % system"."""
+    cpu = s.compute_cpu
+    if cpu is None:
+        return "—"
+    cores = f", {cpu.cpu_s / s.compute_s:.2f} cores" if s.compute_s else ""
+    system = 100.0 * cpu.system_s / cpu.cpu_s if cpu.cpu_s else 0.0
+    return f"{cpu.cpu_s:.0f} s{cores}, {system:.0f} % system"
 
 
 def plot(events: list[PerfEvent], png: str | Path, title: str = "") -> Path:

@@ -32,6 +32,8 @@ def test_real_run_logs_checkpoints_of_every_stage_and_reports_them(tmp_path):
         assert [e.event for e in mine][0] == "stage_start" and mine[-1].event == "stage_end"
         end = mine[-1].record
         assert end.outcome == "ok" and end.ok == 1 and end.items_per_s > 0
+        # and what the kernel counted for the child over its compute
+        assert end.compute_cpu is not None and end.compute_cpu.cpu_s > 0
         # the performance log's record is the run report's record of the same child
         [in_report] = [a for run in report.stages if run.stage == stage for a in run.attempts]
         assert in_report == end

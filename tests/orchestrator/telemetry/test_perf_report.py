@@ -7,7 +7,7 @@ import pytest
 from contracts.errors import SettingsError
 from contracts.perf import PerfEvent, append_event
 from contracts.report import Attempt
-from orchestrator.telemetry.perf_report import find_perf_log, plot, run_peaks, summarize
+from orchestrator.telemetry.perf_report import compute_cpu, find_perf_log, plot, run_peaks, summarize, table
 from contracts.units import GIB_MIB as GIB
 
 
@@ -71,6 +71,25 @@ def test_summary_has_one_row_per_child_with_its_peaks_and_proof():
     emb = rows["embeddings", 1]
     assert emb.gpu_leak.startswith("embeddings: GPU memory leak")
     assert emb.max_allocated_pct == pytest.approx(100 * 20.5 / 24)
+
+
+def test_the_table_says_how_busy_each_child_kept_the_cpu():
+    from rich.console import Console
+
+    from contracts.report import CpuUsage
+
+    usage = CpuUsage(user_s=126.0, system_s=72.0, minor_faults=36_000_000, major_faults=0,
+                     voluntary_switches=1_300_000, involuntary_switches=16_000)
+    asr = Attempt(stage="asr", attempt=1, batch_size=16, items=16, outcome="ok", wall_s=130.0, compute_s=125.0,
+                  compute_cpu=usage)
+    # 198 CPU seconds over 125 s of compute: 1.58 cores busy on average, 36 % of it in the kernel
+    assert compute_cpu(asr) == "198 s, 1.58 cores, 36 % system"
+    older = Attempt(stage="asr", attempt=1, batch_size=16, items=16, outcome="ok", wall_s=130.0)
+    assert compute_cpu(older) == "—"  # a child that did not report it (or died first)
+    console = Console(record=True, width=300)
+    console.print(table([asr, older]))
+    text = console.export_text()
+    assert "compute CPU" in text and "198 s, 1.58 cores, 36 % system" in text
 
 
 def test_run_peak_is_compared_with_the_largest_single_stage():
