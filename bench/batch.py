@@ -20,8 +20,9 @@ for each mode, and hours of audio per hour. Goals (#4, #14): stage-major within
 in each round and prints each one's tables and the throughput of the last vs the
 first; #28's goals: stage-major within 1.03x of one process, the diarization
 child's compute within 5 % of one process's, diarization at most half of ASR's
-compute, and 1.5x the audio-hours per hour of the pipeline as it was (``--before``: torch diarization,
-no joined ASR windows and the C library's heap defaults, run first in each round) in the same run.
+compute, and 1.5x the audio-hours per hour of the pipeline as it was (``--before``: torch diarization
+in batches of 4, no joined ASR windows and the C library's heap defaults, run first in each round) in the
+same run.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from bench.common import ROOT, copies, run_in_process  # noqa: E402
 
 MEDIA = ROOT / "tests" / "fixtures" / "media"
 #: ``--before``: the settings that give the pipeline's path when #28 was filed
-BEFORE = {"DIARIZATION_RUNTIME": "torch", "ASR_JOIN_INPUTS": "false", "PIPELINE_CHILD_HEAP": "system"}
+BEFORE = {"DIARIZATION_RUNTIME": "torch", "ASR_JOIN_INPUTS": "false", "PIPELINE_CHILD_HEAP": "system",
+          "DIARIZATION_BATCH_SIZE": "4"}
 FIXTURES = [*sorted((MEDIA / "speakers").glob("*.mp4")), MEDIA / "speech.wav", *sorted((MEDIA / "speakers").glob("*.wav"))]
 
 
@@ -73,6 +75,14 @@ def mixed_inputs(directory: Path, count: int, min_s: float, max_s: float, seed: 
         out.append(str(path))
         total += len(samples) / RATE
     return out, total
+
+
+def use(settings: dict[str, str]) -> None:
+    """Run with ``settings`` and the defaults for the rest of ``BEFORE``'s (read by Settings here and in
+    the one-process run)."""
+    for name in BEFORE:
+        os.environ.pop(name, None)
+    os.environ.update(settings)
 
 
 def isolated(sources: list[str], out: Path, chunk_size: int) -> tuple[float, dict[str, dict[str, float]]]:
@@ -131,8 +141,8 @@ def main() -> None:
                              "path and the new one side by side, alternating within each round)")
     parser.add_argument("--before", action="store_true",
                         help="also run, first in each round, the pipeline as it was when #28 was filed: "
-                             "DIARIZATION_RUNTIME=torch, ASR_JOIN_INPUTS=false (no joined ASR windows, #27) "
-                             "and PIPELINE_CHILD_HEAP=system (the C library's heap defaults)")
+                             "DIARIZATION_RUNTIME=torch, DIARIZATION_BATCH_SIZE=4, ASR_JOIN_INPUTS=false (no joined "
+                             "ASR windows, #27) and PIPELINE_CHILD_HEAP=system (the C library's heap defaults)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-batch-"))
     runtimes = ["before"] * args.before + [r.strip() for r in args.runtimes.split(",") if r.strip()]
@@ -150,9 +160,7 @@ def main() -> None:
         for r in range(args.rounds):
             for runtime in runtimes:
                 # read by Settings here and in the one-process run
-                os.environ.update(BEFORE if runtime == "before" else {"DIARIZATION_RUNTIME": runtime,
-                                                                      "ASR_JOIN_INPUTS": "true",
-                                                                      "PIPELINE_CHILD_HEAP": "keep"})
+                use(BEFORE if runtime == "before" else {"DIARIZATION_RUNTIME": runtime})
                 stage_major[runtime].append(isolated(sources, work / f"stage-major-{runtime}-{r}",
                                                      chunk_size=len(sources)))
                 one_process[runtime].append(run_in_process(sources, work / f"one-process-{runtime}-{r}"))
@@ -163,8 +171,7 @@ def main() -> None:
                                                  "stage_major": stage_major[runtime][-1],
                                                  "one_process": one_process[runtime][-1]}), flush=True)
         if not args.no_per_video:
-            os.environ.update({"DIARIZATION_RUNTIME": runtimes[-1], "ASR_JOIN_INPUTS": "true",
-                               "PIPELINE_CHILD_HEAP": "keep"})
+            use({"DIARIZATION_RUNTIME": runtimes[-1]})
             per_video = isolated(sources, work / "per-video", chunk_size=1)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Embedded diarizer on many short clips: one input per request vs the chunk's inputs in shared batches (#14).
 
-    .venv/bin/python bench/diarization_packing.py [--clips 48] [--rounds 2] [--batch-size 4] [--device cpu]
+    .venv/bin/python bench/diarization_packing.py [--clips 48] [--rounds 2] [--batch-size 16] [--device cpu]
 
 The clips (4-10 s each, so one or two 10 s segmentation windows each) are cut
 from the committed speech fixtures with a fixed seed (``bench/asr_packing.py``'s
@@ -58,7 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clips", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=4, help="VOICE_ENROLLMENT_BATCH_SIZE (default 4)")
+    parser.add_argument("--batch-size", type=int, default=16, help="DIARIZATION_BATCH_SIZE (default 16)")
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()

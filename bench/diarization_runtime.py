@@ -1,6 +1,6 @@
 """The embedded diarizer's two runtimes side by side: compute seconds and DER on real and committed audio (#28).
 
-    .venv/bin/python bench/diarization_runtime.py [--rounds 2] [--long 3] [--batch-size 4]
+    .venv/bin/python bench/diarization_runtime.py [--rounds 2] [--long 3] [--batch-size 16]
 
 Audio: pyannote.audio's bundled real sample (30 s, two people on the phone,
 its RTTM), the two committed espeak dialogues (their RTTM), and ``--long``
@@ -69,7 +69,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--long", type=int, default=3, help="long inputs (120-180 s) to time, no reference")
-    parser.add_argument("--batch-size", type=int, default=4, help="VOICE_ENROLLMENT_BATCH_SIZE (default 4)")
+    parser.add_argument("--batch-size", type=int, default=16, help="DIARIZATION_BATCH_SIZE (default 16)")
     args = parser.parse_args()
     import logging
 

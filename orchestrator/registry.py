@@ -152,7 +152,7 @@ STAGES: tuple[StageDef, ...] = (
              build=lambda s: DiarizationSettings(
                  model=s.diarization_model, min_speakers=s.min_speakers, max_speakers=s.max_speakers,
                  weights_dir=_str(s.weights_dir), runtime=s.diarization_runtime),
-             batch_size=lambda s: s.voice_enrollment_batch_size,  # its speaker-embedding batches
+             batch_size=lambda s: s.diarization_batch_size,  # its segmentation and speaker-embedding batches
              enabled=lambda s: s.speakers and not s.langid_only, skippable=_fast_path,
              needs=SPEAKER_NEEDS, need_key=lambda c: "embedded" if c.model == "embedded" else "auto",
              version=2),  # 2: the artifact keeps each speaker's voice (corpus speakers)

@@ -72,6 +72,9 @@ def session(name: str, module: torch.nn.Module, weights: Path, probe: torch.Tens
         options = ort.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()
         options.inter_op_num_threads = 1
+        # a waiting thread sleeps instead of spinning: on a CPU shared with the parent and a warm child, a
+        # spinning thread holds a core the thread it waits for needs (1.06x faster and 18 % less CPU alone)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
         runner = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         if checked.exists() and float(checked.read_text()) <= tolerance:

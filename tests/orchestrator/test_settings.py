@@ -44,6 +44,19 @@ def test_speaker_settings_use_the_seed_names(monkeypatch):
     assert (s.speaker_encoder, s.min_speakers) == ("ecapa", 2)
 
 
+def test_the_diarizer_has_its_own_batch_size(monkeypatch):
+    from orchestrator.registry import process_specs
+
+    def batch(settings):
+        return next(spec.batch_size for spec in process_specs(settings) if spec.name == "diarization")
+
+    assert batch(Settings()) == 16 and Settings().voice_enrollment_batch_size == 4
+    monkeypatch.setenv("DIARIZATION_BATCH_SIZE", "8")
+    assert batch(Settings()) == 8
+    with pytest.raises(ValidationError):
+        Settings(diarization_batch_size=0)
+
+
 def test_speaker_defaults_follow_seed_001():
     s = Settings()
     assert (s.voice_enrollment_batch_size, s.skip_voice_embeddings, s.enable_fast_path, s.speakers) == (4, False, True, True)

@@ -32,6 +32,8 @@ def test_a_module_is_exported_once_and_computes_what_torch_computes(tmp_path):
     assert session("tiny", module, weights, probe, "x", {0: "batch", 2: "frames"}, tolerance=1e-4) is not None
     assert exported[0].stat().st_mtime_ns == stamp, "the cached export is reused"
     assert float(exported[0].with_suffix(".checked").read_text()) < 1e-4, "the check is kept beside it"
+    # its intra-op threads sleep when they wait (no spinning on a shared CPU)
+    assert model.runner.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 
 def test_a_session_beyond_the_tolerance_is_refused_and_torch_kept(tmp_path, caplog):
