@@ -49,34 +49,73 @@ def main() -> None:
     from stages.audio import AudioStage
     from tests.conftest import DIALOGUE_TEXT, SPEECH_TEXT, stage_settings, wer
 
-    clips = {"host_guest": MEDIA / "speakers" / "host_guest.mp4", "host_stranger": MEDIA / "speakers" / "host_stranger.mp4",
-             "speech": MEDIA / "speech.wav"}
+    clips = {
+        "host_guest": MEDIA / "speakers" / "host_guest.mp4",
+        "host_stranger": MEDIA / "speakers" / "host_stranger.mp4",
+        "speech": MEDIA / "speech.wav",
+    }
     reference = {**DIALOGUE_TEXT, "speech": SPEECH_TEXT}
     ids = [f"{name}-{n}" for n in range(args.copies) for name in clips]
     work = Path(tempfile.mkdtemp(prefix="bench-alignment-"))
     sources = {i: clips[i.rsplit("-", 1)[0]] for i in ids}
     if args.long:
-        sources.update({f"long-{n}": path for n, path in enumerate([joined(clips.values(), args.joins, work)] * args.long)})
+        sources.update(
+            {
+                f"long-{n}": path
+                for n, path in enumerate([joined(clips.values(), args.joins, work)] * args.long)
+            }
+        )
         ids += [f"long-{n}" for n in range(args.long)]
 
     def request(stage, module, items, **settings):
-        return StageRequest(request_id=stage, stage=stage, module=module, batch_size=16 if stage == "asr" else 8,
-                            device=args.device, result_path=str(work / f"{stage}-r.json"),
-                            settings=stage_settings(stage, **settings), items=items)
+        return StageRequest(
+            request_id=stage,
+            stage=stage,
+            module=module,
+            batch_size=16 if stage == "asr" else 8,
+            device=args.device,
+            result_path=str(work / f"{stage}-r.json"),
+            settings=stage_settings(stage, **settings),
+            items=items,
+        )
 
-    audio = AudioStage().run(request("audio", "stages.audio", [
-        WorkItem(id=i, inputs={"source": str(sources[i])}, output=str(work / i / "audio.json"),
-                 fingerprint="x") for i in ids]))
+    audio = AudioStage().run(
+        request(
+            "audio",
+            "stages.audio",
+            [
+                WorkItem(
+                    id=i,
+                    inputs={"source": str(sources[i])},
+                    output=str(work / i / "audio.json"),
+                    fingerprint="x",
+                )
+                for i in ids
+            ],
+        )
+    )
     assert all(r.ok for r in audio.items), audio.items
 
     def asr(tag, chunk, words=True):
-        items = [WorkItem(id=i, inputs={"audio": str(work / i / "audio.json")}, output=str(work / i / f"asr-{tag}.json"),
-                          fingerprint="x") for i in ids]
-        result = asr_module.AsrStage().run(request("asr", "stages.asr", items, chunk_size=chunk, word_timestamps=words))
+        items = [
+            WorkItem(
+                id=i,
+                inputs={"audio": str(work / i / "audio.json")},
+                output=str(work / i / f"asr-{tag}.json"),
+                fingerprint="x",
+            )
+            for i in ids
+        ]
+        result = asr_module.AsrStage().run(
+            request("asr", "stages.asr", items, chunk_size=chunk, word_timestamps=words)
+        )
         assert all(r.ok for r in result.items), result.items
         errors = {}
         for name in clips:
-            text = " ".join(s.text for s in load_artifact(work / f"{name}-0" / f"asr-{tag}.json", TranscriptArtifact).segments)
+            text = " ".join(
+                s.text
+                for s in load_artifact(work / f"{name}-0" / f"asr-{tag}.json", TranscriptArtifact).segments
+            )
             errors[name] = wer(reference[name], text)
         segs = sum(len(load_artifact(work / i / f"asr-{tag}.json", TranscriptArtifact).segments) for i in ids)
         return result, errors, segs
@@ -94,10 +133,19 @@ def main() -> None:
         asr_module.clean_pieces = cleaning
 
     def run_alignment(tag, source="30plain"):
-        items = [WorkItem(id=i, inputs={"asr": str(work / i / f"asr-{source}.json"), "audio": str(work / i / "audio.json")},
-                          output=str(work / i / f"transcript-{tag}.json"), fingerprint="x") for i in ids]
+        items = [
+            WorkItem(
+                id=i,
+                inputs={"asr": str(work / i / f"asr-{source}.json"), "audio": str(work / i / "audio.json")},
+                output=str(work / i / f"transcript-{tag}.json"),
+                fingerprint="x",
+            )
+            for i in ids
+        ]
         t0 = time.perf_counter()
-        result = AlignmentStage().run(request("alignment", "stages.alignment", items, align=True, speakers=False))
+        result = AlignmentStage().run(
+            request("alignment", "stages.alignment", items, align=True, speakers=False)
+        )
         wall = time.perf_counter() - t0
         assert all(r.ok for r in result.items), result.items
         return result, wall
@@ -110,41 +158,67 @@ def main() -> None:
         padded, padded_wall = run_alignment("padded")
     finally:
         whisper_align.MARGIN_S = margin
-    first = load_artifact(work / ids[0] / "transcript-cut.json", TranscriptArtifact)
+
     def differences(one: str, other: str) -> list[float]:
         diffs = []
         for i in ids:
-            x_, y_ = (load_artifact(work / i / f"transcript-{t}.json", TranscriptArtifact) for t in (one, other))
+            x_, y_ = (
+                load_artifact(work / i / f"transcript-{t}.json", TranscriptArtifact) for t in (one, other)
+            )
             a = [w for s in x_.segments for w in s.words or []]
             b = [w for s in y_.segments for w in s.words or []]
             assert [w.word for w in a] == [w.word for w in b], i
-            diffs += [abs(x.start - y.start) for x, y in zip(a, b)] + [abs(x.end - y.end) for x, y in zip(a, b)]
+            diffs += [abs(x.start - y.start) for x, y in zip(a, b)] + [
+                abs(x.end - y.end) for x, y in zip(a, b)
+            ]
         return sorted(diffs)
+
     seconds = sum(load_artifact(work / i / "audio.json", AudioArtifact).duration_s for i in ids)
 
-    print(f"{len(ids)} inputs ({args.copies} copies of {', '.join(clips)}; {args.long} of them joined "
-          f"{args.joins} times), {seconds:.0f} s of audio, device {args.device}, work dir {work}")
+    print(
+        f"{len(ids)} inputs ({args.copies} copies of {', '.join(clips)}; {args.long} of them joined "
+        f"{args.joins} times), {seconds:.0f} s of audio, device {args.device}, work dir {work}"
+    )
     print(f"{'ASR':36s} {'load s':>7s} {'compute s':>10s} {'segments':>9s}  WER " + " / ".join(clips))
     for tag, (result, errors, segs) in rows.items():
-        print(f"{tag:36s} {result.load_s:7.2f} {result.compute_s:10.2f} {segs:9d}  "
-              + " / ".join(f"{errors[n]:.3f}" for n in clips))
+        print(
+            f"{tag:36s} {result.load_s:7.2f} {result.compute_s:10.2f} {segs:9d}  "
+            + " / ".join(f"{errors[n]:.3f}" for n in clips)
+        )
     base = rows["30 s windows, no word timing"][0]
     timed = rows["30 s windows, words timed"][0]
-    print(f"6 s / 30 s ASR compute (no word timing): {rows['6 s windows, no word timing'][0].compute_s / base.compute_s:.2f}x")
-    print(f"word timing inside the ASR stage: +{timed.compute_s - base.compute_s:.2f} s "
-          f"({(timed.compute_s - base.compute_s) / base.compute_s:+.1%} of ASR compute)")
+    print(
+        "6 s / 30 s ASR compute (no word timing): "
+        f"{rows['6 s windows, no word timing'][0].compute_s / base.compute_s:.2f}x"
+    )
+    print(
+        f"word timing inside the ASR stage: +{timed.compute_s - base.compute_s:.2f} s "
+        f"({(timed.compute_s - base.compute_s) / base.compute_s:+.1%} of ASR compute)"
+    )
     print("alignment stage (its compute and load+compute as a fraction of ASR without word timing):")
-    for tag, (result, wall) in {"words timed by the ASR stage (kept)": (kept, kept_wall),
-                                "second pass, encoder input cut": (align, align_wall),
-                                "second pass, encoder input padded to 30 s": (padded, padded_wall)}.items():
+    for tag, (result, wall) in {
+        "words timed by the ASR stage (kept)": (kept, kept_wall),
+        "second pass, encoder input cut": (align, align_wall),
+        "second pass, encoder input padded to 30 s": (padded, padded_wall),
+    }.items():
         extra = timed.compute_s - base.compute_s if "kept" in tag else 0.0
-        print(f"  {tag:44s} load {result.load_s:.2f} s, compute {result.compute_s:.2f} s, wall {wall:.2f} s: "
-              f"{result.compute_s / base.compute_s:.1%}, {(result.load_s + result.compute_s) / (base.load_s + base.compute_s):.1%}"
-              + (f"; with the ASR stage's extra {(result.compute_s + extra) / base.compute_s:.1%}" if extra else ""))
+        print(
+            f"  {tag:44s} load {result.load_s:.2f} s, compute {result.compute_s:.2f} s, wall {wall:.2f} s: "(
+                f"{result.compute_s / base.compute_s:.1%}, "
+                f"{(result.load_s + result.compute_s) / (base.load_s + base.compute_s):.1%}"
+            )
+            + (
+                f"; with the ASR stage's extra {(result.compute_s + extra) / base.compute_s:.1%}"
+                if extra
+                else ""
+            )
+        )
     for one, other in (("cut", "padded"), ("kept", "padded")):
         diffs = differences(one, other)
-        print(f"word times, {one} vs padded ({len(diffs)} word edges): mean {1000 * sum(diffs) / len(diffs):.0f} ms, "
-              f"p90 {1000 * diffs[int(0.9 * (len(diffs) - 1))]:.0f} ms, max {1000 * diffs[-1]:.0f} ms")
+        print(
+            f"word times, {one} vs padded ({len(diffs)} word edges): mean {1000 * sum(diffs) / len(diffs):.0f} ms, "
+            f"p90 {1000 * diffs[int(0.9 * (len(diffs) - 1))]:.0f} ms, max {1000 * diffs[-1]:.0f} ms"
+        )
 
 
 def joined(paths, times: int, work: Path) -> Path:
@@ -165,6 +239,7 @@ def joined(paths, times: int, work: Path) -> Path:
     out = work / "joined.wav"
     write_wav(out, np.concatenate([part for _ in range(times) for piece in pieces for part in (piece, gap)]))
     return out
+
 
 if __name__ == "__main__":
     main()

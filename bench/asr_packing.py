@@ -34,11 +34,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT  # noqa: E402
+from bench.common import ROOT
 
 RATE = 16000
 MEDIA = ROOT / "tests" / "fixtures" / "media"
-FIXTURES = [MEDIA / "speech.wav", *sorted((MEDIA / "speakers").glob("*.mp4")), *sorted((MEDIA / "speakers").glob("*.wav"))]
+FIXTURES = [
+    MEDIA / "speech.wav",
+    *sorted((MEDIA / "speakers").glob("*.mp4")),
+    *sorted((MEDIA / "speakers").glob("*.wav")),
+]
 VOICES = ["en-us", "en+f3", "en-gb", "en+f2"]
 #: one sentence per clip, none sharing a content word with another on purpose (10-27 words: 4-10 s)
 SENTENCES = [
@@ -115,12 +119,22 @@ def decode(paths: list[Path], out: Path, ids: list[str] | None = None) -> list[P
     from stages.audio import STAGE as AUDIO
 
     ids = ids or [p.stem for p in paths]
-    items = [WorkItem(id=i, inputs={"source": str(p)}, output=str(out / f"{i}.audio.json"), fingerprint="x")
-             for i, p in zip(ids, paths)]
+    items = [
+        WorkItem(id=i, inputs={"source": str(p)}, output=str(out / f"{i}.audio.json"), fingerprint="x")
+        for i, p in zip(ids, paths)
+    ]
     AUDIO.import_libraries()
-    result = AUDIO.run(StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1,
-                                    settings=stage_settings("audio", Settings()).model_dump(mode="json"), result_path=str(out / "a.json"),
-                                    items=items))
+    result = AUDIO.run(
+        StageRequest(
+            request_id="a",
+            stage="audio",
+            module="stages.audio",
+            batch_size=1,
+            settings=stage_settings("audio", Settings()).model_dump(mode="json"),
+            result_path=str(out / "a.json"),
+            items=items,
+        )
+    )
     assert all(r.ok for r in result.items), [r.error for r in result.items if not r.ok]
     return [out / f"{i}.audio.json" for i in ids]
 
@@ -155,7 +169,7 @@ def make_clips(work: Path, count: int, seed: int) -> tuple[list[Path], Path, flo
     for i in range(count):
         length = int(rng.uniform(4.0, 10.0) * RATE)
         start = rng.randrange(0, len(pool) - length)
-        piece = pool[start:start + length]
+        piece = pool[start : start + length]
         path = work / "clips" / f"clip{i:03d}.wav"
         write_wav(path, piece)
         clips.append(path)
@@ -171,7 +185,9 @@ def spoken_clips(work: Path, count: int, seed: int) -> tuple[list[Path], list[st
     import numpy as np
 
     if shutil.which("espeak-ng") is None:
-        raise SystemExit("bench/asr_packing.py needs espeak-ng to speak its sentences (apt-get install espeak-ng)")
+        raise SystemExit(
+            "bench/asr_packing.py needs espeak-ng to speak its sentences (apt-get install espeak-ng)"
+        )
     if count > len(SENTENCES):
         raise SystemExit(f"at most {len(SENTENCES)} clips (one per sentence)")
     rng = random.Random(seed)
@@ -180,7 +196,9 @@ def spoken_clips(work: Path, count: int, seed: int) -> tuple[list[Path], list[st
     paths = []
     for i, text in enumerate(SENTENCES[:count]):
         path = raw / f"s{i:03d}.wav"
-        subprocess.run(["espeak-ng", "-v", VOICES[i % len(VOICES)], "-s", "155", "-w", str(path), text], check=True)
+        subprocess.run(
+            ["espeak-ng", "-v", VOICES[i % len(VOICES)], "-s", "155", "-w", str(path), text], check=True
+        )
         paths.append(path)
     decoded = decode(paths, raw)
     from contracts import AudioArtifact, load_artifact
@@ -201,7 +219,15 @@ def spoken_clips(work: Path, count: int, seed: int) -> tuple[list[Path], list[st
     return clips, SENTENCES[:count], joined_path, lengths
 
 
-def asr(stage, audio_jsons: list[Path], out: Path, batch_size: int, join: bool, device: str, model: str = "embedded"):
+def asr(
+    stage,
+    audio_jsons: list[Path],
+    out: Path,
+    batch_size: int,
+    join: bool,
+    device: str,
+    model: str = "embedded",
+):
     """The stage's compute seconds, the part of them spent reading inputs, finding speech (VAD) and identifying
     languages (what joining does not change), its decoder windows, and each input's transcript."""
     import time
@@ -211,9 +237,18 @@ def asr(stage, audio_jsons: list[Path], out: Path, batch_size: int, join: bool, 
     from orchestrator.settings import Settings
 
     out.mkdir(parents=True, exist_ok=True)
-    items = [WorkItem(id=p.name.split(".")[0], inputs={"audio": str(p)}, output=str(out / f"{p.name.split('.')[0]}.json"),
-                      fingerprint="x") for p in audio_jsons]
-    settings = stage_settings("asr", Settings(asr_model=model, asr_join_inputs=join, asr_chunk_size=30)).model_dump(mode="json")
+    items = [
+        WorkItem(
+            id=p.name.split(".")[0],
+            inputs={"audio": str(p)},
+            output=str(out / f"{p.name.split('.')[0]}.json"),
+            fingerprint="x",
+        )
+        for p in audio_jsons
+    ]
+    settings = stage_settings(
+        "asr", Settings(asr_model=model, asr_join_inputs=join, asr_chunk_size=30)
+    ).model_dump(mode="json")
     windows, prepare = [], []
     generate, prepare_one = stage._generate, stage._prepare
 
@@ -231,8 +266,18 @@ def asr(stage, audio_jsons: list[Path], out: Path, batch_size: int, join: bool, 
     stage._generate, stage._prepare = counting, timed
     cpu = time.process_time()
     try:
-        result = stage.run(StageRequest(request_id="b", stage="asr", module="stages.asr", batch_size=batch_size,
-                                        device=device, settings=settings, result_path=str(out / "r.json"), items=items))
+        result = stage.run(
+            StageRequest(
+                request_id="b",
+                stage="asr",
+                module="stages.asr",
+                batch_size=batch_size,
+                device=device,
+                settings=settings,
+                result_path=str(out / "r.json"),
+                items=items,
+            )
+        )
     finally:
         del stage._generate, stage._prepare
     assert all(r.ok for r in result.items), [r.error for r in result.items if not r.ok]
@@ -280,8 +325,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=27)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--model", default="embedded", help="ASR_MODEL (embedded: tiny.en; whisper-base: "
-                        "multilingual, each clip's language identified first)")
+    parser.add_argument(
+        "--model",
+        default="embedded",
+        help="ASR_MODEL (embedded: tiny.en; whisper-base: "
+        "multilingual, each clip's language identified first)",
+    )
     args = parser.parse_args()
 
     import logging
@@ -300,7 +349,11 @@ def main() -> None:
         joined_audio = decode([joined], work)
         texts = {p.name.split(".")[0]: t for p, t in zip(clip_audio, sentences)}
         stage = AsrStage()
-        modes = (("per input", clip_audio, False), ("joined windows", clip_audio, True), ("joined stream", joined_audio, True))
+        modes = (
+            ("per input", clip_audio, False),
+            ("joined windows", clip_audio, True),
+            ("joined stream", joined_audio, True),
+        )
         times: dict[str, list[float]] = {mode: [] for mode, _, _ in modes}
         decoding: dict[str, list[float]] = {mode: [] for mode, _, _ in modes}
         cpu: dict[str, list[float]] = {mode: [] for mode, _, _ in modes}
@@ -308,9 +361,15 @@ def main() -> None:
         heard: dict[str, dict] = {}
         for r in range(args.rounds):
             for mode, audio, join in modes:
-                seconds, prepare, windows[mode], heard[mode], cpu_s = asr(stage, audio, work / f"{mode[:8].strip()}{r}",
-                                                          args.batch_size, join, args.device,
-                                                          args.model)
+                seconds, prepare, windows[mode], heard[mode], cpu_s = asr(
+                    stage,
+                    audio,
+                    work / f"{mode[:8].strip()}{r}",
+                    args.batch_size,
+                    join,
+                    args.device,
+                    args.model,
+                )
                 times[mode].append(seconds)
                 decoding[mode].append(seconds - prepare)
                 cpu[mode].append(cpu_s)
@@ -318,7 +377,10 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     names = list(texts)
     refs = [normalise(texts[n]) for n in names]
-    wer = {mode: jiwer.wer(refs, [text_of(heard[mode][n]) for n in names]) for mode in ("per input", "joined windows")}
+    wer = {
+        mode: jiwer.wer(refs, [text_of(heard[mode][n]) for n in names])
+        for mode in ("per input", "joined windows")
+    }
     wer["joined stream"] = jiwer.wer(" ".join(refs), text_of(next(iter(heard["joined stream"].values()))))
     wrong, misheard = foreign_words(texts, heard["joined windows"], heard["per input"])
     chance = foreign_words(texts, heard["per input"], heard["joined windows"])
@@ -326,29 +388,49 @@ def main() -> None:
     best = {mode: min(t) for mode, t in times.items()}
     dec = {mode: min(t) for mode, t in decoding.items()}
     cpus = {mode: min(t) for mode, t in cpu.items()}
-    print(f"\n{args.clips} clips of {min(lengths):.1f}-{max(lengths):.1f} s ({sum(lengths):.0f} s of audio), each a "
-          f"distinct sentence, ASR_MODEL={args.model}, {args.device}, batch size {args.batch_size}, best of {args.rounds}\n")
-    print(f"{'mode':<15} {'compute':>9} {'decoding':>9} {'CPU':>8} {'windows':>8} {'WER':>6}   "
-          f"all rounds (compute / decoding / CPU)")
+    print(
+        f"\n{args.clips} clips of {min(lengths):.1f}-{max(lengths):.1f} s ({sum(lengths):.0f} s of audio), each a "(
+            f"distinct sentence, ASR_MODEL={args.model}, {args.device}, batch size {args.batch_size}, "
+            f"best of {args.rounds}\n"
+        )
+    )
+    print(
+        f"{'mode':<15} {'compute':>9} {'decoding':>9} {'CPU':>8} {'windows':>8} {'WER':>6}   "
+        f"all rounds (compute / decoding / CPU)"
+    )
     for mode, t in times.items():
-        print(f"{mode:<15} {best[mode]:>8.1f}s {dec[mode]:>8.1f}s {cpus[mode]:>7.1f}s {windows[mode]:>8} "
-              f"{wer[mode]:>6.3f}   {' '.join(f'{x:.1f}/{y:.1f}/{z:.1f}' for x, y, z in zip(t, decoding[mode], cpu[mode]))}")
-    print("(decoding: compute less reading each input, its VAD and language identification, which joining "
-          "does not change)")
-    print(f"\njoined windows vs per input: {best['per input'] / best['joined windows']:.2f}x faster in compute, "
-          f"{dec['per input'] / dec['joined windows']:.2f}x in decoding, "
-          f"{cpus['per input'] / cpus['joined windows']:.2f}x in CPU seconds (goal >= 1.7x)")
-    print(f"joined windows vs joined stream: {best['joined windows'] / best['joined stream']:.2f}x the compute, "
-          f"{dec['joined windows'] / dec['joined stream']:.2f}x the decoding, "
-          f"{cpus['joined windows'] / cpus['joined stream']:.2f}x the CPU seconds (goal <= 1.15x)")
+        print(
+            f"{mode:<15} {best[mode]:>8.1f}s {dec[mode]:>8.1f}s {cpus[mode]:>7.1f}s {windows[mode]:>8} "(
+                f"{wer[mode]:>6.3f}   "
+                f"{' '.join(f'{x:.1f}/{y:.1f}/{z:.1f}' for x, y, z in zip(t, decoding[mode], cpu[mode]))}"
+            )
+        )
+    print(
+        "(decoding: compute less reading each input, its VAD and language identification, which joining "
+        "does not change)"
+    )
+    print(
+        f"\njoined windows vs per input: {best['per input'] / best['joined windows']:.2f}x faster in compute, "
+        f"{dec['per input'] / dec['joined windows']:.2f}x in decoding, "
+        f"{cpus['per input'] / cpus['joined windows']:.2f}x in CPU seconds (goal >= 1.7x)"
+    )
+    print(
+        f"joined windows vs joined stream: {best['joined windows'] / best['joined stream']:.2f}x the compute, "
+        f"{dec['joined windows'] / dec['joined stream']:.2f}x the decoding, "
+        f"{cpus['joined windows'] / cpus['joined stream']:.2f}x the CPU seconds (goal <= 1.15x)"
+    )
     print(f"WER joined windows - per input: {wer['joined windows'] - wer['per input']:+.3f} (goal <= +0.02)")
-    print(f"another clip's words at a clip's edges: {len(wrong)} {wrong[:10]} (goal 0: none given to a wrong clip); "
-          f"inside a clip, misheard: {len(misheard)} {misheard[:10]}; the same counts per input (by chance): "
-          f"{len(chance[0])}, {len(chance[1])}")
+    print(
+        f"another clip's words at a clip's edges: {len(wrong)} {wrong[:10]} (goal 0: none given to a wrong clip); "
+        f"inside a clip, misheard: {len(misheard)} {misheard[:10]}; the same counts per input (by chance): "
+        f"{len(chance[0])}, {len(chance[1])}"
+    )
     if gaps:
-        print(f"word starts, joined windows vs per input, over {len(gaps)} words of clips heard alike: median "
-              f"{gaps[len(gaps) // 2] * 1000:.0f} ms, 95th percentile {gaps[int(len(gaps) * 0.95)] * 1000:.0f} ms, "
-              f"max {gaps[-1] * 1000:.0f} ms")
+        print(
+            f"word starts, joined windows vs per input, over {len(gaps)} words of clips heard alike: median "
+            f"{gaps[len(gaps) // 2] * 1000:.0f} ms, 95th percentile {gaps[int(len(gaps) * 0.95)] * 1000:.0f} ms, "
+            f"max {gaps[-1] * 1000:.0f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -65,6 +65,12 @@ def run_in_process(sources: list[str], out: Path) -> dict:
     from orchestrator import Settings
 
     env = os.environ | Settings().child_env()
-    done = subprocess.run([sys.executable, "-c", IN_PROCESS, str(out), *sources],
-                          capture_output=True, text=True, cwd=ROOT, check=True, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", IN_PROCESS, str(out), *sources],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+        env=env,
+    )
     return json.loads(done.stdout.splitlines()[-1])

@@ -41,16 +41,44 @@ def diarize_corpus(tmp: Path):
     out = tmp / "out"
 
     def request(stage, items, **settings):
-        return StageRequest(request_id=stage, stage=stage, module=f"stages.{stage}", items=items, batch_size=4,
-                            device="cpu", settings=stage_settings(stage, **settings).model_dump(mode="json"),
-                            result_path=str(tmp / f"{stage}.result.json"))
+        return StageRequest(
+            request_id=stage,
+            stage=stage,
+            module=f"stages.{stage}",
+            items=items,
+            batch_size=4,
+            device="cpu",
+            settings=stage_settings(stage, **settings).model_dump(mode="json"),
+            result_path=str(tmp / f"{stage}.result.json"),
+        )
 
-    AudioStage().run(request("audio", [WorkItem(id=n, inputs={"source": str(p)}, output=str(tmp / "a" / n / "audio.json"),
-                                                fingerprint="a") for n, (p, _) in files.items()]))
+    AudioStage().run(
+        request(
+            "audio",
+            [
+                WorkItem(
+                    id=n, inputs={"source": str(p)}, output=str(tmp / "a" / n / "audio.json"), fingerprint="a"
+                )
+                for n, (p, _) in files.items()
+            ],
+        )
+    )
     started = time.perf_counter()
-    result = DiarizationStage().run(request("diarization", [
-        WorkItem(id=n, inputs={"audio": str(tmp / "a" / n / "audio.json")}, output=str(out / n / "diarization.json"),
-                 fingerprint=f"d-{n}") for n in files], model="embedded"))
+    result = DiarizationStage().run(
+        request(
+            "diarization",
+            [
+                WorkItem(
+                    id=n,
+                    inputs={"audio": str(tmp / "a" / n / "audio.json")},
+                    output=str(out / n / "diarization.json"),
+                    fingerprint=f"d-{n}",
+                )
+                for n in files
+            ],
+            model="embedded",
+        )
+    )
     assert all(r.ok for r in result.items), result.items
     seconds = time.perf_counter() - started
     (out / ".ids.json").write_text(json.dumps({str(p): n for n, (p, _) in files.items()}))
@@ -63,8 +91,10 @@ def quality(distances: list[float], tmp: Path) -> None:
     from tests.fixtures.generate import corpus_scores
 
     out, arts, truths, seconds = diarize_corpus(tmp)
-    print(f"quality: {len(arts)} files, {sum(a.duration_s for a in arts.values()):.0f} s of audio diarized in "
-          f"{seconds:.1f} s; speakers per file: {', '.join(f'{n} {len(a.speakers)}' for n, a in arts.items())}")
+    print(
+        f"quality: {len(arts)} files, {sum(a.duration_s for a in arts.values()):.0f} s of audio diarized in "
+        f"{seconds:.1f} s; speakers per file: {', '.join(f'{n} {len(a.speakers)}' for n, a in arts.items())}"
+    )
     voices = {n: read_voices(out / n, n) for n in arts}
     print(f"{'distance':>8} {'mode':>12} {'speakers':>8} {'purity':>7} {'coverage':>8}  split / merged")
     for distance in distances:
@@ -74,8 +104,10 @@ def quality(distances: list[float], tmp: Path) -> None:
             corpus = assign(corpus, voices[n], distance).corpus
         for mode, c in (("all at once", at_once), ("file by file", corpus)):
             s = corpus_scores(c, arts, truths)
-            print(f"{distance:>8.2f} {mode:>12} {s['speakers']:>8} {s['purity']:>7.3f} {s['coverage']:>8.3f}  "
-                  f"{','.join(s['split']) or '-'} / {','.join(s['merged']) or '-'}")
+            print(
+                f"{distance:>8.2f} {mode:>12} {s['speakers']:>8} {s['purity']:>7.3f} {s['coverage']:>8.3f}  "
+                f"{','.join(s['split']) or '-'} / {','.join(s['merged']) or '-'}"
+            )
 
 
 def synthesise(out: Path, inputs: int, seed: int = 0, first: int = 0) -> None:
@@ -95,11 +127,24 @@ def synthesise(out: Path, inputs: int, seed: int = 0, first: int = 0) -> None:
         for label, p in (("SPEAKER_00", a), ("SPEAKER_01", b)):
             v = people[p] + 0.03 * rng.standard_normal(192)
             voices[label] = [float(x) for x in v / np.linalg.norm(v)]
-        turns = [SpeakerTurn(start=10.0 * k, end=10.0 * k + 9.0, speaker=f"SPEAKER_0{k % 2}") for k in range(60)]
-        save_model(DiarizationArtifact(item_id=item, fingerprint=f"fp{n}", source=f"/media/{item}.wav", turns=turns,
-                                       model="synthetic", requested_model="embedded", device="cpu", duration_s=600.0,
-                                       voices=voices, voice_encoder="campplus:synthetic"),
-                   out / item / "diarization.json")
+        turns = [
+            SpeakerTurn(start=10.0 * k, end=10.0 * k + 9.0, speaker=f"SPEAKER_0{k % 2}") for k in range(60)
+        ]
+        save_model(
+            DiarizationArtifact(
+                item_id=item,
+                fingerprint=f"fp{n}",
+                source=f"/media/{item}.wav",
+                turns=turns,
+                model="synthetic",
+                requested_model="embedded",
+                device="cpu",
+                duration_s=600.0,
+                voices=voices,
+                voice_encoder="campplus:synthetic",
+            ),
+            out / item / "diarization.json",
+        )
         ids[f"/media/{item}.wav"] = item
     (out / ".ids.json").write_text(json.dumps(ids))
 

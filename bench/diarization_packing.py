@@ -26,11 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.asr_packing import decode, make_clips  # noqa: E402
+from bench.asr_packing import decode, make_clips
 
 
-def diarize(audio_jsons: list[Path], out: Path, batch_size: int, device: str, one_by_one: bool
-            ) -> tuple[float, dict[str, list]]:
+def diarize(
+    audio_jsons: list[Path], out: Path, batch_size: int, device: str, one_by_one: bool
+) -> tuple[float, dict[str, list]]:
     """Compute seconds summed over the requests, and each input's turns."""
     from contracts import DiarizationArtifact, StageRequest, WorkItem, load_artifact
     from orchestrator.registry import stage_settings
@@ -38,19 +39,37 @@ def diarize(audio_jsons: list[Path], out: Path, batch_size: int, device: str, on
     from stages.diarization import STAGE
 
     out.mkdir(parents=True, exist_ok=True)
-    items = [WorkItem(id=p.name.split(".")[0], inputs={"audio": str(p)}, output=str(out / f"{p.name.split('.')[0]}.json"),
-                      fingerprint="x") for p in audio_jsons]
+    items = [
+        WorkItem(
+            id=p.name.split(".")[0],
+            inputs={"audio": str(p)},
+            output=str(out / f"{p.name.split('.')[0]}.json"),
+            fingerprint="x",
+        )
+        for p in audio_jsons
+    ]
     settings = stage_settings("diarization", Settings(diarization_model="embedded")).model_dump(mode="json")
     groups = [[item] for item in items] if one_by_one else [items]
     compute, turns = 0.0, {}
     for n, group in enumerate(groups):
-        result = STAGE.run(StageRequest(request_id=f"d{n}", stage="diarization", module="stages.diarization",
-                                        batch_size=batch_size, device=device, settings=settings,
-                                        result_path=str(out / "r.json"), items=group))
+        result = STAGE.run(
+            StageRequest(
+                request_id=f"d{n}",
+                stage="diarization",
+                module="stages.diarization",
+                batch_size=batch_size,
+                device=device,
+                settings=settings,
+                result_path=str(out / "r.json"),
+                items=group,
+            )
+        )
         assert all(r.ok for r in result.items), [r.error for r in result.items if not r.ok]
         compute += result.compute_s
         for r in result.items:
-            turns[r.id] = [(t.start, t.end, t.speaker) for t in load_artifact(r.output, DiarizationArtifact).turns]
+            turns[r.id] = [
+                (t.start, t.end, t.speaker) for t in load_artifact(r.output, DiarizationArtifact).turns
+            ]
     return compute, turns
 
 
@@ -70,14 +89,17 @@ def main() -> None:
         turns = {}
         for r in range(args.rounds):
             for mode in best:
-                s, turns[mode] = diarize(audio, work / f"{mode}-{r}", args.batch_size, args.device,
-                                         one_by_one=mode == "per input")
+                s, turns[mode] = diarize(
+                    audio, work / f"{mode}-{r}", args.batch_size, args.device, one_by_one=mode == "per input"
+                )
                 best[mode] = min(best[mode], s)
         same = turns["per input"] == turns["packed"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{args.clips} clips, {seconds:.0f} s of audio; embedded diarizer, {args.device}, batch size "
-          f"{args.batch_size}, best of {args.rounds}\n")
+    print(
+        f"\n{args.clips} clips, {seconds:.0f} s of audio; embedded diarizer, {args.device}, batch size "
+        f"{args.batch_size}, best of {args.rounds}\n"
+    )
     print(f"{'mode':<12} {'compute':>9} {'vs per input':>13}")
     for mode, s in best.items():
         print(f"{mode:<12} {s:>8.1f}s {best['per input'] / s:>12.2f}x")

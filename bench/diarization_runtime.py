@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT  # noqa: E402
+from bench.common import ROOT
 
 SPEAKERS = ROOT / "tests" / "fixtures" / "media" / "speakers"
 RUNTIMES = ("torch", "onnx")
@@ -96,11 +96,15 @@ def main() -> int:
                 t0 = time.perf_counter()
                 turns[runtime, name] = diarization.relabel(diarizer(samples))
                 best[runtime, name] = min(best[runtime, name], time.perf_counter() - t0)
-    print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, batch size {args.batch_size}, best of {args.rounds}; "
-          f"{', '.join(f'{r}: {d.runtime}' for r, d in diarizers.items())}\n")
-    print(f"{'audio':<18} {'audio s':>8} {'torch s':>8} {'onnx s':>8} {'speed-up':>9} {'DER torch':>10} "
-          f"{'DER onnx':>9} {'same turns':>11}")
+    print(
+        f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, batch size {args.batch_size}, best of {args.rounds}; "
+        f"{', '.join(f'{r}: {d.runtime}' for r, d in diarizers.items())}\n"
+    )
+    print(
+        f"{'audio':<18} {'audio s':>8} {'torch s':>8} {'onnx s':>8} {'speed-up':>9} {'DER torch':>10} "
+        f"{'DER onnx':>9} {'same turns':>11}"
+    )
     total = {r: 0.0 for r in RUNTIMES}
     for name, samples, ref in rows:
         der = {}
@@ -110,13 +114,20 @@ def main() -> int:
                 hyp = Annotation()
                 for t in turns[runtime, name]:
                     hyp[Segment(t.start, t.end)] = t.speaker
-                der[runtime] = f"{DiarizationErrorRate(collar=0.0)(ref, hyp, uem=Segment(0, samples.size / 16000)):.1%}"
-        same = [(t.start, t.end, t.speaker) for t in turns["torch", name]] == \
-               [(t.start, t.end, t.speaker) for t in turns["onnx", name]]
-        print(f"{name:<18} {samples.size / 16000:>8.1f} {best['torch', name]:>8.2f} {best['onnx', name]:>8.2f} "
-              f"{best['torch', name] / best['onnx', name]:>8.2f}x {der.get('torch', '-'):>10} {der.get('onnx', '-'):>9} "
-              f"{str(same):>11}")
-    print(f"\nall: torch {total['torch']:.1f} s, onnx {total['onnx']:.1f} s: {total['torch'] / total['onnx']:.2f}x")
+                der[runtime] = (
+                    f"{DiarizationErrorRate(collar=0.0)(ref, hyp, uem=Segment(0, samples.size / 16000)):.1%}"
+                )
+        same = [(t.start, t.end, t.speaker) for t in turns["torch", name]] == [
+            (t.start, t.end, t.speaker) for t in turns["onnx", name]
+        ]
+        print(
+            f"{name:<18} {samples.size / 16000:>8.1f} {best['torch', name]:>8.2f} {best['onnx', name]:>8.2f} "
+            f"{best['torch', name] / best['onnx', name]:>8.2f}x {der.get('torch', '-'):>10} {der.get('onnx', '-'):>9} "
+            f"{str(same):>11}"
+        )
+    print(
+        f"\nall: torch {total['torch']:.1f} s, onnx {total['onnx']:.1f} s: {total['torch'] / total['onnx']:.2f}x"
+    )
     return 0
 
 

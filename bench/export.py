@@ -23,8 +23,17 @@ from bench.common import ROOT
 
 def build(run: Path, out: Path, inputs: int) -> None:
     item = next(p.parent for p in run.glob("*/transcript.json"))
-    names = [n for n in ("transcript.json", "diarization.json", "speaker_embeddings.json", "speaker_embeddings.npy",
-                         "audio.ogg") if (item / n).exists()]
+    names = [
+        n
+        for n in (
+            "transcript.json",
+            "diarization.json",
+            "speaker_embeddings.json",
+            "speaker_embeddings.npy",
+            "audio.ogg",
+        )
+        if (item / n).exists()
+    ]
     ids, journal = {}, []
     for n in range(inputs):
         target = out / f"talk{n:04d}"
@@ -32,8 +41,16 @@ def build(run: Path, out: Path, inputs: int) -> None:
         for name in names:
             shutil.copyfile(item / name, target / name)
         ids[f"/corpus/talk{n:04d}.mp4"] = target.name
-        journal.append(json.dumps({"item": target.name, "stage": "outputs", "status": "ok",
-                                   "summary": {"notes": [], "duration_s": 18.0}}))
+        journal.append(
+            json.dumps(
+                {
+                    "item": target.name,
+                    "stage": "outputs",
+                    "status": "ok",
+                    "summary": {"notes": [], "duration_s": 18.0},
+                }
+            )
+        )
     (out / ".ids.json").write_text(json.dumps(ids))
     (out / "journal.jsonl").write_text("\n".join(journal) + "\n")
 
@@ -41,7 +58,9 @@ def build(run: Path, out: Path, inputs: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--inputs", type=int, default=1000)
-    parser.add_argument("--run", type=Path, help="an output folder of a finished run (default: process one now)")
+    parser.add_argument(
+        "--run", type=Path, help="an output folder of a finished run (default: process one now)"
+    )
     parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench-export")
     parser.add_argument("--formats", default="srt,vtt,txt,html;all")
     args = parser.parse_args()
@@ -49,17 +68,35 @@ def main() -> None:
     run = args.run
     if run is None:
         run = args.work / "run"
-        subprocess.run([sys.executable, "-m", "orchestrator.cli", "process", "-q", "-o", str(run),
-                        str(ROOT / "tests/fixtures/media/speakers/host_guest.mp4")], cwd=ROOT, check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "orchestrator.cli",
+                "process",
+                "-q",
+                "-o",
+                str(run),
+                str(ROOT / "tests/fixtures/media/speakers/host_guest.mp4"),
+            ],
+            cwd=ROOT,
+            check=True,
+        )
     out = args.work / "out"
     build(run, out, args.inputs)
-    words = sum(len(s.get("words") or []) for s in json.loads(
-        next(run.glob("*/transcript.json")).read_text())["segments"])
+    words = sum(
+        len(s.get("words") or [])
+        for s in json.loads(next(run.glob("*/transcript.json")).read_text())["segments"]
+    )
     print(f"{args.inputs} inputs of {words} words each")
     for formats in args.formats.split(";"):
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "export", str(out), "-f", formats],
-                              cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", "export", str(out), "-f", formats],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         wall = time.perf_counter() - started
         if done.returncode != 0:
             raise SystemExit(done.stderr)

@@ -53,8 +53,10 @@ def main() -> int:
         print(f"gpu_check: needs an NVIDIA GPU with NVML; none here: {reason}", file=sys.stderr)
         return 2
     for d in snapshot.devices:
-        print(f"GPU {d.index}: {d.name}, {_gib(d.total_mib)} total, {_gib(d.used_mib)} used before the run "
-              f"(driver {snapshot.driver})")
+        print(
+            f"GPU {d.index}: {d.name}, {_gib(d.total_mib)} total, {_gib(d.used_mib)} used before the run "
+            f"(driver {snapshot.driver})"
+        )
 
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     try:
@@ -64,8 +66,14 @@ def main() -> int:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(args.source, target)
             inputs.append(target)
-        settings = Settings(output_dir=work / "out", device=args.device, asr_model=args.asr_model,
-                            embedding_profile=args.embedding_profile, gpu_sample_s=0.1, memory_every_item=True)
+        settings = Settings(
+            output_dir=work / "out",
+            device=args.device,
+            asr_model=args.asr_model,
+            embedding_profile=args.embedding_profile,
+            gpu_sample_s=0.1,
+            memory_every_item=True,
+        )
         with Orchestrator(settings) as orch:
             report = orch.process(inputs)
         events = read_events(perf_log_path(settings.output_dir, report.run_id))
@@ -74,8 +82,10 @@ def main() -> int:
         checks = {(e.stage, e.attempt): e for e in events if e.event == "gpu_check"}
 
         print(f"\nrun {report.run_id}: {report.ok} ok, {report.failed} failed")
-        header = f"{'stage':<11} {'try':>3} {'batch':>5} {'outcome':<8} {'device':<7} {'peak torch':>11} " \
-                 f"{'peak NVML':>11} {'after exit':>12} {'device before -> after':>24}"
+        header = (
+            f"{'stage':<11} {'try':>3} {'batch':>5} {'outcome':<8} {'device':<7} {'peak torch':>11} "
+            f"{'peak NVML':>11} {'after exit':>12} {'device before -> after':>24}"
+        )
         print(header)
         print("-" * len(header))
         rows = []
@@ -85,27 +95,54 @@ def main() -> int:
             before_after = "—"
             if check is not None:
                 before_after = f"{check.baseline_used_mib or 0:.0f} -> {check.device_used_mib:.0f} MiB"
-            print(f"{s.stage:<11} {s.attempt:>3} {s.batch_size or 0:>5} {s.outcome or '?':<8} {s.device or '?':<7} "
-                  f"{_gib(s.peak_vram_mb):>11} {_gib(s.gpu_process_peak_mib):>11} {after:>12} {before_after:>24}"
-                  + (f"  LEAK: {s.gpu_leak}" if s.gpu_leak else ""))
-            rows.append({"stage": s.stage, "attempt": s.attempt, "batch_size": s.batch_size, "outcome": s.outcome,
-                         "device": s.device, "peak_torch_mib": s.peak_vram_mb, "peak_nvml_mib": s.gpu_process_peak_mib,
-                         "tree_after_exit_mib": s.gpu_tree_after_mib, "device_after_mib": check.device_used_mib if check else None,
-                         "device_before_mib": check.baseline_used_mib if check else None,
-                         "leak": s.gpu_leak})
+            print(
+                f"{s.stage:<11} {s.attempt:>3} {s.batch_size or 0:>5} {s.outcome or '?':<8} {s.device or '?':<7} "
+                f"{_gib(s.peak_vram_mb):>11} {_gib(s.gpu_process_peak_mib):>11} {after:>12} {before_after:>24}"
+                + (f"  LEAK: {s.gpu_leak}" if s.gpu_leak else "")
+            )
+            rows.append(
+                {
+                    "stage": s.stage,
+                    "attempt": s.attempt,
+                    "batch_size": s.batch_size,
+                    "outcome": s.outcome,
+                    "device": s.device,
+                    "peak_torch_mib": s.peak_vram_mb,
+                    "peak_nvml_mib": s.gpu_process_peak_mib,
+                    "tree_after_exit_mib": s.gpu_tree_after_mib,
+                    "device_after_mib": check.device_used_mib if check else None,
+                    "device_before_mib": check.baseline_used_mib if check else None,
+                    "leak": s.gpu_leak,
+                }
+            )
         proof = [r for r in rows if r["tree_after_exit_mib"] is not None]
         zero = all(r["tree_after_exit_mib"] == 0 for r in proof) and bool(proof)
-        print(f"\n0 MiB proof: {'every' if zero else 'NOT every'} stage child left 0 MiB held by our process tree "
-              f"({len(proof)} checked)")
+        print(
+            f"\n0 MiB proof: {'every' if zero else 'NOT every'} stage child left 0 MiB held by our process tree "
+            f"({len(proof)} checked)"
+        )
         largest = f"{_gib(peaks.largest_stage_mib)} ({peaks.largest_stage})" if peaks.largest_stage else "—"
-        print(f"peak VRAM of the run (device, NVML, all processes): {_gib(peaks.device_peak_mib)}; "
-              f"largest single stage (its own peak): {largest}")
+        print(
+            f"peak VRAM of the run (device, NVML, all processes): {_gib(peaks.device_peak_mib)}; "
+            f"largest single stage (its own peak): {largest}"
+        )
         if args.json:
-            args.json.write_text(json.dumps({"gpus": snapshot.model_dump(mode="json"), "run_id": report.run_id,
-                                             "ok": report.ok, "failed": report.failed, "stages": rows,
-                                             "zero_mib_proof": zero, "run_device_peak_mib": peaks.device_peak_mib,
-                                             "largest_stage_mib": peaks.largest_stage_mib,
-                                             "largest_stage": peaks.largest_stage}, indent=2))
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "gpus": snapshot.model_dump(mode="json"),
+                        "run_id": report.run_id,
+                        "ok": report.ok,
+                        "failed": report.failed,
+                        "stages": rows,
+                        "zero_mib_proof": zero,
+                        "run_device_peak_mib": peaks.device_peak_mib,
+                        "largest_stage_mib": peaks.largest_stage_mib,
+                        "largest_stage": peaks.largest_stage,
+                    },
+                    indent=2,
+                )
+            )
         return 0 if zero and report.failed == 0 else 1
     finally:
         if args.keep:

@@ -47,8 +47,13 @@ def english_set() -> dict[str, tuple[Path, str]]:
 
 
 def other_set() -> dict[str, tuple[Path, str]]:
-    return {f"{lang}.ogg": (MEDIA / "languages" / f"{lang}.ogg", (MEDIA / "languages" / f"{lang}.txt").read_text())
-            for lang in ("de", "es", "fr")}
+    return {
+        f"{lang}.ogg": (
+            MEDIA / "languages" / f"{lang}.ogg",
+            (MEDIA / "languages" / f"{lang}.txt").read_text(),
+        )
+        for lang in ("de", "es", "fr")
+    }
 
 
 def run_one(model, samples, multilingual: bool):
@@ -77,13 +82,24 @@ def main() -> int:
     from tests.conftest import wer
 
     english, other = english_set(), other_set()
-    audio = {name: decode_audio(str(path), sampling_rate=16000) for name, (path, _) in {**english, **other}.items()}
-    models = {"tiny.en (embedded)": (str(embedded_model_path()), False),
-              "whisper-base (embedded)": (str(whisper_base_path()), True)}
+    audio = {
+        name: decode_audio(str(path), sampling_rate=16000) for name, (path, _) in {**english, **other}.items()
+    }
+    models = {
+        "tiny.en (embedded)": (str(embedded_model_path()), False),
+        "whisper-base (embedded)": (str(whisper_base_path()), True),
+    }
     rows = {}
     for label, (path, multilingual) in models.items():
-        model = whisperx_asr.load_model(path, "cpu", compute_type="int8", language=None if multilingual else "en",
-                                        vad_method="pyannote", local_files_only=True, threads=args.threads)
+        model = whisperx_asr.load_model(
+            path,
+            "cpu",
+            compute_type="int8",
+            language=None if multilingual else "en",
+            vad_method="pyannote",
+            local_files_only=True,
+            threads=args.threads,
+        )
         run_one(model, audio["speech.wav"], multilingual)  # warm-up
         scores = {}
         for name, (_, reference) in {**english, **(other if multilingual else {})}.items():
@@ -107,7 +123,9 @@ def main() -> int:
     for name in (*english, *other):
         cells = []
         for scores, _, _ in rows.values():
-            cells.append(f"{scores[name][0]:19.1%} ({scores[name][1] or '?'})" if name in scores else f"{'-':>26}")
+            cells.append(
+                f"{scores[name][0]:19.1%} ({scores[name][1] or '?'})" if name in scores else f"{'-':>26}"
+            )
         print(f"{name:18} " + " ".join(f"{c:>26}" for c in cells))
     return 0
 

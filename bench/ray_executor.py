@@ -24,18 +24,34 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, copies  # noqa: E402
+from bench.common import ROOT, copies
 
 
-def run(sources: list[str], out: Path, executor: str, chunk_size: int, speakers: bool, parallel: int,
-        prefetch: bool = True):
+def run(
+    sources: list[str],
+    out: Path,
+    executor: str,
+    chunk_size: int,
+    speakers: bool,
+    parallel: int,
+    prefetch: bool = True,
+):
     from orchestrator import Orchestrator, Settings
     from orchestrator.run.pipeline import make_executor
     from orchestrator.run.progress import Progress
 
-    settings = Settings(output_dir=out, embedding_profile="embedded", device="cpu", chunk_size=chunk_size,
-                        speakers=speakers, executor=executor, parallel_chunks=parallel, ray_num_cpus=os.cpu_count(),
-                        ray_cpus_per_task=os.cpu_count(), prefetch=prefetch)  # like the local child: the whole machine (Ray sets
+    settings = Settings(
+        output_dir=out,
+        embedding_profile="embedded",
+        device="cpu",
+        chunk_size=chunk_size,
+        speakers=speakers,
+        executor=executor,
+        parallel_chunks=parallel,
+        ray_num_cpus=os.cpu_count(),
+        ray_cpus_per_task=os.cpu_count(),
+        prefetch=prefetch,
+    )  # like the local child: the whole machine (Ray sets
     # OMP_NUM_THREADS to the task's CPUs)
     t0 = time.perf_counter()
     backend = make_executor(settings)
@@ -62,32 +78,44 @@ def main() -> None:
     parser.add_argument("--videos", type=int, default=50)
     parser.add_argument("--chunk-size", type=int, default=25)
     parser.add_argument("--source", type=Path, default=ROOT / "tests/fixtures/media/speech.mp4")
-    parser.add_argument("--speakers", action="store_true", help="also diarize (off: ASR + alignment + embeddings)")
+    parser.add_argument(
+        "--speakers", action="store_true", help="also diarize (off: ASR + alignment + embeddings)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     try:
         sources = copies(args.source, work / "in", args.videos)
         local_wall, _, local = run(sources, work / "local", "local", args.chunk_size, args.speakers, 1)
-        cold_wall, _, cold = run(sources, work / "cold", "local", args.chunk_size, args.speakers, 1, prefetch=False)
+        cold_wall, _, cold = run(
+            sources, work / "cold", "local", args.chunk_size, args.speakers, 1, prefetch=False
+        )
         ray_wall, ray_start, ray = run(sources, work / "ray", "ray", args.chunk_size, args.speakers, 1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()
-    print(f"\n{args.videos} copies of {args.source.name}, chunks of {args.chunk_size}, one chunk at a time, CPU, "
-          f"embedded models, speakers {'on' if args.speakers else 'off'}; load average {load[0]:.1f}\n")
+    print(
+        f"\n{args.videos} copies of {args.source.name}, chunks of {args.chunk_size}, one chunk at a time, CPU, "
+        f"embedded models, speakers {'on' if args.speakers else 'off'}; load average {load[0]:.1f}\n"
+    )
     print(f"{'executor':<22} {'wall':>9} {'audio h/h':>10} {'tasks':>6}")
     runs = (("local", local_wall, local), ("local, no warm start", cold_wall, cold), ("ray", ray_wall, ray))
     for name, wall, report in runs:
         tasks = sum(len(s.attempts) for s in report.stages)
         print(f"{name:<22} {wall:>8.1f}s {report.audio_s / wall:>10.1f} {tasks:>6}")
-    print(f"\nray / local: {ray_wall / local_wall:.3f}x; ray / local without warm start: {ray_wall / cold_wall:.3f}x "
-          f"(ray cluster start-up, not included: {ray_start:.1f}s)")
+    print(
+        f"\nray / local: {ray_wall / local_wall:.3f}x; ray / local without warm start: {ray_wall / cold_wall:.3f}x "
+        f"(ray cluster start-up, not included: {ray_start:.1f}s)"
+    )
     print("\nper stage task, seconds (no warm start on either side, so the child imports everything itself):")
-    print(f"{'stage':<12} {'task wall local':>16} {'task wall ray':>14} {'ray extra':>10} {'import':>8} {'compute':>8}")
+    print(
+        f"{'stage':<12} {'task wall local':>16} {'task wall ray':>14} {'ray extra':>10} {'import':>8} {'compute':>8}"
+    )
     walls = {name: _per_stage(r) for name, r in (("cold", cold), ("ray", ray))}
     for stage, (wall, imp, comp) in walls["cold"].items():
         ray_wall_s = walls["ray"][stage][0]
-        print(f"{stage:<12} {wall:>15.2f}s {ray_wall_s:>13.2f}s {ray_wall_s - wall:>9.2f}s {imp:>7.2f}s {comp:>7.2f}s")
+        print(
+            f"{stage:<12} {wall:>15.2f}s {ray_wall_s:>13.2f}s {ray_wall_s - wall:>9.2f}s {imp:>7.2f}s {comp:>7.2f}s"
+        )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,12 @@ def run(inputs: Path, out: Path) -> tuple[float, int, dict]:
     runs = out / ".runs"
     before = set(runs.iterdir()) if runs.is_dir() else set()
     started = time.perf_counter()
-    done = subprocess.run([str(ROOT / "bin" / "pipeline"), "process", str(inputs), "--output", str(out),
-                           "--no-speakers", "-q"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [str(ROOT / "bin" / "pipeline"), "process", str(inputs), "--output", str(out), "--no-speakers", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - started
     if done.returncode != 0:
         sys.exit(f"pipeline exited {done.returncode}: {done.stderr[-2000:]}")
@@ -61,12 +65,16 @@ def main() -> None:
         make_inputs(inputs, args.inputs, args.seconds)
         first_s, first_children, first = run(inputs, out)
         again_s, again_children, again = run(inputs, out)
-    reused = sum(all(s["status"] == "reused" for s in item["stages"].values()) or not item["stages"]
-                 for item in again["inputs"])
+    reused = sum(
+        all(s["status"] == "reused" for s in item["stages"].values()) or not item["stages"]
+        for item in again["inputs"]
+    )
     print(f"inputs: {args.inputs} (complete after the first run: {first['ok']})")
     print(f"first run:  {first_s:8.1f} s, {first_children} stage children")
-    print(f"rerun:      {again_s:8.1f} s, {again_children} stage children, {again['ok']} ok, "
-          f"{reused} with nothing redone")
+    print(
+        f"rerun:      {again_s:8.1f} s, {again_children} stage children, {again['ok']} ok, "
+        f"{reused} with nothing redone"
+    )
     print(f"goal: rerun under 5 s -> {'met' if again_s < 5 else 'NOT met'}")
 
 

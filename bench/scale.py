@@ -34,8 +34,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ENV = {**os.environ, "ASR_MODEL": "embedded", "PIPELINE_ALLOW_HUB": "false", "PIPELINE_SPEAKERS": "false",
-       "EMBEDDING_PROFILE": "embedded"}
+ENV = {
+    **os.environ,
+    "ASR_MODEL": "embedded",
+    "PIPELINE_ALLOW_HUB": "false",
+    "PIPELINE_SPEAKERS": "false",
+    "EMBEDDING_PROFILE": "embedded",
+}
 
 
 def make_corpus(root: Path, count: int) -> None:
@@ -61,8 +66,9 @@ def pipeline(*args: str) -> tuple[float, float, subprocess.CompletedProcess]:
     (bin/pipeline execs Python in the same pid: its VmHWM, read until it exits, is the parent's peak)."""
     started = time.perf_counter()
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
-        proc = subprocess.Popen([str(ROOT / "bin" / "pipeline"), *args], stdout=stdout, stderr=stderr, text=True,
-                                env=ENV)
+        proc = subprocess.Popen(
+            [str(ROOT / "bin" / "pipeline"), *args], stdout=stdout, stderr=stderr, text=True, env=ENV
+        )
         peak_kib = 0
         while proc.poll() is None:
             try:
@@ -103,8 +109,14 @@ def main() -> None:
         pipeline("process", str(clip), "--output", str(template_out), "-q")
         template = template_out / "clip"
 
-        settings = Settings(_env_file=None, output_dir=out, asr_model="embedded", allow_hub=False, speakers=False,
-                            embedding_profile="embedded")
+        settings = Settings(
+            _env_file=None,
+            output_dir=out,
+            asr_model="embedded",
+            allow_hub=False,
+            speakers=False,
+            embedding_profile="embedded",
+        )
         with Orchestrator(settings) as orch:
             specs = orch.stage_specs()
             clock = time.perf_counter()
@@ -122,16 +134,22 @@ def main() -> None:
         for inp in inputs:
             inp.directory.mkdir(parents=True, exist_ok=True)
             for spec in kept:
-                artifact = models[spec.kind].model_copy(update={"item_id": inp.id,
-                                                                "fingerprint": inp.fingerprints[spec.name]})
+                artifact = models[spec.kind].model_copy(
+                    update={"item_id": inp.id, "fingerprint": inp.fingerprints[spec.name]}
+                )
                 (inp.directory / f"{spec.kind}.json").write_text(artifact.model_dump_json())
             (inp.directory / "embeddings.npy").write_bytes(npy)
-        print(f"completed the output folder in {time.perf_counter() - clock:.1f} s (not timed below)", flush=True)
+        print(
+            f"completed the output folder in {time.perf_counter() - clock:.1f} s (not timed below)",
+            flush=True,
+        )
 
         dry, dry_rss, done = pipeline("process", str(corpus), "--output", str(out), "--dry-run")
         assert f"{args.inputs:,} complete" in done.stdout, done.stdout
-        print(f"--dry-run: {dry:.1f} s wall (its own planning: {done.stdout.split('planned in ')[1].split(';')[0]})",
-              flush=True)
+        print(
+            f"--dry-run: {dry:.1f} s wall (its own planning: {done.stdout.split('planned in ')[1].split(';')[0]})",
+            flush=True,
+        )
         first, first_rss, _ = pipeline("process", str(corpus), "--output", str(out), "-q")
         report = json.loads((out / "run-report.json").read_text())
         runs = sorted((out / ".runs").iterdir())
@@ -144,10 +162,14 @@ def main() -> None:
         print(f"\n| {args.inputs:,} inputs | seconds | goal |\n|---|---:|---:|")
         print(f"| planning (in process) | {planning:.1f} | < 20 |")
         print(f"| `--dry-run` (whole command) | {dry:.1f} | |")
-        print(f"| first rerun: outputs step for every input (the folder was made without a run) | {first:.1f} | |")
+        print(
+            f"| first rerun: outputs step for every input (the folder was made without a run) | {first:.1f} | |"
+        )
         print(f"| resume check of the complete folder (whole command) | {again:.1f} | < 30 |")
-        print(f"| parent peak RSS, MiB: dry run / first rerun / resume check | {dry_rss:.0f} / {first_rss:.0f} / "
-              f"{again_rss:.0f} | < 1024 |")
+        print(
+            f"| parent peak RSS, MiB: dry run / first rerun / resume check | {dry_rss:.0f} / {first_rss:.0f} / "
+            f"{again_rss:.0f} | < 1024 |"
+        )
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -34,9 +34,16 @@ def _request(tmp: Path, stage: str, items, batch_size: int, device: str, **setti
     from contracts import StageRequest
     from orchestrator.registry import stage_settings
 
-    return StageRequest(request_id=stage, stage=stage, module=f"stages.{stage}", items=items, batch_size=batch_size,
-                        device=device, settings=stage_settings(stage, **settings).model_dump(mode="json"),
-                        result_path=str(tmp / f"{stage}.result.json"))
+    return StageRequest(
+        request_id=stage,
+        stage=stage,
+        module=f"stages.{stage}",
+        items=items,
+        batch_size=batch_size,
+        device=device,
+        settings=stage_settings(stage, **settings).model_dump(mode="json"),
+        result_path=str(tmp / f"{stage}.result.json"),
+    )
 
 
 def _rttm(name: str):
@@ -53,27 +60,76 @@ def prepare(tmp: Path, copies: int, device: str):
     from stages.audio import AudioStage
     from stages.voice_profile import VoiceProfileStage
 
-    AudioStage().run(_request(tmp, "audio", [
-        WorkItem(id=n, inputs={"source": str(SPEAKERS / f"{n}.mp4")}, output=str(tmp / n / "audio.json"),
-                 fingerprint="b") for n in DIALOGUES], 1, device))
+    AudioStage().run(
+        _request(
+            tmp,
+            "audio",
+            [
+                WorkItem(
+                    id=n,
+                    inputs={"source": str(SPEAKERS / f"{n}.mp4")},
+                    output=str(tmp / n / "audio.json"),
+                    fingerprint="b",
+                )
+                for n in DIALOGUES
+            ],
+            1,
+            device,
+        )
+    )
     clusters = {"Host": "SPEAKER_00", "Guest": "SPEAKER_01", "Stranger": "SPEAKER_01"}
     for n in DIALOGUES:
         turns = [SpeakerTurn(start=s, end=e, speaker=clusters[label]) for s, e, label in _rttm(n)]
-        save_model(DiarizationArtifact(item_id=n, fingerprint="b", source=n, turns=turns, model="reference",
-                                       requested_model="reference", device=device, duration_s=20.0),
-                   tmp / n / "diarization.json")
+        save_model(
+            DiarizationArtifact(
+                item_id=n,
+                fingerprint="b",
+                source=n,
+                turns=turns,
+                model="reference",
+                requested_model="reference",
+                device=device,
+                duration_s=20.0,
+            ),
+            tmp / n / "diarization.json",
+        )
     profiles = tmp / "profiles"
     stage = VoiceProfileStage()
-    for name, clips in {"Host": ["host_enroll_1.wav", "host_enroll_2.wav"], "Guest": ["guest_enroll_1.wav"]}.items():
-        stage.run(_request(profiles, "voice_profile", [
-            WorkItem(id=name, inputs={f"clip{i}": str(SPEAKERS / c) for i, c in enumerate(clips)},
-                     output=str(profiles / f"{name}.json"), fingerprint="b")], 4, device, name=name))
+    for name, clips in {
+        "Host": ["host_enroll_1.wav", "host_enroll_2.wav"],
+        "Guest": ["guest_enroll_1.wav"],
+    }.items():
+        stage.run(
+            _request(
+                profiles,
+                "voice_profile",
+                [
+                    WorkItem(
+                        id=name,
+                        inputs={f"clip{i}": str(SPEAKERS / c) for i, c in enumerate(clips)},
+                        output=str(profiles / f"{name}.json"),
+                        fingerprint="b",
+                    )
+                ],
+                4,
+                device,
+                name=name,
+            )
+        )
     items = []
     for copy in range(copies):
         for n in DIALOGUES:
-            items.append(WorkItem(id=f"{n}-{copy}", inputs={"diarization": str(tmp / n / "diarization.json"),
-                                                            "audio": str(tmp / n / "audio.json")},
-                                  output=str(tmp / "emb" / f"{n}-{copy}.json"), fingerprint="b"))
+            items.append(
+                WorkItem(
+                    id=f"{n}-{copy}",
+                    inputs={
+                        "diarization": str(tmp / n / "diarization.json"),
+                        "audio": str(tmp / n / "audio.json"),
+                    },
+                    output=str(tmp / "emb" / f"{n}-{copy}.json"),
+                    fingerprint="b",
+                )
+            )
     return profiles, items
 
 
@@ -84,11 +140,16 @@ def bench_enrollment(tmp: Path, profiles: Path, items, batch_sizes, device: str,
     speakers = 2 * len(items)
     rows = []
     # warm-up, untimed: the first forward pass of each input length builds oneDNN kernels
-    EnrollmentStage().run(_request(tmp, "enrollment", items[:len(DIALOGUES)], 4, device, profiles_dir=str(profiles)))
+    EnrollmentStage().run(
+        _request(tmp, "enrollment", items[: len(DIALOGUES)], 4, device, profiles_dir=str(profiles))
+    )
     for batch in batch_sizes:
         best = None
-        for _ in range(repeat):  # the fastest of `repeat` runs: on a shared machine others' load only adds time
-            result = EnrollmentStage().run(_request(tmp, "enrollment", items, batch, device, profiles_dir=str(profiles)))
+        # the fastest of `repeat` runs: on a shared machine others' load only adds time
+        for _ in range(repeat):
+            result = EnrollmentStage().run(
+                _request(tmp, "enrollment", items, batch, device, profiles_dir=str(profiles))
+            )
             assert all(r.ok for r in result.items), result.items
             best = result.compute_s if best is None else min(best, result.compute_s)
         rows.append((batch, best, segments / best, speakers / best))
@@ -131,14 +192,24 @@ def bench_diarization(tmp: Path, device: str, batch: int, repeat: int):
         for t in turns:
             hyp[Segment(t.start, t.end)] = t.speaker
         der = DiarizationErrorRate(collar=0.0)(ref, hyp, uem=Segment(0, samples.size / 16000))
-        out.append((name, samples.size / 16000, seconds, seconds / (samples.size / 16000),
-                    len({t.speaker for t in turns}), der))
+        out.append(
+            (
+                name,
+                samples.size / 16000,
+                seconds,
+                seconds / (samples.size / 16000),
+                len({t.speaker for t in turns}),
+                der,
+            )
+        )
     return load_s, out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--copies", type=int, default=4, help="copies of each dialogue for the enrollment bench")
+    parser.add_argument(
+        "--copies", type=int, default=4, help="copies of each dialogue for the enrollment bench"
+    )
     parser.add_argument("--batch-sizes", default="1,2,4,8,16")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; the fastest is printed")
@@ -150,11 +221,15 @@ def main() -> int:
 
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-speakers-"))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, fastest of {args.repeat}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, fastest of {args.repeat}"
+    )
     profiles, items = prepare(tmp, args.copies, args.device)
     segments, speakers, rows = bench_enrollment(tmp, profiles, items, batch_sizes, args.device, args.repeat)
-    print(f"\nenrollment encoder (CAM++): {segments} segments of {speakers} speakers, matched against 2 profiles")
+    print(
+        f"\nenrollment encoder (CAM++): {segments} segments of {speakers} speakers, matched against 2 profiles"
+    )
     print(f"{'batch':>5} {'compute s':>10} {'segments/s':>11} {'speakers/s':>11}")
     for batch, seconds, seg_rate, spk_rate in rows:
         print(f"{batch:>5} {seconds:>10.2f} {seg_rate:>11.1f} {spk_rate:>11.1f}")

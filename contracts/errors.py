@@ -55,8 +55,15 @@ class OutputBusyError(SettingsError):
 class ApiError(PipelineError):
     """The HTTP API answered with an error (status and OpenAI-style error body)."""
 
-    def __init__(self, status: int, message: str, type: str = "server_error", param: str | None = None,
-                 code: str | None = None, retry_after: int | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "server_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
         self.status = status
         #: seconds a 429's ``Retry-After`` says (None: the server's default)
         self.retry_after = retry_after

@@ -62,7 +62,7 @@ def atomic_write_bytes(path: str | Path, data: bytes | Callable[[], Iterable[byt
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), 0o644)  # mkstemp's 0600 would hide outputs from other users
-            for piece in ((data,) if isinstance(data, bytes) else data()):
+            for piece in (data,) if isinstance(data, bytes) else data():
                 fh.write(piece)
                 written += len(piece)
             fh.flush()
@@ -77,10 +77,13 @@ def atomic_write_bytes(path: str | Path, data: bytes | Callable[[], Iterable[byt
         if isinstance(exc, OSError) and exc.errno in _FULL:
             size = len(data) if isinstance(data, bytes) else f"{written} of more"
             if exc.errno == errno.EFBIG:
-                raise FileTooLargeError(f"file too large to write {path.name} ({size} bytes; {exc.strerror}: the "
-                                        f"file size limit) in {path.parent}") from None
-            raise DiskFullError(f"no space left writing {path.name} ({size} bytes; {exc.strerror}) "
-                                f"in {path.parent}") from None
+                raise FileTooLargeError(
+                    f"file too large to write {path.name} ({size} bytes; {exc.strerror}: the "
+                    f"file size limit) in {path.parent}"
+                ) from None
+            raise DiskFullError(
+                f"no space left writing {path.name} ({size} bytes; {exc.strerror}) in {path.parent}"
+            ) from None
         raise
     _fsync_dir(path.parent)
     return path
@@ -109,7 +112,9 @@ def save_model(model: BaseModel, path: str | Path, *copies: str | Path) -> Path:
     try:
         type(model).model_validate(model.model_dump())  # the checked copy is dropped at once: a large report
     except ValidationError as exc:
-        raise ArtifactError(path, f"refusing to write an invalid {type(model).__name__}: {_first_error(exc)}") from exc
+        raise ArtifactError(
+            path, f"refusing to write an invalid {type(model).__name__}: {_first_error(exc)}"
+        ) from exc
     data = model.model_dump_json(indent=2).encode("utf-8") + b"\n"
     for copy in copies:
         atomic_write_bytes(copy, data)
@@ -126,7 +131,9 @@ def save_large(model: BaseModel, field: str, path: str | Path, *copies: str | Pa
         for element in elements:
             type(element).model_validate(element.model_dump())
     except ValidationError as exc:
-        raise ArtifactError(path, f"refusing to write an invalid {type(model).__name__}: {_first_error(exc)}") from exc
+        raise ArtifactError(
+            path, f"refusing to write an invalid {type(model).__name__}: {_first_error(exc)}"
+        ) from exc
     before, after = head.model_dump_json().split(f'"{field}":[]', 1)
 
     def pieces() -> Iterator[bytes]:

@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
 
-def append_line(path: str | Path, record: BaseModel | dict, *, fsync: bool = False, exclude_none: bool = False) -> None:
+def append_line(
+    path: str | Path, record: BaseModel | dict, *, fsync: bool = False, exclude_none: bool = False
+) -> None:
     """Append ``record`` (a model, or a JSON-able dict) as one line; ``fsync``: on disk before returning."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,8 +49,9 @@ def append_line(path: str | Path, record: BaseModel | dict, *, fsync: bool = Fal
             os.close(fd)
     except OSError as exc:
         if is_disk_full(exc):
-            raise DiskFullError(f"no space left appending to {path.name} ({len(data)} bytes; {exc.strerror}) "
-                                f"in {path.parent}") from None
+            raise DiskFullError(
+                f"no space left appending to {path.name} ({len(data)} bytes; {exc.strerror}) in {path.parent}"
+            ) from None
         raise
 
 
@@ -69,10 +72,13 @@ def repair_tail(path: str | Path) -> bool:
             os.fsync(fd)
         except OSError as exc:
             if is_disk_full(exc):
-                raise DiskFullError(f"no space left repairing {Path(path).name} (1 byte; {exc.strerror})") from None
+                raise DiskFullError(
+                    f"no space left repairing {Path(path).name} (1 byte; {exc.strerror})"
+                ) from None
             raise
-        log.warning("%s: its last line was cut short (a writer was killed mid-line); it is ended and skipped",
-                    path)
+        log.warning(
+            "%s: its last line was cut short (a writer was killed mid-line); it is ended and skipped", path
+        )
         return True
     finally:
         os.close(fd)

@@ -13,8 +13,8 @@ from typing import Literal
 from pydantic import Field
 
 from contracts.artifacts import Strict
-from contracts.report import Attempt
 from contracts.jsonl import append_line, read_lines
+from contracts.report import Attempt
 
 #: the name in ``StageRequest.env`` through which children learn the run's performance log (JSON lines)
 PERF_LOG_ENV = "PIPELINE_PERF_LOG"

@@ -155,5 +155,7 @@ class MemorySettings(StageSettings):
     @model_validator(mode="after")
     def _warning_above_notice(self) -> MemorySettings:
         if self.warning_pct < self.notice_pct:
-            raise ValueError(f"warning_pct ({self.warning_pct}) must not be below notice_pct ({self.notice_pct})")
+            raise ValueError(
+                f"warning_pct ({self.warning_pct}) must not be below notice_pct ({self.notice_pct})"
+            )
         return self

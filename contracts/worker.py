@@ -7,7 +7,7 @@ little-endian float32 bytes (one row per text), not as lists of floats.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, TypeAdapter
 
@@ -90,8 +90,8 @@ class StartFailed(Strict):
     message: str
 
 
-ToWorker = Annotated[Union[EmbedTask, StopWorker], Field(discriminator="kind")]
-FromWorker = Annotated[Union[Ready, Embedded, TaskFailed, StartFailed], Field(discriminator="kind")]
+ToWorker = Annotated[EmbedTask | StopWorker, Field(discriminator="kind")]
+FromWorker = Annotated[Ready | Embedded | TaskFailed | StartFailed, Field(discriminator="kind")]
 
 TO_WORKER: TypeAdapter[EmbedTask | StopWorker] = TypeAdapter(ToWorker)
 FROM_WORKER: TypeAdapter[Ready | Embedded | TaskFailed | StartFailed] = TypeAdapter(FromWorker)

@@ -5,15 +5,19 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 
 from contracts import ExitCode
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  help="Subprocess-isolated GPU transcription pipeline.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Subprocess-isolated GPU transcription pipeline.",
+)
 log = logging.getLogger("orchestrator.cli")
 
 
@@ -32,11 +36,21 @@ def setup_logging(verbosity: int, console=None) -> None:
     if console is not None and console.is_terminal:
         from rich.logging import RichHandler
 
-        logging.basicConfig(level=level, format="%(name)s: %(message)s", datefmt="%H:%M:%S", force=True,
-                            handlers=[RichHandler(console=console, show_path=False)])
+        logging.basicConfig(
+            level=level,
+            format="%(name)s: %(message)s",
+            datefmt="%H:%M:%S",
+            force=True,
+            handlers=[RichHandler(console=console, show_path=False)],
+        )
     else:
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-                            datefmt="%H:%M:%S", stream=sys.stderr, force=True)
+        logging.basicConfig(
+            level=level,
+            format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+            datefmt="%H:%M:%S",
+            stream=sys.stderr,
+            force=True,
+        )
     logging.getLogger("asyncssh").setLevel(logging.WARNING)  # sftp:// logs every channel at INFO
     if verbosity == NORMAL:  # progress lines (and this command's own) at INFO
         for name in ("orchestrator.run.progress", "orchestrator.cli"):
@@ -74,7 +88,11 @@ def _stopped_code(orch) -> ExitCode:
     """130 after Ctrl-C, 143 after SIGTERM (as shells and service managers expect)."""
     import signal
 
-    return ExitCode.TERMINATED if orch is not None and orch.stopped_by == signal.SIGTERM else ExitCode.INTERRUPTED
+    return (
+        ExitCode.TERMINATED
+        if orch is not None and orch.stopped_by == signal.SIGTERM
+        else ExitCode.INTERRUPTED
+    )
 
 
 def _version(value: bool) -> None:
@@ -87,39 +105,139 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
-                                                    help="Print the version and exit.")] = None,
+    version: Annotated[
+        bool | None,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = None,
 ) -> None:
     """Every model stage runs in its own spawned child process with a fresh CUDA context."""
 
 
 @app.command()
 def process(
-    inputs: Annotated[list[str], typer.Argument(help="Video/audio files or directories, local or fsspec URLs (s3://, sftp://, file://).", show_default=False)],
-    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Output directory or fsspec URL [env PIPELINE_OUTPUT_DIR / PIPELINE_OUTPUT_URL, default ./out].")] = None,
-    device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N [env PIPELINE_DEVICE].")] = None,
-    asr_model: Annotated[Optional[str], typer.Option(help="'embedded' (English tiny.en), 'whisper-base' (multilingual, embedded), a CTranslate2 directory or a model name [env ASR_MODEL].")] = None,
-    language: Annotated[Optional[str], typer.Option(help="Spoken language code: forces it, no identification [env ASR_LANGUAGE].")] = None,
-    languages: Annotated[Optional[str], typer.Option(help="Languages identification may choose from, e.g. en,de,es [env ASR_LANGUAGES].")] = None,
-    asr_batch_size: Annotated[Optional[str], typer.Option(help="A number or auto [env ASR_BATCH_SIZE, default 16].")] = None,
-    embedding_profile: Annotated[Optional[str], typer.Option(help="speed, quality, embedded or a model name [env EMBEDDING_PROFILE].")] = None,
-    embedding_batch_size: Annotated[Optional[str], typer.Option(help="A number or auto [env EMBEDDING_BATCH_SIZE, default 128].")] = None,
-    allow_hub: Annotated[Optional[bool], typer.Option("--allow-hub/--offline", help="Allow or forbid model downloads; unset: allowed when the hub answers [env PIPELINE_ALLOW_HUB, default auto].")] = None,
-    chunk_size: Annotated[Optional[int], typer.Option(min=1, help="Inputs per stage child [env PIPELINE_CHUNK_SIZE, default 50].")] = None,
-    speakers: Annotated[Optional[bool], typer.Option("--speakers/--no-speakers", help="Diarize and label speakers [env PIPELINE_SPEAKERS, default on].")] = None,
-    profiles: Annotated[Optional[Path], typer.Option("--profiles", help="Voice profiles to name speakers with (pipeline enroll) [env PIPELINE_PROFILES_DIR].")] = None,
-    min_speakers: Annotated[Optional[int], typer.Option(min=1, help="[env MIN_SPEAKERS]")] = None,
-    max_speakers: Annotated[Optional[int], typer.Option(min=1, help="[env MAX_SPEAKERS]")] = None,
-    executor: Annotated[Optional[str], typer.Option(help="local or ray [env PIPELINE_EXECUTOR, default local].")] = None,
-    ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster: auto or HOST:PORT; unset: a local one for this run [env RAY_ADDRESS].")] = None,
-    parallel_chunks: Annotated[Optional[int], typer.Option(min=1, help="Chunks in flight [env PIPELINE_PARALLEL_CHUNKS; default 1 locally, the cluster's GPUs under Ray].")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")] = False,
-    on_damaged: Annotated[Optional[str], typer.Option(help="A source damaged part-way: keep what decoded (reported partial) or fail it [env PIPELINE_ON_DAMAGED, default keep].")] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Wait while another run uses the output directory [env PIPELINE_WAIT].")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only: per stage, how many inputs would be reused and redone, and why. Starts no child, writes nothing.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")] = False,
-    langid_only: Annotated[bool, typer.Option("--langid-only", hidden=True, help="What `pipeline langid` runs.")] = False,
+    inputs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Video/audio files or directories, local or fsspec URLs (s3://, sftp://, file://).",
+            show_default=False,
+        ),
+    ],
+    output: Annotated[
+        str | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Output directory or fsspec URL [env PIPELINE_OUTPUT_DIR / PIPELINE_OUTPUT_URL, default ./out].",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto, cpu, cuda or cuda:N [env PIPELINE_DEVICE].")
+    ] = None,
+    asr_model: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "'embedded' (English tiny.en), 'whisper-base' (multilingual, embedded), a "
+                "CTranslate2 directory or a model name [env ASR_MODEL]."
+            )
+        ),
+    ] = None,
+    language: Annotated[
+        str | None,
+        typer.Option(help="Spoken language code: forces it, no identification [env ASR_LANGUAGE]."),
+    ] = None,
+    languages: Annotated[
+        str | None,
+        typer.Option(help="Languages identification may choose from, e.g. en,de,es [env ASR_LANGUAGES]."),
+    ] = None,
+    asr_batch_size: Annotated[
+        str | None, typer.Option(help="A number or auto [env ASR_BATCH_SIZE, default 16].")
+    ] = None,
+    embedding_profile: Annotated[
+        str | None, typer.Option(help="speed, quality, embedded or a model name [env EMBEDDING_PROFILE].")
+    ] = None,
+    embedding_batch_size: Annotated[
+        str | None, typer.Option(help="A number or auto [env EMBEDDING_BATCH_SIZE, default 128].")
+    ] = None,
+    allow_hub: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-hub/--offline",
+            help=(
+                "Allow or forbid model downloads; unset: allowed when the hub answers [env "
+                "PIPELINE_ALLOW_HUB, default auto]."
+            ),
+        ),
+    ] = None,
+    chunk_size: Annotated[
+        int | None, typer.Option(min=1, help="Inputs per stage child [env PIPELINE_CHUNK_SIZE, default 50].")
+    ] = None,
+    speakers: Annotated[
+        bool | None,
+        typer.Option(
+            "--speakers/--no-speakers", help="Diarize and label speakers [env PIPELINE_SPEAKERS, default on]."
+        ),
+    ] = None,
+    profiles: Annotated[
+        Path | None,
+        typer.Option(
+            "--profiles",
+            help="Voice profiles to name speakers with (pipeline enroll) [env PIPELINE_PROFILES_DIR].",
+        ),
+    ] = None,
+    min_speakers: Annotated[int | None, typer.Option(min=1, help="[env MIN_SPEAKERS]")] = None,
+    max_speakers: Annotated[int | None, typer.Option(min=1, help="[env MAX_SPEAKERS]")] = None,
+    executor: Annotated[
+        str | None, typer.Option(help="local or ray [env PIPELINE_EXECUTOR, default local].")
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="Ray cluster: auto or HOST:PORT; unset: a local one for this run [env RAY_ADDRESS]."
+        ),
+    ] = None,
+    parallel_chunks: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Chunks in flight [env PIPELINE_PARALLEL_CHUNKS; default 1 locally, the cluster's GPUs under Ray].",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")
+    ] = False,
+    on_damaged: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "A source damaged part-way: keep what decoded (reported partial) or fail it [env "
+                "PIPELINE_ON_DAMAGED, default keep]."
+            )
+        ),
+    ] = None,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="Wait while another run uses the output directory [env PIPELINE_WAIT]."),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help=(
+                "Plan only: per stage, how many inputs would be reused and redone, and why. Starts "
+                "no child, writes nothing."
+            ),
+        ),
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")
+    ] = False,
+    langid_only: Annotated[
+        bool, typer.Option("--langid-only", hidden=True, help="What `pipeline langid` runs.")
+    ] = False,
 ) -> None:
     """Transcribe and embed each input; write DIR/<input>/... and DIR/run-report.json."""
     from rich.console import Console
@@ -136,13 +254,26 @@ def process(
     embedding_batch_size = _batch(embedding_batch_size, "--embedding-batch-size")
     overrides = {
         "output_dir": None if output is None or is_url(output) else Path(output),
-        "output_url": output if output is not None and is_url(output) else None, "device": device, "asr_model": asr_model, "asr_language": language,
+        "output_url": output if output is not None and is_url(output) else None,
+        "device": device,
+        "asr_model": asr_model,
+        "asr_language": language,
         "asr_languages": languages,
-        "asr_batch_size": asr_batch_size, "embedding_profile": embedding_profile,
-        "embedding_batch_size": embedding_batch_size, "allow_hub": allow_hub, "chunk_size": chunk_size,
-        "force": force or None, "speakers": speakers, "profiles_dir": profiles, "min_speakers": min_speakers,
-        "max_speakers": max_speakers, "executor": executor, "ray_address": ray_address,
-        "parallel_chunks": parallel_chunks, "wait_for_output": wait or None, "on_damaged": on_damaged,
+        "asr_batch_size": asr_batch_size,
+        "embedding_profile": embedding_profile,
+        "embedding_batch_size": embedding_batch_size,
+        "allow_hub": allow_hub,
+        "chunk_size": chunk_size,
+        "force": force or None,
+        "speakers": speakers,
+        "profiles_dir": profiles,
+        "min_speakers": min_speakers,
+        "max_speakers": max_speakers,
+        "executor": executor,
+        "ray_address": ray_address,
+        "parallel_chunks": parallel_chunks,
+        "wait_for_output": wait or None,
+        "on_damaged": on_damaged,
         "langid_only": langid_only or None,
     }
     settings = _settings(overrides)
@@ -186,9 +317,15 @@ def process(
         elif item.status == "partial":
             typer.echo(f"PARTIAL {item.source}: {item.error}", err=True)
     partial = f", {report.partial} partial" if report.partial else ""
-    where = (f"the report could not be written ({orch.report_error})" if orch.report_error
-             else f"report: {Path(report.output_dir) / REPORT_NAME}")
-    typer.echo(f"{report.ok} ok{partial}, {report.failed} failed, {report.interrupted} interrupted; {where}", err=True)
+    where = (
+        f"the report could not be written ({orch.report_error})"
+        if orch.report_error
+        else f"report: {Path(report.output_dir) / REPORT_NAME}"
+    )
+    typer.echo(
+        f"{report.ok} ok{partial}, {report.failed} failed, {report.interrupted} interrupted; {where}",
+        err=True,
+    )
     if settings.langid_only:
         typer.echo(f"languages: {Path(report.output_dir) / 'langid.csv'} and langid.json", err=True)
     if orch.disk_full:
@@ -201,33 +338,96 @@ def process(
 
 @app.command()
 def langid(
-    inputs: Annotated[list[str], typer.Argument(help="Video/audio files or directories, local or fsspec URLs.", show_default=False)],
-    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Output directory or fsspec URL [env PIPELINE_OUTPUT_DIR / PIPELINE_OUTPUT_URL, default ./out].")] = None,
-    device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N [env PIPELINE_DEVICE].")] = None,
-    asr_model: Annotated[Optional[str], typer.Option(help="A multilingual Whisper: 'whisper-base' (embedded, the default here), a CTranslate2 directory or a model name [env ASR_MODEL].")] = None,
-    languages: Annotated[Optional[str], typer.Option(help="Languages to choose from, e.g. en,de,es [env ASR_LANGUAGES].")] = None,
-    chunk_size: Annotated[Optional[int], typer.Option(min=1, help="Inputs per stage child [env PIPELINE_CHUNK_SIZE, default 50].")] = None,
-    parallel_chunks: Annotated[Optional[int], typer.Option(min=1, help="Chunks in flight [env PIPELINE_PARALLEL_CHUNKS].")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")] = False,
-    wait: Annotated[bool, typer.Option("--wait", help="Wait while another run uses the output directory [env PIPELINE_WAIT].")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")] = False,
+    inputs: Annotated[
+        list[str],
+        typer.Argument(help="Video/audio files or directories, local or fsspec URLs.", show_default=False),
+    ],
+    output: Annotated[
+        str | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Output directory or fsspec URL [env PIPELINE_OUTPUT_DIR / PIPELINE_OUTPUT_URL, default ./out].",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto, cpu, cuda or cuda:N [env PIPELINE_DEVICE].")
+    ] = None,
+    asr_model: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "A multilingual Whisper: 'whisper-base' (embedded, the default here), a "
+                "CTranslate2 directory or a model name [env ASR_MODEL]."
+            )
+        ),
+    ] = None,
+    languages: Annotated[
+        str | None, typer.Option(help="Languages to choose from, e.g. en,de,es [env ASR_LANGUAGES].")
+    ] = None,
+    chunk_size: Annotated[
+        int | None, typer.Option(min=1, help="Inputs per stage child [env PIPELINE_CHUNK_SIZE, default 50].")
+    ] = None,
+    parallel_chunks: Annotated[
+        int | None, typer.Option(min=1, help="Chunks in flight [env PIPELINE_PARALLEL_CHUNKS].")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")
+    ] = False,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="Wait while another run uses the output directory [env PIPELINE_WAIT]."),
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")
+    ] = False,
 ) -> None:
     """Identify each input's language only (decoding + identification, no transcript); write DIR/langid.csv,
     DIR/langid.json and DIR/run-report.json. Same chunks, resume and failure isolation as `process`."""
     import os
 
-    process(inputs, output=output, device=device, asr_model=asr_model or os.environ.get("ASR_MODEL") or "whisper-base",
-            languages=languages, chunk_size=chunk_size, parallel_chunks=parallel_chunks, force=force, wait=wait,
-            verbose=verbose, quiet=quiet, langid_only=True)
+    process(
+        inputs,
+        output=output,
+        device=device,
+        asr_model=asr_model or os.environ.get("ASR_MODEL") or "whisper-base",
+        languages=languages,
+        chunk_size=chunk_size,
+        parallel_chunks=parallel_chunks,
+        force=force,
+        wait=wait,
+        verbose=verbose,
+        quiet=quiet,
+        langid_only=True,
+    )
 
 
 @app.command()
 def export(
-    output: Annotated[Path, typer.Argument(help="The output directory of earlier `process` runs.", show_default=False)],
-    formats: Annotated[Optional[str], typer.Option("--format", "-f", help="Comma-separated: srt, vtt, txt, tsv, json, rttm, textgrid, eaf, docx, html, aud, or all [default: env PIPELINE_FORMATS, else srt,vtt,txt,html].")] = None,
-    inputs: Annotated[Optional[list[str]], typer.Option("--inputs", help="Only these inputs (ids or sources; repeatable) [default: all].")] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Wait while a run uses the output directory [env PIPELINE_WAIT].")] = False,
+    output: Annotated[
+        Path, typer.Argument(help="The output directory of earlier `process` runs.", show_default=False)
+    ],
+    formats: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help=(
+                "Comma-separated: srt, vtt, txt, tsv, json, rttm, textgrid, eaf, docx, html, aud, "
+                "or all [default: env PIPELINE_FORMATS, else srt,vtt,txt,html]."
+            ),
+        ),
+    ] = None,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option("--inputs", help="Only these inputs (ids or sources; repeatable) [default: all]."),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait while a run uses the output directory [env PIPELINE_WAIT].")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every file.")] = False,
 ) -> None:
     """Write the files of each input again from its stored artifacts, with the current caption settings
@@ -254,19 +454,38 @@ def export(
         typer.echo(f"UNKNOWN {name}: not an input of {output}", err=True)
     for item_id, why in result.failed.items():
         typer.echo(f"FAILED {item_id}: {why}", err=True)
-    typer.echo(f"{result.written} inputs, {result.files} files ({','.join(settings.export_formats)}) in "
-               f"{result.seconds:.1f} s; index: {output / 'index.html'}", err=True)
+    typer.echo(
+        f"{result.written} inputs, {result.files} files ({','.join(settings.export_formats)}) in "
+        f"{result.seconds:.1f} s; index: {output / 'index.html'}",
+        err=True,
+    )
     raise typer.Exit(ExitCode.USAGE if result.unknown else ExitCode.FAILED if result.failed else ExitCode.OK)
 
 
 @app.command()
 def enroll(
-    name: Annotated[str, typer.Argument(help="The speaker's name, as it should appear in transcripts.", show_default=False)],
-    clips: Annotated[list[Path], typer.Argument(help="Audio/video clips of this speaker alone.", show_default=False)],
-    profiles: Annotated[Optional[Path], typer.Option("--profiles", help="Profiles directory [env PIPELINE_PROFILES_DIR, default ./profiles].")] = None,
-    encoder: Annotated[Optional[str], typer.Option(help="campplus (embedded) or ecapa [env SPEAKER_ENCODER].")] = None,
-    threshold: Annotated[Optional[float], typer.Option(help="Similarity needed to give this name [env SPEAKER_THRESHOLD].")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage child's too.")] = False,
+    name: Annotated[
+        str,
+        typer.Argument(help="The speaker's name, as it should appear in transcripts.", show_default=False),
+    ],
+    clips: Annotated[
+        list[Path], typer.Argument(help="Audio/video clips of this speaker alone.", show_default=False)
+    ],
+    profiles: Annotated[
+        Path | None,
+        typer.Option(
+            "--profiles", help="Profiles directory [env PIPELINE_PROFILES_DIR, default ./profiles]."
+        ),
+    ] = None,
+    encoder: Annotated[
+        str | None, typer.Option(help="campplus (embedded) or ecapa [env SPEAKER_ENCODER].")
+    ] = None,
+    threshold: Annotated[
+        float | None, typer.Option(help="Similarity needed to give this name [env SPEAKER_THRESHOLD].")
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage child's too.")
+    ] = False,
 ) -> None:
     """Build a voice profile NAME from CLIPS (its own stage child); `process --profiles DIR` then names the speaker."""
     from orchestrator import Settings
@@ -295,12 +514,19 @@ def enroll(
     typer.echo(f"enrolled {name}: {path}", err=True)
 
 
-speakers_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                           help="Corpus speakers: one voice, one id (S0001, ...) across an output folder.")
+speakers_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Corpus speakers: one voice, one id (S0001, ...) across an output folder.",
+)
 app.add_typer(speakers_app, name="speakers")
 
-OutArg = Annotated[Path, typer.Argument(help="The output directory of earlier `process` runs.", show_default=False)]
-WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait while a run uses the output directory [env PIPELINE_WAIT].")]
+OutArg = Annotated[
+    Path, typer.Argument(help="The output directory of earlier `process` runs.", show_default=False)
+]
+WaitOpt = Annotated[
+    bool, typer.Option("--wait", help="Wait while a run uses the output directory [env PIPELINE_WAIT].")
+]
 
 
 def _speakers_call(output: Path, verbose: bool, call, **overrides):
@@ -325,7 +551,15 @@ def _speakers_call(output: Path, verbose: bool, call, **overrides):
 @speakers_app.command("cluster")
 def speakers_cluster(
     output: OutArg,
-    distance: Annotated[Optional[float], typer.Option(help="Cosine distance under which a voice joins a corpus speaker [env CORPUS_SPEAKER_DISTANCE, default 0.3].")] = None,
+    distance: Annotated[
+        float | None,
+        typer.Option(
+            help=(
+                "Cosine distance under which a voice joins a corpus speaker [env "
+                "CORPUS_SPEAKER_DISTANCE, default 0.3]."
+            )
+        ),
+    ] = None,
     wait: WaitOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -333,9 +567,14 @@ def speakers_cluster(
     their files again; starts no model child. `process` does this after each chunk."""
     from orchestrator.run.speakers import cluster
 
-    _, placed = _speakers_call(output, verbose, cluster, corpus_speaker_distance=distance, wait_for_output=wait or None)
-    typer.echo(f"{len(placed.corpus.speakers)} corpus speakers ({len(placed.new_speakers)} new); "
-               f"{len(placed.changed)} inputs' files written again", err=True)
+    _, placed = _speakers_call(
+        output, verbose, cluster, corpus_speaker_distance=distance, wait_for_output=wait or None
+    )
+    typer.echo(
+        f"{len(placed.corpus.speakers)} corpus speakers ({len(placed.new_speakers)} new); "
+        f"{len(placed.changed)} inputs' files written again",
+        err=True,
+    )
 
 
 @speakers_app.command("list")
@@ -365,7 +604,13 @@ def speakers_name(
     output: OutArg,
     speaker: Annotated[str, typer.Argument(help="The corpus speaker (S0007).", show_default=False)],
     name: Annotated[str, typer.Argument(help="Its name, as transcripts should show it.", show_default=False)],
-    profiles: Annotated[Optional[Path], typer.Option("--profiles", help="Where its voice profile is written [env PIPELINE_PROFILES_DIR, default ./profiles].")] = None,
+    profiles: Annotated[
+        Path | None,
+        typer.Option(
+            "--profiles",
+            help="Where its voice profile is written [env PIPELINE_PROFILES_DIR, default ./profiles].",
+        ),
+    ] = None,
     wait: WaitOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -379,8 +624,11 @@ def speakers_name(
         return run_name(settings, out, speaker, name)
 
     _, named = _speakers_call(output, verbose, call, profiles_dir=profiles, wait_for_output=wait or None)
-    typer.echo(f"{named.speaker.id} is {named.speaker.name}: {named.rewritten} inputs' files written again; "
-               f"voice profile {named.profile}", err=True)
+    typer.echo(
+        f"{named.speaker.id} is {named.speaker.name}: {named.rewritten} inputs' files written again; "
+        f"voice profile {named.profile}",
+        err=True,
+    )
 
 
 @speakers_app.command("merge")
@@ -394,17 +642,34 @@ def speakers_merge(
     """Two corpus speakers are one voice: OTHER's inputs become KEEP's, in every file."""
     from orchestrator.run.speakers import merge
 
-    _, merged = _speakers_call(output, verbose, lambda settings, out: merge(settings, out, keep, other),
-                               wait_for_output=wait or None)
-    typer.echo(f"{other} merged into {merged.id}: {len({m.item_id for m in merged.members})} inputs", err=True)
+    _, merged = _speakers_call(
+        output, verbose, lambda settings, out: merge(settings, out, keep, other), wait_for_output=wait or None
+    )
+    typer.echo(
+        f"{other} merged into {merged.id}: {len({m.item_id for m in merged.members})} inputs", err=True
+    )
 
 
 @speakers_app.command("split")
 def speakers_split(
     output: OutArg,
     speaker: Annotated[str, typer.Argument(help="The corpus speaker to split (S0007).", show_default=False)],
-    inputs: Annotated[Optional[list[str]], typer.Option("--input", help="An input (id) whose speaker is another voice; repeatable [default: group its voices again].")] = None,
-    distance: Annotated[Optional[float], typer.Option(help="Without --input: the distance its voices are grouped at again [default: half of CORPUS_SPEAKER_DISTANCE].")] = None,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input",
+            help="An input (id) whose speaker is another voice; repeatable [default: group its voices again].",
+        ),
+    ] = None,
+    distance: Annotated[
+        float | None,
+        typer.Option(
+            help=(
+                "Without --input: the distance its voices are grouped at again [default: half of "
+                "CORPUS_SPEAKER_DISTANCE]."
+            )
+        ),
+    ] = None,
     wait: WaitOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -412,18 +677,33 @@ def speakers_split(
     become new corpus speakers."""
     from orchestrator.run.speakers import split
 
-    _, new = _speakers_call(output, verbose, lambda settings, out: split(settings, out, speaker, inputs, distance),
-                            wait_for_output=wait or None)
+    _, new = _speakers_call(
+        output,
+        verbose,
+        lambda settings, out: split(settings, out, speaker, inputs, distance),
+        wait_for_output=wait or None,
+    )
     for s in new:
-        typer.echo(f"{s.id}: {len(s.members)} speaker(s) of {', '.join(sorted({m.item_id for m in s.members}))} "
-                   f"split from {speaker}", err=True)
+        typer.echo(
+            f"{s.id}: {len(s.members)} speaker(s) of {', '.join(sorted({m.item_id for m in s.members}))} "
+            f"split from {speaker}",
+            err=True,
+        )
 
 
 @app.command()
 def gpu(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
-    cleanup: Annotated[bool, typer.Option("--cleanup", help="Stop this project's orphaned stage children (pid files with start times, never by name).")] = False,
-    pid_dir: Annotated[Optional[Path], typer.Option(help="Pid files of stage children [env PIPELINE_PID_DIR].")] = None,
+    cleanup: Annotated[
+        bool,
+        typer.Option(
+            "--cleanup",
+            help="Stop this project's orphaned stage children (pid files with start times, never by name).",
+        ),
+    ] = False,
+    pid_dir: Annotated[
+        Path | None, typer.Option(help="Pid files of stage children [env PIPELINE_PID_DIR].")
+    ] = None,
 ) -> None:
     """GPU devices and the processes holding VRAM (NVML: no CUDA context); exit 0 also without a GPU."""
     import json
@@ -431,9 +711,9 @@ def gpu(
     from rich.console import Console
 
     from orchestrator import Settings
-    from orchestrator.process.pidfiles import ChildRegistry
     from orchestrator.gpu.nvml import NvmlReader
     from orchestrator.gpu.status import as_json, render, render_cleanup
+    from orchestrator.process.pidfiles import ChildRegistry
 
     setup_logging(NORMAL)
     registry = ChildRegistry(pid_dir or Settings().pid_dir)
@@ -450,8 +730,15 @@ def gpu(
 
 @app.command()
 def report(
-    run: Annotated[Path, typer.Argument(help="performance_logs/<run>.jsonl, an output directory (newest run) or OUT/.runs/<run>.")],
-    png: Annotated[Optional[Path], typer.Option(help="Where to write the plot [default: next to the log].")] = None,
+    run: Annotated[
+        Path,
+        typer.Argument(
+            help="performance_logs/<run>.jsonl, an output directory (newest run) or OUT/.runs/<run>."
+        ),
+    ],
+    png: Annotated[
+        Path | None, typer.Option(help="Where to write the plot [default: next to the log].")
+    ] = None,
 ) -> None:
     """Summary table of a run's performance log, and a PNG of memory over time per stage."""
     from rich.console import Console
@@ -471,21 +758,64 @@ def report(
     peaks = built.peaks
     if peaks.device_peak_mib is not None or peaks.largest_stage_mib is not None:
         device = "—" if peaks.device_peak_mib is None else gib(peaks.device_peak_mib)
-        largest = "—" if peaks.largest_stage_mib is None else f"{gib(peaks.largest_stage_mib)} ({peaks.largest_stage})"
+        largest = (
+            "—"
+            if peaks.largest_stage_mib is None
+            else f"{gib(peaks.largest_stage_mib)} ({peaks.largest_stage})"
+        )
         console.print(f"peak VRAM of the run (device, NVML): {device}; largest single stage: {largest}")
     console.print(f"log: {built.log}\nplot: {built.png}")
 
 
 @app.command()
 def serve(
-    host: Annotated[Optional[str], typer.Option(help="Address to bind [env PIPELINE_HOST, default 127.0.0.1]; any other than loopback needs a token.")] = None,
-    port: Annotated[Optional[int], typer.Option(min=0, max=65535, help="[env PIPELINE_PORT, default 8000]")] = None,
-    token: Annotated[Optional[str], typer.Option(help="Require 'Authorization: Bearer TOKEN' on every request but /health. Visible to every user in the process list: prefer PIPELINE_API_TOKEN or --token-file.")] = None,
-    token_file: Annotated[Optional[Path], typer.Option(help="Read the bearer token from this file (first line) [or env PIPELINE_API_TOKEN].")] = None,
-    input_root: Annotated[Optional[list[Path]], typer.Option("--input-root", help="Directory jobs may read from (repeatable) [env PIPELINE_INPUT_ROOTS, ':'-separated]; none: jobs are refused.")] = None,
-    server_dir: Annotated[Optional[Path], typer.Option(help="Job state, job outputs and worker logs [env PIPELINE_SERVER_DIR, default: a per-user state directory].")] = None,
-    embedding_profile: Annotated[Optional[str], typer.Option(help="Embedding profile of jobs [env EMBEDDING_PROFILE].")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Stream every log line, the workers' too.")] = False,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            help="Address to bind [env PIPELINE_HOST, default 127.0.0.1]; any other than loopback needs a token."
+        ),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="[env PIPELINE_PORT, default 8000]")
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Require 'Authorization: Bearer TOKEN' on every request but /health. Visible to "
+                "every user in the process list: prefer PIPELINE_API_TOKEN or --token-file."
+            )
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help="Read the bearer token from this file (first line) [or env PIPELINE_API_TOKEN]."),
+    ] = None,
+    input_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--input-root",
+            help=(
+                "Directory jobs may read from (repeatable) [env PIPELINE_INPUT_ROOTS, "
+                "':'-separated]; none: jobs are refused."
+            ),
+        ),
+    ] = None,
+    server_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help=(
+                "Job state, job outputs and worker logs [env PIPELINE_SERVER_DIR, default: a "
+                "per-user state directory]."
+            )
+        ),
+    ] = None,
+    embedding_profile: Annotated[
+        str | None, typer.Option(help="Embedding profile of jobs [env EMBEDDING_PROFILE].")
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Stream every log line, the workers' too.")
+    ] = False,
 ) -> None:
     """HTTP API: OpenAI-compatible POST /v1/embeddings and /v1/audio/transcriptions, POST/GET/DELETE /v1/jobs,
     GET /health, GET /metrics. One server per --server-dir (a second one exits 2 naming the first)."""
@@ -505,8 +835,14 @@ def serve(
         if not token:
             typer.echo(f"error: the token file {token_file} is empty", err=True)
             raise typer.Exit(ExitCode.USAGE)
-    overrides = {"host": host, "port": port, "api_token": token, "input_roots": input_root, "server_dir": server_dir,
-                 "embedding_profile": embedding_profile}
+    overrides = {
+        "host": host,
+        "port": port,
+        "api_token": token,
+        "input_roots": input_root,
+        "server_dir": server_dir,
+        "embedding_profile": embedding_profile,
+    }
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         settings.check_serve()

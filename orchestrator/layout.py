@@ -33,15 +33,24 @@ INDEX = "index.html"
 #: corpus speakers: which input's speaker is which voice across the folder (``orchestrator.run.speakers``)
 SPEAKERS = "speakers.json"
 
-RUN_LEVEL: frozenset[str] = frozenset({REPORT, JOURNAL, IDS, LOCK, RUNS, PERF_LOGS, LANGID_CSV, LANGID_JSON, INDEX,
-                                       SPEAKERS})
+RUN_LEVEL: frozenset[str] = frozenset(
+    {REPORT, JOURNAL, IDS, LOCK, RUNS, PERF_LOGS, LANGID_CSV, LANGID_JSON, INDEX, SPEAKERS}
+)
 
 
 #: ``pipeline export --format`` names -> the file each writes in an input's folder (``OUT/<id>/``)
 FORMATS: dict[str, str] = {
-    "srt": "transcript.srt", "vtt": "transcript.vtt", "txt": "transcript.txt", "tsv": "transcript.tsv",
-    "json": "transcript.words.json", "rttm": "transcript.rttm", "textgrid": "transcript.TextGrid",
-    "eaf": "transcript.eaf", "docx": "transcript.docx", "html": "transcript.html", "aud": "transcript.labels.txt",
+    "srt": "transcript.srt",
+    "vtt": "transcript.vtt",
+    "txt": "transcript.txt",
+    "tsv": "transcript.tsv",
+    "json": "transcript.words.json",
+    "rttm": "transcript.rttm",
+    "textgrid": "transcript.TextGrid",
+    "eaf": "transcript.eaf",
+    "docx": "transcript.docx",
+    "html": "transcript.html",
+    "aud": "transcript.labels.txt",
 }
 #: the compressed copy of an input's audio the transcript page plays (written by the audio stage as
 #: ``.work/listen.ogg``, moved beside the transcript when the input finishes)

@@ -102,10 +102,20 @@ class StageDef:
     version: int = 1
 
     def spec(self, settings: Settings) -> StageSpec:
-        return StageSpec(self.name, self.module, self.output, batch_size=self.batch_size(settings),
-                         settings=self.build(settings), keep=self.keep, inputs=self.inputs, key=self.key,
-                         optional_inputs=self.optional_inputs, skippable=self.skippable(settings), gpu=self.gpu,
-                         version=self.version)
+        return StageSpec(
+            self.name,
+            self.module,
+            self.output,
+            batch_size=self.batch_size(settings),
+            settings=self.build(settings),
+            keep=self.keep,
+            inputs=self.inputs,
+            key=self.key,
+            optional_inputs=self.optional_inputs,
+            skippable=self.skippable(settings),
+            gpu=self.gpu,
+            version=self.version,
+        )
 
     def need(self, settings: StageSettings) -> Need | None:
         """What this stage needs on the GPU with ``settings`` (None: no GPU model)."""
@@ -131,63 +141,144 @@ def _fast_path(s: Settings) -> bool:
 
 #: the speaker encoders' and diarizers' needs (weights + context; per item = one segment batch element)
 SPEAKER_NEEDS: dict[str, Need] = {
-    "campplus": Need(0.3 * GIB_MIB, 8), "ecapa": Need(0.5 * GIB_MIB, 16),
-    "embedded": Need(0.5 * GIB_MIB, 16), "auto": Need(1.5 * GIB_MIB, 64),
+    "campplus": Need(0.3 * GIB_MIB, 8),
+    "ecapa": Need(0.5 * GIB_MIB, 16),
+    "embedded": Need(0.5 * GIB_MIB, 16),
+    "auto": Need(1.5 * GIB_MIB, 64),
 }
 ALIGNMENT_NEEDS: dict[str, Need] = {"wav2vec2": Need(1.0 * GIB_MIB, 64)}
 
 
 STAGES: tuple[StageDef, ...] = (
-    StageDef("audio", "stages.audio", AudioArtifact, AudioSettings, build=lambda s: AudioSettings(on_damaged=s.on_damaged, roots=[str(r) for r in s.read_roots]),
-             gpu=False, keep=False),
-    StageDef("asr", "stages.asr", TranscriptArtifact, AsrSettings, key="asr", inputs=("audio",),
-             build=lambda s: AsrSettings(
-                 model=s.asr_model, language=s.asr_language, languages=s.asr_languages,
-                 weights_dir=_str(s.weights_dir), identify_only=s.langid_only,
-                 compute_type=s.asr_compute_type, allow_hub=s.hub, pack_inputs=s.asr_pack_inputs,
-                 join_inputs=s.asr_join_inputs, compression_ratio_threshold=s.asr_compression_ratio_threshold,
-                 chunk_size=s.asr_chunk_size, word_timestamps=s.align, prompt=s.asr_prompt),
-             batch_size=lambda s: s.asr_batch_size, needs=ASR_NEEDS, need_key=lambda c: model_key(c.model)),
-    StageDef("diarization", "stages.diarization", DiarizationArtifact, DiarizationSettings, inputs=("audio",),
-             build=lambda s: DiarizationSettings(
-                 model=s.diarization_model, min_speakers=s.min_speakers, max_speakers=s.max_speakers,
-                 weights_dir=_str(s.weights_dir), runtime=s.diarization_runtime),
-             batch_size=lambda s: s.diarization_batch_size,  # its segmentation and speaker-embedding batches
-             enabled=lambda s: s.speakers and not s.langid_only, skippable=_fast_path,
-             needs=SPEAKER_NEEDS, need_key=lambda c: "embedded" if c.model == "embedded" else "auto",
-             version=2),  # 2: the artifact keeps each speaker's voice (corpus speakers)
-    StageDef("enrollment", "stages.enrollment", SpeakerEmbeddingsArtifact, EnrollmentSettings,
-             inputs=("diarization", "audio"),
-             build=lambda s: EnrollmentSettings(
-                 encoder=s.speaker_encoder, ecapa_source=s.ecapa_source, allow_hub=s.hub,
-                 weights_dir=_str(s.weights_dir), profiles_dir=_str(s.profiles_dir),
-                 profiles=profile_fingerprints(s.profiles_dir)),
-             batch_size=lambda s: s.voice_enrollment_batch_size,
-             enabled=lambda s: (s.speakers and not s.langid_only and not s.skip_voice_embeddings
-                                and bool(profile_fingerprints(s.profiles_dir))),
-             skippable=_fast_path, needs=SPEAKER_NEEDS, need_key=lambda c: c.encoder),
-    StageDef("alignment", "stages.alignment", TranscriptArtifact, AlignmentSettings,
-             inputs=("asr", "audio", "diarization", "speaker_embeddings"),
-             optional_inputs=("diarization", "speaker_embeddings"),
-             build=lambda s: AlignmentSettings(align=s.align, allow_hub=s.hub, speakers=s.speakers,
-                                               skip_voice_embeddings=s.skip_voice_embeddings),
-             batch_size=lambda s: s.alignment_batch_size,
-             enabled=lambda s: not s.langid_only,
-             needs=ALIGNMENT_NEEDS, need_key=lambda c: "wav2vec2" if c.align else None),
-    StageDef("embeddings", "stages.embeddings", EmbeddingsArtifact, EmbeddingsSettings, inputs=("transcript",),
-             build=lambda s: EmbeddingsSettings(profile=s.embedding_profile, fallback=s.embedding_fallback,
-                                                allow_hub=s.hub),
-             enabled=lambda s: not s.langid_only,
-             batch_size=lambda s: s.embedding_batch_size, needs=EMBEDDING_NEEDS, need_key=lambda c: c.profile),
+    StageDef(
+        "audio",
+        "stages.audio",
+        AudioArtifact,
+        AudioSettings,
+        build=lambda s: AudioSettings(on_damaged=s.on_damaged, roots=[str(r) for r in s.read_roots]),
+        gpu=False,
+        keep=False,
+    ),
+    StageDef(
+        "asr",
+        "stages.asr",
+        TranscriptArtifact,
+        AsrSettings,
+        key="asr",
+        inputs=("audio",),
+        build=lambda s: AsrSettings(
+            model=s.asr_model,
+            language=s.asr_language,
+            languages=s.asr_languages,
+            weights_dir=_str(s.weights_dir),
+            identify_only=s.langid_only,
+            compute_type=s.asr_compute_type,
+            allow_hub=s.hub,
+            pack_inputs=s.asr_pack_inputs,
+            join_inputs=s.asr_join_inputs,
+            compression_ratio_threshold=s.asr_compression_ratio_threshold,
+            chunk_size=s.asr_chunk_size,
+            word_timestamps=s.align,
+            prompt=s.asr_prompt,
+        ),
+        batch_size=lambda s: s.asr_batch_size,
+        needs=ASR_NEEDS,
+        need_key=lambda c: model_key(c.model),
+    ),
+    StageDef(
+        "diarization",
+        "stages.diarization",
+        DiarizationArtifact,
+        DiarizationSettings,
+        inputs=("audio",),
+        build=lambda s: DiarizationSettings(
+            model=s.diarization_model,
+            min_speakers=s.min_speakers,
+            max_speakers=s.max_speakers,
+            weights_dir=_str(s.weights_dir),
+            runtime=s.diarization_runtime,
+        ),
+        batch_size=lambda s: s.diarization_batch_size,  # its segmentation and speaker-embedding batches
+        enabled=lambda s: s.speakers and not s.langid_only,
+        skippable=_fast_path,
+        needs=SPEAKER_NEEDS,
+        need_key=lambda c: "embedded" if c.model == "embedded" else "auto",
+        version=2,
+    ),  # 2: the artifact keeps each speaker's voice (corpus speakers)
+    StageDef(
+        "enrollment",
+        "stages.enrollment",
+        SpeakerEmbeddingsArtifact,
+        EnrollmentSettings,
+        inputs=("diarization", "audio"),
+        build=lambda s: EnrollmentSettings(
+            encoder=s.speaker_encoder,
+            ecapa_source=s.ecapa_source,
+            allow_hub=s.hub,
+            weights_dir=_str(s.weights_dir),
+            profiles_dir=_str(s.profiles_dir),
+            profiles=profile_fingerprints(s.profiles_dir),
+        ),
+        batch_size=lambda s: s.voice_enrollment_batch_size,
+        enabled=lambda s: (
+            s.speakers
+            and not s.langid_only
+            and not s.skip_voice_embeddings
+            and bool(profile_fingerprints(s.profiles_dir))
+        ),
+        skippable=_fast_path,
+        needs=SPEAKER_NEEDS,
+        need_key=lambda c: c.encoder,
+    ),
+    StageDef(
+        "alignment",
+        "stages.alignment",
+        TranscriptArtifact,
+        AlignmentSettings,
+        inputs=("asr", "audio", "diarization", "speaker_embeddings"),
+        optional_inputs=("diarization", "speaker_embeddings"),
+        build=lambda s: AlignmentSettings(
+            align=s.align, allow_hub=s.hub, speakers=s.speakers, skip_voice_embeddings=s.skip_voice_embeddings
+        ),
+        batch_size=lambda s: s.alignment_batch_size,
+        enabled=lambda s: not s.langid_only,
+        needs=ALIGNMENT_NEEDS,
+        need_key=lambda c: "wav2vec2" if c.align else None,
+    ),
+    StageDef(
+        "embeddings",
+        "stages.embeddings",
+        EmbeddingsArtifact,
+        EmbeddingsSettings,
+        inputs=("transcript",),
+        build=lambda s: EmbeddingsSettings(
+            profile=s.embedding_profile, fallback=s.embedding_fallback, allow_hub=s.hub
+        ),
+        enabled=lambda s: not s.langid_only,
+        batch_size=lambda s: s.embedding_batch_size,
+        needs=EMBEDDING_NEEDS,
+        need_key=lambda c: c.profile,
+    ),
 )
 
 #: ``pipeline enroll NAME CLIP...``: not part of ``process``
 VOICE_PROFILE = StageDef(
-    "voice_profile", "stages.voice_profile", VoiceProfile, VoiceProfileSettings,
+    "voice_profile",
+    "stages.voice_profile",
+    VoiceProfile,
+    VoiceProfileSettings,
     build=lambda s: VoiceProfileSettings(
-        name="speaker", encoder=s.speaker_encoder, ecapa_source=s.ecapa_source, allow_hub=s.hub,
-        weights_dir=_str(s.weights_dir), threshold=s.speaker_threshold),
-    batch_size=lambda s: s.voice_enrollment_batch_size, needs=SPEAKER_NEEDS, need_key=lambda c: c.encoder)
+        name="speaker",
+        encoder=s.speaker_encoder,
+        ecapa_source=s.ecapa_source,
+        allow_hub=s.hub,
+        weights_dir=_str(s.weights_dir),
+        threshold=s.speaker_threshold,
+    ),
+    batch_size=lambda s: s.voice_enrollment_batch_size,
+    needs=SPEAKER_NEEDS,
+    need_key=lambda c: c.encoder,
+)
 
 BY_NAME: dict[str, StageDef] = {d.name: d for d in (*STAGES, VOICE_PROFILE)}
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from contracts import (
@@ -51,8 +51,11 @@ MAX_GAP_S = 1.0
 #: whisperx's torchaudio aligners (whisperx.alignment.DEFAULT_ALIGN_MODELS_TORCH), checked on disk before
 #: whisperx is imported
 TORCHAUDIO_ALIGNERS = {
-    "en": "WAV2VEC2_ASR_BASE_960H", "fr": "VOXPOPULI_ASR_BASE_10K_FR", "de": "VOXPOPULI_ASR_BASE_10K_DE",
-    "es": "VOXPOPULI_ASR_BASE_10K_ES", "it": "VOXPOPULI_ASR_BASE_10K_IT",
+    "en": "WAV2VEC2_ASR_BASE_960H",
+    "fr": "VOXPOPULI_ASR_BASE_10K_FR",
+    "de": "VOXPOPULI_ASR_BASE_10K_DE",
+    "es": "VOXPOPULI_ASR_BASE_10K_ES",
+    "it": "VOXPOPULI_ASR_BASE_10K_IT",
 }
 
 
@@ -99,23 +102,33 @@ class AlignmentStage(TorchStage):
             names = {m.speaker: m.name for m in enrollment.matches if m.name} if enrollment else {}
             segments = split_at_speakers(assign_speakers(segments, diarization.turns, names))
             if enrollment is None and self.settings.skip_voice_embeddings:
-                speakers_note = "enrollment skipped (SKIP_VOICE_EMBEDDINGS): speakers keep their SPEAKER_nn labels"
+                speakers_note = (
+                    "enrollment skipped (SKIP_VOICE_EMBEDDINGS): speakers keep their SPEAKER_nn labels"
+                )
         elif self.settings.speakers:
-            speakers_note = "no speakers: diarization did not run for this input (fast path; see run-report.json)"
-        return asr.model_copy(update={
-            "fingerprint": item.fingerprint,
-            "created_at": datetime.now(timezone.utc),
-            "segments": segments,
-            "aligned": aligned,
-            "aligner": aligner,
-            "alignment_note": note,
-            "diarization": diarization.model if diarization else None,
-            "speaker_encoder": enrollment.encoder_model if enrollment else None,
-            "speakers_note": speakers_note,
-            "dropped_segments": asr.dropped_segments + dropped,
-            "speech_note": asr.speech_note or (f"all {dropped} decoded segment(s) dropped as not speech"
-                                               if dropped and not segments else None),
-        })
+            speakers_note = (
+                "no speakers: diarization did not run for this input (fast path; see run-report.json)"
+            )
+        return asr.model_copy(
+            update={
+                "fingerprint": item.fingerprint,
+                "created_at": datetime.now(UTC),
+                "segments": segments,
+                "aligned": aligned,
+                "aligner": aligner,
+                "alignment_note": note,
+                "diarization": diarization.model if diarization else None,
+                "speaker_encoder": enrollment.encoder_model if enrollment else None,
+                "speakers_note": speakers_note,
+                "dropped_segments": asr.dropped_segments + dropped,
+                "speech_note": asr.speech_note
+                or (
+                    f"all {dropped} decoded segment(s) dropped as not speech"
+                    if dropped and not segments
+                    else None
+                ),
+            }
+        )
 
     # -- alignment ------------------------------------------------------------------
 
@@ -128,7 +141,10 @@ class AlignmentStage(TorchStage):
         except Exception as exc:
             if is_oom(exc):
                 raise
-            reason = f"no wav2vec2 alignment model for {language!r} offline ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+            reason = (
+                f"no wav2vec2 alignment model for {language!r} offline ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:160]})"
+            )
             log.info("alignment: %s; Whisper cross-attention alignment instead", reason)
             self.unavailable[language] = reason
             return self._align_whisper(item, asr, reason)
@@ -138,15 +154,34 @@ class AlignmentStage(TorchStage):
 
         audio = load_artifact(item.inputs["audio"], AudioArtifact)
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
-        result = wxa.align([{"start": s.start, "end": s.end, "text": s.text} for s in asr.segments], model, metadata,
-                           samples, self.device)
+        result = wxa.align(
+            [{"start": s.start, "end": s.end, "text": s.text} for s in asr.segments],
+            model,
+            metadata,
+            samples,
+            self.device,
+        )
         segments = []
         for raw in result["segments"]:
-            words = [Word(word=w["word"], start=_num(w.get("start")), end=_num(w.get("end")), score=_num(w.get("score")))
-                     for w in raw.get("words", [])]
+            words = [
+                Word(
+                    word=w["word"],
+                    start=_num(w.get("start")),
+                    end=_num(w.get("end")),
+                    score=_num(w.get("score")),
+                )
+                for w in raw.get("words", [])
+            ]
             start = max(0.0, float(raw["start"]))
-            segments.append(Segment(id=len(segments), start=round(start, 3), end=round(max(start, float(raw["end"])), 3),
-                                    text=raw["text"].strip(), words=words or None))
+            segments.append(
+                Segment(
+                    id=len(segments),
+                    start=round(start, 3),
+                    end=round(max(start, float(raw["end"])), 3),
+                    text=raw["text"].strip(),
+                    words=words or None,
+                )
+            )
         return segments, True, name, None
 
     def _align_whisper(self, item: WorkItem, asr: TranscriptArtifact, why_not_wav2vec2: str):
@@ -165,7 +200,10 @@ class AlignmentStage(TorchStage):
             except Exception as exc:
                 if is_oom(exc):
                     raise
-                reason = f"{why_not_wav2vec2}; Whisper model {asr.model!r} unusable ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+                reason = (
+                    f"{why_not_wav2vec2}; Whisper model {asr.model!r} unusable "
+                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+                )
                 log.warning("alignment: %s; keeping segment timestamps", reason)
                 return list(asr.segments), False, None, reason
             self.whisper = {key: aligner}  # one model at a time
@@ -229,7 +267,9 @@ def speaker_at(start: float, end: float, turns: list[SpeakerTurn]) -> str | None
     return min(gaps)[1] if gaps else None
 
 
-def assign_speakers(segments: list[Segment], turns: list[SpeakerTurn], names: dict[str, str]) -> list[Segment]:
+def assign_speakers(
+    segments: list[Segment], turns: list[SpeakerTurn], names: dict[str, str]
+) -> list[Segment]:
     """Segments (and their timed words) with speakers: enrolled names where matched, else cluster labels."""
     out = []
     for seg in segments:
@@ -251,15 +291,22 @@ def assign_speakers(segments: list[Segment], turns: list[SpeakerTurn], names: di
     return out
 
 
-def drop_non_speech(segments: list[Segment], speech: list[tuple[float, float]] | None) -> tuple[list[Segment], int]:
+def drop_non_speech(
+    segments: list[Segment], speech: list[tuple[float, float]] | None
+) -> tuple[list[Segment], int]:
     """Timed segments without those that are not speech (stages.speech.keep_segments), renumbered."""
     decoded = []
     for seg in segments:
         timed = [w for w in seg.words or [] if w.start is not None and w.end is not None]
         scores = [w.score for w in seg.words or [] if w.score is not None]
-        decoded.append(Decoded(start=seg.start, end=seg.end,
-                               word_spans=tuple((w.start, w.end) for w in timed) or None,
-                               confidence=sum(scores) / len(scores) if scores else None))
+        decoded.append(
+            Decoded(
+                start=seg.start,
+                end=seg.end,
+                word_spans=tuple((w.start, w.end) for w in timed) or None,
+                confidence=sum(scores) / len(scores) if scores else None,
+            )
+        )
     kept, dropped = keep_segments(decoded, speech)
     return [segments[i].model_copy(update={"id": n}) for n, i in enumerate(kept)], dropped
 
@@ -291,8 +338,16 @@ def split_at_speakers(segments: list[Segment]) -> list[Segment]:
             timed = [w for w in run if w.start is not None and w.end is not None]
             start = min(w.start for w in timed) if timed else seg.start
             end = max(w.end for w in timed) if timed else seg.end
-            out.append(Segment(id=len(out), start=round(start, 3), end=round(max(start, end), 3),
-                               text=" ".join(w.word.strip() for w in run).strip(), words=run, speaker=speaker))
+            out.append(
+                Segment(
+                    id=len(out),
+                    start=round(start, 3),
+                    end=round(max(start, end), 3),
+                    text=" ".join(w.word.strip() for w in run).strip(),
+                    words=run,
+                    speaker=speaker,
+                )
+            )
     return out
 
 

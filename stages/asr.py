@@ -39,19 +39,19 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Iterator
 
-from contracts import AudioArtifact, Artifact, Segment, StageRequest, TranscriptArtifact, WorkItem
+from contracts import Artifact, AudioArtifact, Segment, StageRequest, TranscriptArtifact, WorkItem
 from contracts.artifacts import LanguageId
 from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import AsrSettings
 from stages import language as langid
 from stages.base import TorchStage
-from stages.joining import Joined, Joiner, split_words
 from stages.joining import GAP_S as JOIN_GAP_S
+from stages.joining import Joined, Joiner, split_words
 from stages.memory import is_oom
 from stages.speech import better_loop, clean_pieces, compression_ratio, repeats_itself, whisper_says_silence
 
@@ -96,12 +96,21 @@ class AsrStage(TorchStage):
     packs_items = True
 
     def import_libraries(self) -> None:
-        global ctranslate2, np, torch, whisperx_asr, whisperx_audio, Tokenizer, ctranslate2_storage, timed_words, WORD_TIMING
+        global \
+            ctranslate2, \
+            np, \
+            torch, \
+            whisperx_asr, \
+            whisperx_audio, \
+            Tokenizer, \
+            ctranslate2_storage, \
+            timed_words, \
+            WORD_TIMING
+        import ctranslate2
         import numpy as np
         import torch
         import whisperx.asr as whisperx_asr
         import whisperx.audio as whisperx_audio
-        import ctranslate2
         from faster_whisper.tokenizer import Tokenizer
         from faster_whisper.transcribe import get_ctranslate2_storage as ctranslate2_storage
 
@@ -123,8 +132,10 @@ class AsrStage(TorchStage):
                 device_index=int(index or 0),
                 compute_type=compute_type,
                 language=language,
-                asr_options={"initial_prompt": settings.prompt,
-                             "compression_ratio_threshold": settings.compression_ratio_threshold},
+                asr_options={
+                    "initial_prompt": settings.prompt,
+                    "compression_ratio_threshold": settings.compression_ratio_threshold,
+                },
                 vad_method="pyannote",  # its weights ship inside whisperx; "silero" needs torch.hub
                 local_files_only=not settings.allow_hub,
                 threads=os.cpu_count() or 1,
@@ -164,8 +175,9 @@ class AsrStage(TorchStage):
 
     # -- packing and joining --------------------------------------------------------
 
-    def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
-                       ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+    def process_packed(
+        self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
+    ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
         ready: deque[Joined] = deque()  # windows to decode, in the order they were completed
         joiner = Joiner(self.settings.chunk_size)
         self._joiner = joiner
@@ -195,21 +207,29 @@ class AsrStage(TorchStage):
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
         windows = self._speech_windows(samples)
         language_id = self.identify(samples, windows)
-        language = self.language or language_id.language or (language_id.top[0].language if language_id.top else None)
+        language = (
+            self.language
+            or language_id.language
+            or (language_id.top[0].language if language_id.top else None)
+        )
         if language is None and windows and not self.settings.identify_only:
-            language = self.model.detect_language(samples)  # nothing measured: whisperX's own guess (first 30 s)
+            language = self.model.detect_language(
+                samples
+            )  # nothing measured: whisperX's own guess (first 30 s)
         job = _Input(item, audio, windows, language or "unknown", language_id=language_id, speech=windows)
         if self.settings.identify_only:  # pipeline langid: no transcription
             job.windows, job.texts, job.logprobs, job.no_speech, job.words = [], [], [], [], []
         rate = whisperx_audio.SAMPLE_RATE
         # each window's samples, copied: the input's whole audio is not held while its last window waits to share
-        job.pieces = [samples[int(start * rate):int(end * rate)].copy() for start, end in job.windows]
+        job.pieces = [samples[int(start * rate) : int(end * rate)].copy() for start, end in job.windows]
         return job
 
     def identify(self, samples, windows: list[tuple[float, float]]) -> LanguageId:
         """Language identification (stages/language.py) from ``windows`` unless ASR_LANGUAGE forces one."""
         if self.forced:
-            return LanguageId(status="forced", language=self.forced, allowed=list(self.settings.languages or []))
+            return LanguageId(
+                status="forced", language=self.forced, allowed=list(self.settings.languages or [])
+            )
         if not self.model.model.model.is_multilingual:
             return langid.identify(self.model, samples, [], self.settings.languages)
         return langid.identify(self.model, samples, windows, self.settings.languages)
@@ -219,7 +239,9 @@ class AsrStage(TorchStage):
         short to hold a word (the tail of an utterance cut at chunk_size) join a neighbour or go."""
         return clean_pieces(langid.speech_windows(self.model, samples, self.settings.chunk_size))
 
-    def _decode(self, ready: deque, request: StageRequest) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+    def _decode(
+        self, ready: deque, request: StageRequest
+    ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
         """Decode the next batch of windows; yield the inputs it finished (or failed, alone)."""
         batch: list[Joined] = [ready.popleft() for _ in range(min(self.batch_size, len(ready)))]
         if not self.pack:  # stop at the windows of other inputs than the first window's
@@ -264,7 +286,7 @@ class AsrStage(TorchStage):
         """Decode these input windows each in a window of its own, ``batch_size`` at a time."""
         for first in range(0, len(parts), self.batch_size):
             windows = []
-            for job, i in parts[first:first + self.batch_size]:
+            for job, i in parts[first : first + self.batch_size]:
                 window = Joined(None, JOIN_GAP_S)
                 start, end = job.windows[i]
                 window.add((job, i), end - start)
@@ -287,25 +309,38 @@ class AsrStage(TorchStage):
         limit = options.compression_ratio_threshold
         if temperature > 0:
             ctranslate2.set_random_seed(0)
-            search = {"beam_size": 1, "num_hypotheses": max(1, options.best_of or 1), "sampling_topk": 0,
-                      "sampling_temperature": temperature}
+            search = {
+                "beam_size": 1,
+                "num_hypotheses": max(1, options.best_of or 1),
+                "sampling_topk": 0,
+                "sampling_temperature": temperature,
+            }
         else:
             search = {"beam_size": options.beam_size, "patience": options.patience}
         n_mels = model.feat_kwargs.get("feature_size") or 80
         features = []
         for window in batch:
-            audio = _joined_samples(window)[:whisperx_audio.N_SAMPLES]
-            features.append(whisperx_audio.log_mel_spectrogram(
-                audio, n_mels=n_mels, padding=whisperx_audio.N_SAMPLES - audio.shape[0]))
+            audio = _joined_samples(window)[: whisperx_audio.N_SAMPLES]
+            features.append(
+                whisperx_audio.log_mel_spectrogram(
+                    audio, n_mels=n_mels, padding=whisperx_audio.N_SAMPLES - audio.shape[0]
+                )
+            )
         encoded = model.model.encode(ctranslate2_storage(torch.stack(features)), to_cpu=False)
         languages = [window.parts[0][0].language for window in batch]
         prompts = [self._prompt(language) for language in languages]
         results = model.model.generate(
-            encoded, prompts, **search,
-            length_penalty=options.length_penalty, max_length=model.max_length,
-            suppress_blank=options.suppress_blank, suppress_tokens=options.suppress_tokens,
-            no_repeat_ngram_size=options.no_repeat_ngram_size, repetition_penalty=options.repetition_penalty,
-            return_scores=True, return_no_speech_prob=True,
+            encoded,
+            prompts,
+            **search,
+            length_penalty=options.length_penalty,
+            max_length=model.max_length,
+            suppress_blank=options.suppress_blank,
+            suppress_tokens=options.suppress_tokens,
+            no_repeat_ngram_size=options.no_repeat_ngram_size,
+            repetition_penalty=options.repetition_penalty,
+            return_scores=True,
+            return_no_speech_prob=True,
         )
         # text tokens are decoded alike in every language: the first window's tokenizer serves the batch
         tokenizer = self._tokenizer(languages[0])
@@ -314,23 +349,36 @@ class AsrStage(TorchStage):
             ids = result.sequences_ids[0]
             texts.append([t for t in ids if t < tokenizer.eot])
             # whisperX's average log-probability of the window (score x length^penalty, over length + 1)
-            scores.append((result.scores[0] * len(ids) ** options.length_penalty / (len(ids) + 1),
-                           result.no_speech_prob))
+            scores.append(
+                (
+                    result.scores[0] * len(ids) ** options.length_penalty / (len(ids) + 1),
+                    result.no_speech_prob,
+                )
+            )
             if len(window.parts) == 1:
                 job, i = window.parts[0]
                 text = tokenizer.tokenizer.decode(texts[-1])
                 loops = repeats_itself(text, limit)
                 if loops:
                     looped.append((job, i))
-                if loops and temperature > 0 and not better_loop(
-                        compression_ratio(text), scores[-1][0], compression_ratio(job.texts[i] or ""), job.logprobs[i]):
+                if (
+                    loops
+                    and temperature > 0
+                    and not better_loop(
+                        compression_ratio(text),
+                        scores[-1][0],
+                        compression_ratio(job.texts[i] or ""),
+                        job.logprobs[i],
+                    )
+                ):
                     continue  # loops too, and no better than the best decode so far: that one stays
                 job.texts[i] = text
                 job.logprobs[i], job.no_speech[i] = scores[-1]
                 kept.append(k)
         joined = [k for k, window in enumerate(batch) if len(window.parts) > 1]
-        timed = self._time_words(batch, encoded, texts, languages,
-                                 rows=sorted(kept + joined) if self.word_timing else joined)
+        timed = self._time_words(
+            batch, encoded, texts, languages, rows=sorted(kept + joined) if self.word_timing else joined
+        )
         redo, unsplit, loops = [], 0, 0
         for k in joined:  # each input's words back to it: its text is its words
             window = batch[k]
@@ -339,8 +387,10 @@ class AsrStage(TorchStage):
                 unsplit += 1
                 continue
             sep = "" if self._tokenizer(languages[k]).language_code in NO_SPACE_LANGUAGES else " "
-            split = [(part, words, sep.join(w.word for w in words))
-                     for part, words in zip(window.parts, split_words(timed.get(k) or [], window.spans))]
+            split = [
+                (part, words, sep.join(w.word for w in words))
+                for part, words in zip(window.parts, split_words(timed.get(k) or [], window.spans))
+            ]
             if any(repeats_itself(text, limit) for _, _, text in split):
                 redo.extend(window.parts)  # a loop also eats its neighbours' time: each input alone
                 loops += 1
@@ -348,25 +398,40 @@ class AsrStage(TorchStage):
             for (job, i), words, text in split:
                 job.texts[i] = text
                 job.logprobs[i], job.no_speech[i] = scores[k]
-                job.words[i] = (_in_input_time(words, job.windows[i][0]) or None) if self.word_timing else None
+                job.words[i] = (
+                    (_in_input_time(words, job.windows[i][0]) or None) if self.word_timing else None
+                )
         if redo:
-            log.warning("asr: %d joined window(s) could not be split by word times and %d repeated themselves "
-                        "(compression ratio above %s); their %d input window(s) are decoded alone",
-                        unsplit, loops, limit, len(redo))
+            log.warning(
+                "asr: %d joined window(s) could not be split by word times and %d repeated themselves "
+                "(compression ratio above %s); their %d input window(s) are decoded alone",
+                unsplit,
+                loops,
+                limit,
+                len(redo),
+            )
             self._generate_alone(redo, temperature)
         hotter = [t for t in options.temperatures or [] if t > temperature]
         if looped and limit is not None:
             still = [(job, i) for job, i in dict.fromkeys(looped) if repeats_itself(job.texts[i], limit)]
             for job, i in still:
-                log.warning("asr: %s: %.2f-%.2f s repeats itself (compression ratio %.1f > %s) at temperature %.1f"
-                            "%s: %r", job.item.id, *job.windows[i], compression_ratio(job.texts[i]), limit,
-                            temperature, f"; decoding it again at {hotter[0]:.1f}" if hotter else "; kept",
-                            job.texts[i][:60])
+                log.warning(
+                    "asr: %s: %.2f-%.2f s repeats itself (compression ratio %.1f > %s) at temperature %.1f"
+                    "%s: %r",
+                    job.item.id,
+                    *job.windows[i],
+                    compression_ratio(job.texts[i]),
+                    limit,
+                    temperature,
+                    f"; decoding it again at {hotter[0]:.1f}" if hotter else "; kept",
+                    job.texts[i][:60],
+                )
             if still and hotter:
                 self._generate_alone(still, hotter[0])
 
-    def _time_words(self, batch: list[Joined], encoded, texts: list[list[int]], languages: list[str],
-                    rows) -> dict[int, list | None]:
+    def _time_words(
+        self, batch: list[Joined], encoded, texts: list[list[int]], languages: list[str], rows
+    ) -> dict[int, list | None]:
         """The words of the windows ``rows`` timed by the decoder's cross-attention over the encoder output just
         decoded (CTranslate2 ``Whisper.align``, as faster-whisper's ``word_timestamps``): the alignment stage then
         needs no second pass of the model. One call per language of the batch (its start sequence). A window of
@@ -388,8 +453,15 @@ class AsrStage(TorchStage):
             try:
                 features = encoded if len(chosen) == len(batch) else _rows(encoded, chosen)
                 tokenizer = self._tokenizer(language)
-                frames = [max(1, min(whisperx_audio.N_FRAMES, int(batch[k].length * rate) // whisperx_audio.HOP_LENGTH))
-                          for k in chosen]
+                frames = [
+                    max(
+                        1,
+                        min(
+                            whisperx_audio.N_FRAMES, int(batch[k].length * rate) // whisperx_audio.HOP_LENGTH
+                        ),
+                    )
+                    for k in chosen
+                ]
                 results = model.align(features, tokenizer.sot_sequence, [texts[k] for k in chosen], frames)
             except Exception as exc:
                 if is_oom(exc):
@@ -400,7 +472,7 @@ class AsrStage(TorchStage):
                 window = batch[k]
                 try:
                     out[k] = timed_words(tokenizer, texts[k], result, 0.0, window.length)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - the words stay, untimed, and the log says why
                     _untimed([window], f"{', '.join(job.item.id for job in _jobs([window]))}", exc)
                     continue
                 if len(window.parts) == 1:
@@ -411,37 +483,60 @@ class AsrStage(TorchStage):
     def _tokenizer(self, language: str):
         if language not in self._tokenizers:
             model = self.model.model
-            self._tokenizers[language] = Tokenizer(model.hf_tokenizer, model.model.is_multilingual,
-                                                   task="transcribe", language=language)
+            self._tokenizers[language] = Tokenizer(
+                model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language=language
+            )
         return self._tokenizers[language]
 
     def _prompt(self, language: str) -> list[int]:
         options = self.model.options
-        return self.model.model.get_prompt(self._tokenizer(language), [], without_timestamps=options.without_timestamps,
-                                           prefix=options.prefix, hotwords=options.hotwords)
+        return self.model.model.get_prompt(
+            self._tokenizer(language),
+            [],
+            without_timestamps=options.without_timestamps,
+            prefix=options.prefix,
+            hotwords=options.hotwords,
+        )
 
     def _outcome(self, job: _Input) -> TranscriptArtifact | Exception:
         try:
             return self._artifact(job)
-        except Exception as exc:  # fails this input alone
+        except Exception as exc:  # noqa: BLE001 - fails this input alone
             return exc
 
     def _artifact(self, job: _Input) -> TranscriptArtifact:
         segments, silent = [], 0
         options = self.model.options
-        for (start, end), raw, logprob, no_speech, words in zip(job.windows, job.texts, job.logprobs, job.no_speech,
-                                                                job.words):
+        for (start, end), raw, logprob, no_speech, words in zip(
+            job.windows, job.texts, job.logprobs, job.no_speech, job.words
+        ):
             text = (raw or "").strip()
             if not text:
                 continue
-            if whisper_says_silence(no_speech, logprob, options.no_speech_threshold, options.log_prob_threshold):
+            if whisper_says_silence(
+                no_speech, logprob, options.no_speech_threshold, options.log_prob_threshold
+            ):
                 silent += 1  # e.g. breath or noise the VAD took for speech, decoded into invented words
-                log.info("asr: %s: dropped %.2f-%.2f s as non-speech (no-speech %.2f, log-prob %.2f): %r",
-                         job.item.id, start, end, no_speech, logprob, text[:60])
+                log.info(
+                    "asr: %s: dropped %.2f-%.2f s as non-speech (no-speech %.2f, log-prob %.2f): %r",
+                    job.item.id,
+                    start,
+                    end,
+                    no_speech,
+                    logprob,
+                    text[:60],
+                )
                 continue
             start = max(0.0, start)
-            segments.append(Segment(id=len(segments), start=round(start, 3), end=round(max(start, end), 3), text=text,
-                                    words=words or None))
+            segments.append(
+                Segment(
+                    id=len(segments),
+                    start=round(start, 3),
+                    end=round(max(start, end), 3),
+                    text=text,
+                    words=words or None,
+                )
+            )
         audio = job.audio
         return TranscriptArtifact(
             item_id=job.item.id,
@@ -460,9 +555,13 @@ class AsrStage(TorchStage):
             source_damage=audio.damage,
             source_track=audio.track,
             speech=[(round(a, 3), round(b, 3)) for a, b in job.speech],
-            speech_note=("no speech detected (voice activity detection found none): no segments" if not job.speech
-                         else f"all {silent} decoded window(s) scored as non-speech by Whisper: no segments"
-                         if silent and not segments else None),
+            speech_note=(
+                "no speech detected (voice activity detection found none): no segments"
+                if not job.speech
+                else f"all {silent} decoded window(s) scored as non-speech by Whisper: no segments"
+                if silent and not segments
+                else None
+            ),
             dropped_segments=silent,
             language_id=job.language_id,
         )
@@ -506,8 +605,13 @@ class _Input:
 
 def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:
     """These windows keep their text without words (the alignment stage will time them)."""
-    log.warning("asr: word timing failed for %s (%d window(s); %s: %s); the alignment stage will time those "
-                "words", what, len(windows), type(exc).__name__, exc)
+    log.warning(
+        "asr: word timing failed for %s (%d window(s); %s: %s); the alignment stage will time those words",
+        what,
+        len(windows),
+        type(exc).__name__,
+        exc,
+    )
     for window in windows:
         for job, i in window.parts:
             job.words[i] = None
@@ -515,7 +619,10 @@ def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:
 
 def _in_input_time(words: list, start: float) -> list:
     """Words timed in a window's time, moved to the input's time (the window starts ``start`` s into it)."""
-    return [w.model_copy(update={"start": round(start + w.start, 3), "end": round(start + w.end, 3)}) for w in words]
+    return [
+        w.model_copy(update={"start": round(start + w.start, 3), "end": round(start + w.end, 3)})
+        for w in words
+    ]
 
 
 def _jobs(windows: list[Joined]) -> list[_Input]:

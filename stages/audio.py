@@ -29,10 +29,34 @@ MEDIA_HINT = (".mp4", ".mkv", ".wav", ".mp3")
 
 #: FFmpeg demuxers the stage opens (``format_whitelist``): audio and video containers that hold
 #: their own media. Not here on purpose: hls, concat, image2 and other formats that name other files.
-FORMATS = ",".join((
-    "mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "wav", "w64", "aiff", "caf", "mp3", "aac", "ac3", "eac3",
-    "flac", "ogg", "wv", "ape", "tta", "amr", "avi", "asf", "flv", "mpegts", "mpeg", "mxf", "nut", "dts",
-))
+FORMATS = ",".join(
+    (
+        "mov,mp4,m4a,3gp,3g2,mj2",
+        "matroska,webm",
+        "wav",
+        "w64",
+        "aiff",
+        "caf",
+        "mp3",
+        "aac",
+        "ac3",
+        "eac3",
+        "flac",
+        "ogg",
+        "wv",
+        "ape",
+        "tta",
+        "amr",
+        "avi",
+        "asf",
+        "flv",
+        "mpegts",
+        "mpeg",
+        "mxf",
+        "nut",
+        "dts",
+    )
+)
 #: how FFmpeg opens inputs: local files only, no network or nested protocols
 OPEN_OPTIONS = {"protocol_whitelist": "file", "format_whitelist": FORMATS}
 
@@ -57,7 +81,9 @@ class AudioStage(Stage):
             samples, info = decode(opened, shown=source)
             check_unchanged(source, item.source_version, during=True, fd=fd)
         if info["damage"] and self.settings.on_damaged == "fail":
-            raise InputError(f"damaged media: {info['damage']} (PIPELINE_ON_DAMAGED=keep transcribes what decoded)")
+            raise InputError(
+                f"damaged media: {info['damage']} (PIPELINE_ON_DAMAGED=keep transcribes what decoded)"
+            )
         if info["damage"]:
             log.warning("audio: %s is damaged: %s; keeping what decoded", source, info["damage"])
         sidecar = Path(item.output).with_suffix(".npy")
@@ -66,7 +92,9 @@ class AudioStage(Stage):
             write_listen_copy(sidecar.with_name(LISTEN_COPY), samples)
         except (av.FFmpegError, OSError) as exc:  # the transcript page then points at the source
             if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):  # the run stops
-                raise DiskFullError(f"no space left writing {LISTEN_COPY} ({exc}) in {sidecar.parent}") from None
+                raise DiskFullError(
+                    f"no space left writing {LISTEN_COPY} ({exc}) in {sidecar.parent}"
+                ) from None
             log.warning("audio: no compressed copy of %s for the transcript page: %s", source, exc)
         return AudioArtifact(
             item_id=item.id,
@@ -99,8 +127,15 @@ def check_readable(path: Path) -> int:
     if stat.S_ISDIR(info.st_mode):
         raise InputError(f"directory without media files ({', '.join(sorted(MEDIA_HINT))}...): {path}")
     if not stat.S_ISREG(info.st_mode):
-        kind = ("FIFO" if stat.S_ISFIFO(info.st_mode) else "socket" if stat.S_ISSOCK(info.st_mode)
-                else "device file" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "special file")
+        kind = (
+            "FIFO"
+            if stat.S_ISFIFO(info.st_mode)
+            else "socket"
+            if stat.S_ISSOCK(info.st_mode)
+            else "device file"
+            if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+            else "special file"
+        )
         raise InputError(f"not a regular file ({kind}): {path}")
     if not os.access(path, os.R_OK):
         raise InputError(f"permission denied: {path}")
@@ -130,8 +165,10 @@ def open_confined(path: Path, roots: list[str]) -> Iterator[tuple[int, Path]]:
             allowed = [Path(os.path.realpath(root)) for root in roots]
             if not any(real == root or root in real.parents for root in allowed):
                 log.warning("audio: %s opened %s, outside the allowed roots", path, real)
-                raise InputError(f"refused: the file opened is outside the allowed input roots (was a folder "
-                                 f"on its path replaced by a symbolic link?): {path}")
+                raise InputError(
+                    f"refused: the file opened is outside the allowed input roots (was a folder "
+                    f"on its path replaced by a symbolic link?): {path}"
+                )
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise InputError(f"not a regular file (replaced since it was checked): {path}")
         yield fd, opened
@@ -151,7 +188,9 @@ def recorded_source(path: Path) -> str:
     return str(path)
 
 
-def check_unchanged(path: Path, planned: SourceVersion | None, during: bool = False, fd: int | None = None) -> None:
+def check_unchanged(
+    path: Path, planned: SourceVersion | None, during: bool = False, fd: int | None = None
+) -> None:
     """Fail when ``path`` (or the open file ``fd``) is not the file the run planned (written to, replaced,
     truncated since)."""
     if planned is None:
@@ -163,8 +202,11 @@ def check_unchanged(path: Path, planned: SourceVersion | None, during: bool = Fa
     if (st.st_size, st.st_mtime_ns) == (planned.size, planned.mtime_ns):
         return
     when = "while it was decoded" if during else "since the run was planned"
-    what = (f"size {planned.size} -> {st.st_size} bytes" if st.st_size != planned.size
-            else "same size, modified again")
+    what = (
+        f"size {planned.size} -> {st.st_size} bytes"
+        if st.st_size != planned.size
+        else "same size, modified again"
+    )
     raise InputError(f"source changed {when} ({what}); a rerun processes the new version: {path}")
 
 
@@ -184,8 +226,11 @@ def decode(path: Path, shown: Path | None = None):
     except av.FFmpegError as exc:
         # through /proc/self/fd/N FFmpeg sees no file name, so a playlist is "invalid data" rather than a
         # refused format: its first bytes tell either way
-        why = _refusal(opened) or ("not an audio or video container the pipeline reads"  # "Invalid argument"
-                                   if isinstance(exc, av.ArgumentError) else _reason(exc))
+        why = _refusal(opened) or (
+            "not an audio or video container the pipeline reads"  # "Invalid argument"
+            if isinstance(exc, av.ArgumentError)
+            else _reason(exc)
+        )
         raise InputError(f"not a readable media file ({why}): {path}") from None
     with container:
         if not container.streams.audio:
@@ -196,8 +241,11 @@ def decode(path: Path, shown: Path | None = None):
         info = {
             "source_stream": stream.index,
             "audio_streams": count,
-            "track": None if count < 2 else (
-                f"{count} audio tracks: decoded stream {stream.index} ({'marked default' if marked else 'the first'})"),
+            "track": None
+            if count < 2
+            else (
+                f"{count} audio tracks: decoded stream {stream.index} ({'marked default' if marked else 'the first'})"
+            ),
             "source_codec": stream.codec_context.name or "unknown",
             "source_sample_rate": int(stream.codec_context.sample_rate or stream.rate or 0) or 1,
             "source_channels": int(stream.codec_context.channels or 1),
@@ -237,13 +285,16 @@ def write_listen_copy(path: Path, samples) -> None:
     transcript page plays. Browsers seek in it; an hour encodes in seconds."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with av.open(str(tmp), "w", format="ogg", options={"fflags": "+bitexact"}) as out:  # bitexact: a fixed Ogg serial, the same bytes each run
+        with av.open(
+            str(tmp), "w", format="ogg", options={"fflags": "+bitexact"}
+        ) as out:  # bitexact: a fixed Ogg serial, the same bytes each run
             stream = out.add_stream("libopus", rate=SAMPLE_RATE, layout="mono")
             stream.bit_rate = LISTEN_BIT_RATE
             step = SAMPLE_RATE * 10
             for at in range(0, samples.shape[0], step):
-                frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[None, at:at + step]),
-                                                   format="flt", layout="mono")
+                frame = av.AudioFrame.from_ndarray(
+                    np.ascontiguousarray(samples[None, at : at + step]), format="flt", layout="mono"
+                )
                 frame.sample_rate = SAMPLE_RATE
                 for packet in stream.encode(frame):
                     out.mux(packet)
@@ -268,8 +319,12 @@ def _expected_duration(container, stream) -> float | None:
 
 
 #: how the first bytes of files FFmpeg would follow elsewhere begin
-_POINTERS = ((b"#EXTM3U", "an HLS/M3U playlist"), (b"ffconcat", "an FFmpeg concat list"),
-             (b"[playlist]", "a PLS playlist"), (b"<?xml", "an XML document (DASH manifest or playlist)"))
+_POINTERS = (
+    (b"#EXTM3U", "an HLS/M3U playlist"),
+    (b"ffconcat", "an FFmpeg concat list"),
+    (b"[playlist]", "a PLS playlist"),
+    (b"<?xml", "an XML document (DASH manifest or playlist)"),
+)
 
 
 def _refusal(path: Path) -> str | None:

@@ -7,9 +7,10 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Iterator
+from typing import ClassVar
 
 from contracts import (
     Artifact,
@@ -48,7 +49,7 @@ class Stage(ABC):
     #: the stage works on several items at once (:meth:`process_packed`) instead of one by one
     packs_items: ClassVar[bool] = False
 
-    def import_libraries(self) -> None:
+    def import_libraries(self) -> None:  # noqa: B027 - optional hook
         """Import heavy libraries (timed separately from model loading)."""
 
     def resolve_device(self, requested: str) -> str:
@@ -67,14 +68,15 @@ class Stage(ABC):
         the first stage. Sidecar files go next to ``item.output``.
         """
 
-    def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
-                       ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+    def process_packed(
+        self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
+    ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
         """For stages with :attr:`packs_items`: consume ``(item, upstream)`` pairs as needed and yield
         each item with its artifact (or the exception that failed it alone), in any order, as soon
         as it is done. Call :meth:`mark_in_flight` with the items whose work is under way."""
         raise NotImplementedError
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook
         """Drop the model (the process exits right after, which frees everything)."""
 
     # -- the shared loop -------------------------------------------------
@@ -140,8 +142,10 @@ class Stage(ABC):
         try:
             return self.settings_model.model_validate(request.settings)
         except ValueError as exc:
-            raise ArtifactError(request.request_id, f"invalid stage settings for {self.name}: "
-                                                    f"{' '.join(str(exc).split())[:300]}") from exc
+            raise ArtifactError(
+                request.request_id,
+                f"invalid stage settings for {self.name}: {' '.join(str(exc).split())[:300]}",
+            ) from exc
 
     def _packs(self) -> bool:
         """Pack only when :meth:`process_packed` is the most derived of the two hooks: a subclass that
@@ -170,7 +174,7 @@ class Stage(ABC):
             if getattr(upstream, "duration_s", None):
                 self._in_flight(request, item, upstream.duration_s)
             artifact = self.process(item, upstream, request)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - _finish re-raises what must stop the child
             return self._finish(item, exc, t0)
         return self._finish(item, artifact, t0)
 
@@ -187,7 +191,7 @@ class Stage(ABC):
                 self._in_flight(request, item, None)
                 try:
                     upstream = self._read_input(item)
-                except BaseException as exc:
+                except BaseException as exc:  # noqa: BLE001 - _finish re-raises what must stop the child
                     record(self._finish(item, exc, started.pop(item.id)))
                     continue
                 yield item, upstream
@@ -202,23 +206,37 @@ class Stage(ABC):
             if isinstance(outcome, BaseException):
                 raise outcome
             if not isinstance(outcome, self.output):
-                raise TypeError(f"{self.name} produced {type(outcome).__name__}, expected {self.output.__name__}")
+                raise TypeError(
+                    f"{self.name} produced {type(outcome).__name__}, expected {self.output.__name__}"
+                )
             save_model(outcome, item.output)
         except BaseException as exc:
             if is_oom(exc) or is_disk_full(exc) or not isinstance(exc, Exception):
                 raise  # the whole child stops; the parent decides (halve the batch, stop the run, ...)
             reason = _one_line(exc)
             level = logging.WARNING if isinstance(exc, PipelineError) else logging.ERROR
-            log.log(level, "%s: %s failed: %s", self.name, item.id, reason, exc_info=not isinstance(exc, PipelineError))
+            log.log(
+                level,
+                "%s: %s failed: %s",
+                self.name,
+                item.id,
+                reason,
+                exc_info=not isinstance(exc, PipelineError),
+            )
             return ItemResult(id=item.id, ok=False, error=reason, seconds=time.perf_counter() - t0)
         seconds = time.perf_counter() - t0
         log.info("%s: %s done in %.2fs", self.name, item.id, seconds)
         return ItemResult(id=item.id, ok=True, output=item.output, seconds=seconds)
 
-    def pack_groups(self, request: StageRequest, entries: Iterator[tuple[WorkItem, Artifact | str]],
-                    prepare: Callable[[WorkItem, Artifact | str], Member], compute: Callable[[list], object],
-                    finish: Callable[[Member, object], Artifact], batches: int
-                    ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+    def pack_groups(
+        self,
+        request: StageRequest,
+        entries: Iterator[tuple[WorkItem, Artifact | str]],
+        prepare: Callable[[WorkItem, Artifact | str], Member],
+        compute: Callable[[list], object],
+        finish: Callable[[Member, object], Artifact],
+        batches: int,
+    ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
         """A :meth:`process_packed` for stages whose model work is one call over a list of parts (texts,
         clips): ``prepare`` turns each input into a :class:`Member` with its parts; once the group holds
         ``batches`` batches' worth of parts, ``compute`` runs once over all of them and ``finish`` gets each
@@ -240,8 +258,9 @@ class Stage(ABC):
         if group:
             yield from self._shared(request, group, compute, finish)
 
-    def _shared(self, request: StageRequest, group: list[Member], compute, finish
-                ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+    def _shared(
+        self, request: StageRequest, group: list[Member], compute, finish
+    ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
         seconds = [m.audio_s for m in group]
         self.mark_in_flight(request, [m.item.id for m in group], None if None in seconds else sum(seconds))
         try:
@@ -252,8 +271,12 @@ class Stage(ABC):
             if len(group) == 1:
                 yield group[0].item, exc
                 return
-            log.warning("%s: a shared batch of %d inputs failed (%s); going one by one", self.name, len(group),
-                        _one_line(exc))
+            log.warning(
+                "%s: a shared batch of %d inputs failed (%s); going one by one",
+                self.name,
+                len(group),
+                _one_line(exc),
+            )
             rows = None
         start = 0
         for m in group:
@@ -262,7 +285,7 @@ class Stage(ABC):
                     self.mark_in_flight(request, [m.item.id], m.audio_s)
                     yield m.item, finish(m, compute(m.parts))
                 else:
-                    yield m.item, finish(m, rows[start:start + len(m.parts)])
+                    yield m.item, finish(m, rows[start : start + len(m.parts)])
             except Exception as exc:
                 if is_oom(exc):
                     raise

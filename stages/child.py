@@ -20,16 +20,20 @@ from contracts.errors import ArtifactError
 from contracts.io import is_disk_full
 from contracts.jsonl import append_line
 from stages.base import Stage
-from stages.noise import quiet_libraries
 from stages.memory import configure_heap, is_oom
+from stages.noise import quiet_libraries
 
 log = logging.getLogger("stages.child")
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
-def main(request_path: str, log_path: str | None = None, warm_module: str | None = None,
-         warm_env: dict[str, str] | None = None) -> None:
+def main(
+    request_path: str,
+    log_path: str | None = None,
+    warm_module: str | None = None,
+    warm_env: dict[str, str] | None = None,
+) -> None:
     """Run one stage request and leave the process with an :class:`ExitCode`.
 
     With ``warm_module``, apply ``warm_env`` (the environment the request will carry), import
@@ -89,7 +93,12 @@ def run_request(request_path: str) -> ExitCode:
     heap = configure_heap()  # a warm child did it on arrival; this is the cold child's first chance
     log.info(
         "%s: pid %d, attempt %d, %d item(s), batch size %d, heap %s",
-        request.stage, os.getpid(), request.attempt, len(request.items), request.batch_size, heap,
+        request.stage,
+        os.getpid(),
+        request.attempt,
+        len(request.items),
+        request.batch_size,
+        heap,
     )
     try:
         stage = import_module(request.module).STAGE

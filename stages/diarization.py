@@ -30,9 +30,9 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from contracts import Artifact, AudioArtifact, DiarizationArtifact, SpeakerTurn, StageRequest, WorkItem
 from contracts.errors import ModelUnavailableError
@@ -106,8 +106,11 @@ class DiarizationStage(TorchStage):
                 if is_oom(exc):
                     raise
                 self.fallback_reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-                log.warning("diarization: pyannote pipeline %r is not available (%s); using the embedded diarizer",
-                            name, self.fallback_reason)
+                log.warning(
+                    "diarization: pyannote pipeline %r is not available (%s); using the embedded diarizer",
+                    name,
+                    self.fallback_reason,
+                )
         self.embedded = EmbeddedDiarizer(device, settings.weights_dir, self.batch_size, settings.runtime)
         self.model_name = self.embedded.name
         log.info("diarization: embedded diarizer runs %s", self.embedded.runtime)
@@ -119,16 +122,21 @@ class DiarizationStage(TorchStage):
         samples = self._samples(item, audio)
         voices: dict = {}
         if self.pipeline is not None:
-            frame, vectors = self.pipeline(samples, min_speakers=self.min_speakers, max_speakers=self.max_speakers,
-                                           return_embeddings=True)
+            frame, vectors = self.pipeline(
+                samples,
+                min_speakers=self.min_speakers,
+                max_speakers=self.max_speakers,
+                return_embeddings=True,
+            )
             raw = [(float(r.start), float(r.end), str(r.speaker)) for r in frame.itertuples()]
             voices = {str(k): np.asarray(v, np.float32) for k, v in (vectors or {}).items()}
         else:
             raw = self.embedded(samples, self.min_speakers, self.max_speakers, voices)
         return self._artifact(item, audio, raw, voices)
 
-    def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
-                       ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+    def process_packed(
+        self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
+    ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
         """Embedded diarizer, two shared streams: the 10 s segmentation windows of successive inputs share
         batches until ``GROUP_BATCHES`` batches' worth is collected, then the local-speaker clips of those
         inputs are embedded the same way; clustering and turns stay per input. A failing shared batch is
@@ -161,19 +169,31 @@ class DiarizationStage(TorchStage):
         def finish(member: Member, rows) -> DiarizationArtifact:
             audio, local = member.data.audio, member.data.local
             voices: dict = {}
-            return self._artifact(member.item, audio, embedded.finish(local, rows, self.min_speakers,
-                                                                      self.max_speakers, voices), voices)
+            return self._artifact(
+                member.item,
+                audio,
+                embedded.finish(local, rows, self.min_speakers, self.max_speakers, voices),
+                voices,
+            )
 
-        segments = self.pack_groups(request, entries, windows, compute=embedded.segment, finish=segmented,
-                                    batches=GROUP_BATCHES)
-        yield from self.pack_groups(request, segments, clips,
-                                    compute=lambda parts: embedded.encoder.embed(parts, self.batch_size),
-                                    finish=finish, batches=GROUP_BATCHES)
+        segments = self.pack_groups(
+            request, entries, windows, compute=embedded.segment, finish=segmented, batches=GROUP_BATCHES
+        )
+        yield from self.pack_groups(
+            request,
+            segments,
+            clips,
+            compute=lambda parts: embedded.encoder.embed(parts, self.batch_size),
+            finish=finish,
+            batches=GROUP_BATCHES,
+        )
 
     def _samples(self, item: WorkItem, audio: AudioArtifact):
         return np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
 
-    def _artifact(self, item: WorkItem, audio: AudioArtifact, raw, voices: dict | None = None) -> DiarizationArtifact:
+    def _artifact(
+        self, item: WorkItem, audio: AudioArtifact, raw, voices: dict | None = None
+    ) -> DiarizationArtifact:
         names = label_names(raw)
         kept = {}
         for key, vector in (voices or {}).items():
@@ -239,8 +259,15 @@ class EmbeddedDiarizer:
                 raise
             raise ModelUnavailableError(f"cannot load segmentation model {path}: {exc}") from exc
         self.duration = float(model.specifications.duration)
-        self.inference = Inference(model, window="sliding", duration=self.duration, step=STEP_S,
-                                   skip_aggregation=True, device=torch.device(device), batch_size=max(1, batch_size))
+        self.inference = Inference(
+            model,
+            window="sliding",
+            duration=self.duration,
+            step=STEP_S,
+            skip_aggregation=True,
+            device=torch.device(device),
+            batch_size=max(1, batch_size),
+        )
         fix_reproducibility(torch.device(device))  # what Inference.__call__ does (no TF32 on CUDA)
         self.window_samples = model.audio.get_num_samples(self.duration)
         self.step_samples = round(STEP_S * SAMPLE_RATE)
@@ -249,20 +276,31 @@ class EmbeddedDiarizer:
             from stages.onnx_models import session
 
             probe = 0.1 * torch.randn(2, 1, self.window_samples, generator=torch.Generator().manual_seed(0))
-            self.onnx = session("segmentation", model.eval(), Path(path), probe, "waveforms", {0: "batch"},
-                                tolerance=1e-3)
+            self.onnx = session(
+                "segmentation", model.eval(), Path(path), probe, "waveforms", {0: "batch"}, tolerance=1e-3
+            )
         self.encoder = CamPlusPlusEncoder(device, weight_path("campplus", weights_dir), runtime)
         self.runtime = f"segmentation {'onnx' if self.onnx else 'torch'}, embeddings {self.encoder.runtime}"
         self.batch_size = max(1, batch_size)
         self.name = f"{EMBEDDED}:pyannote-segmentation-3.0+campplus"
 
-    def __call__(self, samples, min_speakers: int | None = None, max_speakers: int | None = None,
-                 voices: dict | None = None):
+    def __call__(
+        self,
+        samples,
+        min_speakers: int | None = None,
+        max_speakers: int | None = None,
+        voices: dict | None = None,
+    ):
         """(start, end, cluster) for each turn of ``samples`` (16 kHz mono float32); ``voices`` (when given)
         gets each cluster's voice (:meth:`finish`)."""
         local = self.local(samples, self.segment(self.windows(samples)))
-        return self.finish(local, self.encoder.embed(local.clips, self.batch_size) if local.clips else None,
-                           min_speakers, max_speakers, voices)
+        return self.finish(
+            local,
+            self.encoder.embed(local.clips, self.batch_size) if local.clips else None,
+            min_speakers,
+            max_speakers,
+            voices,
+        )
 
     def windows(self, samples) -> list:
         """The 10 s windows of ``samples`` every ``STEP_S`` (views; the last one zero-padded), cut as
@@ -271,9 +309,9 @@ class EmbeddedDiarizer:
             return []
         size, step = self.window_samples, self.step_samples
         complete = 1 + (samples.size - size) // step if samples.size >= size else 0
-        cut = [samples[c * step:c * step + size] for c in range(complete)]
+        cut = [samples[c * step : c * step + size] for c in range(complete)]
         if samples.size < size or (samples.size - size) % step:
-            last = samples[complete * step:]
+            last = samples[complete * step :]
             cut.append(np.pad(last, (0, size - last.size)))
         return cut
 
@@ -281,7 +319,7 @@ class EmbeddedDiarizer:
         """Frame activity (windows, frames, local speakers), 0/1, of ``windows`` in batches of ``batch_size``."""
         rows = []
         for start in range(0, len(windows), self.batch_size):
-            batch = np.stack(windows[start:start + self.batch_size]).astype(np.float32, copy=False)
+            batch = np.stack(windows[start : start + self.batch_size]).astype(np.float32, copy=False)
             rows.append(np.asarray(self.infer(torch.from_numpy(batch).unsqueeze(1)), dtype=np.float32))
         return np.concatenate(rows) if rows else np.zeros((0, 0, 0), np.float32)
 
@@ -315,8 +353,14 @@ class EmbeddedDiarizer:
                     clips.append(clip)
         return _Local(samples.size / SAMPLE_RATE, activity, starts, frame_s, keys, clips)
 
-    def finish(self, local: _Local, embeddings, min_speakers: int | None = None, max_speakers: int | None = None,
-               voices: dict | None = None):
+    def finish(
+        self,
+        local: _Local,
+        embeddings,
+        min_speakers: int | None = None,
+        max_speakers: int | None = None,
+        voices: dict | None = None,
+    ):
         """Cluster the local speakers' ``embeddings`` (rows of ``local.clips``) and rebuild the turns.
         ``voices`` (when given) gets each cluster's voice: cluster name -> the mean of its embeddings."""
         if not local.clips:
@@ -336,12 +380,12 @@ class EmbeddedDiarizer:
         count = np.zeros((total, 1), np.float32)
         for c in range(chunks):
             first = int(round(starts[c] / frame_s))
-            count[first:first + frames] += 1
+            count[first : first + frames] += 1
             local_score = np.zeros((frames, speakers), np.float32)
             for (cc, k), label in zip(keys, labels):
                 if cc == c:
                     local_score[:, label] = np.maximum(local_score[:, label], activity[c, :, k])
-            score[first:first + frames] += local_score
+            score[first : first + frames] += local_score
         active = score / np.maximum(count, 1) >= 0.5
         turns = []
         for s in range(speakers):
@@ -381,7 +425,7 @@ def _masked(samples, start_s: float, frame_s: float, mask):
     for run in np.split(idx, np.flatnonzero(np.diff(idx) > 1) + 1):
         a = int((start_s + run[0] * frame_s) * SAMPLE_RATE)
         b = int((start_s + (run[-1] + 1) * frame_s) * SAMPLE_RATE)
-        pieces.append(samples[max(0, a):max(0, min(b, samples.size))])
+        pieces.append(samples[max(0, a) : max(0, min(b, samples.size))])
     return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
 
@@ -400,8 +444,12 @@ def _runs(active, frame_s: float) -> list[tuple[float, float]]:
     return [(a, b) for a, b in runs]
 
 
-def cluster(embeddings, min_speakers: int | None = None, max_speakers: int | None = None,
-            distance: float = CLUSTER_DISTANCE):
+def cluster(
+    embeddings,
+    min_speakers: int | None = None,
+    max_speakers: int | None = None,
+    distance: float = CLUSTER_DISTANCE,
+):
     """Cluster labels 0..n-1 of L2-normalised ``embeddings`` (agglomerative, average linkage, cosine)."""
     from scipy.cluster.hierarchy import fcluster, linkage
 

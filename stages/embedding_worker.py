@@ -25,8 +25,8 @@ from contracts.errors import ModelUnavailableError
 from contracts.worker import (
     FROM_WORKER,
     TO_WORKER,
-    EmbedTask,
     Embedded,
+    EmbedTask,
     Ready,
     StartFailed,
     StopWorker,
@@ -57,17 +57,29 @@ class Embedder:
         self.dimension = int(self.model.get_embedding_dimension())
 
     def ready(self) -> Ready:
-        return Ready(pid=os.getpid(), model=public_name(self.loaded.name), model_path=self.loaded.name,
-                     requested_model=public_name(self.loaded.requested),
-                     fallback_reason=self.loaded.fallback_reason, device=self.device, dimension=self.dimension,
-                     max_seq_length=getattr(self.model, "max_seq_length", None), load_s=self.load_s)
+        return Ready(
+            pid=os.getpid(),
+            model=public_name(self.loaded.name),
+            model_path=self.loaded.name,
+            requested_model=public_name(self.loaded.requested),
+            fallback_reason=self.loaded.fallback_reason,
+            device=self.device,
+            dimension=self.dimension,
+            max_seq_length=getattr(self.model, "max_seq_length", None),
+            load_s=self.load_s,
+        )
 
     def encode(self, texts: list[str], normalize: bool):
         """``len(texts) x dimension`` float32, in one batch of ``len(texts)``."""
         import numpy as np
 
-        vectors = self.model.encode(texts, batch_size=len(texts), normalize_embeddings=normalize,
-                                    convert_to_numpy=True, show_progress_bar=False)
+        vectors = self.model.encode(
+            texts,
+            batch_size=len(texts),
+            normalize_embeddings=normalize,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
         return np.ascontiguousarray(vectors, dtype="<f4")
 
     def count_tokens(self, texts: list[str]) -> list[int]:
@@ -103,16 +115,25 @@ def serve(conn, config: WorkerConfig) -> ExitCode:
     """Load the model, say ``Ready``, then answer tasks until told to stop (or the pipe closes)."""
     try:
         embedder = import_module(config.module).load_embedder(config)
-    except BaseException as exc:  # noqa: BLE001 - every way out is reported, then becomes an exit code
-        reason = "oom" if is_oom(exc) else "unavailable" if isinstance(exc, ModelUnavailableError) else "error"
+    except BaseException as exc:  # every way out is reported, then becomes an exit code
+        reason = (
+            "oom" if is_oom(exc) else "unavailable" if isinstance(exc, ModelUnavailableError) else "error"
+        )
         message = " ".join(str(exc).split())[:500] or type(exc).__name__
         log.error("%s: cannot load the model: %s", config.name, message, exc_info=reason == "error")
         _send(conn, StartFailed(reason=reason, message=message))
         return ExitCode.OOM if reason == "oom" else ExitCode.FAILED
     ready = embedder.ready()
-    log.info("%s: pid %d, %s on %s (dimension %d), loaded in %.2fs%s", config.name, ready.pid, ready.model,
-             ready.device, ready.dimension, ready.load_s,
-             f"; fallback: {ready.fallback_reason}" if ready.fallback_reason else "")
+    log.info(
+        "%s: pid %d, %s on %s (dimension %d), loaded in %.2fs%s",
+        config.name,
+        ready.pid,
+        ready.model,
+        ready.device,
+        ready.dimension,
+        ready.load_s,
+        f"; fallback: {ready.fallback_reason}" if ready.fallback_reason else "",
+    )
     _send(conn, ready)
     while True:
         try:
@@ -142,8 +163,14 @@ def _run(embedder: Embedder, task: EmbedTask, name: str) -> Embedded | TaskFaile
         return TaskFailed(task_id=task.task_id, reason="error", message=message)
     seconds = time.perf_counter() - started
     log.debug("%s: %d text(s) in %.3fs", name, len(task.texts), seconds)
-    return Embedded(task_id=task.task_id, vectors=vectors.tobytes(), count=int(vectors.shape[0]),
-                    dimension=int(vectors.shape[1]), tokens=tokens, seconds=seconds)
+    return Embedded(
+        task_id=task.task_id,
+        vectors=vectors.tobytes(),
+        count=int(vectors.shape[0]),
+        dimension=int(vectors.shape[1]),
+        tokens=tokens,
+        seconds=seconds,
+    )
 
 
 def _send(conn, message) -> None:

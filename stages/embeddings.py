@@ -10,10 +10,11 @@ warning, and the artifact records the model actually used and why.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from contracts import Artifact, EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
@@ -86,7 +87,9 @@ def load_model(profile: str, device: str, allow_hub: bool = False, fallback: boo
         log.warning(
             "embeddings: model %r (profile %r) is not available offline (%s); "
             "falling back to the embedded all-MiniLM-L6-v2",
-            requested, profile, reason,
+            requested,
+            profile,
+            reason,
         )
         name = str(embedded_model_path())
         return LoadedModel(_load(name, device, False), name, profile, requested, reason)
@@ -123,28 +126,41 @@ class EmbeddingsStage(TorchStage):
 
     def load(self, request: StageRequest, device: str) -> str:
         settings: EmbeddingsSettings = self.settings
-        loaded = load_model(settings.profile, device, allow_hub=settings.allow_hub, fallback=settings.fallback)
+        loaded = load_model(
+            settings.profile, device, allow_hub=settings.allow_hub, fallback=settings.fallback
+        )
         self.model, self.model_name = loaded.model, loaded.name
-        self.profile, self.requested, self.fallback_reason = loaded.profile, loaded.requested, loaded.fallback_reason
+        self.profile, self.requested, self.fallback_reason = (
+            loaded.profile,
+            loaded.requested,
+            loaded.fallback_reason,
+        )
         return self.model_name
 
     packs_items = True
 
-    def process(self, item: WorkItem, transcript: TranscriptArtifact, request: StageRequest) -> EmbeddingsArtifact:
+    def process(
+        self, item: WorkItem, transcript: TranscriptArtifact, request: StageRequest
+    ) -> EmbeddingsArtifact:
         vectors = self._encode([segment.text for segment in transcript.segments])
         return self._artifact(item, transcript, vectors)
 
-    def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
-                       ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+    def process_packed(
+        self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
+    ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
         """Texts of successive inputs go into one ``encode`` stream (sentence-transformers sorts them by
         length, so batches waste little padding) until ``GROUP_BATCHES`` batches' worth is collected;
         the vectors are split back per input."""
         return self.pack_groups(
-            request, entries,
-            prepare=lambda item, transcript: Member(item, [s.text for s in transcript.segments], data=transcript),
+            request,
+            entries,
+            prepare=lambda item, transcript: Member(
+                item, [s.text for s in transcript.segments], data=transcript
+            ),
             compute=self._encode,
             finish=lambda member, vectors: self._artifact(member.item, member.data, vectors),
-            batches=GROUP_BATCHES)
+            batches=GROUP_BATCHES,
+        )
 
     def _encode(self, texts: list[str]):
         if not texts:

@@ -11,9 +11,9 @@ most (the most similar).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from contracts import (
     Artifact,
@@ -62,26 +62,39 @@ class EnrollmentStage(TorchStage):
         self.kind = settings.encoder
         self.encoder = speaker_encoder.load_configured(settings, device)
         self.profiles = load_profiles(settings.profiles_dir, self.kind, settings.profiles)
-        log.info("enrollment: %d voice profile(s): %s", len(self.profiles), ", ".join(p.name for p in self.profiles))
+        log.info(
+            "enrollment: %d voice profile(s): %s",
+            len(self.profiles),
+            ", ".join(p.name for p in self.profiles),
+        )
         return self.encoder.name
 
     packs_items = True
 
-    def process(self, item: WorkItem, diarization: DiarizationArtifact, request: StageRequest) -> SpeakerEmbeddingsArtifact:
+    def process(
+        self, item: WorkItem, diarization: DiarizationArtifact, request: StageRequest
+    ) -> SpeakerEmbeddingsArtifact:
         turns = self._turn_clips(item, diarization)
         return self._artifact(turns, self._embed(turns.clips))
 
-    def process_packed(self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
-                       ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+    def process_packed(
+        self, entries: Iterator[tuple[WorkItem, Artifact | str]], request: StageRequest
+    ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
         """The turns of successive inputs are embedded together (equal-length windows of several inputs share
         batches) until ``GROUP_BATCHES`` batches' worth is collected; the vectors are split back per input."""
+
         def prepare(item: WorkItem, diarization: DiarizationArtifact) -> Member:
             turns = self._turn_clips(item, diarization)
             return Member(item, turns.clips, turns.audio_s, turns)
 
-        return self.pack_groups(request, entries, prepare, compute=self._embed,
-                                finish=lambda member, vectors: self._artifact(member.data, vectors),
-                                batches=GROUP_BATCHES)
+        return self.pack_groups(
+            request,
+            entries,
+            prepare,
+            compute=self._embed,
+            finish=lambda member, vectors: self._artifact(member.data, vectors),
+            batches=GROUP_BATCHES,
+        )
 
     def _embed(self, clips: list):
         if not clips:
@@ -122,8 +135,14 @@ class EnrollmentStage(TorchStage):
                     centroids[label] = (self.encoder.embed([joined], 1)[0], joined.size / SAMPLE_RATE)
         matches = match_speakers(centroids, self.profiles)
         for m in matches:
-            log.info("enrollment: %s %s -> %s (similarity %s, threshold %s)", item.id, m.speaker, m.name or "-",
-                     "-" if m.similarity is None else f"{m.similarity:.3f}", m.threshold)
+            log.info(
+                "enrollment: %s %s -> %s (similarity %s, threshold %s)",
+                item.id,
+                m.speaker,
+                m.name or "-",
+                "-" if m.similarity is None else f"{m.similarity:.3f}",
+                m.threshold,
+            )
         dimension = int(self.encoder.dimension)
         sidecar = Path(item.output).with_suffix(".npy")
         digest = save_array(sidecar, np.asarray(vectors, np.float32).reshape(len(rows), dimension))
@@ -160,10 +179,12 @@ class _Turns:
 
 
 def _cut(samples, start: float, end: float):
-    return samples[int(start * SAMPLE_RATE):int(end * SAMPLE_RATE)]
+    return samples[int(start * SAMPLE_RATE) : int(end * SAMPLE_RATE)]
 
 
-def load_profiles(directory: str | None, encoder: str, expected: dict[str, str] | None = None) -> list[VoiceProfile]:
+def load_profiles(
+    directory: str | None, encoder: str, expected: dict[str, str] | None = None
+) -> list[VoiceProfile]:
     """Every valid profile in ``directory`` made with ``encoder`` (others are logged and left out).
 
     ``expected`` (file stem -> sha256, what the parent fingerprinted): only those files are read, and a
@@ -176,10 +197,14 @@ def load_profiles(directory: str | None, encoder: str, expected: dict[str, str] 
     for path in sorted(Path(directory).glob("*.json")):
         if expected is not None:
             if path.stem not in expected:
-                log.warning("enrollment: ignoring %s: added after the run was planned (rerun to use it)", path)
+                log.warning(
+                    "enrollment: ignoring %s: added after the run was planned (rerun to use it)", path
+                )
                 continue
             if sha256_file(path) != expected[path.stem]:
-                log.warning("enrollment: ignoring %s: changed after the run was planned (rerun to use it)", path)
+                log.warning(
+                    "enrollment: ignoring %s: changed after the run was planned (rerun to use it)", path
+                )
                 continue
         try:
             profile = load_model(path, VoiceProfile)
@@ -187,8 +212,12 @@ def load_profiles(directory: str | None, encoder: str, expected: dict[str, str] 
             log.warning("enrollment: ignoring %s", exc)
             continue
         if profile.encoder != encoder:
-            log.warning("enrollment: ignoring profile %s: made with %s, this run embeds with %s (enroll again)",
-                        profile.name, profile.encoder, encoder)
+            log.warning(
+                "enrollment: ignoring profile %s: made with %s, this run embeds with %s (enroll again)",
+                profile.name,
+                profile.encoder,
+                encoder,
+            )
             continue
         profiles.append(profile)
     return profiles
@@ -225,12 +254,16 @@ def match_speakers(centroids: dict, profiles: list[VoiceProfile]) -> list[Speake
         if label in named:  # report the profile that named it (not always the best one)
             profile = next(p for p in profiles if p.name == named[label])
             sim = next(s for s, lab, p in pairs if lab == label and p is profile)
-        matches.append(SpeakerMatch(
-            speaker=label, seconds=round(float(centroids[label][1]), 3),
-            profile=profile.name if profile else None,
-            similarity=None if sim is None else round(min(1.0, max(-1.0, sim)), 4),
-            threshold=profile.threshold if profile else None, name=named.get(label),
-        ))
+        matches.append(
+            SpeakerMatch(
+                speaker=label,
+                seconds=round(float(centroids[label][1]), 3),
+                profile=profile.name if profile else None,
+                similarity=None if sim is None else round(min(1.0, max(-1.0, sim)), 4),
+                threshold=profile.threshold if profile else None,
+                name=named.get(label),
+            )
+        )
     return matches
 
 

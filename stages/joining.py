@@ -17,8 +17,8 @@ back. No model, no I/O: unit-tested in tests/stages/test_joining.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Sequence
 
 from contracts import Word
 
@@ -75,8 +75,13 @@ class Joiner:
     rest. A part whose key is None, or that leaves less than ``min_room_s`` beside it, comes back alone at once.
     """
 
-    def __init__(self, limit_s: float, gap_s: float = GAP_S, min_room_s: float = MIN_ROOM_S,
-                 open_windows: int = OPEN_WINDOWS):
+    def __init__(
+        self,
+        limit_s: float,
+        gap_s: float = GAP_S,
+        min_room_s: float = MIN_ROOM_S,
+        open_windows: int = OPEN_WINDOWS,
+    ):
         self.limit_s = limit_s
         self.gap_s = gap_s
         self.min_room_s = min_room_s

@@ -42,7 +42,12 @@ def speech_windows(pipeline, samples, chunk_size: int | None = None) -> list[tup
     else:
         waveform, merge = Pyannote.preprocess_audio(samples), Pyannote.merge_chunks
     raw = pipeline.vad_model({"waveform": waveform, "sample_rate": SAMPLE_RATE})
-    merged = merge(raw, chunk_size or 30, onset=pipeline._vad_params["vad_onset"], offset=pipeline._vad_params["vad_offset"])
+    merged = merge(
+        raw,
+        chunk_size or 30,
+        onset=pipeline._vad_params["vad_onset"],
+        offset=pipeline._vad_params["vad_offset"],
+    )
     return [(float(w["start"]), float(w["end"])) for w in merged]
 
 
@@ -56,7 +61,9 @@ def spread(windows: Sequence[tuple[float, float]], count: int) -> list[tuple[flo
     return [windows[round(i * step)] for i in range(count)]
 
 
-def combine(scored: Sequence[tuple[float, Sequence[tuple[str, float]]]], allowed: Sequence[str] = ()) -> list[tuple[str, float]]:
+def combine(
+    scored: Sequence[tuple[float, Sequence[tuple[str, float]]]], allowed: Sequence[str] = ()
+) -> list[tuple[str, float]]:
     """Weighted mean of per-window (language, probability) lists, restricted to ``allowed``; best first, sums to 1."""
     total: dict[str, float] = {}
     for weight, pairs in scored:
@@ -70,26 +77,44 @@ def combine(scored: Sequence[tuple[float, Sequence[tuple[str, float]]]], allowed
     return sorted(((lang, p / mass) for lang, p in total.items()), key=lambda lp: -lp[1])
 
 
-def decide(ranked: Sequence[tuple[str, float]], speech_s: float, windows: int, allowed: Sequence[str] = (),
-           min_speech_s: float = MIN_SPEECH_S, min_probability: float = MIN_PROBABILITY) -> LanguageId:
+def decide(
+    ranked: Sequence[tuple[str, float]],
+    speech_s: float,
+    windows: int,
+    allowed: Sequence[str] = (),
+    min_speech_s: float = MIN_SPEECH_S,
+    min_probability: float = MIN_PROBABILITY,
+) -> LanguageId:
     """The result for one input from its combined ranking (pure: no model)."""
     top = [LanguageScore(language=lang, probability=round(p, 4)) for lang, p in ranked[:TOP]]
     common = dict(speech_s=round(speech_s, 3), windows=windows, allowed=list(allowed), top=top)
     if speech_s < min_speech_s:
-        return LanguageId(status="undetermined", reason=f"too little speech to identify the language "
-                          f"({speech_s:.1f} s < {min_speech_s:.1f} s)", **common)
+        return LanguageId(
+            status="undetermined",
+            reason=f"too little speech to identify the language ({speech_s:.1f} s < {min_speech_s:.1f} s)",
+            **common,
+        )
     if not ranked:
         return LanguageId(status="undetermined", reason="no language of the allowed set scored", **common)
     language, probability = ranked[0]
     if probability < min_probability:
-        return LanguageId(status="undetermined", reason=f"too uncertain: best {language} at {probability:.2f} "
-                          f"< {min_probability:.2f}", **common)
+        return LanguageId(
+            status="undetermined",
+            reason=f"too uncertain: best {language} at {probability:.2f} < {min_probability:.2f}",
+            **common,
+        )
     return LanguageId(status="detected", language=language, probability=round(probability, 4), **common)
 
 
-def identify(pipeline, samples, windows: Sequence[tuple[float, float]], allowed: Sequence[str] = (),
-             max_windows: int = MAX_WINDOWS, min_speech_s: float = MIN_SPEECH_S,
-             min_probability: float = MIN_PROBABILITY) -> LanguageId:
+def identify(
+    pipeline,
+    samples,
+    windows: Sequence[tuple[float, float]],
+    allowed: Sequence[str] = (),
+    max_windows: int = MAX_WINDOWS,
+    min_speech_s: float = MIN_SPEECH_S,
+    min_probability: float = MIN_PROBABILITY,
+) -> LanguageId:
     """Identify the language of ``samples`` (16 kHz mono float32) from its VAD ``windows`` (seconds)."""
     import numpy as np
     from whisperx.audio import N_SAMPLES, log_mel_spectrogram
@@ -97,16 +122,20 @@ def identify(pipeline, samples, windows: Sequence[tuple[float, float]], allowed:
     speech_s = float(sum(max(0.0, end - start) for start, end in windows))
     whisper = pipeline.model  # faster-whisper WhisperModel; .model is the CTranslate2 Whisper
     if not whisper.model.is_multilingual:
-        return LanguageId(status="not_detectable", speech_s=round(speech_s, 3), allowed=list(allowed),
-                          reason="the ASR model is English-only and cannot tell the language; "
-                                 "use ASR_MODEL=whisper-base (multilingual) to identify it")
+        return LanguageId(
+            status="not_detectable",
+            speech_s=round(speech_s, 3),
+            allowed=list(allowed),
+            reason="the ASR model is English-only and cannot tell the language; "
+            "use ASR_MODEL=whisper-base (multilingual) to identify it",
+        )
     if speech_s < min_speech_s:
         return decide([], speech_s, 0, allowed, min_speech_s, min_probability)
     chosen = spread(windows, max_windows)
     n_mels = whisper.feat_kwargs.get("feature_size") or 80
     features = []
     for start, end in chosen:
-        clip = samples[int(start * SAMPLE_RATE):int(end * SAMPLE_RATE)][:N_SAMPLES]
+        clip = samples[int(start * SAMPLE_RATE) : int(end * SAMPLE_RATE)][:N_SAMPLES]
         features.append(log_mel_spectrogram(clip, n_mels=n_mels, padding=N_SAMPLES - clip.shape[0]))
     batch = np.stack([np.asarray(f, dtype=np.float32) for f in features])
     results = whisper.model.detect_language(whisper.encode(batch))
@@ -114,6 +143,11 @@ def identify(pipeline, samples, windows: Sequence[tuple[float, float]], allowed:
     for (start, end), pairs in zip(chosen, results, strict=True):
         scored.append((end - start, [(token[2:-2], p) for token, p in pairs]))
     result = decide(combine(scored, allowed), speech_s, len(chosen), allowed, min_speech_s, min_probability)
-    log.info("language: %s (%s) from %d window(s), %.1f s of speech", result.language or result.status,
-             f"{result.probability:.2f}" if result.probability is not None else result.reason, len(chosen), speech_s)
+    log.info(
+        "language: %s (%s) from %d window(s), %.1f s of speech",
+        result.language or result.status,
+        f"{result.probability:.2f}" if result.probability is not None else result.reason,
+        len(chosen),
+        speech_s,
+    )
     return result

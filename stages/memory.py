@@ -61,7 +61,8 @@ def is_oom(exc: BaseException) -> bool:
         seen.add(id(current))
         if isinstance(current, MemoryError):
             return True
-        if type(current).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (torch.cuda.OutOfMemoryError)
+        # torch.OutOfMemoryError (torch.cuda.OutOfMemoryError)
+        if type(current).__name__ == "OutOfMemoryError":
             return True
         if type(current) is RuntimeError:
             message = str(current).lower()
@@ -108,8 +109,9 @@ def configure_heap(policy: str | None = None) -> str:
     if wanted == "system":
         return _heap_policy
     if wanted != "keep":
-        log.warning("%s=%r is not a heap policy (keep or system); keeping the C library's defaults",
-                     HEAP_ENV, wanted)
+        log.warning(
+            "%s=%r is not a heap policy (keep or system); keeping the C library's defaults", HEAP_ENV, wanted
+        )
         return _heap_policy
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -119,8 +121,10 @@ def configure_heap(policy: str | None = None) -> str:
         return _heap_policy
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     # mallopt returns 1 on success; the trim threshold is an int, so "never" is its largest value
-    if all(mallopt(param, value) == 1 for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0),
-                                                           (_M_TRIM_THRESHOLD, 2**31 - 1))):
+    if all(
+        mallopt(param, value) == 1
+        for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1))
+    ):
         _heap_policy = "keep"
     else:
         log.warning("heap: glibc refused a mallopt setting; freed memory may still go back to the kernel")
@@ -140,11 +144,14 @@ def cpu_counters() -> resource.struct_rusage:
 def cpu_usage_since(before: resource.struct_rusage) -> CpuUsage:
     """What this process used between ``before`` (from :func:`cpu_counters`) and now."""
     now = cpu_counters()
-    return CpuUsage(user_s=round(now.ru_utime - before.ru_utime, 3),
-                    system_s=round(now.ru_stime - before.ru_stime, 3),
-                    minor_faults=now.ru_minflt - before.ru_minflt, major_faults=now.ru_majflt - before.ru_majflt,
-                    voluntary_switches=now.ru_nvcsw - before.ru_nvcsw,
-                    involuntary_switches=now.ru_nivcsw - before.ru_nivcsw)
+    return CpuUsage(
+        user_s=round(now.ru_utime - before.ru_utime, 3),
+        system_s=round(now.ru_stime - before.ru_stime, 3),
+        minor_faults=now.ru_minflt - before.ru_minflt,
+        major_faults=now.ru_majflt - before.ru_majflt,
+        voluntary_switches=now.ru_nvcsw - before.ru_nvcsw,
+        involuntary_switches=now.ru_nivcsw - before.ru_nivcsw,
+    )
 
 
 def _gb(mib: float | None) -> str:
@@ -161,7 +168,8 @@ def format_checkpoint(stage: str, checkpoint: MemoryCheckpoint) -> str:
     if checkpoint.kind == "gpu":
         total = checkpoint.total_mb
         return (
-            f"[GPU Memory] {head}: Allocated: {_gb(checkpoint.allocated_mb)} ({_pct(checkpoint.allocated_mb, total):.1f}%)"
+            f"[GPU Memory] {head}: Allocated: {_gb(checkpoint.allocated_mb)}"
+            f" ({_pct(checkpoint.allocated_mb, total):.1f}%)"
             f" | Reserved: {_gb(checkpoint.reserved_mb)} ({_pct(checkpoint.reserved_mb, total):.1f}%)"
             f" | Free: {_gb(checkpoint.free_mb)} | Total: {_gb(total)}"
         )
@@ -171,7 +179,9 @@ def format_checkpoint(stage: str, checkpoint: MemoryCheckpoint) -> str:
     )
 
 
-def pressure(allocated_pct: float, notice_pct: float = 70.0, warning_pct: float = 85.0) -> tuple[int, str] | None:
+def pressure(
+    allocated_pct: float, notice_pct: float = 70.0, warning_pct: float = 85.0
+) -> tuple[int, str] | None:
     """(log level, message) when allocated memory is above a threshold, else None (pure)."""
     if allocated_pct > warning_pct:
         return logging.WARNING, (
@@ -204,10 +214,13 @@ def read_checkpoint(point: str, device: str) -> MemoryCheckpoint:
         dev = torch.device(device)
         free, total = torch.cuda.mem_get_info(dev)
         return MemoryCheckpoint(
-            point=point, t=now, kind="gpu",
+            point=point,
+            t=now,
+            kind="gpu",
             allocated_mb=torch.cuda.memory_allocated(dev) / MIB,
             reserved_mb=torch.cuda.memory_reserved(dev) / MIB,
-            free_mb=free / MIB, total_mb=total / MIB,
+            free_mb=free / MIB,
+            total_mb=total / MIB,
         )
     import psutil
 
@@ -225,7 +238,12 @@ def configure_cuda(device: str, tf32: bool) -> bool:
     enabled = tf32 and major >= 8
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
-    log.info("TF32: %s (%s, compute capability %d.x)", enabled, torch.cuda.get_device_name(torch.device(device)), major)
+    log.info(
+        "TF32: %s (%s, compute capability %d.x)",
+        enabled,
+        torch.cuda.get_device_name(torch.device(device)),
+        major,
+    )
     return enabled
 
 
@@ -247,7 +265,9 @@ class MemoryCheckpoints:
         self.taken.append(checkpoint)
         log.info("%s", format_checkpoint(self.stage, checkpoint))
         if checkpoint.kind == "gpu":
-            warned = pressure(checkpoint.allocated_pct or 0.0, self.options.notice_pct, self.options.warning_pct)
+            warned = pressure(
+                checkpoint.allocated_pct or 0.0, self.options.notice_pct, self.options.warning_pct
+            )
             if warned is not None:
                 log.log(*warned)
         self._append(checkpoint)
@@ -283,7 +303,9 @@ class MemoryCheckpoints:
         if not self.perf_log or self._perf_failed:
             return
         try:
-            append_event(self.perf_log, PerfEvent.of_checkpoint(checkpoint, self.stage, self.attempt, os.getpid()))
+            append_event(
+                self.perf_log, PerfEvent.of_checkpoint(checkpoint, self.stage, self.attempt, os.getpid())
+            )
         except OSError as exc:
             self._perf_failed = True
             log.warning("cannot append to performance log %s: %s", self.perf_log, exc)

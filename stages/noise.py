@@ -20,16 +20,32 @@ KNOWN_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
     # libraries do not matter (the warning prints a 20-line traceback in every child that imports it)
     (UserWarning, r"\s*torchcodec is not installed correctly", r"pyannote\.audio\.core\.io"),
     # speechbrain asks torchaudio for its backends with a call torchaudio 2.8 deprecates
-    (UserWarning, r"torchaudio\._backend\.list_audio_backends has been deprecated",
-     r"speechbrain\.utils\.torch_audio_backend"),
+    (
+        UserWarning,
+        r"torchaudio\._backend\.list_audio_backends has been deprecated",
+        r"speechbrain\.utils\.torch_audio_backend",
+    ),
     # torchaudio 2.8's own deprecation notices for its I/O functions (the stages decode with PyAV)
     (UserWarning, r"In 2\.9, this function's implementation will be changed", r"torchaudio\..*"),
 )
 
 #: libraries whose INFO messages are noise in a stage child's log
 LIBRARY_LOGGERS = (
-    "speechbrain", "lightning", "lightning.pytorch", "lightning_fabric", "pytorch_lightning", "whisperx", "pyannote",
-    "transformers", "sentence_transformers", "huggingface_hub", "urllib3", "filelock", "fsspec", "numba", "faster_whisper",
+    "speechbrain",
+    "lightning",
+    "lightning.pytorch",
+    "lightning_fabric",
+    "pytorch_lightning",
+    "whisperx",
+    "pyannote",
+    "transformers",
+    "sentence_transformers",
+    "huggingface_hub",
+    "urllib3",
+    "filelock",
+    "fsspec",
+    "numba",
+    "faster_whisper",
 )
 
 

@@ -46,8 +46,16 @@ def _key(weights: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def session(name: str, module: torch.nn.Module, weights: Path, probe: torch.Tensor, input_name: str,
-            dynamic: dict[int, str], tolerance: float, cache_dir: Path | None = None):
+def session(
+    name: str,
+    module: torch.nn.Module,
+    weights: Path,
+    probe: torch.Tensor,
+    input_name: str,
+    dynamic: dict[int, str],
+    tolerance: float,
+    cache_dir: Path | None = None,
+):
     """An ONNX Runtime session computing ``module`` (eval mode) on inputs shaped like ``probe``, or None
     (logged) when it cannot be exported, loaded, or differs from torch by more than ``tolerance``
     (largest absolute difference on ``probe``). The check runs when the file is exported and its result
@@ -63,9 +71,16 @@ def session(name: str, module: torch.nn.Module, weights: Path, probe: torch.Tens
             buffer = io.BytesIO()
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the exporter's advice on LSTM batch sizes and instance norm
-                torch.onnx.export(module, (probe,), buffer, input_names=[input_name], output_names=["output"],
-                                  dynamic_axes={input_name: dynamic, "output": {0: dynamic[0]}},
-                                  opset_version=OPSET, dynamo=False)
+                torch.onnx.export(
+                    module,
+                    (probe,),
+                    buffer,
+                    input_names=[input_name],
+                    output_names=["output"],
+                    dynamic_axes={input_name: dynamic, "output": {0: dynamic[0]}},
+                    opset_version=OPSET,
+                    dynamo=False,
+                )
             directory.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(path, buffer.getvalue())
             log.info("onnx: exported %s to %s", name, path)
@@ -78,7 +93,9 @@ def session(name: str, module: torch.nn.Module, weights: Path, probe: torch.Tens
         options.log_severity_level = 3
         runner = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         if checked.exists() and float(checked.read_text()) <= tolerance:
-            log.info("onnx: %s runs in ONNX Runtime (%s, checked against torch when exported)", name, path.name)
+            log.info(
+                "onnx: %s runs in ONNX Runtime (%s, checked against torch when exported)", name, path.name
+            )
             return OnnxModel(runner, input_name)
         with torch.inference_mode():
             expected = module(probe).float().numpy()
@@ -86,14 +103,20 @@ def session(name: str, module: torch.nn.Module, weights: Path, probe: torch.Tens
         difference = float(np.abs(expected - got).max())
         if difference <= tolerance:
             atomic_write_bytes(checked, f"{difference!r}\n".encode())
-    except Exception as exc:  # noqa: BLE001 - any failure keeps the torch path, which is always there
+    except Exception as exc:  # any failure keeps the torch path, which is always there
         if is_oom(exc):
             raise
-        log.warning("onnx: %s stays on torch: %s: %s", name, type(exc).__name__, " ".join(str(exc).split())[:200])
+        log.warning(
+            "onnx: %s stays on torch: %s: %s", name, type(exc).__name__, " ".join(str(exc).split())[:200]
+        )
         return None
     if not difference <= tolerance:
-        log.warning("onnx: %s stays on torch: ONNX Runtime differs by %.2e on the probe (tolerance %.0e)", name,
-                    difference, tolerance)
+        log.warning(
+            "onnx: %s stays on torch: ONNX Runtime differs by %.2e on the probe (tolerance %.0e)",
+            name,
+            difference,
+            tolerance,
+        )
         return None
     log.info("onnx: %s runs in ONNX Runtime (differs from torch by %.1e on the probe)", name, difference)
     return OnnxModel(runner, input_name)

@@ -28,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 from torch import nn
 
 from contracts.errors import ModelUnavailableError
@@ -76,7 +76,8 @@ class _ResBlock2d(nn.Module):
         self.shortcut = nn.Sequential()
         if freq_stride != 1:
             self.shortcut = nn.Sequential(
-                nn.Conv2d(channels, channels, 1, stride=(freq_stride, 1), bias=False), nn.BatchNorm2d(channels)
+                nn.Conv2d(channels, channels, 1, stride=(freq_stride, 1), bias=False),
+                nn.BatchNorm2d(channels),
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -122,8 +123,9 @@ class _ContextAwareMask(nn.Module):
 
     def __init__(self, channels: int, out: int, kernel: int, dilation: int) -> None:
         super().__init__()
-        self.linear_local = nn.Conv1d(channels, out, kernel, padding=(kernel - 1) // 2 * dilation,
-                                      dilation=dilation, bias=False)
+        self.linear_local = nn.Conv1d(
+            channels, out, kernel, padding=(kernel - 1) // 2 * dilation, dilation=dilation, bias=False
+        )
         self.linear1 = nn.Conv1d(channels, channels // 2, 1)
         self.linear2 = nn.Conv1d(channels // 2, out, 1)
 
@@ -152,10 +154,15 @@ class _DenseLayer(nn.Module):
 
 
 class _DenseBlock(nn.ModuleDict):
-    def __init__(self, layers: int, inp: int, growth: int, bottleneck: int, kernel: int, dilation: int) -> None:
-        super().__init__({
-            f"tdnnd{i + 1}": _DenseLayer(inp + i * growth, growth, bottleneck, kernel, dilation) for i in range(layers)
-        })
+    def __init__(
+        self, layers: int, inp: int, growth: int, bottleneck: int, kernel: int, dilation: int
+    ) -> None:
+        super().__init__(
+            {
+                f"tdnnd{i + 1}": _DenseLayer(inp + i * growth, growth, bottleneck, kernel, dilation)
+                for i in range(layers)
+            }
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.values():
@@ -184,8 +191,15 @@ class _Dense(nn.Module):
 
 
 class _XVector(nn.Module):
-    def __init__(self, inp: int, embedding: int = 192, growth: int = 32, bottleneck: int = 128,
-                 layers=(12, 24, 16), dilations=(1, 2, 2)) -> None:
+    def __init__(
+        self,
+        inp: int,
+        embedding: int = 192,
+        growth: int = 32,
+        bottleneck: int = 128,
+        layers=(12, 24, 16),
+        dilations=(1, 2, 2),
+    ) -> None:
         super().__init__()
         self.tdnn = _Tdnn(inp, 128, 5, stride=2)
         channels = 128
@@ -249,7 +263,9 @@ class CamPlusPlusEncoder:
 
     dimension = 192
 
-    def __init__(self, device: str = "cpu", weights: str | Path | None = None, runtime: str = "torch") -> None:
+    def __init__(
+        self, device: str = "cpu", weights: str | Path | None = None, runtime: str = "torch"
+    ) -> None:
         """``runtime="onnx"`` (CPU only): the forward pass in ONNX Runtime (:mod:`stages.onnx_models`),
         torch where that cannot be had."""
         path = Path(weights) if weights else weight_path("campplus")
@@ -265,7 +281,9 @@ class CamPlusPlusEncoder:
             from stages.onnx_models import session
 
             probe = torch.randn(2, int(WINDOW_S * 100) - 2, 80, generator=torch.Generator().manual_seed(0))
-            onnx = session("campplus", self.model, path, probe, "feats", {0: "batch", 1: "frames"}, tolerance=1e-3)
+            onnx = session(
+                "campplus", self.model, path, probe, "feats", {0: "batch", 1: "frames"}, tolerance=1e-3
+            )
             if onnx is not None:
                 self.forward, self.runtime = onnx, "onnx"
 
@@ -280,14 +298,20 @@ class CamPlusPlusEncoder:
             for window in _windows(_fit(waveform)):
                 windows.append(window)
                 owner.append(index)
-        order = sorted(range(len(windows)), key=lambda i: -windows[i].size)  # equal lengths next to each other
+        order = sorted(
+            range(len(windows)), key=lambda i: -windows[i].size
+        )  # equal lengths next to each other
         vectors = np.zeros((len(windows), self.dimension), np.float32)
         batch_size = max(1, batch_size)
         i = 0
         while i < len(order):
             size = windows[order[i]].size
             group = [order[i]]
-            while len(group) < batch_size and i + len(group) < len(order) and windows[order[i + len(group)]].size == size:
+            while (
+                len(group) < batch_size
+                and i + len(group) < len(order)
+                and windows[order[i + len(group)]].size == size
+            ):
                 group.append(order[i + len(group)])
             feats = torch.stack([fbank(windows[j]) for j in group]).to(self.device)
             vectors[group] = self.forward(feats).float().cpu().numpy()
@@ -303,7 +327,7 @@ def _windows(waveform: np.ndarray) -> list[np.ndarray]:
         return [waveform]
     count = int(np.ceil(waveform.size / size))
     starts = np.linspace(0, waveform.size - size, count).round().astype(int)
-    return [waveform[s:s + size] for s in starts]
+    return [waveform[s : s + size] for s in starts]
 
 
 # -- SpeechBrain ECAPA ------------------------------------------------------------
@@ -312,8 +336,13 @@ def _windows(waveform: np.ndarray) -> list[np.ndarray]:
 class EcapaEncoder:
     """SpeechBrain ECAPA-TDNN through ``EncoderClassifier.from_hparams`` (local dir, HF cache or hub)."""
 
-    def __init__(self, source: str = ECAPA_DEFAULT_SOURCE, device: str = "cpu", savedir: str | Path | None = None,
-                 allow_hub: bool = False) -> None:
+    def __init__(
+        self,
+        source: str = ECAPA_DEFAULT_SOURCE,
+        device: str = "cpu",
+        savedir: str | Path | None = None,
+        allow_hub: bool = False,
+    ) -> None:
         from speechbrain.inference.speaker import EncoderClassifier
         from speechbrain.utils.fetching import LocalStrategy
 
@@ -321,7 +350,9 @@ class EcapaEncoder:
         if not local and not allow_hub:
             # SpeechBrain resolves hub names through huggingface_hub, which obeys HF_HUB_OFFLINE
             # (set by the orchestrator): an uncached model fails at once instead of retrying.
-            log.info("speaker encoder: %s is not a directory; trying the Hugging Face cache (offline)", source)
+            log.info(
+                "speaker encoder: %s is not a directory; trying the Hugging Face cache (offline)", source
+            )
         kwargs = {"run_opts": {"device": device}}
         if local:
             kwargs["savedir"] = str(savedir or source)
@@ -339,19 +370,25 @@ class EcapaEncoder:
     def embed(self, waveforms: list[np.ndarray], batch_size: int) -> np.ndarray:
         out = []
         for start in range(0, len(waveforms), max(1, batch_size)):
-            clips = [torch.from_numpy(_fit(w)) for w in waveforms[start:start + batch_size]]
+            clips = [torch.from_numpy(_fit(w)) for w in waveforms[start : start + batch_size]]
             longest = max(c.shape[0] for c in clips)
             batch = torch.zeros(len(clips), longest)
             for i, clip in enumerate(clips):
-                batch[i, :clip.shape[0]] = clip
+                batch[i, : clip.shape[0]] = clip
             lengths = torch.tensor([c.shape[0] / longest for c in clips])  # SpeechBrain's relative lengths
             emb = self.model.encode_batch(batch.to(self.device), lengths.to(self.device))
             out.append(emb.reshape(len(clips), -1).cpu().numpy())
         return _normalise(np.concatenate(out)) if out else np.zeros((0, self.dimension), np.float32)
 
 
-def load_encoder(kind: str, device: str = "cpu", *, ecapa_source: str | None = None, allow_hub: bool = False,
-                 weights: str | Path | None = None) -> SpeakerEncoder:
+def load_encoder(
+    kind: str,
+    device: str = "cpu",
+    *,
+    ecapa_source: str | None = None,
+    allow_hub: bool = False,
+    weights: str | Path | None = None,
+) -> SpeakerEncoder:
     """Load the encoder named by the setting; a missing model is a :class:`ModelUnavailableError`."""
     try:
         if kind == CAMPPLUS:
@@ -376,8 +413,13 @@ def load_configured(settings, device: str = "cpu") -> SpeakerEncoder:
     from stages.weights import weight_path
 
     weights = weight_path("campplus", settings.weights_dir) if settings.encoder == CAMPPLUS else None
-    return load_encoder(settings.encoder, device, ecapa_source=settings.ecapa_source, allow_hub=settings.allow_hub,
-                        weights=weights)
+    return load_encoder(
+        settings.encoder,
+        device,
+        ecapa_source=settings.ecapa_source,
+        allow_hub=settings.allow_hub,
+        weights=weights,
+    )
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

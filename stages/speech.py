@@ -21,8 +21,8 @@ No model, no I/O: unit-tested in tests/stages/test_speech.py.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 #: the shortest stretch of audio that can hold a word (a short "no" is ~0.15-0.2 s)
 MIN_PIECE_S = 0.2
@@ -42,8 +42,12 @@ LOW_CONFIDENCE = 0.15
 Piece = tuple[float, float]
 
 
-def clean_pieces(pieces: Sequence[Piece], min_s: float = MIN_PIECE_S, max_s: float = MAX_WINDOW_S,
-                 join_gap_s: float = JOIN_GAP_S) -> list[Piece]:
+def clean_pieces(
+    pieces: Sequence[Piece],
+    min_s: float = MIN_PIECE_S,
+    max_s: float = MAX_WINDOW_S,
+    join_gap_s: float = JOIN_GAP_S,
+) -> list[Piece]:
     """Pieces in time order with every piece shorter than ``min_s`` merged into a touching neighbour or dropped.
 
     The neighbour is the nearer of the previous and next piece within ``join_gap_s``
@@ -87,10 +91,15 @@ class Decoded:
     confidence: float | None = None
 
 
-def is_speech(seg: Decoded, pieces: Sequence[Piece] | None, min_fraction: float = MIN_SPEECH_FRACTION) -> bool:
+def is_speech(
+    seg: Decoded, pieces: Sequence[Piece] | None, min_fraction: float = MIN_SPEECH_FRACTION
+) -> bool:
     """False when the segment lies mostly outside detected speech or Whisper scores it as non-speech."""
-    if seg.no_speech_prob is not None and seg.no_speech_prob > NO_SPEECH_PROB and (
-            seg.avg_logprob is None or seg.avg_logprob < LOW_LOGPROB):
+    if (
+        seg.no_speech_prob is not None
+        and seg.no_speech_prob > NO_SPEECH_PROB
+        and (seg.avg_logprob is None or seg.avg_logprob < LOW_LOGPROB)
+    ):
         return False
     if seg.confidence is not None and seg.confidence < LOW_CONFIDENCE:
         return False
@@ -118,9 +127,12 @@ NO_SPEECH_THRESHOLD = 0.6
 LOGPROB_THRESHOLD = -1.0
 
 
-def whisper_says_silence(no_speech_prob: float | None, avg_logprob: float | None,
-                         no_speech_threshold: float = NO_SPEECH_THRESHOLD,
-                         logprob_threshold: float = LOGPROB_THRESHOLD) -> bool:
+def whisper_says_silence(
+    no_speech_prob: float | None,
+    avg_logprob: float | None,
+    no_speech_threshold: float = NO_SPEECH_THRESHOLD,
+    logprob_threshold: float = LOGPROB_THRESHOLD,
+) -> bool:
     """Whisper marked the decoded window as likely non-speech (both signals agree, as Whisper's rule asks)."""
     if no_speech_prob is None or avg_logprob is None:
         return False
@@ -142,7 +154,9 @@ def compression_ratio(text: str) -> float:
 SIMILAR_RATIO = 1.1
 
 
-def better_loop(new_ratio: float, new_logprob: float | None, old_ratio: float, old_logprob: float | None) -> bool:
+def better_loop(
+    new_ratio: float, new_logprob: float | None, old_ratio: float, old_logprob: float | None
+) -> bool:
     """Of two decodes of one window that both loop, whether the new one should replace the old: the one that
     loops clearly less (compression ratio lower by more than ``SIMILAR_RATIO``), else the likelier (higher
     average log-probability). Speech that really repeats itself (a chorus, a list read twice) compresses
@@ -152,7 +166,9 @@ def better_loop(new_ratio: float, new_logprob: float | None, old_ratio: float, o
         return True
     if old_ratio * SIMILAR_RATIO < new_ratio:
         return False
-    return (new_logprob if new_logprob is not None else -1e9) > (old_logprob if old_logprob is not None else -1e9)
+    return (new_logprob if new_logprob is not None else -1e9) > (
+        old_logprob if old_logprob is not None else -1e9
+    )
 
 
 def repeats_itself(text: str | None, threshold: float | None = COMPRESSION_RATIO_THRESHOLD) -> bool:

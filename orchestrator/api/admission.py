@@ -31,7 +31,9 @@ import math
 MARGIN = 0.8
 
 
-def refusal(ahead_s: float, own_s: float, deadline_s: float, margin: float = MARGIN, spread: float = 0.0) -> int | None:
+def refusal(
+    ahead_s: float, own_s: float, deadline_s: float, margin: float = MARGIN, spread: float = 0.0
+) -> int | None:
     """None to admit a request expected to wait ``ahead_s`` for the work before it and ``own_s`` for its
     own; else the seconds after which it would fit (``Retry-After``, at least 1), plus ``spread`` (a
     share in [0, 1), drawn by the caller) of ``ahead_s``: refused clients come back spread over the
@@ -115,7 +117,12 @@ class Throughput:
             return
         rate, per_text = tokens / seconds, tokens / texts
         if not self.measured:
-            self.tokens_per_s, self.tokens_per_text, self.batch_s, self.measured = rate, per_text, seconds, True
+            self.tokens_per_s, self.tokens_per_text, self.batch_s, self.measured = (
+                rate,
+                per_text,
+                seconds,
+                True,
+            )
             return
         w = self.weight
         self.tokens_per_s = (1 - w) * self.tokens_per_s + w * rate

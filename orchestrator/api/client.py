@@ -21,7 +21,15 @@ import time
 import httpx
 import numpy as np
 
-from contracts.api import EmbeddingRequest, EmbeddingResponse, ErrorResponse, Health, JobRecord, JobRequest, JobResult
+from contracts.api import (
+    EmbeddingRequest,
+    EmbeddingResponse,
+    ErrorResponse,
+    Health,
+    JobRecord,
+    JobRequest,
+    JobResult,
+)
 from contracts.errors import ApiError
 
 
@@ -50,7 +58,9 @@ class Client:
         return response
 
     # -- embeddings ------------------------------------------------------------
-    def embed(self, texts: str | list[str], model: str = "speed", encoding_format: str = "float") -> EmbeddingResponse:
+    def embed(
+        self, texts: str | list[str], model: str = "speed", encoding_format: str = "float"
+    ) -> EmbeddingResponse:
         body = EmbeddingRequest(input=texts, model=model, encoding_format=encoding_format)
         response = self._call("POST", "/v1/embeddings", json=body.model_dump(exclude_none=True))
         return EmbeddingResponse.model_validate_json(response.content)
@@ -83,7 +93,9 @@ class Client:
             time.sleep(poll_s)
 
     def result(self, job_id: str, embeddings: bool = False) -> JobResult:
-        response = self._call("GET", f"/v1/jobs/{job_id}/result", params={"embeddings": str(embeddings).lower()})
+        response = self._call(
+            "GET", f"/v1/jobs/{job_id}/result", params={"embeddings": str(embeddings).lower()}
+        )
         return JobResult.model_validate_json(response.content)
 
     # -- service -----------------------------------------------------------------

@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from contracts import ItemResult, load_model, save_model
@@ -63,30 +63,58 @@ def confine(raw: str, roots: list[Path]) -> Path:
     actually opens (``stages.audio.open_confined``).
     """
     if not roots:
-        raise ApiError(403, "this server accepts no jobs: it was started without input roots (--input-root)",
-                       type="permission_error", param="paths", code="no_input_roots")
+        raise ApiError(
+            403,
+            "this server accepts no jobs: it was started without input roots (--input-root)",
+            type="permission_error",
+            param="paths",
+            code="no_input_roots",
+        )
     if not raw or "\0" in raw:
-        raise ApiError(422, "a path must be a non-empty string without NUL bytes", param="paths", code="invalid_path")
+        raise ApiError(
+            422, "a path must be a non-empty string without NUL bytes", param="paths", code="invalid_path"
+        )
     try:
         raw.encode("utf-8")
     except UnicodeEncodeError:
-        raise ApiError(422, "a path must be valid Unicode (a lone surrogate was sent)", param="paths",
-                       code="invalid_path") from None
+        raise ApiError(
+            422,
+            "a path must be valid Unicode (a lone surrogate was sent)",
+            param="paths",
+            code="invalid_path",
+        ) from None
     path = Path(raw)
     if ".." in path.parts:
-        raise ApiError(403, f"'..' is not allowed in paths: {raw}", type="permission_error", param="paths",
-                       code="path_outside_roots")
+        raise ApiError(
+            403,
+            f"'..' is not allowed in paths: {raw}",
+            type="permission_error",
+            param="paths",
+            code="path_outside_roots",
+        )
     real_roots = [Path(os.path.realpath(root)) for root in roots]
     if not path.is_absolute():
         path = real_roots[0] / path
     path = Path(os.path.normpath(path))
-    if not any(_inside(path, root) or _inside(path, Path(os.path.abspath(r))) for root, r in zip(real_roots, roots)):
-        raise ApiError(403, f"outside the allowed input roots: {raw}", type="permission_error", param="paths",
-                       code="path_outside_roots")
+    if not any(
+        _inside(path, root) or _inside(path, Path(os.path.abspath(r))) for root, r in zip(real_roots, roots)
+    ):
+        raise ApiError(
+            403,
+            f"outside the allowed input roots: {raw}",
+            type="permission_error",
+            param="paths",
+            code="path_outside_roots",
+        )
     real = Path(os.path.realpath(path))
     if not any(_inside(real, root) for root in real_roots):
-        raise ApiError(403, f"resolves outside the allowed input roots (symlink): {raw}",
-                       type="permission_error", param="paths", code="path_outside_roots")
+        raise ApiError(
+            403,
+            f"resolves outside the allowed input roots (symlink): {raw}",
+            type="permission_error",
+            param="paths",
+            code="path_outside_roots",
+        )
     return path
 
 
@@ -99,12 +127,22 @@ def count_files(path: Path, roots: list[Path], limit: int) -> int:
     count = 0
     for file in iter_media(path):  # as the run will walk it, stopped one file past the limit
         if not any(_inside(Path(os.path.realpath(file)), root) for root in real_roots):
-            raise ApiError(403, f"{shown(file)} resolves outside the allowed input roots (symlink)",
-                           type="permission_error", param="paths", code="path_outside_roots")
+            raise ApiError(
+                403,
+                f"{shown(file)} resolves outside the allowed input roots (symlink)",
+                type="permission_error",
+                param="paths",
+                code="path_outside_roots",
+            )
         count += 1
         if count > limit:
-            raise ApiError(413, f"the paths expand to more than {limit} files (PIPELINE_JOB_MAX_FILES)",
-                           type="request_too_large", param="paths", code="too_many_files")
+            raise ApiError(
+                413,
+                f"the paths expand to more than {limit} files (PIPELINE_JOB_MAX_FILES)",
+                type="request_too_large",
+                param="paths",
+                code="too_many_files",
+            )
     return count
 
 
@@ -192,10 +230,13 @@ class JobQueue:
         """Take the server folder's lock (one server per state folder): :class:`OutputBusyError` (exit 2)
         naming the holder when another server has it. The kernel drops it when this process dies."""
         if self._lock is None:
-            lock = OutputLock(Path(self.settings.server_dir), what="server state folder",
-                              advice="one server per state folder: give this one its own --server-dir "
-                                     "(PIPELINE_SERVER_DIR), or stop the other",
-                              role=f"pipeline serve on {self.settings.host}:{self.settings.port}")
+            lock = OutputLock(
+                Path(self.settings.server_dir),
+                what="server state folder",
+                advice="one server per state folder: give this one its own --server-dir "
+                "(PIPELINE_SERVER_DIR), or stop the other",
+                role=f"pipeline serve on {self.settings.host}:{self.settings.port}",
+            )
             self._lock = lock.__enter__()
 
     # -- records ------------------------------------------------------------
@@ -228,10 +269,16 @@ class JobQueue:
     def _apply(self, job_id: str, line: dict) -> None:
         if "item" in line:
             live = self._live.setdefault(job_id, {})
-            item = live.get(line["item"]) or next((i for i in self._records[job_id].inputs if i.id == line["item"]), None)
+            item = live.get(line["item"]) or next(
+                (i for i in self._records[job_id].inputs if i.id == line["item"]), None
+            )
             if item is not None:
-                live[item.id] = item.model_copy(update={"stages": {**item.stages, line["stage"]: line["status"]},
-                                                        **({"error": line["error"]} if line.get("error") else {})})
+                live[item.id] = item.model_copy(
+                    update={
+                        "stages": {**item.stages, line["stage"]: line["status"]},
+                        **({"error": line["error"]} if line.get("error") else {}),
+                    }
+                )
         else:  # the stage running now, the chunk, the number of chunks: a shallow copy, inputs shared
             self._records[job_id] = self._records[job_id].model_copy(update=line)
 
@@ -243,10 +290,14 @@ class JobQueue:
         import re
 
         if not re.fullmatch(JOB_ID, job_id):
-            raise ApiError(404, f"no such job: {job_id}", type="not_found_error", param="id", code="job_not_found")
+            raise ApiError(
+                404, f"no such job: {job_id}", type="not_found_error", param="id", code="job_not_found"
+            )
         record = self._records.get(job_id)
         if record is None:
-            raise ApiError(404, f"no such job: {job_id}", type="not_found_error", param="id", code="job_not_found")
+            raise ApiError(
+                404, f"no such job: {job_id}", type="not_found_error", param="id", code="job_not_found"
+            )
         live = self._live.get(job_id)
         if live:
             record = record.model_copy(update={"inputs": [live.get(i.id, i) for i in record.inputs]})
@@ -276,7 +327,9 @@ class JobQueue:
         per_input = self.clock.per_input_s
         wait = ahead * per_input
         if running is not None:
-            wait += max(0.0, (len(running.inputs) or 1) * per_input - (time.monotonic() - self._running_since))
+            wait += max(
+                0.0, (len(running.inputs) or 1) * per_input - (time.monotonic() - self._running_since)
+            )
         return wait
 
     # -- lifecycle ------------------------------------------------------------
@@ -301,7 +354,11 @@ class JobQueue:
                 self._replay(record.id)
                 if record.status in ("queued", "running"):
                     self._queue.append(record.id)
-                    log.info("job %s: %s before the server stopped; queued again (resume)", record.id, record.status)
+                    log.info(
+                        "job %s: %s before the server stopped; queued again (resume)",
+                        record.id,
+                        record.status,
+                    )
         self.expire()
         self._thread = threading.Thread(target=self._loop, name="jobs", daemon=True)
         self._thread.start()
@@ -322,8 +379,13 @@ class JobQueue:
         fail alone when the job runs."""
         s = self.settings
         if len(paths) > s.job_max_paths:
-            raise ApiError(413, f"too many paths in one job: {len(paths)} > {s.job_max_paths} (PIPELINE_JOB_MAX_PATHS)",
-                           type="request_too_large", param="paths", code="too_many_paths")
+            raise ApiError(
+                413,
+                f"too many paths in one job: {len(paths)} > {s.job_max_paths} (PIPELINE_JOB_MAX_PATHS)",
+                type="request_too_large",
+                param="paths",
+                code="too_many_paths",
+            )
         self._check_room()
         confined = list(dict.fromkeys(confine(raw, s.input_roots) for raw in paths))
         files = 0
@@ -335,25 +397,36 @@ class JobQueue:
         """Queue one uploaded file (``directory`` holds it, inside the job's own folder)."""
         self._check_room()
         files = sorted(directory.iterdir())
-        return self._enqueue(files, kind="transcription", job_id=directory.parent.name, language=language,
-                             prompt=prompt)
+        return self._enqueue(
+            files, kind="transcription", job_id=directory.parent.name, language=language, prompt=prompt
+        )
 
     def new_id(self) -> str:
-        return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+        return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
 
     def _check_room(self) -> None:
         if len(self._queue) >= self.settings.job_max_queued:
-            raise ApiError(429, f"{len(self._queue)} jobs are waiting already (PIPELINE_JOB_MAX_QUEUED); retry later",
-                           type="rate_limit_error", code="job_queue_full")
+            raise ApiError(
+                429,
+                f"{len(self._queue)} jobs are waiting already (PIPELINE_JOB_MAX_QUEUED); retry later",
+                type="rate_limit_error",
+                code="job_queue_full",
+            )
 
     def _enqueue(self, paths: list[Path], kind: str, job_id: str | None = None, **options) -> JobRecord:
         job_id = job_id or self.new_id()
         out = self.directory / job_id / "out"
         # the inputs as the run will plan them (ids mirror the paths; names that are not UTF-8 shown escaped)
         planned = plan_inputs(paths, out, dry=True)
-        record = JobRecord(id=job_id, kind=kind, paths=[shown(p) for p in paths], output_dir=str(out),
-                           created_at=datetime.now(timezone.utc),
-                           inputs=[JobInput(id=i.id, source=i.shown) for i in planned], **options)
+        record = JobRecord(
+            id=job_id,
+            kind=kind,
+            paths=[shown(p) for p in paths],
+            output_dir=str(out),
+            created_at=datetime.now(UTC),
+            inputs=[JobInput(id=i.id, source=i.shown) for i in planned],
+            **options,
+        )
         with self._cond:
             if self._closing:
                 raise ApiError(503, "the server is shutting down", code="shutting_down")
@@ -386,8 +459,12 @@ class JobQueue:
             record = self.get(job_id)
             if job_id in self._queue:
                 self._queue.remove(job_id)
-                record = self._update(job_id, status="cancelled", finished_at=datetime.now(timezone.utc),
-                                      error="cancelled (DELETE) before it started")
+                record = self._update(
+                    job_id,
+                    status="cancelled",
+                    finished_at=datetime.now(UTC),
+                    error="cancelled (DELETE) before it started",
+                )
                 log.info("job %s: cancelled before it started", job_id)
             elif self._running == job_id:
                 self._cancelled[job_id] = delete_outputs
@@ -420,12 +497,21 @@ class JobQueue:
         retention = self.settings.job_retention_s
         if not retention:
             return 0
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         with self._cond:
-            old = [r.id for r in self._records.values() if r.status in FINISHED and r.kind == "job"
-                   and (now - (r.finished_at or r.created_at)).total_seconds() > retention]
+            old = [
+                r.id
+                for r in self._records.values()
+                if r.status in FINISHED
+                and r.kind == "job"
+                and (now - (r.finished_at or r.created_at)).total_seconds() > retention
+            ]
         for job_id in old:
-            log.info("job %s: finished more than %.0f s ago (PIPELINE_JOB_RETENTION_S); deleting it", job_id, retention)
+            log.info(
+                "job %s: finished more than %.0f s ago (PIPELINE_JOB_RETENTION_S); deleting it",
+                job_id,
+                retention,
+            )
             self._delete(job_id)
         return len(old)
 
@@ -462,10 +548,11 @@ class JobQueue:
                 continue
             try:
                 self._run(job_id)
-            except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the queue
+            except Exception as exc:  # one job's failure must not stop the queue
                 log.exception("job %s failed", job_id)
-                self._update(job_id, status="failed", error=reason(exc), stage=None,
-                             finished_at=datetime.now(timezone.utc))
+                self._update(
+                    job_id, status="failed", error=reason(exc), stage=None, finished_at=datetime.now(UTC)
+                )
             finally:
                 self._running = None
             self._after(job_id)
@@ -486,11 +573,15 @@ class JobQueue:
                 accepted.append(confine(path, roots))
             except ApiError as exc:
                 refused[path] = exc.message
-        record = self._update(job_id, status="running", started_at=datetime.now(timezone.utc),
-                              runs=record.runs + 1, error=None)
-        settings = self.settings.replace(output_dir=Path(record.output_dir), read_roots=roots,
-                                         **({"asr_language": record.language} if record.language else {}),
-                                         **({"asr_prompt": record.prompt} if record.prompt else {}))
+        record = self._update(
+            job_id, status="running", started_at=datetime.now(UTC), runs=record.runs + 1, error=None
+        )
+        settings = self.settings.replace(
+            output_dir=Path(record.output_dir),
+            read_roots=roots,
+            **({"asr_language": record.language} if record.language else {}),
+            **({"asr_prompt": record.prompt} if record.prompt else {}),
+        )
         orchestrator = Orchestrator(settings)
         with self._cond:
             self._current = orchestrator
@@ -499,7 +590,9 @@ class JobQueue:
             orchestrator.stop()
         try:
             with orchestrator:
-                report = orchestrator.process(accepted, progress=JobProgress(self, record)) if accepted else None
+                report = (
+                    orchestrator.process(accepted, progress=JobProgress(self, record)) if accepted else None
+                )
         finally:
             with self._cond:
                 self._current = None
@@ -509,19 +602,45 @@ class JobQueue:
         """The job's inputs are the run report's (one per input the run planned, its status, stages and
         reason), plus a failed one per submitted path refused when the job started."""
         record = self.get(job_id)
-        inputs = [JobInput(id=i.id, source=i.source, status=i.status, error=i.error,
-                           stages={name: st.status for name, st in i.stages.items()})
-                  for i in (report.inputs if report else [])]
+        inputs = [
+            JobInput(
+                id=i.id,
+                source=i.source,
+                status=i.status,
+                error=i.error,
+                stages={name: st.status for name, st in i.stages.items()},
+            )
+            for i in (report.inputs if report else [])
+        ]
         for path, why in refused.items():
-            inputs.append(JobInput(id=f"refused-{len(inputs) + 1}", source=path, status="failed",
-                                   error=f"refused when the job started: {why}"))
-        summary = report and JobReport(run_id=report.run_id, ok=report.ok, failed=report.failed + len(refused),
-                                       interrupted=report.interrupted, wall_s=report.wall_s, audio_s=report.audio_s,
-                                       throughput=report.throughput)
-        now = datetime.now(timezone.utc)
+            inputs.append(
+                JobInput(
+                    id=f"refused-{len(inputs) + 1}",
+                    source=path,
+                    status="failed",
+                    error=f"refused when the job started: {why}",
+                )
+            )
+        summary = report and JobReport(
+            run_id=report.run_id,
+            ok=report.ok,
+            failed=report.failed + len(refused),
+            interrupted=report.interrupted,
+            wall_s=report.wall_s,
+            audio_s=report.audio_s,
+            throughput=report.throughput,
+        )
+        now = datetime.now(UTC)
         if job_id in self._cancelled:
-            self._update(job_id, status="cancelled", inputs=inputs or record.inputs, report=summary, stage=None,
-                         finished_at=now, error="cancelled (DELETE) while it ran")
+            self._update(
+                job_id,
+                status="cancelled",
+                inputs=inputs or record.inputs,
+                report=summary,
+                stage=None,
+                finished_at=now,
+                error="cancelled (DELETE) while it ran",
+            )
             log.info("job %s: cancelled", job_id)
             return
         if report is not None and report.interrupted and not report.stopped:
@@ -538,5 +657,7 @@ class JobQueue:
             error = f"the run stopped: {report.stopped}"
         elif status == "failed":
             error = f"{failed} of {len(inputs)} input(s) failed"
-        self._update(job_id, status=status, inputs=inputs, report=summary, stage=None, finished_at=now, error=error)
+        self._update(
+            job_id, status=status, inputs=inputs, report=summary, stage=None, finished_at=now, error=error
+        )
         log.info("job %s: %s (%d input(s), %d failed)", job_id, status, len(inputs), failed)

@@ -33,28 +33,28 @@ from pathlib import Path
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from fastapi.security.utils import get_authorization_scheme_param
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts import EmbeddingsArtifact, TranscriptArtifact, load_artifact, load_model
 from contracts.api import (
     EMBEDDED_MODEL_NAMES,
+    FINISHED,
     PROFILES,
+    TRANSCRIPTION_FORMATS,
     EmbeddingObject,
     EmbeddingRequest,
     EmbeddingResponse,
     EmbeddingUsage,
     ErrorDetail,
     ErrorResponse,
-    FINISHED,
     Health,
     JobInput,
     JobInputResult,
     JobRecord,
     JobRequest,
     JobResult,
-    TRANSCRIPTION_FORMATS,
     Transcription,
     TranscriptionSegment,
     TranscriptionUsage,
@@ -63,20 +63,30 @@ from contracts.api import (
 )
 from contracts.errors import ApiError, ArtifactError
 from contracts.report import RunReport
-from orchestrator.gpu.nvml import NvmlReader
 from orchestrator.api.admission import LoopLag, drain_retry, refusal
 from orchestrator.api.jobs import UPLOAD_DIR, JobQueue
 from orchestrator.api.metrics import CONTENT_TYPE, Metrics, ScrapeCollector
-from orchestrator.settings import Settings
 from orchestrator.api.workers import EmbeddingPool
+from orchestrator.gpu.nvml import NvmlReader
 from orchestrator.run.hub import resolve_hub
 from orchestrator.run.pipeline import REPORT_NAME
+from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 413: "request_too_large",
-          422: "invalid_request_error", 429: "rate_limit_error", 503: "server_error", 504: "timeout_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "server_error",
+    504: "timeout_error",
+}
 #: documented error responses (OpenAPI)
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 413, 429, 503)}
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
@@ -93,7 +103,7 @@ def host_name(header: str) -> str:
     """The name part of a Host header: ``[::1]:8000`` -> ``::1``, ``localhost:80`` -> ``localhost``."""
     header = header.strip().lower()
     if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else header
+        return header[1 : header.find("]")] if "]" in header else header
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
@@ -107,16 +117,29 @@ def is_loopback_host(header: str) -> bool:
         return False
 
 
-def error_body(status: int, message: str, type: str | None = None, param: str | None = None,
-               code: str | None = None) -> bytes:
-    detail = ErrorDetail(message=message, type=type or _TYPES.get(status, "server_error"), param=param, code=code)
+def error_body(
+    status: int, message: str, type: str | None = None, param: str | None = None, code: str | None = None
+) -> bytes:
+    detail = ErrorDetail(
+        message=message, type=type or _TYPES.get(status, "server_error"), param=param, code=code
+    )
     return ErrorResponse(error=detail).model_dump_json().encode()
 
 
-def _error(status: int, message: str, type: str | None = None, param: str | None = None, code: str | None = None,
-           headers: dict[str, str] | None = None) -> Response:
-    return Response(error_body(status, message, type, param, code), status_code=status,
-                    media_type="application/json", headers=headers)
+def _error(
+    status: int,
+    message: str,
+    type: str | None = None,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    return Response(
+        error_body(status, message, type, param, code),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 def route_of(path: str) -> str:
@@ -141,9 +164,14 @@ class Guard:
     header is parsed with FastAPI's own helper.
     """
 
-    def __init__(self, app, settings: Settings, metrics: Metrics,
-                 admit_upload: Callable[[], ApiError | None] | None = None,
-                 drain_s: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        app,
+        settings: Settings,
+        metrics: Metrics,
+        admit_upload: Callable[[], ApiError | None] | None = None,
+        drain_s: Callable[[], float] | None = None,
+    ) -> None:
         self.app = app
         self.upload_limit = settings.max_upload_bytes + FORM_OVERHEAD
         #: transcriptions are admitted (or refused, 429) before their upload is read
@@ -175,25 +203,41 @@ class Guard:
         try:
             await self._guarded(scope, receive, counting_send)
         finally:
-            self.metrics.requests.labels(route=route_of(scope["path"]), method=scope["method"],
-                                         status=str(status_seen["status"])).inc()
+            self.metrics.requests.labels(
+                route=route_of(scope["path"]), method=scope["method"], status=str(status_seen["status"])
+            ).inc()
 
     async def _guarded(self, scope, receive, send) -> None:
         headers = dict(scope.get("headers") or [])
         if self.check_host and not is_loopback_host(headers.get(b"host", b"").decode("latin-1")):
-            log.warning("refused a request with Host %r: this server without a token answers loopback names only",
-                        headers.get(b"host", b"").decode("latin-1")[:100])
-            await _error(403, "this server answers only Host headers naming loopback (localhost, 127.0.0.1, [::1]) "
-                              "unless it has a token", type="permission_error", code="host_not_allowed",
-                         headers={"Connection": "close"})(scope, receive, send)
+            log.warning(
+                "refused a request with Host %r: this server without a token answers loopback names only",
+                headers.get(b"host", b"").decode("latin-1")[:100],
+            )
+            await _error(
+                403,
+                "this server answers only Host headers naming loopback (localhost, 127.0.0.1, [::1]) "
+                "unless it has a token",
+                type="permission_error",
+                code="host_not_allowed",
+                headers={"Connection": "close"},
+            )(scope, receive, send)
             return
         authorized = self.expected is None
         if not authorized:
-            scheme, given = get_authorization_scheme_param(headers.get(b"authorization", b"").decode("latin-1"))
-            authorized = scheme.lower() == "bearer" and hmac.compare_digest(given.encode("latin-1"), self.expected)
+            scheme, given = get_authorization_scheme_param(
+                headers.get(b"authorization", b"").decode("latin-1")
+            )
+            authorized = scheme.lower() == "bearer" and hmac.compare_digest(
+                given.encode("latin-1"), self.expected
+            )
         if not authorized and scope["path"] not in OPEN_PATHS:
-            await _error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
-                         code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            await _error(
+                401,
+                "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )(scope, receive, send)
             return
         scope.setdefault("state", {})["authorized"] = authorized
         scope["state"]["arrived"] = time.monotonic()
@@ -203,8 +247,12 @@ class Guard:
         if self.in_flight >= self.max_in_flight:
             self.metrics.rejected.labels(reason="concurrency").inc()
             retry = drain_retry(self.drain_s() if self.drain_s else 0.0, self.floor_s, random.random())
-            await _error(429, f"too many requests in flight (more than {self.max_in_flight}); retry in {retry}s",
-                         code="too_many_requests", headers={"Retry-After": str(retry)})(scope, receive, send)
+            await _error(
+                429,
+                f"too many requests in flight (more than {self.max_in_flight}); retry in {retry}s",
+                code="too_many_requests",
+                headers={"Retry-After": str(retry)},
+            )(scope, receive, send)
             return
         self.in_flight += 1
         try:
@@ -221,14 +269,21 @@ class Guard:
             refused = self.admit_upload()
             if refused is not None:
                 self.metrics.rejected.labels(reason="expected_wait").inc()
-                await _error(429, refused.message, code=refused.code, headers={
-                    "Retry-After": str(refused.retry_after or self.retry_after), "Connection": "close"})(
-                    scope, receive, send)
+                await _error(
+                    429,
+                    refused.message,
+                    code=refused.code,
+                    headers={
+                        "Retry-After": str(refused.retry_after or self.retry_after),
+                        "Connection": "close",
+                    },
+                )(scope, receive, send)
                 return
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await self._too_large(scope, receive, send, limit)
             return
-        if upload and declared is not None:  # streamed to the form parser (it spools to disk), never held whole
+        # streamed to the form parser (it spools to disk), never held whole
+        if upload and declared is not None:
             await self.app(scope, _bounded(receive, int(declared)), send)
             return
         body, more, size = [], True, 0
@@ -256,8 +311,12 @@ class Guard:
         await self.app(scope, replay, send)
 
     async def _too_large(self, scope, receive, send, limit: int) -> None:
-        await _error(413, f"request body larger than {limit} bytes", code="body_too_large",
-                     headers={"Connection": "close"})(scope, receive, send)
+        await _error(
+            413,
+            f"request body larger than {limit} bytes",
+            code="body_too_large",
+            headers={"Connection": "close"},
+        )(scope, receive, send)
 
 
 def _bounded(receive, declared: int):
@@ -280,26 +339,53 @@ def check_embedding_request(body: EmbeddingRequest, settings: Settings) -> tuple
     """(worker profile, texts), or an :class:`ApiError` saying what was wrong."""
     texts = body.texts()
     if not texts:
-        raise ApiError(400, "'input' must not be empty", type="invalid_request_error", param="input", code="empty_input")
+        raise ApiError(
+            400, "'input' must not be empty", type="invalid_request_error", param="input", code="empty_input"
+        )
     if len(texts) > settings.max_inputs:
-        raise ApiError(400, f"too many inputs: {len(texts)} > {settings.max_inputs} per request",
-                       type="invalid_request_error", param="input", code="too_many_inputs")
+        raise ApiError(
+            400,
+            f"too many inputs: {len(texts)} > {settings.max_inputs} per request",
+            type="invalid_request_error",
+            param="input",
+            code="too_many_inputs",
+        )
     for index, text in enumerate(texts):
         if not text:
-            raise ApiError(400, f"input[{index}] is an empty string", type="invalid_request_error",
-                           param=f"input[{index}]", code="empty_input")
+            raise ApiError(
+                400,
+                f"input[{index}] is an empty string",
+                type="invalid_request_error",
+                param=f"input[{index}]",
+                code="empty_input",
+            )
         if len(text) > settings.max_input_chars:
-            raise ApiError(400, f"input[{index}] is too long: {len(text)} characters > {settings.max_input_chars}",
-                           type="invalid_request_error", param=f"input[{index}]", code="input_too_long")
+            raise ApiError(
+                400,
+                f"input[{index}] is too long: {len(text)} characters > {settings.max_input_chars}",
+                type="invalid_request_error",
+                param=f"input[{index}]",
+                code="input_too_long",
+            )
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in the JSON): no model can take it
-            raise ApiError(400, f"input[{index}] is not valid Unicode ({exc.reason} at character {exc.start})",
-                           type="invalid_request_error", param=f"input[{index}]", code="invalid_unicode") from None
+            raise ApiError(
+                400,
+                f"input[{index}] is not valid Unicode ({exc.reason} at character {exc.start})",
+                type="invalid_request_error",
+                param=f"input[{index}]",
+                code="invalid_unicode",
+            ) from None
     if body.model not in PROFILES and body.model not in settings.embedding_models:
         known = ", ".join(sorted(set(PROFILES) | set(settings.embedding_models)))
-        raise ApiError(404, f"the model {body.model!r} does not exist on this server; use one of: {known}",
-                       type="invalid_request_error", param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"the model {body.model!r} does not exist on this server; use one of: {known}",
+            type="invalid_request_error",
+            param="model",
+            code="model_not_found",
+        )
     return body.model, texts
 
 
@@ -314,21 +400,28 @@ async def wait_for_rows(ticket, request: Request, settings: Settings, metrics: M
     rows = asyncio.wrap_future(ticket.future)
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        done, _ = await asyncio.wait({rows, gone}, timeout=settings.request_timeout_s,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {rows, gone}, timeout=settings.request_timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
     finally:
         gone.cancel()
     if rows in done:
         return rows.result()
-    reason = "the client disconnected" if gone in done else f"deadline of {settings.request_timeout_s:g}s passed"
+    reason = (
+        "the client disconnected" if gone in done else f"deadline of {settings.request_timeout_s:g}s passed"
+    )
     ticket.cancel(reason)
     rows.cancel()
     metrics.rejected.labels(reason="disconnect" if gone in done else "deadline").inc()
     if gone in done:
         raise ApiError(499, "client closed the request", code="client_closed")
-    raise ApiError(504, f"the embeddings were not ready within the request deadline of {settings.request_timeout_s:g}s "
-                        "(PIPELINE_REQUEST_TIMEOUT_S); its queued texts were dropped", type="timeout_error",
-                   code="deadline_exceeded")
+    raise ApiError(
+        504,
+        f"the embeddings were not ready within the request deadline of {settings.request_timeout_s:g}s "
+        "(PIPELINE_REQUEST_TIMEOUT_S); its queued texts were dropped",
+        type="timeout_error",
+        code="deadline_exceeded",
+    )
 
 
 def embedding_response(vectors, tokens: list[int], model: str, encoding_format: str) -> EmbeddingResponse:
@@ -337,8 +430,11 @@ def embedding_response(vectors, tokens: list[int], model: str, encoding_format: 
     else:
         rows = vectors.tolist()
     total = int(sum(tokens))
-    return EmbeddingResponse(data=[EmbeddingObject(index=i, embedding=row) for i, row in enumerate(rows)],
-                             model=model, usage=EmbeddingUsage(prompt_tokens=total, total_tokens=total))
+    return EmbeddingResponse(
+        data=[EmbeddingObject(index=i, embedding=row) for i, row in enumerate(rows)],
+        model=model,
+        usage=EmbeddingUsage(prompt_tokens=total, total_tokens=total),
+    )
 
 
 def model_name(model: str) -> str:
@@ -354,20 +450,41 @@ def _input_result(record: JobRecord, item: JobInput, done, include_vectors: bool
     """One input's result, read back from its validated artifacts (its vectors only when asked)."""
     import numpy as np
 
-    result = JobInputResult(id=item.id, source=item.source, status=done.status if done else item.status,
-                            error=done.error if done else item.error, outputs=done.outputs if done else {})
+    result = JobInputResult(
+        id=item.id,
+        source=item.source,
+        status=done.status if done else item.status,
+        error=done.error if done else item.error,
+        outputs=done.outputs if done else {},
+    )
     if done is None or done.status not in ("ok", "partial"):
         return result
     directory = Path(record.output_dir) / item.id
     transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
-    transcript = transcript.model_copy(update={"model": model_name(transcript.model),
-                                               "requested_model": model_name(transcript.requested_model)})
+    transcript = transcript.model_copy(
+        update={
+            "model": model_name(transcript.model),
+            "requested_model": model_name(transcript.requested_model),
+        }
+    )
     embeddings = load_artifact(directory / "embeddings.json", EmbeddingsArtifact)
-    embeddings = embeddings.model_copy(update={"model": model_name(embeddings.model),
-                                               "requested_model": model_name(embeddings.requested_model)})
-    vectors = np.load(directory / embeddings.sidecar, allow_pickle=False).tolist() if include_vectors else None
-    return result.model_copy(update={"transcript": transcript, "embeddings": embeddings, "vectors": vectors,
-                                     "text": " ".join(s.text for s in transcript.segments)})
+    embeddings = embeddings.model_copy(
+        update={
+            "model": model_name(embeddings.model),
+            "requested_model": model_name(embeddings.requested_model),
+        }
+    )
+    vectors = (
+        np.load(directory / embeddings.sidecar, allow_pickle=False).tolist() if include_vectors else None
+    )
+    return result.model_copy(
+        update={
+            "transcript": transcript,
+            "embeddings": embeddings,
+            "vectors": vectors,
+            "text": " ".join(s.text for s in transcript.segments),
+        }
+    )
 
 
 def job_result_chunks(record: JobRecord, include_vectors: bool) -> Iterator[bytes]:
@@ -378,14 +495,18 @@ def job_result_chunks(record: JobRecord, include_vectors: bool) -> Iterator[byte
     report = load_model(report_path, RunReport) if report_path.exists() else None
     by_id = {i.id: i for i in report.inputs} if report else {}
     head = JobResult(id=record.id, status=record.status, inputs=[]).model_dump_json()
-    yield head[:-len("[]}")].encode() + b"["
+    yield head[: -len("[]}")].encode() + b"["
     for number, item in enumerate(record.inputs):
         try:
             result = _input_result(record, item, by_id.get(item.id), include_vectors)
         except ArtifactError as exc:
             log.error("job %s: %s", record.id, exc)
-            result = JobInputResult(id=item.id, source=item.source, status="failed",
-                                    error=f"an output of this input is unreadable: {exc.reason}")
+            result = JobInputResult(
+                id=item.id,
+                source=item.source,
+                status="failed",
+                error=f"an output of this input is unreadable: {exc.reason}",
+            )
         yield (b"," if number else b"") + result.model_dump_json().encode()
     yield b"]}"
 
@@ -404,32 +525,51 @@ def transcription_answer(record: JobRecord, response_format: str, granularities:
         raise ApiError(400, why, type="invalid_request_error", param="file", code="invalid_audio")
     directory = Path(record.output_dir) / item.id
     if response_format in ("srt", "vtt"):
-        return PlainTextResponse((directory / f"transcript.{response_format}").read_text(encoding="utf-8"),
-                                 media_type="text/plain; charset=utf-8")
+        return PlainTextResponse(
+            (directory / f"transcript.{response_format}").read_text(encoding="utf-8"),
+            media_type="text/plain; charset=utf-8",
+        )
     transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
     text = " ".join(seg.text.strip() for seg in transcript.segments if seg.text.strip())
     usage = TranscriptionUsage(seconds=round(transcript.duration_s, 3))
     if response_format == "text":
         return PlainTextResponse(text + "\n", media_type="text/plain; charset=utf-8")
     if response_format == "json":
-        return Response(Transcription(text=text, usage=usage).model_dump_json(), media_type="application/json")
+        return Response(
+            Transcription(text=text, usage=usage).model_dump_json(), media_type="application/json"
+        )
     segments, words, speakers = [], [], []
     for seg in transcript.segments:
         timed = [w for w in seg.words or [] if w.start is not None and w.end is not None]
         scores = [w.score for w in seg.words or [] if w.score is not None and w.score > 0]
-        segments.append(TranscriptionSegment(
-            id=len(segments), start=seg.start, end=seg.end, text=seg.text, speaker=seg.speaker,
-            avg_logprob=math.log(sum(scores) / len(scores)) if scores else 0.0,
-            compression_ratio=compression_ratio(seg.text)))
-        words.extend(TranscriptionWord(word=w.word, start=w.start, end=w.end, speaker=w.speaker or seg.speaker)
-                     for w in timed)
+        segments.append(
+            TranscriptionSegment(
+                id=len(segments),
+                start=seg.start,
+                end=seg.end,
+                text=seg.text,
+                speaker=seg.speaker,
+                avg_logprob=math.log(sum(scores) / len(scores)) if scores else 0.0,
+                compression_ratio=compression_ratio(seg.text),
+            )
+        )
+        words.extend(
+            TranscriptionWord(word=w.word, start=w.start, end=w.end, speaker=w.speaker or seg.speaker)
+            for w in timed
+        )
         for name in [seg.speaker, *(w.speaker for w in seg.words or [])]:
             if name and name not in speakers:
                 speakers.append(name)
     verbose = TranscriptionVerbose(
-        language=transcript.language, duration=transcript.duration_s, text=text, usage=usage,
+        language=transcript.language,
+        duration=transcript.duration_s,
+        text=text,
+        usage=usage,
         segments=segments if not granularities or "segment" in granularities else None,
-        words=words if "word" in granularities else None, speakers=speakers, model=model_name(transcript.model))
+        words=words if "word" in granularities else None,
+        speakers=speakers,
+        model=model_name(transcript.model),
+    )
     return Response(verbose.model_dump_json(exclude_none=True), media_type="application/json")
 
 
@@ -451,8 +591,13 @@ async def save_upload(upload, directory: Path, limit: int) -> None:
         while chunk := await upload.read(1 << 20):
             size += len(chunk)
             if size > limit:
-                raise ApiError(413, f"the audio file is larger than {limit} bytes (PIPELINE_MAX_UPLOAD_BYTES)",
-                               type="request_too_large", param="file", code="file_too_large")
+                raise ApiError(
+                    413,
+                    f"the audio file is larger than {limit} bytes (PIPELINE_MAX_UPLOAD_BYTES)",
+                    type="request_too_large",
+                    param="file",
+                    code="file_too_large",
+                )
             await asyncio.to_thread(out.write, chunk)
     if size == 0:
         raise ApiError(400, "the audio file is empty", param="file", code="invalid_audio")
@@ -468,7 +613,9 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
     metrics = pool.metrics if pool is not None else Metrics()
     pool = pool or EmbeddingPool(settings, metrics)
     gpu = NvmlReader()
-    metrics.registry.register(ScrapeCollector(jobs.counts, lambda: jobs.queued, lambda: _gpu_memory(pool, gpu)))
+    metrics.registry.register(
+        ScrapeCollector(jobs.counts, lambda: jobs.queued, lambda: _gpu_memory(pool, gpu))
+    )
 
     loop_lag = LoopLag()
 
@@ -483,9 +630,14 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
     async def lifespan(app: FastAPI):
         jobs.start()
         watcher = asyncio.create_task(watch_loop())
-        log.info("API ready: embeddings (max batch %d, max wait %.1f ms, idle stop %.0f s), jobs in %s, input roots %s",
-                 settings.embed_max_batch, settings.embed_max_wait_ms, settings.worker_idle_s, jobs.directory,
-                 [str(r) for r in settings.input_roots] or "none (jobs refused)")
+        log.info(
+            "API ready: embeddings (max batch %d, max wait %.1f ms, idle stop %.0f s), jobs in %s, input roots %s",
+            settings.embed_max_batch,
+            settings.embed_max_wait_ms,
+            settings.worker_idle_s,
+            jobs.directory,
+            [str(r) for r in settings.input_roots] or "none (jobs refused)",
+        )
         try:
             yield
         finally:
@@ -493,17 +645,29 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
             await asyncio.to_thread(jobs.close)
             await asyncio.to_thread(pool.close)
 
-    app = FastAPI(title="isostage API", version="1", lifespan=lifespan,
-                  description="Embeddings (OpenAI-compatible) and transcription jobs; every model runs in an "
-                              "isolated child process.")
+    app = FastAPI(
+        title="isostage API",
+        version="1",
+        lifespan=lifespan,
+        description="Embeddings (OpenAI-compatible) and transcription jobs; every model runs in an "
+        "isolated child process.",
+    )
     app.state.settings, app.state.pool, app.state.jobs, app.state.metrics = settings, pool, jobs, metrics
     app.state.loop_lag = loop_lag
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
-        headers = {"Retry-After": str(exc.retry_after or settings.retry_after_s)} if exc.status == 429 else None
-        return _error(exc.status, exc.message, exc.type if exc.type != "server_error" or exc.status >= 500 else None,
-                      exc.param, exc.code, headers=headers)
+        headers = (
+            {"Retry-After": str(exc.retry_after or settings.retry_after_s)} if exc.status == 429 else None
+        )
+        return _error(
+            exc.status,
+            exc.message,
+            exc.type if exc.type != "server_error" or exc.status >= 500 else None,
+            exc.param,
+            exc.code,
+            headers=headers,
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc: StarletteHTTPException):
@@ -518,11 +682,17 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         if first.get("type") == "json_invalid":
             return _error(400, "the request body is not valid JSON", code="invalid_json")
         if loc and loc[0] == "input" and request.url.path == "/v1/embeddings":
-            return _error(400, "'input' must be a string or a list of strings (token arrays are not supported)",
-                          param="input", code="invalid_input")
+            return _error(
+                400,
+                "'input' must be a string or a list of strings (token arrays are not supported)",
+                param="input",
+                code="invalid_input",
+            )
         param = ".".join(loc) or None
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-        return _error(400, f"{param or 'body'}: {first.get('msg')}{more}", param=param, code="invalid_request")
+        return _error(
+            400, f"{param or 'body'}: {first.get('msg')}{more}", param=param, code="invalid_request"
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request, exc: Exception):
@@ -538,14 +708,20 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         profile, texts = check_embedding_request(body, settings)
         ticket = pool.ticket(profile, texts, loop_lag.seconds)
         result = await wait_for_rows(ticket, request, settings, metrics)
-        answer = embedding_response(result.vectors, result.tokens, result.model, body.encoding_format).model_dump_json()
+        answer = embedding_response(
+            result.vectors, result.tokens, result.model, body.encoding_format
+        ).model_dump_json()
         arrived = request.scope.get("state", {}).get("arrived")
         if arrived is not None:
             ticket.worker.answered(ticket, time.monotonic() - arrived)
         return Response(answer, media_type="application/json")
 
-    @app.post("/v1/jobs", status_code=202, response_model=JobRecord, responses={**ERRORS, 403: {"model": ErrorResponse},
-                                                                                 422: {"model": ErrorResponse}})
+    @app.post(
+        "/v1/jobs",
+        status_code=202,
+        response_model=JobRecord,
+        responses={**ERRORS, 403: {"model": ErrorResponse}, 422: {"model": ErrorResponse}},
+    )
     async def submit_job(body: JobRequest) -> JobRecord:
         """Queue files or directories (inside the server's input roots) for transcription and embeddings."""
         return await asyncio.to_thread(jobs.submit, body.paths)
@@ -555,19 +731,31 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         """Status, per-input progress and the run report's summary."""
         return await asyncio.to_thread(jobs.get, job_id)
 
-    @app.get("/v1/jobs/{job_id}/result", response_model=JobResult, responses={**ERRORS, 409: {"model": ErrorResponse}})
-    async def get_result(job_id: str, embeddings: bool = Query(False, description="include the vectors")) -> Response:
+    @app.get(
+        "/v1/jobs/{job_id}/result",
+        response_model=JobResult,
+        responses={**ERRORS, 409: {"model": ErrorResponse}},
+    )
+    async def get_result(
+        job_id: str, embeddings: bool = Query(False, description="include the vectors")
+    ) -> Response:
         """Transcripts and embeddings of a finished job (409 while it is queued or running), streamed one
         input at a time (chunked JSON: memory does not grow with the job's size)."""
         record = await asyncio.to_thread(jobs.get, job_id)
         if record.status not in FINISHED:
-            raise ApiError(409, f"job {job_id} is {record.status}; its result is not ready",
-                           type="conflict_error", code="job_not_finished")
+            raise ApiError(
+                409,
+                f"job {job_id} is {record.status}; its result is not ready",
+                type="conflict_error",
+                code="job_not_finished",
+            )
         try:
             chunks = await asyncio.to_thread(job_result_chunks, record, embeddings)
             first = await asyncio.to_thread(next, chunks)  # the report is read before the answer starts
         except ArtifactError as exc:
-            raise ApiError(500, f"the run report of job {job_id} is unreadable: {exc.reason}", code="bad_output") from exc
+            raise ApiError(
+                500, f"the run report of job {job_id} is unreadable: {exc.reason}", code="bad_output"
+            ) from exc
 
         def whole() -> Iterator[bytes]:
             yield first
@@ -576,13 +764,20 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         return StreamingResponse(whole(), media_type="application/json")
 
     @app.delete("/v1/jobs/{job_id}", response_model=JobRecord, responses=ERRORS)
-    async def delete_job(job_id: str, delete_outputs: bool = Query(
-            False, description="also delete the job's outputs and record (404 afterwards)")) -> Response:
+    async def delete_job(
+        job_id: str,
+        delete_outputs: bool = Query(
+            False, description="also delete the job's outputs and record (404 afterwards)"
+        ),
+    ) -> Response:
         """Cancel a queued or running job (a running job's stage children finish their current item first;
         202 until then). With ``delete_outputs=true`` its folder goes too once it has stopped."""
         record = await asyncio.to_thread(jobs.cancel, job_id, delete_outputs)
-        return Response(record.model_dump_json(), status_code=200 if record.status in FINISHED else 202,
-                        media_type="application/json")
+        return Response(
+            record.model_dump_json(),
+            status_code=200 if record.status in FINISHED else 202,
+            media_type="application/json",
+        )
 
     def admit_upload() -> ApiError | None:
         """A transcription that could not finish within PIPELINE_TRANSCRIPTION_TIMEOUT_S is refused now."""
@@ -590,11 +785,21 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         retry = refusal(ahead, own, settings.transcription_timeout_s, spread=random.random())
         if retry is None:
             return None
-        return ApiError(429, f"the transcription queue would not answer within {settings.transcription_timeout_s:g}s "
-                             f"(about {ahead + own:.0f}s expected, {jobs.clock.per_input_s:.0f}s per input measured); "
-                             f"retry in {retry}s", type="rate_limit_error", code="expected_wait", retry_after=retry)
+        return ApiError(
+            429,
+            f"the transcription queue would not answer within {settings.transcription_timeout_s:g}s "
+            f"(about {ahead + own:.0f}s expected, {jobs.clock.per_input_s:.0f}s per input measured); "
+            f"retry in {retry}s",
+            type="rate_limit_error",
+            code="expected_wait",
+            retry_after=retry,
+        )
 
-    @app.post(TRANSCRIPTIONS, response_model=TranscriptionVerbose, responses={**ERRORS, 504: {"model": ErrorResponse}})
+    @app.post(
+        TRANSCRIPTIONS,
+        response_model=TranscriptionVerbose,
+        responses={**ERRORS, 504: {"model": ErrorResponse}},
+    )
     async def transcriptions(request: Request) -> Response:
         """OpenAI's audio transcription (multipart: ``file``, ``model``, ``language``, ``prompt``,
         ``response_format``, ``timestamp_granularities[]``), run as a job through the isolated stages."""
@@ -608,8 +813,11 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         try:
             form = await request.form(max_files=1, max_fields=32)
         except Exception as exc:  # noqa: BLE001 - python-multipart / starlette: a malformed form
-            raise ApiError(400, f"the request is not a valid multipart form ({type(exc).__name__}: {exc})",
-                           code="invalid_form") from None
+            raise ApiError(
+                400,
+                f"the request is not a valid multipart form ({type(exc).__name__}: {exc})",
+                code="invalid_form",
+            ) from None
         try:
             return await _transcribe(form, request)
         finally:
@@ -620,25 +828,45 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         if upload is None or isinstance(upload, str):
             raise ApiError(400, "'file' must be an uploaded audio file", param="file", code="missing_file")
         if not _form_text(form, "model"):
-            raise ApiError(400, "'model' is required (any name: this server transcribes with its ASR_MODEL)",
-                           param="model", code="missing_model")
+            raise ApiError(
+                400,
+                "'model' is required (any name: this server transcribes with its ASR_MODEL)",
+                param="model",
+                code="missing_model",
+            )
         response_format = _form_text(form, "response_format") or "json"
         if response_format not in TRANSCRIPTION_FORMATS:
-            raise ApiError(400, f"'response_format' must be one of {', '.join(TRANSCRIPTION_FORMATS)}",
-                           param="response_format", code="invalid_response_format")
+            raise ApiError(
+                400,
+                f"'response_format' must be one of {', '.join(TRANSCRIPTION_FORMATS)}",
+                param="response_format",
+                code="invalid_response_format",
+            )
         granularities = [g for g in form.getlist("timestamp_granularities[]") if isinstance(g, str)]
         if any(g not in ("word", "segment") for g in granularities):
-            raise ApiError(400, "'timestamp_granularities[]' takes 'word' and 'segment'",
-                           param="timestamp_granularities", code="invalid_request")
+            raise ApiError(
+                400,
+                "'timestamp_granularities[]' takes 'word' and 'segment'",
+                param="timestamp_granularities",
+                code="invalid_request",
+            )
         if granularities and response_format != "verbose_json":
-            raise ApiError(400, "'timestamp_granularities[]' needs response_format=verbose_json",
-                           param="timestamp_granularities", code="invalid_request")
+            raise ApiError(
+                400,
+                "'timestamp_granularities[]' needs response_format=verbose_json",
+                param="timestamp_granularities",
+                code="invalid_request",
+            )
         language, prompt = _form_text(form, "language"), _form_text(form, "prompt")
         try:
             settings.replace(asr_language=language)
         except ValueError as exc:
-            raise ApiError(400, f"'language' is not a language code: {language}", param="language",
-                           code="invalid_language") from exc
+            raise ApiError(
+                400,
+                f"'language' is not a language code: {language}",
+                param="language",
+                code="invalid_language",
+            ) from exc
         job_id = jobs.new_id()
         folder = jobs.directory / job_id
         try:
@@ -656,15 +884,22 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         jobs.watch(record.id, done)
         gone = asyncio.ensure_future(_disconnected(request))
         try:
-            ready, _ = await asyncio.wait({finished, gone}, timeout=settings.transcription_timeout_s,
-                                          return_when=asyncio.FIRST_COMPLETED)
+            ready, _ = await asyncio.wait(
+                {finished, gone},
+                timeout=settings.transcription_timeout_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             if finished not in ready:
                 await asyncio.to_thread(jobs.cancel, record.id, True)
                 if gone in ready:
                     raise ApiError(499, "client closed the request", code="client_closed")
-                raise ApiError(504, f"the transcription was not done within {settings.transcription_timeout_s:g}s "
-                                    "(PIPELINE_TRANSCRIPTION_TIMEOUT_S); it was cancelled", type="timeout_error",
-                               code="deadline_exceeded")
+                raise ApiError(
+                    504,
+                    f"the transcription was not done within {settings.transcription_timeout_s:g}s "
+                    "(PIPELINE_TRANSCRIPTION_TIMEOUT_S); it was cancelled",
+                    type="timeout_error",
+                    code="deadline_exceeded",
+                )
             final = finished.result()
             return await asyncio.to_thread(transcription_answer, final, response_format, granularities)
         finally:
@@ -685,7 +920,9 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         page = await asyncio.to_thread(metrics.render)  # the scrape collector reads NVML: off the event loop
         return Response(page, media_type=CONTENT_TYPE)
 
-    app.add_middleware(Guard, settings=settings, metrics=metrics, admit_upload=admit_upload, drain_s=pool.drain_s)
+    app.add_middleware(
+        Guard, settings=settings, metrics=metrics, admit_upload=admit_upload, drain_s=pool.drain_s
+    )
     return app
 
 
@@ -703,9 +940,18 @@ def _gpu_memory(pool: EmbeddingPool, gpu: NvmlReader):
 def uvicorn_config(app, settings: Settings, **extra):
     import uvicorn
 
-    return uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                          timeout_graceful_shutdown=30, loop=settings.api_loop, http=settings.api_http,
-                          timeout_keep_alive=settings.keep_alive_s, **extra)
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=30,
+        loop=settings.api_loop,
+        http=settings.api_http,
+        timeout_keep_alive=settings.keep_alive_s,
+        **extra,
+    )
 
 
 def serve(settings: Settings) -> None:
@@ -724,7 +970,9 @@ class RunningServer:
     stop: Callable[[], None]
 
 
-def start_in_thread(settings: Settings, pool: EmbeddingPool | None = None, timeout_s: float = 30.0) -> RunningServer:
+def start_in_thread(
+    settings: Settings, pool: EmbeddingPool | None = None, timeout_s: float = 30.0
+) -> RunningServer:
     """Start uvicorn on ``settings.host`` and an ephemeral port (``port=0``) in a thread; return its URL."""
     import uvicorn
 

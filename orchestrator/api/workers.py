@@ -39,7 +39,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -58,9 +58,9 @@ from contracts.worker import (
     TaskFailed,
     WorkerConfig,
 )
-from orchestrator.process.toolkit import CONTEXT, FileFollower, LogRelay, spawn, stop
 from orchestrator.api.admission import Lateness, Slots, Throughput, refusal
 from orchestrator.api.metrics import Metrics
+from orchestrator.process.toolkit import CONTEXT, FileFollower, LogRelay, spawn, stop
 from orchestrator.run.outcome import OOM_ADVICE, Outcome, next_step, outcome_of
 from orchestrator.settings import Settings
 
@@ -71,7 +71,7 @@ WORKER_MODULE = "stages.embedding_worker"
 MAX_CRASH_RETRIES = 1
 
 
-class WorkerDied(Exception):
+class WorkerDied(Exception):  # noqa: N818 - an event the pool handles itself, never raised to a caller
     """The worker process ended while the server waited for it (or was killed for taking too long)."""
 
     def __init__(self, exitcode: int | None, message: str | None = None, timed_out: bool = False) -> None:
@@ -93,8 +93,9 @@ class _Process:
         log_path.touch()
         self.follow = FileFollower(log_path, LogRelay(config.name))
         # the server never imports the worker's model code: the child does
-        self.proc = spawn(f"{WORKER_MODULE}:main", (child_conn, config.model_dump_json(), str(log_path)),
-                          name=config.name)
+        self.proc = spawn(
+            f"{WORKER_MODULE}:main", (child_conn, config.model_dump_json(), str(log_path)), name=config.name
+        )
         child_conn.close()
         self.follow.start()
         self.ready: Ready | None = None
@@ -140,7 +141,9 @@ class _Process:
                 raise WorkerDied(self.proc.exitcode)
             if deadline is not None and time.monotonic() >= deadline:
                 self.stop(grace_s=0)
-                raise WorkerDied(self.proc.exitcode, late or f"model not loaded within {timeout:.0f}s", timed_out=True)
+                raise WorkerDied(
+                    self.proc.exitcode, late or f"model not loaded within {timeout:.0f}s", timed_out=True
+                )
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self.proc.exitcode is None and grace_s > 0:
@@ -175,8 +178,8 @@ class _Request:
             return
         if self.vectors is None:
             self.vectors = np.empty((len(self.texts), rows.shape[1]), dtype=np.float32)
-        self.vectors[start:start + len(rows)] = rows
-        self.tokens[start:start + len(rows)] = tokens
+        self.vectors[start : start + len(rows)] = rows
+        self.tokens[start : start + len(rows)] = tokens
         self.model = model
         self.left -= len(rows)
         if self.left == 0:
@@ -222,10 +225,10 @@ class _Part:
 
     @property
     def chars(self) -> int:
-        return max(self.request.lengths[self.start:self.start + self.count], default=0)
+        return max(self.request.lengths[self.start : self.start + self.count], default=0)
 
     def texts(self) -> list[str]:
-        return self.request.texts[self.start:self.start + self.count]
+        return self.request.texts[self.start : self.start + self.count]
 
 
 #: most queued texts one cut looks at (the cut is quadratic in them, under the queue's lock: ~3 ms at 256)
@@ -283,15 +286,28 @@ def _safe(name: str) -> str:
 class ProfileWorker:
     """The queue, batching thread and worker process of one profile."""
 
-    def __init__(self, profile: str, settings: Settings, metrics: Metrics, module: str = WORKER_MODULE,
-                 options: dict | None = None) -> None:
+    def __init__(
+        self,
+        profile: str,
+        settings: Settings,
+        metrics: Metrics,
+        module: str = WORKER_MODULE,
+        options: dict | None = None,
+    ) -> None:
         self.profile = profile
         self.settings = settings
         self.metrics = metrics
         self.name = f"embed-{_safe(profile)}"
-        self.config = WorkerConfig(name=self.name, profile=profile, module=module, device=settings.device,
-                                   allow_hub=settings.hub, fallback=settings.embedding_fallback,
-                                   env=settings.child_env(), options=options or {})
+        self.config = WorkerConfig(
+            name=self.name,
+            profile=profile,
+            module=module,
+            device=settings.device,
+            allow_hub=settings.hub,
+            fallback=settings.embedding_fallback,
+            env=settings.child_env(),
+            options=options or {},
+        )
         self.cap = settings.embed_max_batch
         #: characters per token of this profile's model, learnt from the worker's exact counts
         self.chars_per_token = 4.0
@@ -335,8 +351,13 @@ class ProfileWorker:
                 raise ApiError(503, "the server is shutting down", code="shutting_down")
             if self._queued_texts and self._queued_texts + len(texts) > bound:
                 self.metrics.rejected.labels(reason="queue").inc()
-                raise ApiError(429, f"the {self.profile!r} queue is full ({self._queued_texts} texts waiting, "
-                                    f"at most {bound}); retry later", type="rate_limit_error", code="queue_full")
+                raise ApiError(
+                    429,
+                    f"the {self.profile!r} queue is full ({self._queued_texts} texts waiting, "
+                    f"at most {bound}); retry later",
+                    type="rate_limit_error",
+                    code="queue_full",
+                )
             ahead = self.throughput.queue_seconds(self._queued_texts)
             own = self.throughput.seconds(sum(self.tokens(n) for n in request.lengths))
             late = self.lateness.factor
@@ -344,10 +365,15 @@ class ProfileWorker:
             if retry is not None:
                 retry = self.slots.take(time.monotonic(), retry, own * late)
                 self.metrics.rejected.labels(reason="expected_wait").inc()
-                raise ApiError(429, f"the {self.profile!r} queue would not answer within the request deadline of "
-                                    f"{self.settings.request_timeout_s:g}s (about {(ahead + own) * late + waited_s:.0f}s expected "
-                                    f"at the measured {self.throughput.tokens_per_s:.0f} tokens/s); retry in {retry}s",
-                               type="rate_limit_error", code="expected_wait", retry_after=retry)
+                raise ApiError(
+                    429,
+                    f"the {self.profile!r} queue would not answer within the request deadline of "
+                    f"{self.settings.request_timeout_s:g}s (about {(ahead + own) * late + waited_s:.0f}s expected "
+                    f"at the measured {self.throughput.tokens_per_s:.0f} tokens/s); retry in {retry}s",
+                    type="rate_limit_error",
+                    code="expected_wait",
+                    retry_after=retry,
+                )
             request.estimate = ahead + own
             self._queue.extend(_Part(request, i, 1) for i in range(len(texts)))
             self._queued_texts += len(texts)
@@ -382,10 +408,16 @@ class ProfileWorker:
     def health(self) -> WorkerHealth:
         worker = self._worker
         ready = worker.ready if worker is not None else None
-        return WorkerHealth(profile=self.profile, running=ready is not None, pid=worker.pid if ready else None,
-                            model=ready.model if ready else None, fallback_reason=ready.fallback_reason if ready else None,
-                            device=ready.device if ready else None, batches=worker.batches if worker else 0,
-                            max_batch=self.cap)
+        return WorkerHealth(
+            profile=self.profile,
+            running=ready is not None,
+            pid=worker.pid if ready else None,
+            model=ready.model if ready else None,
+            fallback_reason=ready.fallback_reason if ready else None,
+            device=ready.device if ready else None,
+            batches=worker.batches if worker else 0,
+            max_batch=self.cap,
+        )
 
     @property
     def queued_texts(self) -> int:
@@ -414,10 +446,12 @@ class ProfileWorker:
             self._busy = True
             try:
                 self._run(batch)
-            except Exception as exc:  # noqa: BLE001 - never leave a request hanging
+            except Exception as exc:  # never leave a request hanging
                 log.exception("%s: micro-batch failed unexpectedly", self.name)
                 for part in batch:
-                    part.request.fail(ApiError(500, f"internal error ({type(exc).__name__})", code="internal_error"))
+                    part.request.fail(
+                        ApiError(500, f"internal error ({type(exc).__name__})", code="internal_error")
+                    )
             finally:
                 self._busy = False
         self._stop_worker("shutdown")
@@ -525,7 +559,7 @@ class ProfileWorker:
 
     def _learn(self, parts: list[_Part], tokens: list[int]) -> None:
         """Update the characters-per-token ratio from the worker's exact counts (texts not truncated)."""
-        lengths = [n for part in parts for n in part.request.lengths[part.start:part.start + part.count]]
+        lengths = [n for part in parts for n in part.request.lengths[part.start : part.start + part.count]]
         chars = counted = 0
         for length, count in zip(lengths, tokens):
             if self.max_tokens is None or count < self.max_tokens:
@@ -596,8 +630,12 @@ class ProfileWorker:
         if len(units) == 1:
             bad.append((units[0], message))
         else:
-            log.warning("%s: a micro-batch of %d failed (%s); splitting it to find the text at fault",
-                        self.name, len(units), message)
+            log.warning(
+                "%s: a micro-batch of %d failed (%s); splitting it to find the text at fault",
+                self.name,
+                len(units),
+                message,
+            )
             half = len(units) // 2
             stack = [units[half:], units[:half]]
             while stack:
@@ -619,9 +657,15 @@ class ProfileWorker:
             if encoded:
                 log.warning("%s: input[%d] of a request cannot be embedded: %s", self.name, unit.start, why)
                 self.metrics.bad_texts.labels(profile=self.profile).inc()
-                unit.request.fail(ApiError(400, f"input[{unit.start}] could not be embedded: {why}",
-                                           type="invalid_request_error", param=f"input[{unit.start}]",
-                                           code="invalid_input"))
+                unit.request.fail(
+                    ApiError(
+                        400,
+                        f"input[{unit.start}] could not be embedded: {why}",
+                        type="invalid_request_error",
+                        param=f"input[{unit.start}]",
+                        code="invalid_input",
+                    )
+                )
             else:
                 log.error("%s: the worker cannot embed anything: %s", self.name, why)
                 unit.request.fail(ApiError(500, f"the embedding worker failed: {why}", code="worker_error"))
@@ -632,8 +676,10 @@ class ProfileWorker:
         if worker is None:
             return False
         try:
-            reply = worker.call(EmbedTask(task_id=next(self._task_ids), texts=["probe"]),
-                                timeout=self.settings.embed_batch_timeout_s)
+            reply = worker.call(
+                EmbedTask(task_id=next(self._task_ids), texts=["probe"]),
+                timeout=self.settings.embed_batch_timeout_s,
+            )
         except WorkerDied:
             self._discard_worker()
             return False
@@ -643,7 +689,9 @@ class ProfileWorker:
         rows = np.frombuffer(reply.vectors, dtype="<f4").reshape(reply.count, reply.dimension)
         model = worker.ready.model if worker.ready else self.profile
         worker.batches += 1
-        recycle = bool(self.settings.worker_recycle_after) and worker.batches >= self.settings.worker_recycle_after
+        recycle = (
+            bool(self.settings.worker_recycle_after) and worker.batches >= self.settings.worker_recycle_after
+        )
         if recycle:  # detached before the answers go out: whoever sees them sees the worker gone
             self._worker = None
         self.metrics.batch_size.labels(profile=self.profile).observe(reply.count)
@@ -652,10 +700,17 @@ class ProfileWorker:
         self._learn(parts, reply.tokens)
         offset = 0
         for part in parts:
-            part.request.fill(part.start, rows[offset:offset + part.count], reply.tokens[offset:offset + part.count], model)
+            part.request.fill(
+                part.start,
+                rows[offset : offset + part.count],
+                reply.tokens[offset : offset + part.count],
+                model,
+            )
             offset += part.count
         if recycle:
-            log.info("%s: recycling worker pid %s after %d micro-batches", self.name, worker.pid, worker.batches)
+            log.info(
+                "%s: recycling worker pid %s after %d micro-batches", self.name, worker.pid, worker.batches
+            )
             self.metrics.worker_restarts.labels(profile=self.profile, reason="recycle").inc()
             self._stop_process(worker, "recycle")
 
@@ -665,21 +720,29 @@ class ProfileWorker:
             return
         outcome, sig = outcome_of(exc.exitcode) if exc.exitcode is not None else (Outcome.KILLED, None)
         pid = self._worker.pid if self._worker else None
-        log.error("%s: worker pid %s died mid-batch (%s%s)", self.name, pid, outcome.value,
-                  f", signal {sig}" if sig else "")
+        log.error(
+            "%s: worker pid %s died mid-batch (%s%s)",
+            self.name,
+            pid,
+            outcome.value,
+            f", signal {sig}" if sig else "",
+        )
         self._discard_worker()
         self.metrics.worker_restarts.labels(profile=self.profile, reason="crash").inc()
         retry = []
         for part in parts:
-            decision = next_step(outcome, part.count, part.crashes, MAX_CRASH_RETRIES, signal=sig, stage=self.name)
+            decision = next_step(
+                outcome, part.count, part.crashes, MAX_CRASH_RETRIES, signal=sig, stage=self.name
+            )
             if decision.retry:
                 part.crashes += 1
                 if outcome is Outcome.OOM:
                     self.cap = min(self.cap, decision.batch_size)
                 retry.append(part)
             else:
-                part.request.fail(ApiError(503, f"the embedding worker crashed: {decision.reason}",
-                                           code="worker_crashed"))
+                part.request.fail(
+                    ApiError(503, f"the embedding worker crashed: {decision.reason}", code="worker_crashed")
+                )
         if retry:
             self.metrics.crash_retries.labels(profile=self.profile).inc(sum(p.count for p in retry))
             self._requeue(retry)
@@ -697,9 +760,14 @@ class ProfileWorker:
             if several and not part.solo:
                 part.solo, part.crashes = True, part.crashes + 1
             else:
-                part.request.fail(ApiError(503, f"the embedding worker did not finish this request's micro-batch "
-                                                f"within {self.settings.embed_batch_timeout_s:g}s and was replaced",
-                                           code="worker_timeout"))
+                part.request.fail(
+                    ApiError(
+                        503,
+                        f"the embedding worker did not finish this request's micro-batch "
+                        f"within {self.settings.embed_batch_timeout_s:g}s and was replaced",
+                        code="worker_timeout",
+                    )
+                )
         if retry:
             self.metrics.crash_retries.labels(profile=self.profile).inc(sum(p.count for p in retry))
             self._requeue(retry)
@@ -714,8 +782,14 @@ class ProfileWorker:
         reason = exc.message or f"worker exited ({outcome.value})"
         if outcome is Outcome.OOM:
             reason += f": {OOM_ADVICE}"
-        self._fail(parts, ApiError(503, f"embedding model for {self.profile!r} is unavailable: {reason}",
-                                   code="model_unavailable"))
+        self._fail(
+            parts,
+            ApiError(
+                503,
+                f"embedding model for {self.profile!r} is unavailable: {reason}",
+                code="model_unavailable",
+            ),
+        )
 
     def _fail(self, parts: list[_Part], error: ApiError) -> None:
         for part in parts:
@@ -723,15 +797,23 @@ class ProfileWorker:
 
     def _ensure_worker(self) -> _Process:
         if self._worker is not None and self._worker.proc.exitcode is not None:  # died while idle
-            log.error("%s: worker pid %s died while idle (exit code %s); starting a new one", self.name,
-                      self._worker.pid, self._worker.proc.exitcode)
+            log.error(
+                "%s: worker pid %s died while idle (exit code %s); starting a new one",
+                self.name,
+                self._worker.pid,
+                self._worker.proc.exitcode,
+            )
             self._discard_worker()
             self.metrics.worker_restarts.labels(profile=self.profile, reason="crash").inc()
         if self._worker is not None:
             return self._worker
         self._starts += 1
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-        log_path = Path(self.settings.server_dir) / "workers" / f"{self.name}-{stamp}-{os.getpid()}-{self._starts}.log"
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        log_path = (
+            Path(self.settings.server_dir)
+            / "workers"
+            / f"{self.name}-{stamp}-{os.getpid()}-{self._starts}.log"
+        )
         worker = _Process(self.config, log_path)
         self.metrics.worker_starts.labels(profile=self.profile).inc()
         log.info("%s: starting worker pid %s (log %s)", self.name, worker.pid, log_path)
@@ -744,8 +826,14 @@ class ProfileWorker:
         self.max_tokens = ready.max_seq_length
         self._last_active = time.monotonic()
         self.metrics.workers_up.labels(profile=self.profile).set(1)
-        log.info("%s: worker pid %d ready: %s (%s) on %s", self.name, ready.pid, ready.model, ready.model_path,
-                 ready.device)
+        log.info(
+            "%s: worker pid %d ready: %s (%s) on %s",
+            self.name,
+            ready.pid,
+            ready.model,
+            ready.model_path,
+            ready.device,
+        )
         return worker
 
     def _discard_worker(self) -> None:
@@ -770,8 +858,13 @@ class ProfileWorker:
 class EmbeddingPool:
     """The profiles' workers, created on first use."""
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None, module: str = WORKER_MODULE,
-                 options: dict | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        module: str = WORKER_MODULE,
+        options: dict | None = None,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.module = module
@@ -785,7 +878,9 @@ class EmbeddingPool:
             if self._closed:
                 raise ApiError(503, "the server is shutting down", code="shutting_down")
             if profile not in self._workers:
-                self._workers[profile] = ProfileWorker(profile, self.settings, self.metrics, self.module, self.options)
+                self._workers[profile] = ProfileWorker(
+                    profile, self.settings, self.metrics, self.module, self.options
+                )
             return self._workers[profile]
 
     def embed(self, profile: str, texts: list[str]) -> concurrent.futures.Future[EmbedResult]:

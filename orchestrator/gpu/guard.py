@@ -35,6 +35,7 @@ _DEFAULTS = Settings.model_fields
 
 # -- pure checks -------------------------------------------------------------
 
+
 def describe(proc: GpuProcess) -> str:
     """``Process 75955 (python train.py) has 14.17 GiB memory in use``, as torch's OOM message says it."""
     used = gib(proc.used_mib) if proc.used_mib is not None else "an unknown amount of"
@@ -70,7 +71,9 @@ class AfterCheck:
     leak: str | None
 
 
-def check_after(stage: str, baseline: GpuDevice, after: GpuDevice, ours: set[int], tolerance_mib: float) -> AfterCheck:
+def check_after(
+    stage: str, baseline: GpuDevice, after: GpuDevice, ours: set[int], tolerance_mib: float
+) -> AfterCheck:
     """After a child exited: does our tree hold 0 MiB, and is the device back to its baseline?"""
     mine = [p for p in after.processes if p.pid in ours]
     unknown = any(p.used_mib is None for p in mine)
@@ -81,13 +84,17 @@ def check_after(stage: str, baseline: GpuDevice, after: GpuDevice, ours: set[int
     if mine:
         pids = ", ".join(str(p.pid) for p in mine)
         amount = "an unknown amount" if unknown and tree == 0 else f"{tree:.0f} MiB"
-        leak = (f"{stage}: GPU memory leak: our process tree still holds {amount} on GPU {after.index} "
-                f"after the stage child exited (pid {pids})")
+        leak = (
+            f"{stage}: GPU memory leak: our process tree still holds {amount} on GPU {after.index} "
+            f"after the stage child exited (pid {pids})"
+        )
         return AfterCheck(None if unknown else tree, growth, leak)
     if growth > tolerance_mib:
-        leak = (f"{stage}: GPU memory leak: GPU {after.index} usage did not return to its pre-stage baseline: "
-                f"{baseline.used_mib:.0f} MiB before, {after.used_mib:.0f} MiB after (+{growth:.0f} MiB, "
-                f"tolerance {tolerance_mib:.0f} MiB)")
+        leak = (
+            f"{stage}: GPU memory leak: GPU {after.index} usage did not return to its pre-stage baseline: "
+            f"{baseline.used_mib:.0f} MiB before, {after.used_mib:.0f} MiB after (+{growth:.0f} MiB, "
+            f"tolerance {tolerance_mib:.0f} MiB)"
+        )
         return AfterCheck(0.0, growth, leak)
     return AfterCheck(0.0, growth, None)
 
@@ -100,6 +107,7 @@ def our_pids(*extra: int | None) -> set[int]:
 
 
 # -- the monitor ---------------------------------------------------------------
+
 
 @dataclass
 class GpuWatch:
@@ -132,10 +140,15 @@ class StageGpuCheck:
 class GpuMonitor:
     """Watches stage children on the GPU through a :class:`GpuReader`; a no-op when there is no NVML."""
 
-    def __init__(self, reader: GpuReader | None = None, *,
-                 tolerance_mib: float = _DEFAULTS["gpu_leak_tolerance_mib"].default,
-                 sample_s: float | None = _DEFAULTS["gpu_sample_s"].default, settle_s: float = 5.0,
-                 check_free: bool = _DEFAULTS["gpu_check_free"].default) -> None:
+    def __init__(
+        self,
+        reader: GpuReader | None = None,
+        *,
+        tolerance_mib: float = _DEFAULTS["gpu_leak_tolerance_mib"].default,
+        sample_s: float | None = _DEFAULTS["gpu_sample_s"].default,
+        settle_s: float = 5.0,
+        check_free: bool = _DEFAULTS["gpu_check_free"].default,
+    ) -> None:
         self.reader = reader if reader is not None else NvmlReader()
         self.tolerance_mib = tolerance_mib
         self.sample_s = sample_s
@@ -164,25 +177,42 @@ class GpuMonitor:
         ours = our_pids()
         others = others_holding(dev, ours)
         if others:
-            log.warning("%s: before start, other processes hold memory on GPU %d: %s", stage, index,
-                        "; ".join(describe(p) for p in others))
-        log.info("%s: GPU %d (%s) before start: %.0f MiB used, %.0f MiB free of %.0f MiB", stage, index, dev.name,
-                 dev.used_mib, dev.free_mib, dev.total_mib)
+            log.warning(
+                "%s: before start, other processes hold memory on GPU %d: %s",
+                stage,
+                index,
+                "; ".join(describe(p) for p in others),
+            )
+        log.info(
+            "%s: GPU %d (%s) before start: %.0f MiB used, %.0f MiB free of %.0f MiB",
+            stage,
+            index,
+            dev.name,
+            dev.used_mib,
+            dev.free_mib,
+            dev.total_mib,
+        )
         if self.check_free:
             error = free_memory_error(stage, dev, need_mib, ours)
             if error:
                 raise GpuMemoryError(error)
         return GpuWatch(stage=stage, index=index, baseline=dev, device_peak_used_mib=dev.used_mib)
 
-    def started(self, watch: GpuWatch | None, pid: int, on_sample: Callable[[GpuWatch, GpuDevice, float], None] | None = None) -> None:
+    def started(
+        self,
+        watch: GpuWatch | None,
+        pid: int,
+        on_sample: Callable[[GpuWatch, GpuDevice, float], None] | None = None,
+    ) -> None:
         """Begin sampling the child's and the device's usage (peaks; ``on_sample`` gets each reading)."""
         if watch is None:
             return
         watch.pid = pid
         if not self.sample_s:
             return
-        watch.sampler = threading.Thread(target=self._sample, args=(watch, on_sample), name=f"gpu-{watch.stage}",
-                                         daemon=True)
+        watch.sampler = threading.Thread(
+            target=self._sample, args=(watch, on_sample), name=f"gpu-{watch.stage}", daemon=True
+        )
         watch.sampler.start()
 
     def _sample(self, watch: GpuWatch, on_sample) -> None:
@@ -219,8 +249,12 @@ class GpuMonitor:
             snapshot = self.reader.read()
             dev = snapshot.device(watch.index) if snapshot.available else None
             if dev is None:
-                log.warning("%s: GPU %d could not be read after the stage: %s", watch.stage, watch.index,
-                            snapshot.reason)
+                log.warning(
+                    "%s: GPU %d could not be read after the stage: %s",
+                    watch.stage,
+                    watch.index,
+                    snapshot.reason,
+                )
                 return None
             result = check_after(watch.stage, watch.baseline, dev, our_pids(watch.pid), self.tolerance_mib)
             if result.leak is None or time.monotonic() >= deadline:
@@ -229,13 +263,23 @@ class GpuMonitor:
         if result.leak:
             log.error("%s", result.leak)
         else:
-            log.info("%s: GPU %d after the stage: our process tree holds 0 MiB; device %.0f MiB used "
-                     "(baseline %.0f MiB, %+.0f MiB)", watch.stage, watch.index, dev.used_mib,
-                     watch.baseline.used_mib, result.growth_mib)
+            log.info(
+                "%s: GPU %d after the stage: our process tree holds 0 MiB; device %.0f MiB used "
+                "(baseline %.0f MiB, %+.0f MiB)",
+                watch.stage,
+                watch.index,
+                dev.used_mib,
+                watch.baseline.used_mib,
+                result.growth_mib,
+            )
         return StageGpuCheck(
-            index=watch.index, baseline_used_mib=watch.baseline.used_mib, after_used_mib=dev.used_mib,
-            tree_after_mib=result.tree_mib, process_peak_mib=watch.process_peak_mib,
-            device_peak_used_mib=max(watch.device_peak_used_mib, dev.used_mib), leak=result.leak,
+            index=watch.index,
+            baseline_used_mib=watch.baseline.used_mib,
+            after_used_mib=dev.used_mib,
+            tree_after_mib=result.tree_mib,
+            process_peak_mib=watch.process_peak_mib,
+            device_peak_used_mib=max(watch.device_peak_used_mib, dev.used_mib),
+            leak=result.leak,
         )
 
 
@@ -246,5 +290,3 @@ def _descendants(pid: int | None) -> set[int]:
         return {p.pid for p in psutil.Process(pid).children(recursive=True)}
     except psutil.Error:
         return set()
-
-

@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from contracts.units import MIB
 
 
-
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -119,7 +118,10 @@ class NvmlReader:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
             procs: dict[int, float | None] = {}
-            for query in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
+            for query in (
+                nvml.nvmlDeviceGetComputeRunningProcesses,
+                nvml.nvmlDeviceGetGraphicsRunningProcesses,
+            ):
                 try:
                     found = query(handle)
                 except nvml.NVMLError:
@@ -127,12 +129,23 @@ class NvmlReader:
                 for p in found:
                     used = p.usedGpuMemory / MIB if p.usedGpuMemory is not None else None
                     known = procs.get(p.pid)
-                    procs[p.pid] = max(used, known) if used is not None and known is not None else (used or known)
-            devices.append(GpuDevice(
-                index=index, name=_text(nvml.nvmlDeviceGetName(handle)), uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-                total_mib=mem.total / MIB, used_mib=mem.used / MIB, free_mib=mem.free / MIB,
-                processes=[GpuProcess(pid=pid, used_mib=used, command=command_of(pid)) for pid, used in procs.items()],
-            ))
+                    procs[p.pid] = (
+                        max(used, known) if used is not None and known is not None else (used or known)
+                    )
+            devices.append(
+                GpuDevice(
+                    index=index,
+                    name=_text(nvml.nvmlDeviceGetName(handle)),
+                    uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                    total_mib=mem.total / MIB,
+                    used_mib=mem.used / MIB,
+                    free_mib=mem.free / MIB,
+                    processes=[
+                        GpuProcess(pid=pid, used_mib=used, command=command_of(pid))
+                        for pid, used in procs.items()
+                    ],
+                )
+            )
         return GpuSnapshot(available=True, driver=_text(nvml.nvmlSystemGetDriverVersion()), devices=devices)
 
 
@@ -162,6 +175,7 @@ class RecordedReader:
 
 
 # -- which NVML device a child's "cuda:N" is ---------------------------------
+
 
 def nvml_index(device: str, visible: str | None, snapshot: GpuSnapshot) -> int | None:
     """The NVML index of the GPU a child asked for ``device`` will use, or None (CPU / not mappable).

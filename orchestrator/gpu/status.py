@@ -13,22 +13,28 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.process.pidfiles import ChildRecord, ChildRegistry, Cleanup
-from orchestrator.gpu.nvml import GpuSnapshot
 from contracts.units import gib
+from orchestrator.gpu.nvml import GpuSnapshot
+from orchestrator.process.pidfiles import ChildRecord, ChildRegistry, Cleanup
 
 
 def _record(r: ChildRecord) -> dict[str, Any]:
-    return {"pid": r.pid, "stage": r.stage, "parent_pid": r.parent_pid, "request": r.request,
-            "create_time": r.create_time}
+    return {
+        "pid": r.pid,
+        "stage": r.stage,
+        "parent_pid": r.parent_pid,
+        "request": r.request,
+        "create_time": r.create_time,
+    }
 
 
 def as_json(snapshot: GpuSnapshot, registry: ChildRegistry, cleanup: Cleanup | None) -> dict[str, Any]:
     """The ``--json`` document: the snapshot, our known stage children, and what cleanup did."""
     doc: dict[str, Any] = snapshot.model_dump(mode="json")
     doc["pid_dir"] = str(registry.directory)
-    doc["stage_children"] = [_record(r) | {"orphan": not r.parent_alive(), "alive": r.child_alive()}
-                             for r in registry.records()]
+    doc["stage_children"] = [
+        _record(r) | {"orphan": not r.parent_alive(), "alive": r.child_alive()} for r in registry.records()
+    ]
     if cleanup is not None:
         doc["cleanup"] = {
             "stopped": [_record(r) for r in cleanup.stopped],
@@ -54,13 +60,21 @@ def render(snapshot: GpuSnapshot, registry: ChildRegistry) -> Group:
         for name in ("GPU", "PID", "MiB", "command"):
             procs.add_column(name, justify="right" if name in ("GPU", "PID", "MiB") else "left")
         for d in snapshot.devices:
-            devices.add_row(str(d.index), d.name, gib(d.used_mib), gib(d.free_mib),
-                            gib(d.total_mib), f"{100 * d.used_mib / d.total_mib:.1f}")
+            devices.add_row(
+                str(d.index),
+                d.name,
+                gib(d.used_mib),
+                gib(d.free_mib),
+                gib(d.total_mib),
+                f"{100 * d.used_mib / d.total_mib:.1f}",
+            )
             for p in sorted(d.processes, key=lambda p: -(p.used_mib or 0)):
                 command = p.command
                 if p.pid in ours:
                     command = f"[isostage {ours[p.pid].stage} stage child] {command}"
-                procs.add_row(str(d.index), str(p.pid), "?" if p.used_mib is None else f"{p.used_mib:.0f}", command)
+                procs.add_row(
+                    str(d.index), str(p.pid), "?" if p.used_mib is None else f"{p.used_mib:.0f}", command
+                )
         parts.append(devices)
         parts.append(procs if procs.row_count else Text("No process holds VRAM."))
     children = registry.records()
@@ -69,8 +83,13 @@ def render(snapshot: GpuSnapshot, registry: ChildRegistry) -> Group:
         for name in ("PID", "stage", "pipeline PID", "state"):
             t.add_column(name)
         for r in children:
-            state = ("exited (stale pid file)" if not r.child_alive()
-                     else "running" if r.parent_alive() else "ORPHAN (pipeline gone): pipeline gpu --cleanup stops it")
+            state = (
+                "exited (stale pid file)"
+                if not r.child_alive()
+                else "running"
+                if r.parent_alive()
+                else "ORPHAN (pipeline gone): pipeline gpu --cleanup stops it"
+            )
             t.add_row(str(r.pid), r.stage, str(r.parent_pid), state)
         parts.append(t)
     return Group(*parts)

@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from contracts import InFlight, StageRequest, StageResult, load_model, save_model
 from contracts.errors import ArtifactError
@@ -78,13 +79,20 @@ class Executor(Protocol):
     result are where the request says.
     """
 
-    def run(self, request: StageRequest, request_path: Path, log_path: Path,
-            progress: tuple[Path, Callable[[str], None]] | None = None, warm: WarmChild | None = None,
-            gpu: bool = True) -> tuple[ChildExit, StageResult | None]:
+    def run(
+        self,
+        request: StageRequest,
+        request_path: Path,
+        log_path: Path,
+        progress: tuple[Path, Callable[[str], None]] | None = None,
+        warm: WarmChild | None = None,
+        gpu: bool = True,
+    ) -> tuple[ChildExit, StageResult | None]:
         """Run the request in a fresh process and wait; ``gpu``: the stage wants a GPU if there is one."""
 
-    def warm_up(self, stage: str, module: str, request_path: Path, log_path: Path,
-                env: dict[str, str] | None = None) -> WarmChild | None:
+    def warm_up(
+        self, stage: str, module: str, request_path: Path, log_path: Path, env: dict[str, str] | None = None
+    ) -> WarmChild | None:
         """Start the process for a request written later, or None when the executor cannot. ``env`` is what
         the request will carry (``StageRequest.env``): the process applies it before it imports anything,
         since some libraries read their settings once, on import (``HF_HUB_OFFLINE``)."""
@@ -127,8 +135,12 @@ class Watchdog:
 class LocalExecutor:
     """Runs each stage request in a spawned child on this machine (one GPU: one chunk at a time)."""
 
-    def __init__(self, hooks: list[ChildHook] | None = None, die_with_parent: bool = True,
-                 watchdog: Watchdog | None = None) -> None:
+    def __init__(
+        self,
+        hooks: list[ChildHook] | None = None,
+        die_with_parent: bool = True,
+        watchdog: Watchdog | None = None,
+    ) -> None:
         """``hooks`` run around every child (default: :func:`~orchestrator.process.hooks.default_hooks`);
         ``die_with_parent``: children get SIGKILL when this process dies (Linux); without it, a killed
         parent leaves orphans that only ``pipeline gpu --cleanup`` stops."""
@@ -139,8 +151,9 @@ class LocalExecutor:
         #: stops a child that makes no progress on an item (None: never)
         self.watchdog = watchdog
 
-    def warm_up(self, stage: str, module: str, request_path: Path, log_path: Path,
-                env: dict[str, str] | None = None) -> WarmChild:
+    def warm_up(
+        self, stage: str, module: str, request_path: Path, log_path: Path, env: dict[str, str] | None = None
+    ) -> WarmChild:
         """Start the child for a request that will be written at ``request_path`` later (see :class:`WarmChild`)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
@@ -154,17 +167,33 @@ class LocalExecutor:
             self._running.pop(warm.proc.pid, None)
         stop(warm.proc, grace_s=2.0)
 
-    def _spawn(self, stage: str, request_path: Path, log_path: Path, module: str | None = None,
-               env: dict[str, str] | None = None):
-        proc = spawn(CHILD_ENTRY, (str(request_path), str(log_path), module, env), name=f"stage-{stage}",
-                     die_with_parent=self.die_with_parent)
+    def _spawn(
+        self,
+        stage: str,
+        request_path: Path,
+        log_path: Path,
+        module: str | None = None,
+        env: dict[str, str] | None = None,
+    ):
+        proc = spawn(
+            CHILD_ENTRY,
+            (str(request_path), str(log_path), module, env),
+            name=f"stage-{stage}",
+            die_with_parent=self.die_with_parent,
+        )
         with self._lock:
             self._running[proc.pid] = proc
         return proc
 
-    def run(self, request: StageRequest, request_path: Path, log_path: Path,
-            progress: tuple[Path, Callable[[str], None]] | None = None, warm: WarmChild | None = None,
-            gpu: bool = True) -> tuple[ChildExit, StageResult | None]:
+    def run(
+        self,
+        request: StageRequest,
+        request_path: Path,
+        log_path: Path,
+        progress: tuple[Path, Callable[[str], None]] | None = None,
+        warm: WarmChild | None = None,
+        gpu: bool = True,
+    ) -> tuple[ChildExit, StageResult | None]:
         """Run one request in a fresh child (or in ``warm``, started for it) and wait.
 
         ``progress`` = (file, callback per line it gains); ``gpu`` is for executors that place
@@ -187,8 +216,15 @@ class LocalExecutor:
             child.outcome = Outcome.REFUSED
             for hook in reversed(entered):
                 hook.exited(child)
-            return ChildExit(exitcode=None, outcome=Outcome.REFUSED, signal=None, wall_s=0.0, pid=None,
-                             last_error=child.refused, record=child.record()), None
+            return ChildExit(
+                exitcode=None,
+                outcome=Outcome.REFUSED,
+                signal=None,
+                wall_s=0.0,
+                pid=None,
+                last_error=child.refused,
+                record=child.record(),
+            ), None
         # written after the hooks' ``before`` (the GPU guard's baseline, the perf log's stage_start): a warm
         # child starts the moment it sees it. Atomic: the child sees it whole
         save_model(request, request_path)
@@ -213,11 +249,22 @@ class LocalExecutor:
                     hook.exited(child)
         last_error = relay.last_error
         if hung is not None:
-            last_error = f"no progress within {hung:.0f} s (watchdog; PIPELINE_WATCHDOG_FLOOR_S / _PER_AUDIO_S)"
+            last_error = (
+                f"no progress within {hung:.0f} s (watchdog; PIPELINE_WATCHDOG_FLOOR_S / _PER_AUDIO_S)"
+            )
         in_flight = read_in_flight(request)
-        return ChildExit(exitcode=proc.exitcode, outcome=outcome, signal=signal, wall_s=child.wall_s, pid=proc.pid,
-                         last_error=last_error, gpu=child.gpu, record=child.record(),
-                         in_flight=in_flight.ids if in_flight else None, hung=hung is not None), child.result
+        return ChildExit(
+            exitcode=proc.exitcode,
+            outcome=outcome,
+            signal=signal,
+            wall_s=child.wall_s,
+            pid=proc.pid,
+            last_error=last_error,
+            gpu=child.gpu,
+            record=child.record(),
+            in_flight=in_flight.ids if in_flight else None,
+            hung=hung is not None,
+        ), child.result
 
     def _wait(self, proc, request: StageRequest) -> float | None:
         """Wait for the child; stop it when the watchdog says it hangs (returns the limit it passed)."""
@@ -230,8 +277,12 @@ class LocalExecutor:
             in_flight = read_in_flight(request)
             limit = self.watchdog.overdue(in_flight, time.time())
             if limit is not None:
-                log.error("%s: no progress on %s within %.0f s: stopping the child", request.stage,
-                          ", ".join(in_flight.ids), limit)
+                log.error(
+                    "%s: no progress on %s within %.0f s: stopping the child",
+                    request.stage,
+                    ", ".join(in_flight.ids),
+                    limit,
+                )
                 stop(proc, grace_s=5.0)
                 return limit
 

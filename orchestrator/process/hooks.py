@@ -64,20 +64,41 @@ class ChildRun:
         fields: dict = {}
         if result is not None:
             ok = sum(i.ok for i in result.items)
-            gpu_points = [c.allocated_pct for c in result.checkpoints if c.kind == "gpu" and c.allocated_pct is not None]
-            fields |= {"ok": ok, "failed": len(result.items) - ok,
-                       "items_per_s": ok / result.compute_s if result.compute_s > 0 else None,
-                       "import_s": result.import_s, "load_s": result.load_s, "compute_s": result.compute_s,
-                       "compute_cpu": result.compute_cpu,
-                       "model": result.model, "device": result.device, "peak_rss_mb": result.peak_rss_mb,
-                       "peak_vram_mb": result.peak_vram_mb, "max_allocated_pct": max(gpu_points, default=None)}
+            gpu_points = [
+                c.allocated_pct for c in result.checkpoints if c.kind == "gpu" and c.allocated_pct is not None
+            ]
+            fields |= {
+                "ok": ok,
+                "failed": len(result.items) - ok,
+                "items_per_s": ok / result.compute_s if result.compute_s > 0 else None,
+                "import_s": result.import_s,
+                "load_s": result.load_s,
+                "compute_s": result.compute_s,
+                "compute_cpu": result.compute_cpu,
+                "model": result.model,
+                "device": result.device,
+                "peak_rss_mb": result.peak_rss_mb,
+                "peak_vram_mb": result.peak_vram_mb,
+                "max_allocated_pct": max(gpu_points, default=None),
+            }
         if check is not None:  # NVML's view of the child
-            fields |= {"gpu_process_peak_mib": check.process_peak_mib, "gpu_tree_after_mib": check.tree_after_mib,
-                       "gpu_leak": check.leak}
+            fields |= {
+                "gpu_process_peak_mib": check.process_peak_mib,
+                "gpu_tree_after_mib": check.tree_after_mib,
+                "gpu_leak": check.leak,
+            }
         outcome = self.outcome.value if self.outcome is not None else Outcome.ERROR.value
-        return Attempt(stage=self.stage, attempt=request.attempt, batch_size=request.batch_size,
-                       items=len(request.items), outcome=outcome, signal=self.signal, wall_s=self.wall_s,
-                       pid=self.pid, **fields)
+        return Attempt(
+            stage=self.stage,
+            attempt=request.attempt,
+            batch_size=request.batch_size,
+            items=len(request.items),
+            outcome=outcome,
+            signal=self.signal,
+            wall_s=self.wall_s,
+            pid=self.pid,
+            **fields,
+        )
 
 
 class ChildHook(Protocol):
@@ -107,8 +128,9 @@ class PidFileHook:
 
 
 class GpuGuardHook:
-    def __init__(self, monitor: GpuMonitor,
-                 on_sample: Callable[[ChildRun, GpuDevice, float], None] | None = None) -> None:
+    def __init__(
+        self, monitor: GpuMonitor, on_sample: Callable[[ChildRun, GpuDevice, float], None] | None = None
+    ) -> None:
         self.monitor = monitor
         #: called with (child, device, MiB the child holds) for each NVML sample (the performance log listens)
         self.on_sample = on_sample
@@ -116,8 +138,12 @@ class GpuGuardHook:
     def before(self, child: ChildRun) -> str | None:
         request = child.request
         try:
-            child.gpu_watch = self.monitor.before(child.stage, request.device, visible_devices(request.env),
-                                                  gpu_need_mib(child.stage, request.settings))
+            child.gpu_watch = self.monitor.before(
+                child.stage,
+                request.device,
+                visible_devices(request.env),
+                gpu_need_mib(child.stage, request.settings),
+            )
         except GpuMemoryError as exc:
             log.error("%s: not started: %s", child.stage, exc)
             return str(exc)
@@ -148,34 +174,72 @@ class PerfLogHook:
         request, perf = child.request, self._log(child)
         previous = self._last.get(child.stage)
         if request.attempt > 1 and previous is not None:
-            perf.emit("retry", stage=child.stage, attempt=request.attempt, batch_size=request.batch_size,
-                      items=len(request.items), previous_outcome=previous[0], previous_batch_size=previous[1])
-        perf.emit("stage_start", stage=child.stage, attempt=request.attempt, batch_size=request.batch_size,
-                  items=len(request.items), device=request.device)
+            perf.emit(
+                "retry",
+                stage=child.stage,
+                attempt=request.attempt,
+                batch_size=request.batch_size,
+                items=len(request.items),
+                previous_outcome=previous[0],
+                previous_batch_size=previous[1],
+            )
+        perf.emit(
+            "stage_start",
+            stage=child.stage,
+            attempt=request.attempt,
+            batch_size=request.batch_size,
+            items=len(request.items),
+            device=request.device,
+        )
         return None
 
     def started(self, child: ChildRun) -> None:
         pass
 
     def sampled(self, child: ChildRun, dev: GpuDevice, held: float) -> None:
-        self._log(child).emit("gpu_sample", stage=child.stage, attempt=child.request.attempt, pid=child.pid,
-                              gpu_index=dev.index, device_used_mib=dev.used_mib, device_total_mib=dev.total_mib,
-                              process_mib=held)
+        self._log(child).emit(
+            "gpu_sample",
+            stage=child.stage,
+            attempt=child.request.attempt,
+            pid=child.pid,
+            gpu_index=dev.index,
+            device_used_mib=dev.used_mib,
+            device_total_mib=dev.total_mib,
+            process_mib=held,
+        )
 
     def exited(self, child: ChildRun) -> None:
         request, check, perf = child.request, child.gpu, self._log(child)
         if check is not None:
-            perf.emit("gpu_check", stage=child.stage, attempt=request.attempt, pid=child.pid, gpu_index=check.index,
-                      device_used_mib=check.after_used_mib, baseline_used_mib=check.baseline_used_mib,
-                      process_mib=check.tree_after_mib, leak=check.leak)
+            perf.emit(
+                "gpu_check",
+                stage=child.stage,
+                attempt=request.attempt,
+                pid=child.pid,
+                gpu_index=check.index,
+                device_used_mib=check.after_used_mib,
+                baseline_used_mib=check.baseline_used_mib,
+                process_mib=check.tree_after_mib,
+                leak=check.leak,
+            )
         record = child.record()
-        perf.emit("stage_end", stage=child.stage, attempt=request.attempt, pid=child.pid,
-                  gpu_index=check.index if check is not None else None, record=record)
+        perf.emit(
+            "stage_end",
+            stage=child.stage,
+            attempt=request.attempt,
+            pid=child.pid,
+            gpu_index=check.index if check is not None else None,
+            record=record,
+        )
         self._last[child.stage] = (record.outcome, request.batch_size)
 
 
-def default_hooks(settings: Settings | None = None, *, registry: ChildRegistry | None = None,
-                  monitor: GpuMonitor | None = None) -> list[ChildHook]:
+def default_hooks(
+    settings: Settings | None = None,
+    *,
+    registry: ChildRegistry | None = None,
+    monitor: GpuMonitor | None = None,
+) -> list[ChildHook]:
     """The hooks every stage child gets, as ``settings`` describe them (None: the defaults, no environment
     read): performance log, GPU guard (unless ``gpu_monitor`` is off), pid files. ``registry`` /
     ``monitor`` replace the ones the settings describe (tests)."""
@@ -183,8 +247,11 @@ def default_hooks(settings: Settings | None = None, *, registry: ChildRegistry |
     perf = PerfLogHook()
     hooks: list[ChildHook] = [perf]
     if monitor is None and settings.gpu_monitor:
-        monitor = GpuMonitor(tolerance_mib=settings.gpu_leak_tolerance_mib, sample_s=settings.gpu_sample_s or None,
-                             check_free=settings.gpu_check_free)
+        monitor = GpuMonitor(
+            tolerance_mib=settings.gpu_leak_tolerance_mib,
+            sample_s=settings.gpu_sample_s or None,
+            check_free=settings.gpu_check_free,
+        )
     if monitor is not None:
         hooks.append(GpuGuardHook(monitor, on_sample=perf.sampled))
     hooks.append(PidFileHook(registry if registry is not None else ChildRegistry(settings.pid_dir)))

@@ -30,7 +30,10 @@ _SAME_START_S = 0.05
 
 
 def default_pid_dir() -> Path:
-    """Per-user directory for the pid files: ``$XDG_RUNTIME_DIR/isostage/children`` or ``/tmp/isostage-<uid>/children``."""
+    """Per-user directory for the pid files.
+
+    ``$XDG_RUNTIME_DIR/isostage/children``, else ``/tmp/isostage-<uid>/children``.
+    """
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = Path(runtime) / "isostage" if runtime else Path(tempfile.gettempdir()) / f"isostage-{os.getuid()}"
     return base / "children"
@@ -60,7 +63,9 @@ def _alive(pid: int, create_time: float) -> bool:
     """True when ``pid`` runs and is the same process that started at ``create_time`` (zombies are not alive)."""
     try:
         proc = psutil.Process(pid)
-        return abs(proc.create_time() - create_time) <= _SAME_START_S and proc.status() != psutil.STATUS_ZOMBIE
+        return (
+            abs(proc.create_time() - create_time) <= _SAME_START_S and proc.status() != psutil.STATUS_ZOMBIE
+        )
     except psutil.Error:
         return False
 
@@ -94,8 +99,15 @@ class ChildRegistry:
         except psutil.Error:
             return None
         me = psutil.Process()
-        record = ChildRecord(pid=pid, create_time=create_time, stage=stage, parent_pid=me.pid,
-                             parent_create_time=me.create_time(), request=str(request), started_at=time.time())
+        record = ChildRecord(
+            pid=pid,
+            create_time=create_time,
+            stage=stage,
+            parent_pid=me.pid,
+            parent_create_time=me.create_time(),
+            request=str(request),
+            started_at=time.time(),
+        )
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self._path(pid), json.dumps(asdict(record)))

@@ -68,8 +68,8 @@ def die_with_parent(parent_pid: int) -> None:
     """Linux: SIGKILL this process when its parent dies; leave at once if the parent is already gone."""
     if sys.platform != "linux":
         return
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(int(ExitCode.INTERRUPTED))
 
@@ -179,8 +179,9 @@ def _running(proc: psutil.Process) -> bool:
 
 
 @contextmanager
-def following(log_path: Path, label: str,
-              progress: tuple[Path, Callable[[str], None]] | None = None) -> Iterator[LogRelay]:
+def following(
+    log_path: Path, label: str, progress: tuple[Path, Callable[[str], None]] | None = None
+) -> Iterator[LogRelay]:
     """While the block runs, re-log the child's log as ``[label] ...`` and hand each line of its
     progress file (if any) to the callback; yields the :class:`LogRelay` (its ``last_error`` is
     complete once the block is left)."""
@@ -235,7 +236,7 @@ class FileFollower:
     def _safe(self, line: str) -> None:
         try:
             self.on_line(line)
-        except Exception:  # noqa: BLE001 - a display problem must not stop the run
+        except Exception:  # a display problem must not stop the run
             log.exception("while handling a line of %s", self.path)
 
 

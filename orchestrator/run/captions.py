@@ -29,13 +29,18 @@ WEAK_WORDS = frozenset(
     "le la les un une des du de et ou au aux "
     "der die das den dem des ein eine einen einem einer und oder "
     "el los las una unos unas y o del al "
-    "il lo gli i uno e di da".split())
+    "il lo gli i uno e di da".split()
+)
 #: languages written without spaces between words (Whisper gives their words unspaced)
 UNSPACED = frozenset({"zh", "ja", "yue", "th", "lo", "my", "km", "bo"})
 #: per language: characters a line and characters a second (Netflix's timed-text guides for these
 #: languages: Japanese 13 a line and 4 a second, Chinese 16 and 9, Korean 16 and 12)
-SCRIPT_LIMITS: dict[str, tuple[int, float]] = {"ja": (13, 4.0), "zh": (16, 9.0), "yue": (16, 9.0),
-                                               "ko": (16, 12.0)}
+SCRIPT_LIMITS: dict[str, tuple[int, float]] = {
+    "ja": (13, 4.0),
+    "zh": (16, 9.0),
+    "yue": (16, 9.0),
+    "ko": (16, 12.0),
+}
 
 
 @dataclass(frozen=True)
@@ -52,10 +57,15 @@ class CaptionRules:
 
     @classmethod
     def from_settings(cls, settings) -> CaptionRules:
-        return cls(line_chars=settings.caption_line_chars, lines=settings.caption_lines,
-                   min_s=settings.caption_min_s, max_s=settings.caption_max_s, max_cps=settings.caption_max_cps,
-                   min_gap_s=settings.caption_min_gap_frames / settings.caption_fps,
-                   max_pause_s=settings.caption_max_pause_s)
+        return cls(
+            line_chars=settings.caption_line_chars,
+            lines=settings.caption_lines,
+            min_s=settings.caption_min_s,
+            max_s=settings.caption_max_s,
+            max_cps=settings.caption_max_cps,
+            min_gap_s=settings.caption_min_gap_frames / settings.caption_fps,
+            max_pause_s=settings.caption_max_pause_s,
+        )
 
     def for_language(self, language: str | None) -> CaptionRules:
         """These rules with a script's own limits (never looser than the ones set)."""
@@ -127,7 +137,7 @@ def _tokens(segment, space: bool, line_chars: int) -> list[_Token]:
         if space or len(tok.text) <= line_chars:
             out.append(tok)
             continue
-        pieces = [tok.text[i:i + line_chars] for i in range(0, len(tok.text), line_chars)]
+        pieces = [tok.text[i : i + line_chars] for i in range(0, len(tok.text), line_chars)]
         step = (tok.end - tok.start) / len(pieces)
         out.extend(_Token(p, tok.start + n * step, tok.start + (n + 1) * step) for n, p in enumerate(pieces))
     return out
@@ -180,8 +190,9 @@ def _break_cost(tok: _Token, last: bool) -> float:
     return 4.0
 
 
-def _block_cues(block: list[_Token], speaker: str | None, rules: CaptionRules, space: bool,
-                follows: float | None) -> list[tuple[list[_Token], list[str]]]:
+def _block_cues(
+    block: list[_Token], speaker: str | None, rules: CaptionRules, space: bool, follows: float | None
+) -> list[tuple[list[_Token], list[str]]]:
     """One block's cues: its words cut where the rules and the break costs are best."""
     prefix = [label(speaker)] if speaker else []
     n = len(block)
@@ -201,9 +212,15 @@ def _block_cues(block: list[_Token], speaker: str | None, rules: CaptionRules, s
                 continue
             lines = lines or [*prefix, *words]
             # time it could stay: until the next cue (less the gap), a pause after the last word, max_s
-            limit = block[end].start - rules.min_gap_s if end < n else (
-                block[-1].end + rules.max_pause_s if follows is None else min(follows - rules.min_gap_s,
-                                                                             block[-1].end + rules.max_pause_s))
+            limit = (
+                block[end].start - rules.min_gap_s
+                if end < n
+                else (
+                    block[-1].end + rules.max_pause_s
+                    if follows is None
+                    else min(follows - rules.min_gap_s, block[-1].end + rules.max_pause_s)
+                )
+            )
             shown = max(min(limit, block[start].start + rules.max_s) - block[start].start, 1e-3)
             cps = chars / shown
             cost = best[start][0] + 1.0 + _break_cost(block[end - 1], end == n)
@@ -230,7 +247,11 @@ def cues(transcript: TranscriptArtifact, rules: CaptionRules | None = None) -> l
     blocks: list[tuple[str | None, list[_Token]]] = []
     for seg in transcript.segments:
         for tok in _tokens(seg, space, rules.line_chars):
-            if blocks and blocks[-1][0] == seg.speaker and tok.start - blocks[-1][1][-1].end <= rules.max_pause_s:
+            if (
+                blocks
+                and blocks[-1][0] == seg.speaker
+                and tok.start - blocks[-1][1][-1].end <= rules.max_pause_s
+            ):
                 blocks[-1][1].append(tok)
             else:
                 blocks.append((seg.speaker, [tok]))

@@ -42,10 +42,15 @@ def audio_href(directory: Path, transcript: TranscriptArtifact) -> str | None:
     return None
 
 
-def load_sources(directory: Path, item_id: str, rules: CaptionRules, notes: list[str] | None = None,
-                 transcript: TranscriptArtifact | None = None,
-                 diarization: DiarizationArtifact | None = None,
-                 corpus: dict[str, tuple[str, str]] | None = None) -> Sources:
+def load_sources(
+    directory: Path,
+    item_id: str,
+    rules: CaptionRules,
+    notes: list[str] | None = None,
+    transcript: TranscriptArtifact | None = None,
+    diarization: DiarizationArtifact | None = None,
+    corpus: dict[str, tuple[str, str]] | None = None,
+) -> Sources:
     """An input's :class:`Sources` from its folder (artifacts already read may be passed in); ``corpus``: its
     speakers' corpus speakers (:func:`orchestrator.run.labels.corpus_labels`)."""
     transcript = transcript or load_artifact(directory / "transcript.json", TranscriptArtifact)
@@ -54,16 +59,26 @@ def load_sources(directory: Path, item_id: str, rules: CaptionRules, notes: list
     names: dict[str, str] = {}
     if (directory / "speaker_embeddings.json").exists():
         try:  # only the names are read: the sidecar's vectors are not needed here
-            matched = SpeakerEmbeddingsArtifact.model_validate_json((directory / "speaker_embeddings.json").read_bytes())
+            matched = SpeakerEmbeddingsArtifact.model_validate_json(
+                (directory / "speaker_embeddings.json").read_bytes()
+            )
             names = {m.speaker: m.name for m in matched.matches if m.name}
         except ValueError as exc:
             log.warning("%s: speaker names not read: %s", item_id, exc)
     corpus = corpus or {}
     labelled = label_transcript(transcript, diarization.turns if diarization else None, names, corpus)
-    return Sources(item_id=item_id, transcript=labelled.transcript, rules=rules, diarization=diarization,
-                   names=names, corpus=corpus, file_speakers=labelled.file_speakers,
-                   corpus_speakers=labelled.corpus_speakers, notes=list(notes or []),
-                   audio=audio_href(directory, transcript))
+    return Sources(
+        item_id=item_id,
+        transcript=labelled.transcript,
+        rules=rules,
+        diarization=diarization,
+        names=names,
+        corpus=corpus,
+        file_speakers=labelled.file_speakers,
+        corpus_speakers=labelled.corpus_speakers,
+        notes=list(notes or []),
+        audio=audio_href(directory, transcript),
+    )
 
 
 def outputs_events(journal: Path) -> dict[str, dict]:
@@ -77,11 +92,18 @@ def outputs_events(journal: Path) -> dict[str, dict]:
             event = json.loads(line)
         except ValueError:
             continue
-        if not isinstance(event, dict) or event.get("stage") != "outputs" or not isinstance(event.get("item"), str):
+        if (
+            not isinstance(event, dict)
+            or event.get("stage") != "outputs"
+            or not isinstance(event.get("item"), str)
+        ):
             continue
         summary = event.get("summary") if isinstance(event.get("summary"), dict) else {}
-        events[event["item"]] = {"status": event.get("status"), "error": event.get("error"),
-                                 "summary": {"damage": summary.get("damage"), "duration_s": summary.get("duration_s")}}
+        events[event["item"]] = {
+            "status": event.get("status"),
+            "error": event.get("error"),
+            "summary": {"damage": summary.get("damage"), "duration_s": summary.get("duration_s")},
+        }
     return events
 
 
@@ -94,12 +116,25 @@ def index_rows(out: Path, events: dict[str, dict] | None = None) -> list[dict]:
     for item_id in sorted(set(sources) | {i for i in events if isinstance(i, str)}):
         event = events.get(item_id) or {}
         summary = event.get("summary") or {}
-        status = ("partial" if summary.get("damage") else "ok") if event.get("status") == "ok" else \
-            "failed" if event.get("status") == "failed" else "not finished"
+        status = (
+            ("partial" if summary.get("damage") else "ok")
+            if event.get("status") == "ok"
+            else "failed"
+            if event.get("status") == "failed"
+            else "not finished"
+        )
         directory = out / item_id
         files = sorted(name for name in layout.FORMATS.values() if (directory / name).is_file())
-        rows.append({"id": item_id, "status": status, "source": sources.get(item_id, ""),
-                     "duration_s": summary.get("duration_s"), "error": event.get("error"), "files": files})
+        rows.append(
+            {
+                "id": item_id,
+                "status": status,
+                "source": sources.get(item_id, ""),
+                "duration_s": summary.get("duration_s"),
+                "error": event.get("error"),
+                "files": files,
+            }
+        )
     return rows
 
 
@@ -134,7 +169,9 @@ def export(settings, formats: list[str], only: list[str] | None = None) -> Expor
             by_source = {str(Path(k)): v for k, v in ids.items()}
             wanted = []
             for name in only:
-                item_id = name if name in known else by_source.get(str(Path(name).absolute()), by_source.get(name))
+                item_id = (
+                    name if name in known else by_source.get(str(Path(name).absolute()), by_source.get(name))
+                )
                 if item_id is None:
                     result.unknown.append(name)
                 else:

@@ -45,7 +45,9 @@ def resolve_hub(settings: Settings) -> Settings:
     endpoint = hub_endpoint()
     reachable, why = hub_reachable(endpoint, settings.hub_check_timeout_s)
     if reachable:
-        log.info("hub: %s: stage children may download models that are not cached (progress in their logs)", why)
+        log.info(
+            "hub: %s: stage children may download models that are not cached (progress in their logs)", why
+        )
     else:
         log.info("hub: %s: running offline (cached and embedded models only)", why)
     return settings.replace(allow_hub=reachable)

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from contracts.jsonl import append_line, iter_lines, read_lines, repair_tail
-
 from orchestrator import layout
 
 JOURNAL_NAME = layout.JOURNAL
@@ -33,8 +32,14 @@ class Journal:
         if not self._repaired:
             repair_tail(self.path)
             self._repaired = True
-        event = {"time": datetime.now(timezone.utc).isoformat(), "run": self.run_id, "item": item,
-                 "stage": stage, "status": status, **extra}
+        event = {
+            "time": datetime.now(UTC).isoformat(),
+            "run": self.run_id,
+            "item": item,
+            "stage": stage,
+            "status": status,
+            **extra,
+        }
         append_line(self.path, event, fsync=True)
 
     def events(self) -> list[dict]:

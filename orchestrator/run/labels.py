@@ -23,8 +23,10 @@ OVERLAP_SHARE = 0.5
 
 def overlap_spans(turns: list[SpeakerTurn]) -> list[tuple[float, float]]:
     """The times at which two or more speakers' turns are active at once, merged, in order."""
-    events = sorted([(t.start, 1, t.speaker) for t in turns] + [(t.end, -1, t.speaker) for t in turns],
-                    key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(t.start, 1, t.speaker) for t in turns] + [(t.end, -1, t.speaker) for t in turns],
+        key=lambda e: (e[0], e[1]),
+    )
     active: dict[str, int] = {}
     spans: list[tuple[float, float]] = []
     since = None
@@ -63,13 +65,14 @@ class _Turns:
             return []
         covered: dict[str, float] = {}
         first = bisect.bisect_left(self.starts, start - self.longest)
-        for turn in self.turns[first:bisect.bisect_right(self.starts, end)]:
+        for turn in self.turns[first : bisect.bisect_right(self.starts, end)]:
             if turn.speaker == speaker:
                 continue
             share = min(end, turn.end) - max(start, turn.start)
             if share > 0:
                 covered[turn.speaker] = covered.get(turn.speaker, 0.0) + share
-        if speaker not in self.labels and covered:  # a name the diarization does not know: its voice is the main one
+        # a name the diarization does not know: its voice is the main one
+        if speaker not in self.labels and covered:
             covered.pop(max(sorted(covered), key=lambda s: covered[s]))
         return sorted(s for s, c in covered.items() if c >= OVERLAP_SHARE * (end - start))
 
@@ -84,8 +87,12 @@ class Labelled:
     corpus_speakers: list[str | None]
 
 
-def label_transcript(transcript: TranscriptArtifact, turns: list[SpeakerTurn] | None, names: dict[str, str],
-                     corpus: dict[str, tuple[str, str]]) -> Labelled:
+def label_transcript(
+    transcript: TranscriptArtifact,
+    turns: list[SpeakerTurn] | None,
+    names: dict[str, str],
+    corpus: dict[str, tuple[str, str]],
+) -> Labelled:
     """``transcript`` with each speaker shown as its corpus speaker (``corpus``: own label -> (id, label)),
     else its enrolled name (``names``: own label -> name), else its own label; and each word and segment
     with the other voices the diarization ``turns`` have during it."""
@@ -109,15 +116,31 @@ def label_transcript(transcript: TranscriptArtifact, turns: list[SpeakerTurn] | 
             words = []
             for w in seg.words:
                 wl = file_label(w.speaker) or label
-                others = index.others(w.start, w.end, wl) if index and w.start is not None and w.end is not None \
+                others = (
+                    index.others(w.start, w.end, wl)
+                    if index and w.start is not None and w.end is not None
                     else []
+                )
                 heard += [o for o in others if o not in heard]
-                words.append(w.model_copy(update={"speaker": show(file_label(w.speaker)),
-                                                  "overlap": [show(o) for o in others] or None}))
+                words.append(
+                    w.model_copy(
+                        update={
+                            "speaker": show(file_label(w.speaker)),
+                            "overlap": [show(o) for o in others] or None,
+                        }
+                    )
+                )
         if index and not any(w.start is not None for w in seg.words or []):
             heard = index.others(seg.start, seg.end, label)
-        segments.append(seg.model_copy(update={"speaker": show(label), "words": words,
-                                               "overlap": [show(o) for o in heard if o != label] or None}))
+        segments.append(
+            seg.model_copy(
+                update={
+                    "speaker": show(label),
+                    "words": words,
+                    "overlap": [show(o) for o in heard if o != label] or None,
+                }
+            )
+        )
         file_speakers.append(label)
         corpus_ids.append(corpus[label][0] if label in corpus else None)
     return Labelled(transcript.model_copy(update={"segments": segments}), file_speakers, corpus_ids)
@@ -144,9 +167,16 @@ def caption_segments(transcript: TranscriptArtifact, glue: str = " ") -> Transcr
             timed = [w for w in run if w.start is not None and w.end is not None]
             start = min(w.start for w in timed) if timed else seg.start
             end = max(w.end for w in timed) if timed else seg.end
-            out.append(Segment(id=len(out), start=round(start, 3), end=round(max(start, end), 3),
-                               text=glue.join(w.word.strip() for w in run).strip(), words=run,
-                               speaker=_both(seg.speaker, run[0].overlap or [])))
+            out.append(
+                Segment(
+                    id=len(out),
+                    start=round(start, 3),
+                    end=round(max(start, end), 3),
+                    text=glue.join(w.word.strip() for w in run).strip(),
+                    words=run,
+                    speaker=_both(seg.speaker, run[0].overlap or []),
+                )
+            )
     return transcript.model_copy(update={"segments": out})
 
 
@@ -165,9 +195,12 @@ def read_corpus(out: Path) -> CorpusSpeakers | None:
     try:
         return load_model(path, CorpusSpeakers)
     except ArtifactError as exc:
-        raise ArtifactError(path, f"{exc.reason}; fix it, or move it away and run `pipeline speakers cluster "
-                                  f"{out}` to cluster the corpus again (names and merges made so far are then "
-                                  "lost)") from None
+        raise ArtifactError(
+            path,
+            f"{exc.reason}; fix it, or move it away and run `pipeline speakers cluster "
+            f"{out}` to cluster the corpus again (names and merges made so far are then "
+            "lost)",
+        ) from None
 
 
 def corpus_labels(corpus: CorpusSpeakers | None) -> dict[str, dict[str, tuple[str, str]]]:

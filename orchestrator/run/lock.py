@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import socket
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from contracts.errors import OutputBusyError, SettingsError
@@ -29,8 +29,14 @@ class OutputLock:
     """``what`` names the folder in errors, ``advice`` says what to do when it is held, ``role`` says in the
     lock file what holds it (the server's state folder uses the same lock: ``orchestrator.api.jobs``)."""
 
-    def __init__(self, directory: Path, wait: bool = False, what: str = "output directory",
-                 advice: str = "wait for it (--wait) or choose another --output", role: str = "pipeline") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        wait: bool = False,
+        what: str = "output directory",
+        advice: str = "wait for it (--wait) or choose another --output",
+        role: str = "pipeline",
+    ) -> None:
         self.path = Path(directory) / LOCK_NAME
         self.wait = wait
         self.what, self.advice, self.role = what, advice, role
@@ -41,27 +47,36 @@ class OutputLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:  # read-only, not a directory, no permission: nothing could be written there
-            raise SettingsError(f"cannot write to {self.what} {self.path.parent}: "
-                                f"{exc.strerror or exc}") from None
+            raise SettingsError(
+                f"cannot write to {self.what} {self.path.parent}: {exc.strerror or exc}"
+            ) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _holder(fd)
                 if not self.wait:
-                    raise OutputBusyError(f"{self.what} {self.path.parent} is in use by {holder}: {self.advice}") from None
+                    raise OutputBusyError(
+                        f"{self.what} {self.path.parent} is in use by {holder}: {self.advice}"
+                    ) from None
                 log.warning("%s %s is in use by %s: waiting for it", self.what, self.path.parent, holder)
                 fcntl.flock(fd, fcntl.LOCK_EX)
             os.ftruncate(fd, 0)
-            record = {"pid": os.getpid(), "host": socket.gethostname(), "role": self.role,
-                      "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            record = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "role": self.role,
+                "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
             os.pwrite(fd, json.dumps(record).encode(), 0)
         except OSError as exc:  # e.g. a full disk: the run cannot start (exit 2, with the reason)
             os.close(fd)
             if isinstance(exc, BlockingIOError):
                 raise
-            raise SettingsError(f"cannot write to {self.what} {self.path.parent}: {exc.strerror or exc} "
-                                f"(writing {self.path.name})") from None
+            raise SettingsError(
+                f"cannot write to {self.what} {self.path.parent}: {exc.strerror or exc} "
+                f"(writing {self.path.name})"
+            ) from None
         except BaseException:
             os.close(fd)
             raise
@@ -77,7 +92,9 @@ class OutputLock:
 def _holder(fd: int) -> str:
     try:
         record = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        return (f"{record.get('role', 'pipeline')} pid {record['pid']} on {record['host']} "
-                f"(started {record['started_at']})")
+        return (
+            f"{record.get('role', 'pipeline')} pid {record['pid']} on {record['host']} "
+            f"(started {record['started_at']})"
+        )
     except (ValueError, KeyError, OSError):
         return "another pipeline run"

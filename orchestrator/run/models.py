@@ -47,16 +47,23 @@ def resolve_models(specs: list[StageSpec], hub: bool) -> dict[str, str]:
             resolved[spec.name] = _asr(s.model, repo)
         elif spec.name == "diarization":
             wanted = PYANNOTE_DEFAULT if s.model == "auto" else s.model
-            resolved[spec.name] = DIARIZATION_EMBEDDED if s.model == "embedded" else (repo(wanted) or DIARIZATION_EMBEDDED)
+            resolved[spec.name] = (
+                DIARIZATION_EMBEDDED if s.model == "embedded" else (repo(wanted) or DIARIZATION_EMBEDDED)
+            )
         elif spec.name == "embeddings":
             if s.profile == "embedded":
                 resolved[spec.name] = EMBEDDING_FALLBACK
             else:
                 wanted = EMBEDDING_PROFILES.get(s.profile, s.profile)
-                resolved[spec.name] = repo(wanted) or (EMBEDDING_FALLBACK if s.fallback else f"{wanted} (unavailable)")
+                resolved[spec.name] = repo(wanted) or (
+                    EMBEDDING_FALLBACK if s.fallback else f"{wanted} (unavailable)"
+                )
         elif spec.name == "enrollment":
-            resolved[spec.name] = "campplus (embedded)" if s.encoder == "campplus" else (
-                repo(s.ecapa_source) or f"{s.ecapa_source} (unavailable)")
+            resolved[spec.name] = (
+                "campplus (embedded)"
+                if s.encoder == "campplus"
+                else (repo(s.ecapa_source) or f"{s.ecapa_source} (unavailable)")
+            )
     return resolved
 
 
@@ -84,8 +91,11 @@ def _repo(name: str, hub: bool) -> str | None:
     if name.count("/") != 1:
         return None
     revision = _hub_revision(name) if hub else None
-    return f"{name}@{revision or _cached_revision(name) or 'hub'}" if hub else (
-        f"{name}@{cached}" if (cached := _cached_revision(name)) else None)
+    return (
+        f"{name}@{revision or _cached_revision(name) or 'hub'}"
+        if hub
+        else (f"{name}@{cached}" if (cached := _cached_revision(name)) else None)
+    )
 
 
 def _folder_digest(path: Path) -> str:
@@ -94,7 +104,9 @@ def _folder_digest(path: Path) -> str:
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     for file in files:
         st = file.stat()
-        digest.update(f"{file.relative_to(path) if file != path else file.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        digest.update(
+            f"{file.relative_to(path) if file != path else file.name}:{st.st_size}:{st.st_mtime_ns}\n".encode()
+        )
     return digest.hexdigest()[:12]
 
 
@@ -139,8 +151,11 @@ def model_label(stage: str, artifact: Artifact | None) -> str | None:
     if stage == "embeddings":
         return EMBEDDING_FALLBACK if fallback or getattr(artifact, "profile", None) == "embedded" else model
     if stage == "diarization":
-        return model.removeprefix("pyannote:") if model.startswith("pyannote:") and not fallback \
+        return (
+            model.removeprefix("pyannote:")
+            if model.startswith("pyannote:") and not fallback
             else DIARIZATION_EMBEDDED
+        )
     if stage == "asr" and getattr(artifact, "requested_model", None):  # the name asked for, without revision
         return _asr(artifact.requested_model, lambda name: name)
     return None

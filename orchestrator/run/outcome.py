@@ -12,7 +12,7 @@ from enum import Enum
 from contracts import ExitCode
 
 
-class Outcome(str, Enum):
+class Outcome(str, Enum):  # noqa: UP042 - StrEnum would change what str() of a member prints
     OK = "ok"
     #: an unexpected Python error inside the child
     ERROR = "error"
@@ -53,10 +53,7 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-OOM_ADVICE = (
-    "try a smaller model, a lighter compute type (int8 / float16), "
-    "or fewer jobs sharing the GPU"
-)
+OOM_ADVICE = "try a smaller model, a lighter compute type (int8 / float16), or fewer jobs sharing the GPU"
 
 
 FAST_PATH = "going on without speakers (fast path; ENABLE_FAST_PATH=false makes this an error)"
@@ -105,18 +102,25 @@ def next_step(
     if outcome is Outcome.OOM:
         if batch_size > 1:
             half = max(1, batch_size // 2)
-            return Decision(True, half, f"{stage} ran out of memory at batch size {batch_size}; retrying with {half}")
+            return Decision(
+                True, half, f"{stage} ran out of memory at batch size {batch_size}; retrying with {half}"
+            )
         if skippable:
-            return Decision(False, 1, f"{stage} ran out of memory even at batch size 1; {FAST_PATH}", skip=True)
+            return Decision(
+                False, 1, f"{stage} ran out of memory even at batch size 1; {FAST_PATH}", skip=True
+            )
         return Decision(False, 1, f"{stage} ran out of memory even at batch size 1: {OOM_ADVICE}")
     if outcome is Outcome.KILLED:
         name = signal_name(signal) if signal else "a signal"
         if signal_retries < max_signal_retries:
             return Decision(
-                True, batch_size,
+                True,
+                batch_size,
                 f"{stage} child was killed by {name}; retry {signal_retries + 1} of {max_signal_retries}",
             )
-        return Decision(False, batch_size, f"{stage} child was killed by {name} {signal_retries + 1} times; giving up")
+        return Decision(
+            False, batch_size, f"{stage} child was killed by {name} {signal_retries + 1} times; giving up"
+        )
     if outcome is Outcome.OK:
         return Decision(False, batch_size, f"{stage} finished without writing a valid artifact")
     if outcome is Outcome.INTERRUPTED:
@@ -124,15 +128,23 @@ def next_step(
     if outcome is Outcome.REFUSED:
         wait = refused_wait(refusals, waited_s, max_wait_s)
         if wait is not None:
-            return Decision(True, batch_size, f"{stage} was not started (refusal {refusals + 1}); waiting "
-                                              f"{wait:.0f} s before trying again", wait_s=wait)
+            return Decision(
+                True,
+                batch_size,
+                f"{stage} was not started (refusal {refusals + 1}); waiting {wait:.0f} s before trying again",
+                wait_s=wait,
+            )
         spent = f" (refused {refusals + 1} times over {waited_s:.0f} s)" if refusals else ""
         return Decision(False, batch_size, f"{stage} was not started{spent}")
     if outcome is Outcome.DISK_FULL:
         return Decision(False, batch_size, f"{stage} stopped: a disk it writes to is full")
     if outcome is Outcome.ERROR and progressed and error_retries < max_signal_retries:
-        return Decision(True, batch_size, f"{stage} child failed between items; retrying the items left "
-                                          f"({error_retries + 1} of {max_signal_retries})")
+        return Decision(
+            True,
+            batch_size,
+            f"{stage} child failed between items; retrying the items left "
+            f"({error_retries + 1} of {max_signal_retries})",
+        )
     if outcome is Outcome.CONTRACT_ERROR:
         return Decision(False, batch_size, f"{stage} child rejected its request or an input artifact")
     return Decision(False, batch_size, f"{stage} child failed")
@@ -166,9 +178,19 @@ class Blame:
     skip: bool = False
 
 
-def blame(outcome: Outcome, in_flight: list[str], crashes: dict[str, int], max_item_crashes: int, batch_size: int,
-          worked_batch: int | None, signal: int | None = None, stage: str = "stage", hung: bool = False,
-          skippable: bool = False, error: str | None = None) -> Blame | None:
+def blame(
+    outcome: Outcome,
+    in_flight: list[str],
+    crashes: dict[str, int],
+    max_item_crashes: int,
+    batch_size: int,
+    worked_batch: int | None,
+    signal: int | None = None,
+    stage: str = "stage",
+    hung: bool = False,
+    skippable: bool = False,
+    error: str | None = None,
+) -> Blame | None:
     """Culprit isolation: a child that died (signal, watchdog), exited with an error or ran out of memory
     at batch size 1 while working on ``in_flight`` items suspects only those; the others go on.
 
@@ -186,10 +208,15 @@ def blame(outcome: Outcome, in_flight: list[str], crashes: dict[str, int], max_i
         if outcome is Outcome.ERROR:
             how = f"exited with an error ({error})" if error else "exited with an error"
         else:
-            how = "hung (no progress within the watchdog's limit)" if hung else (
-                f"was killed by {signal_name(signal)}" if signal else "was killed")
+            how = (
+                "hung (no progress within the watchdog's limit)"
+                if hung
+                else (f"was killed by {signal_name(signal)}" if signal else "was killed")
+            )
         count = crashes[in_flight[0]]
-        reason = f"crashed the {stage} child {count} time{'s' if count > 1 else ''}: it {how} while on this input"
+        reason = (
+            f"crashed the {stage} child {count} time{'s' if count > 1 else ''}: it {how} while on this input"
+        )
         return Blame(culprits, reason, batch_size)
     if outcome is Outcome.OOM and batch_size == 1:  # the same words as next_step's, for this input alone
         final = next_step(outcome, 1, 0, 0, stage=stage, skippable=skippable)

@@ -69,8 +69,10 @@ class Sources:
 
 
 def to_srt(src: Sources) -> str:
-    return "\n".join(f"{n}\n{timestamp(c.start, ',')} --> {timestamp(c.end, ',')}\n{c.text}\n"
-                     for n, c in enumerate(src.cues, start=1))
+    return "\n".join(
+        f"{n}\n{timestamp(c.start, ',')} --> {timestamp(c.end, ',')}\n{c.text}\n"
+        for n, c in enumerate(src.cues, start=1)
+    )
 
 
 def to_vtt(src: Sources) -> str:
@@ -104,19 +106,34 @@ def _cell(text: str) -> str:
 def to_tsv(src: Sources) -> str:
     """One row per segment: start and end in seconds, speaker, text."""
     rows = ["start\tend\tspeaker\ttext"]
-    rows += [f"{s.start:.3f}\t{s.end:.3f}\t{_cell(s.speaker or '')}\t{_cell(s.text)}" for s in src.transcript.segments]
+    rows += [
+        f"{s.start:.3f}\t{s.end:.3f}\t{_cell(s.speaker or '')}\t{_cell(s.text)}"
+        for s in src.transcript.segments
+    ]
     return "\n".join(rows) + "\n"
 
 
 def to_json(src: Sources) -> str:
     """The transcript without the run's bookkeeping: segments, words, speakers."""
     t = src.transcript
-    doc = {"id": src.item_id, "source": t.source, "language": t.language, "duration_s": t.duration_s,
-           "speakers": src.speakers(),
-           "segments": [{"start": s.start, "end": s.end, "speaker": s.speaker, **_speaker_fields(src, n, s),
-                         "text": s.text.strip(),
-                         "words": [w.model_dump(exclude=set() if w.overlap else {"overlap"}) for w in s.words or []]}
-                        for n, s in enumerate(t.segments)]}
+    doc = {
+        "id": src.item_id,
+        "source": t.source,
+        "language": t.language,
+        "duration_s": t.duration_s,
+        "speakers": src.speakers(),
+        "segments": [
+            {
+                "start": s.start,
+                "end": s.end,
+                "speaker": s.speaker,
+                **_speaker_fields(src, n, s),
+                "text": s.text.strip(),
+                "words": [w.model_dump(exclude=set() if w.overlap else {"overlap"}) for w in s.words or []],
+            }
+            for n, s in enumerate(t.segments)
+        ],
+    }
     return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
 
 
@@ -138,16 +155,24 @@ def _field(text: str) -> str:
 def speaker_turns(src: Sources) -> list[tuple[float, float, str]]:
     """Who spoke when: the diarization's turns (named where a profile named them), else the segments'."""
     if src.diarization is not None and src.diarization.turns:
-        return [(t.start, t.end, src.corpus[t.speaker][1] if t.speaker in src.corpus
-                 else src.names.get(t.speaker, t.speaker)) for t in src.diarization.turns]
+        return [
+            (
+                t.start,
+                t.end,
+                src.corpus[t.speaker][1] if t.speaker in src.corpus else src.names.get(t.speaker, t.speaker),
+            )
+            for t in src.diarization.turns
+        ]
     return [(s.start, s.end, s.speaker) for s in src.transcript.segments if s.speaker and s.end > s.start]
 
 
 def to_rttm(src: Sources) -> str:
     """NIST RTTM: one SPEAKER line per turn (names without spaces)."""
     uri = _field(src.item_id.replace("/", "_"))
-    return "".join(f"SPEAKER {uri} 1 {start:.3f} {end - start:.3f} <NA> <NA> {_field(who)} <NA> <NA>\n"
-                   for start, end, who in speaker_turns(src))
+    return "".join(
+        f"SPEAKER {uri} 1 {start:.3f} {end - start:.3f} <NA> <NA> {_field(who)} <NA> <NA>\n"
+        for start, end, who in speaker_turns(src)
+    )
 
 
 def _tiers(src: Sources) -> list[tuple[str, list[tuple[float, float, str]]]]:
@@ -156,8 +181,12 @@ def _tiers(src: Sources) -> list[tuple[str, list[tuple[float, float, str]]]]:
     tiers = []
     for speaker in speakers:
         segs = [s for s in src.transcript.segments if s.speaker == speaker]
-        words = [(w.start, w.end, w.word.strip()) for s in segs for w in s.words or []
-                 if w.start is not None and w.end is not None and w.word.strip()]
+        words = [
+            (w.start, w.end, w.word.strip())
+            for s in segs
+            for w in s.words or []
+            if w.start is not None and w.end is not None and w.word.strip()
+        ]
         name = speaker or "speech"
         tiers.append((name, _ordered([(s.start, s.end, s.text.strip()) for s in segs])))
         if words:
@@ -183,8 +212,16 @@ def to_textgrid(src: Sources) -> str:
     def q(text: str) -> str:
         return '"' + text.replace('"', '""') + '"'
 
-    lines = ['File type = "ooTextFile"', 'Object class = "TextGrid"', "", "xmin = 0", f"xmax = {xmax}",
-             "tiers? <exists>", f"size = {len(tiers)}", "item []:"]
+    lines = [
+        'File type = "ooTextFile"',
+        'Object class = "TextGrid"',
+        "",
+        "xmin = 0",
+        f"xmax = {xmax}",
+        "tiers? <exists>",
+        f"size = {len(tiers)}",
+        "item []:",
+    ]
     for n, (name, spans) in enumerate(tiers, start=1):
         filled: list[tuple[float, float, str]] = []
         at = 0.0
@@ -195,11 +232,21 @@ def to_textgrid(src: Sources) -> str:
             at = end
         if at < xmax or not filled:
             filled.append((at, xmax, ""))
-        lines += [f"    item [{n}]:", '        class = "IntervalTier"', f"        name = {q(name)}",
-                  "        xmin = 0", f"        xmax = {xmax}", f"        intervals: size = {len(filled)}"]
+        lines += [
+            f"    item [{n}]:",
+            '        class = "IntervalTier"',
+            f"        name = {q(name)}",
+            "        xmin = 0",
+            f"        xmax = {xmax}",
+            f"        intervals: size = {len(filled)}",
+        ]
         for k, (start, end, text) in enumerate(filled, start=1):
-            lines += [f"        intervals [{k}]:", f"            xmin = {start}", f"            xmax = {end}",
-                      f"            text = {q(text)}"]
+            lines += [
+                f"        intervals [{k}]:",
+                f"            xmin = {start}",
+                f"            xmax = {end}",
+                f"            text = {q(text)}",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -215,14 +262,26 @@ def to_eaf(src: Sources) -> str:
         for start, end, text in spans:
             slots += [round(start * 1000), round(end * 1000)]
             ann += 1
-            body.append(f'    <ANNOTATION><ALIGNABLE_ANNOTATION ANNOTATION_ID="a{ann}" '
-                        f'TIME_SLOT_REF1="ts{len(slots) - 1}" TIME_SLOT_REF2="ts{len(slots)}">'
-                        f"<ANNOTATION_VALUE>{escape(text)}</ANNOTATION_VALUE></ALIGNABLE_ANNOTATION></ANNOTATION>")
-        tiers_xml.append(f'  <TIER LINGUISTIC_TYPE_REF="{kind}" PARTICIPANT={quoteattr(speaker)} '
-                         f'TIER_ID={quoteattr(name)}>\n' + "".join(b + "\n" for b in body) + "  </TIER>")
-    media = (f'    <MEDIA_DESCRIPTOR MEDIA_URL={quoteattr(src.audio)} MIME_TYPE="audio/ogg" '
-             f'RELATIVE_MEDIA_URL={quoteattr("./" + src.audio)}/>\n') if src.audio else ""
-    time_order = "".join(f'    <TIME_SLOT TIME_SLOT_ID="ts{n}" TIME_VALUE="{v}"/>\n' for n, v in enumerate(slots, 1))
+            body.append(
+                f'    <ANNOTATION><ALIGNABLE_ANNOTATION ANNOTATION_ID="a{ann}" '
+                f'TIME_SLOT_REF1="ts{len(slots) - 1}" TIME_SLOT_REF2="ts{len(slots)}">'
+                f"<ANNOTATION_VALUE>{escape(text)}</ANNOTATION_VALUE></ALIGNABLE_ANNOTATION></ANNOTATION>"
+            )
+        tiers_xml.append(
+            f'  <TIER LINGUISTIC_TYPE_REF="{kind}" PARTICIPANT={quoteattr(speaker)} '
+            f"TIER_ID={quoteattr(name)}>\n" + "".join(b + "\n" for b in body) + "  </TIER>"
+        )
+    media = (
+        (
+            f'    <MEDIA_DESCRIPTOR MEDIA_URL={quoteattr(src.audio)} MIME_TYPE="audio/ogg" '
+            f"RELATIVE_MEDIA_URL={quoteattr('./' + src.audio)}/>\n"
+        )
+        if src.audio
+        else ""
+    )
+    time_order = "".join(
+        f'    <TIME_SLOT TIME_SLOT_ID="ts{n}" TIME_VALUE="{v}"/>\n' for n, v in enumerate(slots, 1)
+    )
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         '<ANNOTATION_DOCUMENT AUTHOR="isostage" DATE="'
@@ -234,14 +293,15 @@ def to_eaf(src: Sources) -> str:
         f"  <TIME_ORDER>\n{time_order}  </TIME_ORDER>\n" + "\n".join(tiers_xml) + "\n"
         '  <LINGUISTIC_TYPE GRAPHIC_REFERENCES="false" LINGUISTIC_TYPE_ID="utterance" TIME_ALIGNABLE="true"/>\n'
         '  <LINGUISTIC_TYPE GRAPHIC_REFERENCES="false" LINGUISTIC_TYPE_ID="word" TIME_ALIGNABLE="true"/>\n'
-        '  <CONSTRAINT DESCRIPTION="Time subdivision of parent annotation\'s time interval, no time gaps allowed '
+        "  <CONSTRAINT DESCRIPTION=\"Time subdivision of parent annotation's time interval, no time gaps allowed "
         'within this interval" STEREOTYPE="Time_Subdivision"/>\n'
         '  <CONSTRAINT DESCRIPTION="Symbolic subdivision of a parent annotation. Annotations refering to the same '
         'parent are ordered" STEREOTYPE="Symbolic_Subdivision"/>\n'
         '  <CONSTRAINT DESCRIPTION="1-1 association with a parent annotation" STEREOTYPE="Symbolic_Association"/>\n'
-        '  <CONSTRAINT DESCRIPTION="Time alignable annotations within the parent annotation\'s time interval, gaps '
+        "  <CONSTRAINT DESCRIPTION=\"Time alignable annotations within the parent annotation's time interval, gaps "
         'are allowed" STEREOTYPE="Included_In"/>\n'
-        "</ANNOTATION_DOCUMENT>\n")
+        "</ANNOTATION_DOCUMENT>\n"
+    )
 
 
 def to_docx(src: Sources) -> bytes:
@@ -265,8 +325,10 @@ def to_docx(src: Sources) -> bytes:
 
 def to_aud(src: Sources) -> str:
     """Audacity labels (File > Import > Labels): start, end (seconds), label; one per segment."""
-    return "".join(f"{s.start:.6f}\t{s.end:.6f}\t{_cell((label(s.speaker) + ' ' if s.speaker else '') + s.text)}\n"
-                   for s in src.transcript.segments)
+    return "".join(
+        f"{s.start:.6f}\t{s.end:.6f}\t{_cell((label(s.speaker) + ' ' if s.speaker else '') + s.text)}\n"
+        for s in src.transcript.segments
+    )
 
 
 def _page_notes(src: Sources) -> list[str]:
@@ -281,8 +343,19 @@ def to_html(src: Sources) -> str:
     return transcript_page(src)
 
 
-RENDER = {"srt": to_srt, "vtt": to_vtt, "txt": to_txt, "tsv": to_tsv, "json": to_json, "rttm": to_rttm,
-          "textgrid": to_textgrid, "eaf": to_eaf, "docx": to_docx, "html": to_html, "aud": to_aud}
+RENDER = {
+    "srt": to_srt,
+    "vtt": to_vtt,
+    "txt": to_txt,
+    "tsv": to_tsv,
+    "json": to_json,
+    "rttm": to_rttm,
+    "textgrid": to_textgrid,
+    "eaf": to_eaf,
+    "docx": to_docx,
+    "html": to_html,
+    "aud": to_aud,
+}
 assert set(RENDER) == set(FORMATS)
 
 
@@ -300,7 +373,9 @@ def write_formats(directory: Path, src: Sources, formats: list[str] | tuple[str,
     return written
 
 
-def to_jsonl(transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact, vectors, src: Sources | None = None) -> str:
+def to_jsonl(
+    transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact, vectors, src: Sources | None = None
+) -> str:
     """One line per segment: text, times, speaker (with ``src``: the input's own label, the corpus speaker's
     id and the voices heard with it too), its row in embeddings.npy and the vector itself."""
     if embeddings.count != len(transcript.segments):
@@ -321,12 +396,18 @@ def to_jsonl(transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact, vec
     return "".join(line + "\n" for line in lines)
 
 
-def write_outputs(directory: Path, src: Sources, embeddings: EmbeddingsArtifact, vectors,
-                  formats: list[str] | tuple[str, ...] = ("srt", "vtt", "txt", "html")) -> dict[str, str]:
+def write_outputs(
+    directory: Path,
+    src: Sources,
+    embeddings: EmbeddingsArtifact,
+    vectors,
+    formats: list[str] | tuple[str, ...] = ("srt", "vtt", "txt", "html"),
+) -> dict[str, str]:
     """What ``process`` writes next to transcript.json and embeddings.npy; return name -> path."""
     written = write_formats(directory, src, formats)
-    written["segments.jsonl"] = str(atomic_write_text(directory / "segments.jsonl",
-                                                      to_jsonl(src.transcript, embeddings, vectors, src)))
+    written["segments.jsonl"] = str(
+        atomic_write_text(directory / "segments.jsonl", to_jsonl(src.transcript, embeddings, vectors, src))
+    )
     written["transcript.json"] = str(directory / "transcript.json")
     written["embeddings.npy"] = str(directory / embeddings.sidecar)
     written["embeddings.json"] = str(directory / "embeddings.json")

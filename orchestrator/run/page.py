@@ -42,7 +42,8 @@ const audio=document.getElementById('audio');const words=[...document.querySelec
 document.getElementById('text').addEventListener('click',e=>{const w=e.target.closest('.w[data-s]');
 if(!w||!audio)return;audio.currentTime=parseFloat(w.dataset.s);const p=audio.play();if(p)p.catch(()=>{});});
 let now=null;if(audio)audio.addEventListener('timeupdate',()=>{const t=audio.currentTime;
-let lo=0,hi=words.length-1,hit=null;while(lo<=hi){const m=(lo+hi)>>1;if(parseFloat(words[m].dataset.s)<=t){hit=words[m];lo=m+1}else hi=m-1}
+let lo=0,hi=words.length-1,hit=null;
+while(lo<=hi){const m=(lo+hi)>>1;if(parseFloat(words[m].dataset.s)<=t){hit=words[m];lo=m+1}else hi=m-1}
 if(hit!==now){if(now)now.classList.remove('now');if(hit)hit.classList.add('now');now=hit;}});
 """
 
@@ -63,8 +64,11 @@ def notes(src) -> list[str]:
         lines = [f"Language: {t.language} ({found.status}{': ' + found.reason if found.reason else ''})"]
     else:
         lines = [f"Language: {t.language}"]
-    lines.append(f"Transcribed by {t.model}" + (f"; words timed by {t.aligner}" if t.aligner else "")
-                 + (f"; speakers by {t.diarization}" if t.diarization else ""))
+    lines.append(
+        f"Transcribed by {t.model}"
+        + (f"; words timed by {t.aligner}" if t.aligner else "")
+        + (f"; speakers by {t.diarization}" if t.diarization else "")
+    )
     if t.source_damage:
         lines.append(f"Damaged source: {t.source_damage}")
     lines += [n for n in (t.source_track, t.speakers_note, t.speech_note, t.alignment_note) if n]
@@ -93,30 +97,43 @@ def transcript_page(src) -> str:
                 doubtful = w.score is not None and w.score < LOW_SCORE
                 low += doubtful
                 title = f"{_clock(w.start)}" + (f" · score {w.score:.2f}" if w.score is not None else "")
-                spans.append(f'<span class="w{" low" if doubtful else ""}" data-s="{w.start:.3f}" '
-                             f'title="{title}">{escape(w.word.strip())}</span>')
+                spans.append(
+                    f'<span class="w{" low" if doubtful else ""}" data-s="{w.start:.3f}" '
+                    f'title="{title}">{escape(w.word.strip())}</span>'
+                )
         else:  # no word times: the segment is one clickable span
-            spans = [f'<span class="w" data-s="{seg.start:.3f}" title="{_clock(seg.start)}">'
-                     f"{escape(seg.text.strip())}</span>"]
+            spans = [
+                f'<span class="w" data-s="{seg.start:.3f}" title="{_clock(seg.start)}">'
+                f"{escape(seg.text.strip())}</span>"
+            ]
         if turns and turns[-1][0] == seg.speaker:
             turns[-1][2].extend(spans)
         else:
             turns.append((seg.speaker, seg.start, spans))
     body = "\n".join(
         f'<div class="turn" style="--c:{colours.get(who, "#777")}"><div class="who">{escape(who or "Speech")}'
-        f"<time>{_clock(start)}</time></div><p>{glue.join(spans)}</p></div>" for who, start, spans in turns)
-    audio = (f'<audio id="audio" controls preload="metadata" src="{escape(quote(src.audio))}"></audio>'
-             if src.audio else '<p class="notes">No audio found for this input: the words cannot play.</p>')
+        f"<time>{_clock(start)}</time></div><p>{glue.join(spans)}</p></div>"
+        for who, start, spans in turns
+    )
+    audio = (
+        f'<audio id="audio" controls preload="metadata" src="{escape(quote(src.audio))}"></audio>'
+        if src.audio
+        else '<p class="notes">No audio found for this input: the words cannot play.</p>'
+    )
     items = "".join(f"<li>{escape(n)}</li>" for n in notes(src))
-    legend = (f'<p class="legend">{len(src.speakers())} speaker(s); '
-              f'<span class="w low">underlined</span> words ({low}) scored below {LOW_SCORE:.1f}; '
-              "click a word to listen from there.</p>")
-    return (f'<!DOCTYPE html>\n<html lang="{escape(t.language or "und")}"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
-            f"<title>{escape(src.item_id)}</title><style>{_STYLE}</style></head>\n<body>\n"
-            f"<h1>{escape(src.item_id)}</h1>\n<ul class=\"notes\">{items}</ul>\n{legend}\n{audio}\n"
-            f'<main id="text">\n{body or "<p>No speech was transcribed.</p>"}\n</main>\n'
-            f"<script>{_SCRIPT}</script>\n</body></html>\n")
+    legend = (
+        f'<p class="legend">{len(src.speakers())} speaker(s); '
+        f'<span class="w low">underlined</span> words ({low}) scored below {LOW_SCORE:.1f}; '
+        "click a word to listen from there.</p>"
+    )
+    return (
+        f'<!DOCTYPE html>\n<html lang="{escape(t.language or "und")}"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>{escape(src.item_id)}</title><style>{_STYLE}</style></head>\n<body>\n"
+        f'<h1>{escape(src.item_id)}</h1>\n<ul class="notes">{items}</ul>\n{legend}\n{audio}\n'
+        f'<main id="text">\n{body or "<p>No speech was transcribed.</p>"}\n</main>\n'
+        f"<script>{_SCRIPT}</script>\n</body></html>\n"
+    )
 
 
 def index_page(rows: list[dict]) -> str:
@@ -126,21 +143,30 @@ def index_page(rows: list[dict]) -> str:
     lines = []
     for row in rows:
         base = quote(row["id"]) + "/"
-        links = " ".join(f'<a href="{base}{quote(name)}">{escape(name.removeprefix("transcript."))}</a>'
-                         for name in row.get("files") or [])
+        links = " ".join(
+            f'<a href="{base}{quote(name)}">{escape(name.removeprefix("transcript."))}</a>'
+            for name in row.get("files") or []
+        )
         page = layout.FORMATS["html"]
-        name = (f'<a href="{base}{page}">{escape(row["id"])}</a>' if page in (row.get("files") or [])
-                else escape(row["id"]))
+        name = (
+            f'<a href="{base}{page}">{escape(row["id"])}</a>'
+            if page in (row.get("files") or [])
+            else escape(row["id"])
+        )
         duration = _clock(row["duration_s"]) if row.get("duration_s") else ""
         status = escape(row["status"]) + (f": {escape(row['error'])}" if row.get("error") else "")
-        lines.append(f'<tr><td>{name}</td><td class="{escape(row["status"])}">{status}</td><td>{duration}</td>'
-                     f"<td>{links}</td><td>{escape(row.get('source') or '')}</td></tr>")
+        lines.append(
+            f'<tr><td>{name}</td><td class="{escape(row["status"])}">{status}</td><td>{duration}</td>'
+            f"<td>{links}</td><td>{escape(row.get('source') or '')}</td></tr>"
+        )
     counts = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>Transcripts</title>'
-            f"<style>{_STYLE}body{{max-width:80rem}}</style></head>\n<body>\n<h1>Transcripts</h1>\n"
-            f"<p>{len(rows)} inputs: {summary or 'none'}</p>\n"
-            "<table><thead><tr><th>input</th><th>status</th><th>length</th><th>files</th><th>source</th></tr>"
-            "</thead><tbody>\n" + "\n".join(lines) + "\n</tbody></table>\n</body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>Transcripts</title>'
+        f"<style>{_STYLE}body{{max-width:80rem}}</style></head>\n<body>\n<h1>Transcripts</h1>\n"
+        f"<p>{len(rows)} inputs: {summary or 'none'}</p>\n"
+        "<table><thead><tr><th>input</th><th>status</th><th>length</th><th>files</th><th>source</th></tr>"
+        "</thead><tbody>\n" + "\n".join(lines) + "\n</tbody></table>\n</body></html>\n"
+    )

@@ -1,9 +1,9 @@
 """The Python API: plan inputs, run each stage in isolated children, write outputs and the report.
 
-    from orchestrator import Orchestrator, Settings
+from orchestrator import Orchestrator, Settings
 
-    with Orchestrator(Settings(output_dir="out")) as orch:
-        report = orch.process(["talk.mp4", "interview.wav"])
+with Orchestrator(Settings(output_dir="out")) as orch:
+    report = orch.process(["talk.mp4", "interview.wav"])
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import uuid
 from collections import Counter
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from contracts import (
@@ -32,8 +32,9 @@ from contracts import (
     load_artifact,
     save_model,
 )
+from contracts.artifacts import LISTEN_COPY as LISTEN_SCRATCH
+from contracts.artifacts import LanguageId
 from contracts.errors import DiskFullError, PipelineError, SettingsError
-from contracts.artifacts import LISTEN_COPY as LISTEN_SCRATCH, LanguageId
 from contracts.io import atomic_write_text, is_disk_full, save_large
 from contracts.report import InputReport, ItemStage, RunPlan, RunReport, StagePlan, StageRun
 from orchestrator import layout
@@ -41,20 +42,15 @@ from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import StageSpec, process_specs
-from orchestrator.run.hub import cached_repos, downloads, resolve_hub
-from orchestrator.run.journal import Completed, Journal
-from orchestrator.run.lock import OutputLock
-from orchestrator.run.models import actual_model, model_label, resolve_models, same_model
 from orchestrator.run.captions import CaptionRules
 from orchestrator.run.export import load_sources, write_index
+from orchestrator.run.hub import cached_repos, downloads, resolve_hub
+from orchestrator.run.journal import Completed, Journal
 from orchestrator.run.labels import overlap_seconds
+from orchestrator.run.lock import OutputLock
+from orchestrator.run.models import actual_model, model_label, resolve_models, same_model
 from orchestrator.run.outputs import write_outputs
-from orchestrator.run.plan import (
-    Input,
-    chain_fingerprints,
-    input_keys,
-    plan_inputs,
-)
+from orchestrator.run.plan import Input, chain_fingerprints, input_keys, plan_inputs
 from orchestrator.run.progress import LogProgress, Progress
 from orchestrator.run.remote import FetchLimits, fetch, redact, staging_dir, upload, without_credentials
 from orchestrator.run.runner import StageRunner, artifact_state
@@ -88,7 +84,9 @@ def _skip(inp: Input, spec: StageSpec, specs: list[StageSpec], reason: str | Non
     chain_fingerprints(inp, specs)
 
 
-def _skipped_with_input(inp: Input, spec: StageSpec, previous: StageSpec | None, specs: list[StageSpec]) -> bool:
+def _skipped_with_input(
+    inp: Input, spec: StageSpec, previous: StageSpec | None, specs: list[StageSpec]
+) -> bool:
     """A stage that needs an artifact the fast path went without (enrollment without diarization) is skipped too."""
     missing = [k for k in input_keys(spec, previous) if k in inp.skipped and k not in spec.optional_inputs]
     if missing:
@@ -168,7 +166,8 @@ class Orchestrator:
         return summaries(Path(self.settings.output_dir))
 
     def cluster_speakers(self):
-        """Place every input's speakers not placed yet (``pipeline speakers cluster``); their files are written again."""
+        """Place every input's speakers not placed yet (``pipeline speakers cluster``); their files are
+        written again."""
         from orchestrator.run.speakers import cluster
 
         return cluster(self.settings, Path(self.settings.output_dir))
@@ -201,15 +200,20 @@ class Orchestrator:
         specs = self.stage_specs()
         inputs = plan_inputs(paths, out, dry=True)
         journal = layout.path(out, layout.JOURNAL)
-        self._completed = {} if self.settings.force or not journal.exists() else Journal(journal, "plan").completed()
+        self._completed = (
+            {} if self.settings.force or not journal.exists() else Journal(journal, "plan").completed()
+        )
         reuse = {spec.name: 0 for spec in specs}
         redo: dict[str, Counter] = {spec.name: Counter() for spec in specs}
         complete = 0
         for inp in inputs:
             chain_fingerprints(inp, specs)
             reasons: dict[str, str] = {}
-            needs = dict.fromkeys((s.name for s in specs), False) if self._resume_complete(inp, specs) \
+            needs = (
+                dict.fromkeys((s.name for s in specs), False)
+                if self._resume_complete(inp, specs)
                 else self._needs(inp, specs, reasons)
+            )
             complete += not any(needs.values())
             for spec in specs:
                 if needs[spec.name]:
@@ -217,17 +221,31 @@ class Orchestrator:
                 elif spec.keep:
                     reuse[spec.name] += 1
         duplicates = sum(1 for inp in inputs for note in inp.notes if note.startswith("given "))
-        stages = [StagePlan(stage=spec.name, model=spec.model, reuse=reuse[spec.name],
-                            redo=sum(redo[spec.name].values()), reasons=dict(redo[spec.name])) for spec in specs]
-        return RunPlan(output_dir=str(out), inputs=len(inputs), duplicates=duplicates, complete=complete,
-                       stages=stages, seconds=time.monotonic() - clock)
+        stages = [
+            StagePlan(
+                stage=spec.name,
+                model=spec.model,
+                reuse=reuse[spec.name],
+                redo=sum(redo[spec.name].values()),
+                reasons=dict(redo[spec.name]),
+            )
+            for spec in specs
+        ]
+        return RunPlan(
+            output_dir=str(out),
+            inputs=len(inputs),
+            duplicates=duplicates,
+            complete=complete,
+            stages=stages,
+            seconds=time.monotonic() - clock,
+        )
 
     def _process(self, paths: list[str | Path], progress: Progress | None) -> RunReport:
         progress = progress or LogProgress()
         self.stopped_by = None
         self.settings = resolve_hub(self.settings)  # allow_hub=auto: ask the hub endpoint once per run
         cache_before = cached_repos() if self.settings.hub else None  # to name what the children download
-        started = datetime.now(timezone.utc)
+        started = datetime.now(UTC)
         clock = time.monotonic()
         out = Path(self.settings.output_dir)
         run_id = f"{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
@@ -240,7 +258,9 @@ class Orchestrator:
             inputs = plan_inputs(paths, out)
         except (OSError, DiskFullError) as exc:
             if is_disk_full(exc):
-                raise SettingsError(f"output directory {out} is full before the run: {_disk_line(exc, out)}") from None
+                raise SettingsError(
+                    f"output directory {out} is full before the run: {_disk_line(exc, out)}"
+                ) from None
             raise
         for inp in inputs:
             chain_fingerprints(inp, specs)
@@ -248,23 +268,42 @@ class Orchestrator:
         self._completed = {} if self.settings.force else journal.completed()
         self._fast_resumed = 0
         self._corpus = None  # read again: `pipeline speakers` may have changed it since the last run
-        resumed = sum(inp.id in self._completed and self._completed[inp.id].fingerprint == self._outputs_fingerprint(inp)
-                      for inp in inputs)
+        resumed = sum(
+            inp.id in self._completed
+            and self._completed[inp.id].fingerprint == self._outputs_fingerprint(inp)
+            for inp in inputs
+        )
         size = self.settings.chunk_size
-        chunks = [inputs[i:i + size] for i in range(0, len(inputs), size)]
-        log.info("run %s: %d input(s) in %d chunk(s) of up to %d -> %s", run_id, len(inputs), len(chunks), size, out)
+        chunks = [inputs[i : i + size] for i in range(0, len(inputs), size)]
+        log.info(
+            "run %s: %d input(s) in %d chunk(s) of up to %d -> %s",
+            run_id,
+            len(inputs),
+            len(chunks),
+            size,
+            out,
+        )
 
         env = self.settings.child_env() | perf_log_env(out, run_id)
         device = self.settings.device
         if self.settings.executor == "ray":  # Ray assigns each task its GPU(s) through CUDA_VISIBLE_DEVICES
             env.pop("CUDA_VISIBLE_DEVICES", None)
             if device.startswith("cuda:"):
-                log.warning("device %s: under Ray each task sees only the GPU Ray gives it; using cuda", device)
+                log.warning(
+                    "device %s: under Ray each task sees only the GPU Ray gives it; using cuda", device
+                )
                 device = "cuda"
-        runner = StageRunner(self.executor, run_dir, env, device, self.settings.max_signal_retries,
-                             stop_path=self._stop_file, memory=self.settings.memory(),
-                             max_item_crashes=self.settings.max_item_crashes,
-                             refused_wait_s=self.settings.refused_start_wait_s)
+        runner = StageRunner(
+            self.executor,
+            run_dir,
+            env,
+            device,
+            self.settings.max_signal_retries,
+            stop_path=self._stop_file,
+            memory=self.settings.memory(),
+            max_item_crashes=self.settings.max_item_crashes,
+            refused_wait_s=self.settings.refused_start_wait_s,
+        )
         stage_runs: list[StageRun] = []
         progress.start(len(inputs), resumed, len(chunks))
         hard_stop = False
@@ -304,7 +343,8 @@ class Orchestrator:
             if self.settings.langid_only:
                 write_langid_tables(report, out)
             elif "html" in self.settings.export_formats and (
-                    self._fast_resumed < len(inputs) or not layout.path(out, layout.INDEX).exists()):
+                self._fast_resumed < len(inputs) or not layout.path(out, layout.INDEX).exists()
+            ):
                 write_index(out)  # a run that only found everything done leaves the index as it was
         except (OSError, DiskFullError) as exc:
             if not is_disk_full(exc):
@@ -317,15 +357,28 @@ class Orchestrator:
             except Exception as exc:  # noqa: BLE001 - the outputs are uploaded; the report stays local
                 log.error("could not upload %s to %s: %s", REPORT_NAME, redact(self.settings.output_url), exc)
         progress.finish(report)
-        log.info("run %s: %d ok, %d failed, %d interrupted; report %s", run_id, report.ok, report.failed,
-                 report.interrupted, out / REPORT_NAME)
+        log.info(
+            "run %s: %d ok, %d failed, %d interrupted; report %s",
+            run_id,
+            report.ok,
+            report.failed,
+            report.interrupted,
+            out / REPORT_NAME,
+        )
         if hard_stop:
             raise KeyboardInterrupt
         return report
 
-    def _run_chunks_parallel(self, parallel: int, chunks: list[list[Input]], specs: list[StageSpec],
-                             runner: StageRunner, journal: Journal, progress: Progress,
-                             stage_runs: list[StageRun]) -> None:
+    def _run_chunks_parallel(
+        self,
+        parallel: int,
+        chunks: list[list[Input]],
+        specs: list[StageSpec],
+        runner: StageRunner,
+        journal: Journal,
+        progress: Progress,
+        stage_runs: list[StageRun],
+    ) -> None:
         """Up to ``parallel`` chunks in flight, each stage-major in its own children (Ray: on other GPUs)."""
 
         def one(number: int, chunk: list[Input]) -> None:
@@ -347,12 +400,24 @@ class Orchestrator:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _run_chunk(self, number: int, chunk: list[Input], specs: list[StageSpec], runner: StageRunner,
-                   journal: Journal, progress: Progress, stage_runs: list[StageRun]) -> None:
+    def _run_chunk(
+        self,
+        number: int,
+        chunk: list[Input],
+        specs: list[StageSpec],
+        runner: StageRunner,
+        journal: Journal,
+        progress: Progress,
+        stage_runs: list[StageRun],
+    ) -> None:
         """Stage-major: each stage runs in one child over all of the chunk's inputs that need it."""
         done = {inp.id for inp in chunk if self._resume_complete(inp, specs)}
-        needs = {inp.id: dict.fromkeys((s.name for s in specs), False) if inp.id in done else self._needs(inp, specs)
-                 for inp in chunk}
+        needs = {
+            inp.id: dict.fromkeys((s.name for s in specs), False)
+            if inp.id in done
+            else self._needs(inp, specs)
+            for inp in chunk
+        }
         limits = FetchLimits.from_settings(self.settings)
         for inp in chunk:  # URL inputs: fetched just before their first stage needs them
             if self._stopping:
@@ -374,8 +439,11 @@ class Orchestrator:
                     return
                 previous = specs[index - 1] if index else None
                 alive = [inp for inp in chunk if inp.alive]
-                todo = [inp for inp in alive if needs[inp.id][spec.name]
-                        and not _skipped_with_input(inp, spec, previous, specs)]
+                todo = [
+                    inp
+                    for inp in alive
+                    if needs[inp.id][spec.name] and not _skipped_with_input(inp, spec, previous, specs)
+                ]
                 for inp in alive:
                     if not needs[inp.id][spec.name]:
                         inp.stages[spec.name] = REUSED
@@ -390,17 +458,36 @@ class Orchestrator:
                     next_warm = runner.warm_up(following, number)
                 progress.stage_started(number, spec.name, len(todo))
                 items = [self._work_item(spec, inp, previous) for inp in todo]
-                outcomes, stage_run = runner.run(spec, items, reuse=not self.settings.force, chunk=number,
-                                                 on_item=lambda stage, result, n=number: progress.item_finished(
-                                                     stage, result, chunk=n), warm=warm)
+                outcomes, stage_run = runner.run(
+                    spec,
+                    items,
+                    reuse=not self.settings.force,
+                    chunk=number,
+                    on_item=lambda stage, result, n=number: progress.item_finished(stage, result, chunk=n),
+                    warm=warm,
+                )
                 warm = next_warm
                 stage_runs.append(stage_run)
                 for inp in todo:
                     o = outcomes[inp.id]
-                    status = ("reused" if o.reused else "interrupted" if o.interrupted else "ok" if o.ok
-                              else "skipped" if o.skipped else "failed")
-                    inp.stages[spec.name] = ItemStage(status=status, seconds=o.seconds, batch_size=o.batch_size,
-                                                      retries=o.retries, error=o.error)
+                    status = (
+                        "reused"
+                        if o.reused
+                        else "interrupted"
+                        if o.interrupted
+                        else "ok"
+                        if o.ok
+                        else "skipped"
+                        if o.skipped
+                        else "failed"
+                    )
+                    inp.stages[spec.name] = ItemStage(
+                        status=status,
+                        seconds=o.seconds,
+                        batch_size=o.batch_size,
+                        retries=o.retries,
+                        error=o.error,
+                    )
                     inp.worked |= status == "ok"
                     if o.interrupted:
                         inp.interrupted = True
@@ -410,7 +497,9 @@ class Orchestrator:
                         inp.error, inp.failed_stage = o.error, spec.name
                     elif not o.reused:
                         self._stamp_model(inp, spec, specs)
-                    journal.record(inp.id, spec.name, status, fingerprint=inp.fingerprints[spec.name], error=o.error)
+                    journal.record(
+                        inp.id, spec.name, status, fingerprint=inp.fingerprints[spec.name], error=o.error
+                    )
         finally:
             if warm is not None:
                 runner.executor.cancel(warm)
@@ -419,9 +508,14 @@ class Orchestrator:
             if inp.alive and inp.id not in done:
                 noted = len(inp.notes)
                 self._finish(inp, labels.get(inp.id))
-                journal.record(inp.id, "outputs", "ok" if inp.complete else "failed",
-                               fingerprint=self._outputs_fingerprint(inp), error=inp.error,
-                               **(self._completion(inp, specs, inp.notes[noted:]) if inp.complete else {}))
+                journal.record(
+                    inp.id,
+                    "outputs",
+                    "ok" if inp.complete else "failed",
+                    fingerprint=self._outputs_fingerprint(inp),
+                    error=inp.error,
+                    **(self._completion(inp, specs, inp.notes[noted:]) if inp.complete else {}),
+                )
             if not inp.interrupted:
                 progress.input_finished(inp.complete, inp.duration_s or 0.0)
         progress.chunk_finished(number)
@@ -430,7 +524,10 @@ class Orchestrator:
         """Corpus speakers: the voices of ``inputs`` placed in OUT/speakers.json (numpy and scipy on the stored
         vectors, no model); the files of other inputs whose labels this changed are written again. Returns
         the labels the files of ``inputs`` show. A failure here costs the labels, never an input."""
-        if not (self.settings.corpus_speakers and self.settings.speakers and inputs) or self.settings.langid_only:
+        if (
+            not (self.settings.corpus_speakers and self.settings.speakers and inputs)
+            or self.settings.langid_only
+        ):
             return {}
         from orchestrator.run.labels import corpus_labels
         from orchestrator.run.speakers import place, rewrite
@@ -449,18 +546,35 @@ class Orchestrator:
                 log.error("corpus speakers not updated: %s", exc)
                 return {}
         if placed.new_speakers:
-            log.info("corpus speakers: %d new (%s), %d in all", len(placed.new_speakers),
-                     ", ".join(placed.new_speakers[:10]), len(placed.corpus.speakers))
+            log.info(
+                "corpus speakers: %d new (%s), %d in all",
+                len(placed.new_speakers),
+                ", ".join(placed.new_speakers[:10]),
+                len(placed.corpus.speakers),
+            )
         return corpus_labels(placed.corpus)
 
     def _outputs_fingerprint(self, inp: Input) -> str:
         """What an input's outputs are made from: every stage's fingerprint and the settings that shape the
         written files (captions, where outputs go, langid-only), so a change of either rewrites them."""
         if self._shaping is None or self._shaping[0] is not self.settings:
-            shaping = {k: v for k, v in self.settings.model_dump(mode="json").items() if k.startswith(("caption_", "export_"))}
-            self._shaping = (self.settings, json.dumps({
-                "outputs": shaping, "version": OUTPUTS_VERSION, "langid_only": self.settings.langid_only,
-                "output_url": without_credentials(self.settings.output_url or "")}, sort_keys=True))
+            shaping = {
+                k: v
+                for k, v in self.settings.model_dump(mode="json").items()
+                if k.startswith(("caption_", "export_"))
+            }
+            self._shaping = (
+                self.settings,
+                json.dumps(
+                    {
+                        "outputs": shaping,
+                        "version": OUTPUTS_VERSION,
+                        "langid_only": self.settings.langid_only,
+                        "output_url": without_credentials(self.settings.output_url or ""),
+                    },
+                    sort_keys=True,
+                ),
+            )
         blob = json.dumps(inp.fingerprints, sort_keys=True) + self._shaping[1]
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
@@ -474,15 +588,22 @@ class Orchestrator:
             except OSError:  # an uploaded output (a URL): nothing local to check
                 continue
             files[path.name] = [st.st_size, st.st_mtime_ns]
-        summary = {"duration_s": inp.duration_s, "outputs": inp.outputs, "notes": notes, "overlap_s": inp.overlap_s,
-                   "substitutions": inp.substitutions, "damage": inp.damage,
-                   "language": inp.language.model_dump(mode="json") if inp.language else None}
+        summary = {
+            "duration_s": inp.duration_s,
+            "outputs": inp.outputs,
+            "notes": notes,
+            "overlap_s": inp.overlap_s,
+            "substitutions": inp.substitutions,
+            "damage": inp.damage,
+            "language": inp.language.model_dump(mode="json") if inp.language else None,
+        }
         return {"files": files, "summary": summary}
 
     def _resume_complete(self, inp: Input, specs: list[StageSpec]) -> bool:
         """An input the journal saw completed with the same outputs fingerprint, whose files are still the
         very ones (size and modification time) validated then: reused without reading them again."""
-        if self.settings.output_url:  # outputs at a URL are uploaded again by every run (a lost upload is redone)
+        # outputs at a URL are uploaded again by every run (a lost upload is redone)
+        if self.settings.output_url:
             return False
         done = self._completed.pop(inp.id, None)  # each input is checked once a run; what is checked is freed
         if done is None or not inp.alive or done.fingerprint != self._outputs_fingerprint(inp):
@@ -502,8 +623,11 @@ class Orchestrator:
             inp.language = self._language(summary.get("language"))
         except ValueError:
             return False
-        inp.duration_s, inp.outputs, inp.damage = summary.get("duration_s"), summary.get("outputs") or {}, \
-            summary.get("damage")
+        inp.duration_s, inp.outputs, inp.damage = (
+            summary.get("duration_s"),
+            summary.get("outputs") or {},
+            summary.get("damage"),
+        )
         overlap = summary.get("overlap_s")
         inp.overlap_s = float(overlap) if isinstance(overlap, (int, float)) else None
         inp.notes.extend(summary.get("notes") or [])
@@ -544,7 +668,9 @@ class Orchestrator:
         chain_fingerprints(inp, specs)
         save_model(artifact.model_copy(update={"fingerprint": inp.fingerprints[spec.name]}), path)
 
-    def _needs(self, inp: Input, specs: list[StageSpec], reasons: dict[str, str] | None = None) -> dict[str, bool]:
+    def _needs(
+        self, inp: Input, specs: list[StageSpec], reasons: dict[str, str] | None = None
+    ) -> dict[str, bool]:
         """Which stages must run for ``inp``: a stage whose artifact is not current, if a kept artifact
         depends on it. A later current artifact spares its upstream stages entirely. ``reasons`` gets
         why, for each stage that must run (the dry run's)."""
@@ -623,10 +749,16 @@ class Orchestrator:
         if previous is None:
             inputs = {"source": str(inp.source)}
         else:  # artifacts a fast path went on without are left out (stages treat them as optional)
-            inputs = {key: str(inp.artifact(key)) for key in input_keys(spec, previous) if key not in inp.skipped}
-        return WorkItem(id=inp.id, inputs=inputs, output=str(inp.artifact(spec.kind)),
-                        fingerprint=inp.fingerprints[spec.name],
-                        source_version=inp.planned if previous is None and not inp.url else None)
+            inputs = {
+                key: str(inp.artifact(key)) for key in input_keys(spec, previous) if key not in inp.skipped
+            }
+        return WorkItem(
+            id=inp.id,
+            inputs=inputs,
+            output=str(inp.artifact(spec.kind)),
+            fingerprint=inp.fingerprints[spec.name],
+            source_version=inp.planned if previous is None and not inp.url else None,
+        )
 
     def _finish(self, inp: Input, corpus: dict[str, tuple[str, str]] | None = None) -> None:
         import numpy as np  # numpy only: no model library in the parent
@@ -668,8 +800,15 @@ class Orchestrator:
             if listen.exists():  # the audio stage's compressed copy, kept for the transcript page
                 os.replace(listen, inp.directory / layout.LISTEN)
             inp.overlap_s = overlap_seconds(diarization.turns) if diarization is not None else None
-            src = load_sources(inp.directory, inp.id, CaptionRules.from_settings(self.settings),
-                               [*inp.notes, *inp.substitutions], transcript, diarization, corpus)
+            src = load_sources(
+                inp.directory,
+                inp.id,
+                CaptionRules.from_settings(self.settings),
+                [*inp.notes, *inp.substitutions],
+                transcript,
+                diarization,
+                corpus,
+            )
             inp.outputs = write_outputs(inp.directory, src, embeddings, vectors, self.settings.export_formats)
             if self.settings.output_url:
                 self._upload(inp)
@@ -693,53 +832,85 @@ class Orchestrator:
             raise OSError(f"upload to {redact(url)} failed: {type(exc).__name__}: {exc}") from None
         inp.outputs = {name: redact(f"{url}/{Path(path).name}") for name, path in inp.outputs.items()}
 
-    def _report(self, run_id: str, started: datetime, wall_s: float, out: Path, inputs: list[Input],
-                stage_runs: list[StageRun], fetched: list[str]) -> RunReport:
+    def _report(
+        self,
+        run_id: str,
+        started: datetime,
+        wall_s: float,
+        out: Path,
+        inputs: list[Input],
+        stage_runs: list[StageRun],
+        fetched: list[str],
+    ) -> RunReport:
         reports = [
             InputReport(
-                id=inp.id, source=inp.shown,
-                status=inp.status, error=inp.error or (f"damaged source: {inp.damage}" if inp.damage else None),
-                failed_stage=inp.failed_stage, duration_s=inp.duration_s, outputs=inp.outputs, stages=inp.stages,
-                notes=inp.notes, language=inp.language, overlap_s=inp.overlap_s,
+                id=inp.id,
+                source=inp.shown,
+                status=inp.status,
+                error=inp.error or (f"damaged source: {inp.damage}" if inp.damage else None),
+                failed_stage=inp.failed_stage,
+                duration_s=inp.duration_s,
+                outputs=inp.outputs,
+                stages=inp.stages,
+                notes=inp.notes,
+                language=inp.language,
+                overlap_s=inp.overlap_s,
             )
             for inp in inputs
         ]
         return RunReport(
-            run_id=run_id, started_at=started, finished_at=datetime.now(timezone.utc), output_dir=str(out),
-            settings=_redacted(self.settings.model_dump(mode="json")), ok=sum(r.status == "ok" for r in reports),
+            run_id=run_id,
+            started_at=started,
+            finished_at=datetime.now(UTC),
+            output_dir=str(out),
+            settings=_redacted(self.settings.model_dump(mode="json")),
+            ok=sum(r.status == "ok" for r in reports),
             failed=sum(r.status == "failed" for r in reports),
             interrupted=sum(r.status == "interrupted" for r in reports),
             partial=sum(r.status == "partial" for r in reports),
-            chunk_size=self.settings.chunk_size, chunks=-(-len(inputs) // self.settings.chunk_size),
-            audio_s=sum(inp.duration_s or 0.0 for inp in inputs if inp.complete), wall_s=wall_s,
-            throughput=worked_audio / wall_s if (worked_audio := sum(
-                inp.duration_s or 0.0 for inp in inputs if inp.complete and inp.worked)) and wall_s > 0 else None,
-            inputs=reports, stages=stage_runs,
-            substitutions=list(dict.fromkeys(line for inp in inputs for line in inp.substitutions)), downloads=fetched,
+            chunk_size=self.settings.chunk_size,
+            chunks=-(-len(inputs) // self.settings.chunk_size),
+            audio_s=sum(inp.duration_s or 0.0 for inp in inputs if inp.complete),
+            wall_s=wall_s,
+            throughput=worked_audio / wall_s
+            if (worked_audio := sum(inp.duration_s or 0.0 for inp in inputs if inp.complete and inp.worked))
+            and wall_s > 0
+            else None,
+            inputs=reports,
+            stages=stage_runs,
+            substitutions=list(dict.fromkeys(line for inp in inputs for line in inp.substitutions)),
+            downloads=fetched,
         )
 
 
 def _short(reason: str | None, limit: int = 100) -> str:
     text = " ".join((reason or "not available").split())
-    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
-def model_substitutions(transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact,
-                        diarization: DiarizationArtifact | None) -> list[str]:
+def model_substitutions(
+    transcript: TranscriptArtifact, embeddings: EmbeddingsArtifact, diarization: DiarizationArtifact | None
+) -> list[str]:
     """One line per model this input asked for and did not get: asked for, got, why, how to get it."""
     lines = []
     if embeddings.fallback_reason:
-        lines.append(f"embeddings: asked for {embeddings.profile!r} ({embeddings.requested_model}), used the embedded "
-                     f"all-MiniLM-L6-v2: {_short(embeddings.fallback_reason)} To use it: run once with --allow-hub on "
-                     "a machine that reaches the hub (it is then cached); EMBEDDING_PROFILE=embedded to keep this one")
+        lines.append(
+            f"embeddings: asked for {embeddings.profile!r} ({embeddings.requested_model}), used the embedded "
+            f"all-MiniLM-L6-v2: {_short(embeddings.fallback_reason)} To use it: run once with --allow-hub on "
+            "a machine that reaches the hub (it is then cached); EMBEDDING_PROFILE=embedded to keep this one"
+        )
     if diarization is not None and diarization.fallback_reason:
-        lines.append(f"diarization: asked for {diarization.requested_model!r}, used {diarization.model}: "
-                     f"{_short(diarization.fallback_reason)} To use it: accept its conditions on hf.co, set HF_TOKEN "
-                     "and run once with --allow-hub; DIARIZATION_MODEL=embedded to keep this one")
+        lines.append(
+            f"diarization: asked for {diarization.requested_model!r}, used {diarization.model}: "
+            f"{_short(diarization.fallback_reason)} To use it: accept its conditions on hf.co, set HF_TOKEN "
+            "and run once with --allow-hub; DIARIZATION_MODEL=embedded to keep this one"
+        )
     if transcript.diarization and not transcript.aligned:
-        lines.append(f"alignment: no word timing ({_short(transcript.alignment_note)}): speakers were labelled from "
-                     "segment timing. To align words: run once with --allow-hub (the aligner is then cached), or "
-                     "--no-speakers")
+        lines.append(
+            f"alignment: no word timing ({_short(transcript.alignment_note)}): speakers were labelled from "
+            "segment timing. To align words: run once with --allow-hub (the aligner is then cached), or "
+            "--no-speakers"
+        )
     return lines
 
 
@@ -761,7 +932,11 @@ LANGID_COLUMNS = ("input", "source", "status", "language", "probability", "speec
 def _disk_line(exc: BaseException, out: Path) -> str:
     """One line for a full disk: what could not be written (and how much, where the writer knew) and the
     free space left on the output directory's filesystem."""
-    what = str(exc) if isinstance(exc, DiskFullError) else f"{exc.strerror or exc}: {getattr(exc, 'filename', '')}"
+    what = (
+        str(exc)
+        if isinstance(exc, DiskFullError)
+        else f"{exc.strerror or exc}: {getattr(exc, 'filename', '')}"
+    )
     try:
         free = shutil.disk_usage(out).free
         where = f"; {free / 2**20:.1f} MiB free on {out}"
@@ -778,15 +953,18 @@ def write_langid_tables(report: RunReport, out: Path) -> tuple[Path, Path]:
     rows = []
     for item in report.inputs:
         found = item.language
-        rows.append({
-            "input": item.id, "source": item.source,
-            "status": found.status if found else item.status,
-            "language": found.language if found else None,
-            "probability": found.probability if found else None,
-            "speech_s": found.speech_s if found else None,
-            "top": " ".join(f"{s.language}:{s.probability:.3f}" for s in found.top) if found else "",
-            "reason": (found.reason if found else item.error) or "",
-        })
+        rows.append(
+            {
+                "input": item.id,
+                "source": item.source,
+                "status": found.status if found else item.status,
+                "language": found.language if found else None,
+                "probability": found.probability if found else None,
+                "speech_s": found.speech_s if found else None,
+                "top": " ".join(f"{s.language}:{s.probability:.3f}" for s in found.top) if found else "",
+                "reason": (found.reason if found else item.error) or "",
+            }
+        )
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=LANGID_COLUMNS, lineterminator="\n")
     writer.writeheader()

@@ -30,7 +30,15 @@ from contracts.io import atomic_write_text
 from contracts.report import ItemStage
 from orchestrator import layout
 from orchestrator.registry import StageSpec
-from orchestrator.run.remote import expand_url, is_url, redact, url_identity, url_stem, url_suffix, without_credentials
+from orchestrator.run.remote import (
+    expand_url,
+    is_url,
+    redact,
+    url_identity,
+    url_stem,
+    url_suffix,
+    without_credentials,
+)
 from orchestrator.run.runner import fingerprint
 
 log = logging.getLogger(__name__)
@@ -66,7 +74,7 @@ def find_inputs(paths: list[str | Path]) -> list[Found]:
             base = url.split("?", 1)[0].rstrip("/")
             name = PurePosixPath(base.split("://", 1)[-1]).name or "input"
             for item in found:
-                rel = PurePosixPath(item[len(base):].lstrip("/"))
+                rel = PurePosixPath(item[len(base) :].lstrip("/"))
                 out.append(Found(item, (name, *rel.parent.parts, rel.stem)))
             continue
         path = Path(raw)
@@ -143,7 +151,7 @@ def _part(text: str) -> str:
     :data:`MAX_PART_BYTES` bytes ("input" if nothing is left)."""
     text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace").replace("\ufffd", "_")
     part = unicodedata.normalize("NFC", text).strip() or "input"
-    part = "".join("_" if ch in '/\\\0' or ord(ch) < 32 else ch for ch in part).lstrip(".").strip() or "input"
+    part = "".join("_" if ch in "/\\\0" or ord(ch) < 32 else ch for ch in part).lstrip(".").strip() or "input"
     return part.encode("utf-8")[:MAX_PART_BYTES].decode("utf-8", "ignore") or "input"
 
 
@@ -228,8 +236,9 @@ def load_ids(out: Path) -> dict[str, str]:
 
 def save_ids(out: Path, index: dict[str, str]) -> None:
     """Write the index atomically (JSON with \\u escapes: any source path survives; no credentials)."""
-    atomic_write_text(layout.path(out, layout.IDS),
-                      json.dumps(index, ensure_ascii=True, indent=1, sort_keys=True))
+    atomic_write_text(
+        layout.path(out, layout.IDS), json.dumps(index, ensure_ascii=True, indent=1, sort_keys=True)
+    )
 
 
 @dataclass
@@ -309,15 +318,19 @@ def plan_inputs(paths: list[str | Path], out: Path, dry: bool = False) -> list[I
     kept = list(unique.values())
     ids = assign_ids(kept, index)
     new = {source_key(f.source): i for f, i in zip(kept, ids)}
-    if not dry and (any(index.get(k) != v for k, v in new.items()) or not layout.path(out, layout.IDS).exists()):
+    if not dry and (
+        any(index.get(k) != v for k, v in new.items()) or not layout.path(out, layout.IDS).exists()
+    ):
         save_ids(out, index | new)
     inputs = []
     for (same, item), item_id in zip(unique.items(), ids):
         inp = _input(item_id, item.source, out, dry)
         if same in also:
             others = also[same]
-            inp.notes.append(f"given {len(others) + 1} times (also as {', '.join(others[:3])}"
-                             f"{', ...' if len(others) > 3 else ''}); processed once")
+            inp.notes.append(
+                f"given {len(others) + 1} times (also as {', '.join(others[:3])}"
+                f"{', ...' if len(others) > 3 else ''}); processed once"
+            )
         inputs.append(inp)
     return inputs
 
@@ -326,8 +339,12 @@ def _input(item_id: str, source: Path | str, out: Path, dry: bool = False) -> In
     directory = out / item_id
     if is_url(source):
         source = str(source)
-        return Input(id=item_id, source=directory / ".work" / f"source{url_suffix(source)}", directory=directory,
-                     url=source)
+        return Input(
+            id=item_id,
+            source=directory / ".work" / f"source{url_suffix(source)}",
+            directory=directory,
+            url=source,
+        )
     source = Path(source)
     if shown(source) != str(source) and dry:  # the same identity as through the link (its real path)
         return Input(id=item_id, source=source, directory=directory, shown_source=shown(source))
@@ -360,8 +377,11 @@ def _source_identity(inp: Input) -> str:
     inp.planned = SourceVersion(size=st.st_size, mtime_ns=st.st_mtime_ns)
     # a name that is not UTF-8 is read through our link in the output directory: the identity is the
     # file it points at, so it does not depend on where the outputs go
-    path = os.fsencode(os.path.realpath(inp.source)).decode("utf-8", "backslashreplace") if inp.shown_source \
+    path = (
+        os.fsencode(os.path.realpath(inp.source)).decode("utf-8", "backslashreplace")
+        if inp.shown_source
         else inp.source.absolute()
+    )
     return f"{path}:{st.st_size}:{st.st_mtime_ns}"
 
 
@@ -381,4 +401,6 @@ def chain_fingerprints(inp: Input, specs: list[StageSpec]) -> None:
             upstream = url_identity(inp.url) if inp.url else _source_identity(inp)
         else:
             upstream = "|".join(f"skipped:{k}" if k in inp.skipped else by_key[k] for k in keys)
-        by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(spec, upstream, inp.models.get(spec.name))
+        by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(
+            spec, upstream, inp.models.get(spec.name)
+        )

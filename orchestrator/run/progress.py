@@ -77,12 +77,18 @@ class Progress:
 
     def stages(self) -> str:
         """``chunk 2/4 asr 3/25`` for each chunk in flight."""
-        active = sorted(self.active.items()) or [(self.chunk, [self.stage, self.stage_done, self.stage_total])]
-        return ", ".join(f"chunk {c}/{self.chunks} {stage} {done}/{items}" for c, (stage, done, items) in active)
+        active = sorted(self.active.items()) or [
+            (self.chunk, [self.stage, self.stage_done, self.stage_total])
+        ]
+        return ", ".join(
+            f"chunk {c}/{self.chunks} {stage} {done}/{items}" for c, (stage, done, items) in active
+        )
 
     def line(self) -> str:
-        return (f"Progress: {self.done + self.failed}/{self.total} videos ({self.failed} failed) | "
-                f"{self.stages()} | {self.audio_s / 3600:.2f} h audio, {self.throughput():.1f} h/h")
+        return (
+            f"Progress: {self.done + self.failed}/{self.total} videos ({self.failed} failed) | "
+            f"{self.stages()} | {self.audio_s / 3600:.2f} h audio, {self.throughput():.1f} h/h"
+        )
 
     # -- display hooks -------------------------------------------------------
     def show_start(self, resumed: int) -> None:
@@ -108,15 +114,22 @@ class LogProgress(Progress):
 
     def show_start(self, resumed: int) -> None:
         if resumed:
-            log.info("resuming: %d of %d input(s) were already complete in this output directory", resumed, self.total)
+            log.info(
+                "resuming: %d of %d input(s) were already complete in this output directory",
+                resumed,
+                self.total,
+            )
         log.info("%d input(s) in %d chunk(s)", self.total, self.chunks)
 
     def show(self) -> None:
         with self._lock:
             stages = " ".join(f"{c}:{s[0]}" for c, s in sorted(self.active.items()))
             done = self.done + self.failed
-            due = (stages != self._shown_stages or (done != self._shown_done and self.total > 1)
-                   or time.monotonic() - self._shown_at >= self.every_s)
+            due = (
+                stages != self._shown_stages
+                or (done != self._shown_done and self.total > 1)
+                or time.monotonic() - self._shown_at >= self.every_s
+            )
             if not due:
                 return
             self._shown_at, self._shown_stages, self._shown_done = time.monotonic(), stages, done
@@ -130,11 +143,19 @@ class RichProgress(Progress):
     def __init__(self, console=None) -> None:
         super().__init__()
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as Bar
 
         self.console = console or Console(stderr=True)
-        self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                       TimeElapsedColumn(), console=self.console, transient=False)
+        self.bar = Bar(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+        )
         self.videos = self.bar.add_task("videos", total=None, info="")
         self.current = self.bar.add_task("stage", total=None, info="")
 
@@ -146,13 +167,21 @@ class RichProgress(Progress):
 
     def show(self) -> None:
         with self._lock:
-            self.bar.update(self.videos, completed=self.done + self.failed,
-                            info=f"{self.failed} failed | {self.audio_s / 3600:.2f} h audio | {self.throughput():.1f} h/h")
+            self.bar.update(
+                self.videos,
+                completed=self.done + self.failed,
+                info=f"{self.failed} failed | {self.audio_s / 3600:.2f} h audio | {self.throughput():.1f} h/h",
+            )
             if len(self.active) > 1:  # chunks in parallel: one line naming each
                 self.bar.update(self.current, description=self.stages(), total=None, completed=0, info="")
             else:
-                self.bar.update(self.current, description=f"{self.stage} (chunk {self.chunk}/{self.chunks})",
-                                total=self.stage_total, completed=self.stage_done, info="")
+                self.bar.update(
+                    self.current,
+                    description=f"{self.stage} (chunk {self.chunk}/{self.chunks})",
+                    total=self.stage_total,
+                    completed=self.stage_done,
+                    info="",
+                )
 
     def show_finish(self, report: RunReport) -> None:
         self.bar.stop()
@@ -169,36 +198,57 @@ def summary_table(report: RunReport, plain: bool = False, rows: int = SUMMARY_RO
     from rich import box
     from rich.table import Table
 
-    title = None if plain else f"run {report.run_id}: {report.ok} ok, {report.failed} failed, {report.interrupted} interrupted"
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if plain else box.HEAVY_HEAD,
-                  show_edge=not plain)
+    title = (
+        None
+        if plain
+        else f"run {report.run_id}: {report.ok} ok, {report.failed} failed, {report.interrupted} interrupted"
+    )
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD if plain else box.HEAVY_HEAD,
+        show_edge=not plain,
+    )
     for column in ("input", "status", "audio", "asr", "embeddings", "error"):
         table.add_column(column, overflow="fold")
     shown = [i for i in report.inputs if i.status != "ok"][:rows]
-    shown += [i for i in report.inputs if i.status == "ok"][:rows - len(shown)]
+    shown += [i for i in report.inputs if i.status == "ok"][: rows - len(shown)]
     order = {id(item): n for n, item in enumerate(report.inputs)}
     shown.sort(key=lambda item: order[id(item)])
     for item in shown:
-        stages = {name: f"{s.status} {s.seconds:.1f}s" + (f" x{s.retries + 1}" if s.retries else "")
-                  for name, s in item.stages.items()}
+        stages = {
+            name: f"{s.status} {s.seconds:.1f}s" + (f" x{s.retries + 1}" if s.retries else "")
+            for name, s in item.stages.items()
+        }
         audio = f"{item.duration_s:.1f}s" if item.duration_s else "-"
         style = {"ok": "green", "partial": "yellow", "failed": "red", "interrupted": "yellow"}[item.status]
-        table.add_row(item.id, f"[{style}]{item.status}[/]", audio, stages.get("asr", "-"), stages.get("embeddings", "-"),
-                      item.error or "")
+        table.add_row(
+            item.id,
+            f"[{style}]{item.status}[/]",
+            audio,
+            stages.get("asr", "-"),
+            stages.get("embeddings", "-"),
+            item.error or "",
+        )
     if len(report.inputs) > len(shown):
         hidden = Counter(i.status for i in report.inputs) - Counter(i.status for i in shown)
         what = ", ".join(f"{count:,} {status}" for status, count in sorted(hidden.items()))
-        table.add_row(f"... {len(report.inputs) - len(shown):,} more ({what}): see the run report", "", "", "", "", "")
-    table.caption = (f"{report.audio_s / 3600:.2f} h audio in {report.wall_s:.0f} s"
-                     + (f", {report.throughput:.1f} h audio per hour" if report.throughput else ""))
+        table.add_row(
+            f"... {len(report.inputs) - len(shown):,} more ({what}): see the run report", "", "", "", "", ""
+        )
+    table.caption = f"{report.audio_s / 3600:.2f} h audio in {report.wall_s:.0f} s" + (
+        f", {report.throughput:.1f} h audio per hour" if report.throughput else ""
+    )
     return table
 
 
 def plan_lines(plan: RunPlan) -> list[str]:
     """``--dry-run``'s answer as plain lines: the inputs, then per stage what is reused and redone, and why."""
     dup = f" ({plan.duplicates} given more than once)" if plan.duplicates else ""
-    lines = [f"{plan.inputs:,} input(s){dup}: {plan.complete:,} complete, {plan.inputs - plan.complete:,} with work "
-             f"to do; planned in {plan.seconds:.1f} s; output {plan.output_dir}"]
+    lines = [
+        f"{plan.inputs:,} input(s){dup}: {plan.complete:,} complete, {plan.inputs - plan.complete:,} with work "
+        f"to do; planned in {plan.seconds:.1f} s; output {plan.output_dir}"
+    ]
     for stage in plan.stages:
         model = f" [{stage.model}]" if stage.model else ""
         lines.append(f"{stage.stage}{model}: {stage.reuse:,} to reuse, {stage.redo:,} to redo")

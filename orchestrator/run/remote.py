@@ -79,7 +79,7 @@ def expand_url(url: str, suffixes: frozenset[str]) -> list[str]:
         return [url]
     # keep the URL's own prefix (host, port, user of sftp://; bucket of s3://) for each file below it
     base, root = url.split("?", 1)[0].rstrip("/"), path.rstrip("/")
-    return [base + p[len(root):] for p in found if p.startswith(root)] or [url]
+    return [base + p[len(root) :] for p in found if p.startswith(root)] or [url]
 
 
 def _url_path(url: str) -> PurePosixPath:
@@ -98,8 +98,14 @@ def url_identity(url: str) -> str:
         info = fs.info(path)
     except Exception as exc:  # noqa: BLE001 - unreadable now: the first stage will say why
         return f"unreadable:{without_credentials(url)}:{type(exc).__name__}"
-    version = next((str(info[k]) for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created")
-                    if info.get(k) is not None), "")
+    version = next(
+        (
+            str(info[k])
+            for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created")
+            if info.get(k) is not None
+        ),
+        "",
+    )
     return f"{without_credentials(url)}:{info.get('size')}:{version}"
 
 
@@ -122,8 +128,13 @@ class FetchLimits:
 
     @classmethod
     def from_settings(cls, settings) -> FetchLimits:
-        return cls(settings.remote_max_bytes, settings.remote_connect_timeout_s, settings.remote_read_timeout_s,
-                   settings.remote_deadline_floor_s, settings.remote_deadline_per_mb_s)
+        return cls(
+            settings.remote_max_bytes,
+            settings.remote_connect_timeout_s,
+            settings.remote_read_timeout_s,
+            settings.remote_deadline_floor_s,
+            settings.remote_deadline_per_mb_s,
+        )
 
     def deadline_s(self, size: int | None, received: int) -> float:
         """Seconds the download may take: from the size the server gave, or (none given) from what came so far."""
@@ -136,11 +147,23 @@ class FetchLimits:
             import aiohttp
 
             # total=None: aiohttp's default (300 s) would cut every download longer than 5 minutes
-            return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(
-                total=None, connect=self.connect_timeout_s, sock_connect=self.connect_timeout_s,
-                sock_read=self.read_timeout_s)}}
+            return {
+                "client_kwargs": {
+                    "timeout": aiohttp.ClientTimeout(
+                        total=None,
+                        connect=self.connect_timeout_s,
+                        sock_connect=self.connect_timeout_s,
+                        sock_read=self.read_timeout_s,
+                    )
+                }
+            }
         if protocol in ("s3", "s3a"):
-            return {"config_kwargs": {"connect_timeout": self.connect_timeout_s, "read_timeout": self.read_timeout_s}}
+            return {
+                "config_kwargs": {
+                    "connect_timeout": self.connect_timeout_s,
+                    "read_timeout": self.read_timeout_s,
+                }
+            }
         if protocol in ("sftp", "ssh"):
             return {"timeout": self.connect_timeout_s}
         if protocol == "ftp":
@@ -180,8 +203,9 @@ def fetch(url: str, target: Path, limits: FetchLimits, cancelled: Callable[[], b
     except Exception as exc:  # noqa: BLE001 - any protocol's failure: this input fails alone, in one line
         reason = str(exc) if isinstance(exc, InputError) else _failure(exc, limits)
         if is_disk_full(exc) or _full(directory):  # not the input's fault: the run stops, a rerun resumes
-            raise DiskFullError(f"no space left fetching {redact(url)} into {directory}: "
-                                f"{_without_password(reason, url)}") from None
+            raise DiskFullError(
+                f"no space left fetching {redact(url)} into {directory}: {_without_password(reason, url)}"
+            ) from None
         raise InputError(f"could not fetch {redact(url)}: {_without_password(reason, url)}") from None
     finally:
         partial.unlink(missing_ok=True)
@@ -217,14 +241,17 @@ _START_S = 120.0
 _POLL_S = 0.2
 
 
-def _watch(url: str, partial: Path, status: Path, limits: FetchLimits, cancelled: Callable[[], bool] | None) -> None:
+def _watch(
+    url: str, partial: Path, status: Path, limits: FetchLimits, cancelled: Callable[[], bool] | None
+) -> None:
     """Run the download in a spawned process and stop it when it stalls, overruns or is cancelled."""
     from orchestrator.process.toolkit import spawn, stop
 
     status.unlink(missing_ok=True)
     partial.unlink(missing_ok=True)
-    proc = spawn("orchestrator.run.remote:download_main", (url, str(partial), str(status), limits),
-                 name="fetch")
+    proc = spawn(
+        "orchestrator.run.remote:download_main", (url, str(partial), str(status), limits), name="fetch"
+    )
     try:
         began = last = time.monotonic()
         received, said = 0, None
@@ -246,12 +273,16 @@ def _watch(url: str, partial: Path, status: Path, limits: FetchLimits, cancelled
             else:
                 silence_limit = limits.read_timeout_s
             if now - last > silence_limit:
-                raise InputError(f"stalled: no data for {silence_limit:g} s, {_size(received)} received "
-                                 "(PIPELINE_REMOTE_READ_TIMEOUT_S)")
+                raise InputError(
+                    f"stalled: no data for {silence_limit:g} s, {_size(received)} received "
+                    "(PIPELINE_REMOTE_READ_TIMEOUT_S)"
+                )
             deadline = limits.deadline_s((said or {}).get("size"), received)
             if now - began > deadline:
-                raise InputError(f"timed out: not done within {deadline:.0f} s, {_size(received)} received "
-                                 "(PIPELINE_REMOTE_DEADLINE_FLOOR_S / _PER_MB_S)")
+                raise InputError(
+                    f"timed out: not done within {deadline:.0f} s, {_size(received)} received "
+                    "(PIPELINE_REMOTE_DEADLINE_FLOOR_S / _PER_MB_S)"
+                )
             if received > limits.max_bytes:  # the child stops itself there; this is in case it does not
                 raise InputError(_too_large(limits))
             if cancelled is not None and cancelled():
@@ -297,8 +328,9 @@ def download_main(url: str, partial: str, status: str, limits: FetchLimits) -> N
 _CHUNK = 1024 * 1024
 
 
-def _download(url: str, partial: Path, limits: FetchLimits,
-              on_size: Callable[[int | None], None] | None = None) -> None:
+def _download(
+    url: str, partial: Path, limits: FetchLimits, on_size: Callable[[int | None], None] | None = None
+) -> None:
     """Copy ``url`` to ``partial`` in chunks, failing once it is larger than ``limits.max_bytes``."""
     import fsspec
 
@@ -328,8 +360,10 @@ def _failure(exc: BaseException, limits: FetchLimits) -> str:
     """One line for a protocol's failure; a protocol's own timeout says which setting it was."""
     what = f"{type(exc).__name__}: {_line(exc)}" if _line(exc) else type(exc).__name__
     if isinstance(exc, TimeoutError):
-        return (f"timed out: no connection within {limits.connect_timeout_s:g} s or no data for "
-                f"{limits.read_timeout_s:g} s (PIPELINE_REMOTE_CONNECT_TIMEOUT_S / _READ_TIMEOUT_S): {what}")
+        return (
+            f"timed out: no connection within {limits.connect_timeout_s:g} s or no data for "
+            f"{limits.read_timeout_s:g} s (PIPELINE_REMOTE_CONNECT_TIMEOUT_S / _READ_TIMEOUT_S): {what}"
+        )
     return what
 
 

@@ -6,17 +6,11 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from contracts import (
-    Artifact,
-    ItemResult,
-    StageRequest,
-    WorkItem,
-    load_artifact,
-)
+from contracts import Artifact, ItemResult, StageRequest, WorkItem, load_artifact
 from contracts.errors import ArtifactError, DiskFullError
 from contracts.jsonl import read_lines
 from contracts.report import Attempt, StageRun
@@ -46,9 +40,17 @@ def fingerprint(spec: StageSpec, upstream: str, model: str | None = None) -> str
     """Identity of an artifact-to-be: what determines it and nothing else. The stage and its code version,
     the settings that change results (not hub reachability, cache or weights paths), the model that runs
     (``model``, else the one the run resolved for the stage) and its input's identity."""
-    blob = json.dumps({"stage": spec.name, "module": spec.module, "version": spec.version,
-                       "settings": spec.settings.identity(), "model": model or spec.model,
-                       "upstream": upstream}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "stage": spec.name,
+            "module": spec.module,
+            "version": spec.version,
+            "settings": spec.settings.identity(),
+            "model": model or spec.model,
+            "upstream": upstream,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -58,7 +60,9 @@ def current_artifact(item: WorkItem, output: type[Artifact]) -> Artifact | None:
     return artifact if state == "current" else None
 
 
-def artifact_state(item: WorkItem, output: type[Artifact], quiet: bool = False) -> tuple[Artifact | None, str]:
+def artifact_state(
+    item: WorkItem, output: type[Artifact], quiet: bool = False
+) -> tuple[Artifact | None, str]:
     """(the current artifact or None, why not: "missing", "unreadable: ...", "stale")."""
     path = Path(item.output)
     if not path.exists():
@@ -79,10 +83,18 @@ def artifact_state(item: WorkItem, output: type[Artifact], quiet: bool = False) 
 class StageRunner:
     """Runs a stage's items in as many children as the retry policy allows."""
 
-    def __init__(self, executor: Executor, run_dir: Path, env: dict[str, str], device: str,
-                 max_signal_retries: int, stop_path: Path | None = None,
-                 memory: MemorySettings | None = None, max_item_crashes: int = 2,
-                 refused_wait_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        run_dir: Path,
+        env: dict[str, str],
+        device: str,
+        max_signal_retries: int,
+        stop_path: Path | None = None,
+        memory: MemorySettings | None = None,
+        max_item_crashes: int = 2,
+        refused_wait_s: float = 0.0,
+    ) -> None:
         self.executor = executor
         #: memory checkpoint options for every child (None: the contract's defaults)
         self.memory = memory or MemorySettings()
@@ -103,12 +115,24 @@ class StageRunner:
     def warm_up(self, spec: StageSpec, chunk: int) -> WarmChild | None:
         """Start the first child of ``spec`` for ``chunk`` now, to import while the previous stage runs."""
         name = self._name(spec, chunk, 1)
-        return self.executor.warm_up(spec.name, spec.module, self.run_dir / f"{name}.request.json",
-                                     self.run_dir / f"{name}.log", env=self.env)
+        return self.executor.warm_up(
+            spec.name,
+            spec.module,
+            self.run_dir / f"{name}.request.json",
+            self.run_dir / f"{name}.log",
+            env=self.env,
+        )
 
-    def run(self, spec: StageSpec, items: list[WorkItem], *, reuse: bool = True, chunk: int = 1,
-            on_item: Callable[[str, ItemResult], None] | None = None,
-            warm: WarmChild | None = None) -> tuple[dict[str, ItemOutcome], StageRun]:
+    def run(
+        self,
+        spec: StageSpec,
+        items: list[WorkItem],
+        *,
+        reuse: bool = True,
+        chunk: int = 1,
+        on_item: Callable[[str, ItemResult], None] | None = None,
+        warm: WarmChild | None = None,
+    ) -> tuple[dict[str, ItemOutcome], StageRun]:
         """Run ``items`` through ``spec`` until each is done or failed.
 
         ``reuse=False`` (``--force``) redoes items even when their artifact is current;
@@ -152,12 +176,27 @@ class StageRunner:
                 inflight_path=str(self.run_dir / f"{name}.inflight.json"),
                 attempt=attempt,
             )
-            log.info("%s: starting child %d for %d item(s), batch size %d", spec.name, attempt, len(todo), batch_size)
+            log.info(
+                "%s: starting child %d for %d item(s), batch size %d",
+                spec.name,
+                attempt,
+                len(todo),
+                batch_size,
+            )
             follow = None
             if on_item is not None:
-                follow = (Path(request.progress_path), lambda line, stage=spec.name: on_item(stage, _item_line(line)))
-            done, result = self.executor.run(request, self.run_dir / f"{name}.request.json", self.run_dir / f"{name}.log",
-                                             progress=follow, warm=warm if attempt == 1 else None, gpu=spec.gpu)
+                follow = (
+                    Path(request.progress_path),
+                    lambda line, stage=spec.name: on_item(stage, _item_line(line)),
+                )
+            done, result = self.executor.run(
+                request,
+                self.run_dir / f"{name}.request.json",
+                self.run_dir / f"{name}.log",
+                progress=follow,
+                warm=warm if attempt == 1 else None,
+                gpu=spec.gpu,
+            )
             warm = None
             attempts.append(done.record)
 
@@ -168,11 +207,18 @@ class StageRunner:
             for item in todo:
                 item_result = reported.get(item.id)
                 if item_result is not None and not item_result.ok:
-                    outcomes[item.id] = ItemOutcome(ok=False, error=item_result.error, seconds=item_result.seconds,
-                                                    batch_size=batch_size, retries=retries)
+                    outcomes[item.id] = ItemOutcome(
+                        ok=False,
+                        error=item_result.error,
+                        seconds=item_result.seconds,
+                        batch_size=batch_size,
+                        retries=retries,
+                    )
                 elif current_artifact(item, spec.output) is not None:
                     seconds = item_result.seconds if item_result else 0.0
-                    outcomes[item.id] = ItemOutcome(ok=True, seconds=seconds, batch_size=batch_size, retries=retries)
+                    outcomes[item.id] = ItemOutcome(
+                        ok=True, seconds=seconds, batch_size=batch_size, retries=retries
+                    )
                     worked = max(worked or 0, batch_size)
                 else:
                     left.append(item)
@@ -185,31 +231,72 @@ class StageRunner:
             if done.outcome is Outcome.INTERRUPTED:
                 log.warning("%s: stopped; %d item(s) left for the next run", spec.name, len(todo))
                 for item in todo:
-                    outcomes[item.id] = ItemOutcome(ok=False, interrupted=True, error="interrupted",
-                                                    batch_size=batch_size, retries=retries)
+                    outcomes[item.id] = ItemOutcome(
+                        ok=False,
+                        interrupted=True,
+                        error="interrupted",
+                        batch_size=batch_size,
+                        retries=retries,
+                    )
                 break
             suspects = [i for i in (done.in_flight or []) if i in {item.id for item in todo}]
-            blamed = blame(done.outcome, suspects, crashes, self.max_item_crashes, batch_size, worked,
-                           signal=done.signal, stage=spec.name, hung=done.hung, skippable=spec.skippable,
-                           error=_short(done.last_error))
+            blamed = blame(
+                done.outcome,
+                suspects,
+                crashes,
+                self.max_item_crashes,
+                batch_size,
+                worked,
+                signal=done.signal,
+                stage=spec.name,
+                hung=done.hung,
+                skippable=spec.skippable,
+                error=_short(done.last_error),
+            )
             if blamed is not None:
                 for item in todo:
                     if item.id in blamed.culprits:
-                        log.error("%s: %s %s: %s", spec.name, item.id, "goes on without it" if blamed.skip
-                                  else "failed alone", blamed.reason)
-                        outcomes[item.id] = ItemOutcome(ok=False, skipped=blamed.skip, error=blamed.reason,
-                                                        batch_size=batch_size, retries=retries)
+                        log.error(
+                            "%s: %s %s: %s",
+                            spec.name,
+                            item.id,
+                            "goes on without it" if blamed.skip else "failed alone",
+                            blamed.reason,
+                        )
+                        outcomes[item.id] = ItemOutcome(
+                            ok=False,
+                            skipped=blamed.skip,
+                            error=blamed.reason,
+                            batch_size=batch_size,
+                            retries=retries,
+                        )
                 todo = [item for item in todo if item.id not in blamed.culprits]
                 if todo:
-                    log.warning("%s: %s (%s); %d other item(s) go on at batch size %d", spec.name, blamed.reason,
-                                ", ".join(suspects), len(todo), blamed.batch_size)
+                    log.warning(
+                        "%s: %s (%s); %d other item(s) go on at batch size %d",
+                        spec.name,
+                        blamed.reason,
+                        ", ".join(suspects),
+                        len(todo),
+                        blamed.batch_size,
+                    )
                 batch_size = blamed.batch_size
                 retries += 1
                 continue
-            decision = next_step(done.outcome, batch_size, signal_retries, self.max_signal_retries,
-                                 signal=done.signal, stage=spec.name, skippable=spec.skippable,
-                                 refusals=refusals, waited_s=waited_s, max_wait_s=self.refused_wait_s,
-                                 progressed=progressed, error_retries=error_retries)
+            decision = next_step(
+                done.outcome,
+                batch_size,
+                signal_retries,
+                self.max_signal_retries,
+                signal=done.signal,
+                stage=spec.name,
+                skippable=spec.skippable,
+                refusals=refusals,
+                waited_s=waited_s,
+                max_wait_s=self.refused_wait_s,
+                progressed=progressed,
+                error_retries=error_retries,
+            )
             if decision.retry:
                 log.warning("%s%s", decision.reason, f": {done.last_error}" if done.last_error else "")
                 if done.outcome is Outcome.KILLED:
@@ -230,18 +317,23 @@ class StageRunner:
             else:
                 log.error("%s: %d item(s) failed: %s", spec.name, len(todo), reason)
             for item in todo:
-                outcomes[item.id] = ItemOutcome(ok=False, skipped=decision.skip, error=reason, batch_size=batch_size,
-                                                retries=retries)
+                outcomes[item.id] = ItemOutcome(
+                    ok=False, skipped=decision.skip, error=reason, batch_size=batch_size, retries=retries
+                )
             todo = []
         if warm is not None:  # every item was reused: the warm child has no request coming
             self.executor.cancel(warm)
         ok = sum(o.ok and not o.reused for o in outcomes.values())
         failed = sum(not o.ok and not o.interrupted and not o.skipped for o in outcomes.values())
-        report = report.model_copy(update={
-            "attempts": attempts, "ok": ok, "failed": failed, "wall_s": sum(a.wall_s for a in attempts),
-        })
+        report = report.model_copy(
+            update={
+                "attempts": attempts,
+                "ok": ok,
+                "failed": failed,
+                "wall_s": sum(a.wall_s for a in attempts),
+            }
+        )
         return outcomes, report
-
 
     def _pause(self, seconds: float) -> float:
         """Wait ``seconds`` (a refused start's backoff), or less if the run is asked to stop; the seconds waited."""
@@ -258,7 +350,7 @@ def _short(error: str | None, limit: int = 200) -> str | None:
     if not error:
         return None
     error = " ".join(error.split())
-    return error if len(error) <= limit else error[:limit - 3] + "..."
+    return error if len(error) <= limit else error[: limit - 3] + "..."
 
 
 def _item_line(line: str) -> ItemResult:

@@ -26,7 +26,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contracts import DiarizationArtifact, EmbeddingsArtifact, ProfileClip, VoiceProfile, load_artifact, save_model
+from contracts import (
+    DiarizationArtifact,
+    EmbeddingsArtifact,
+    ProfileClip,
+    VoiceProfile,
+    load_artifact,
+    save_model,
+)
 from contracts.artifacts import SpeakerEmbeddingsArtifact
 from contracts.corpus import CorpusMember, CorpusSpeaker, CorpusSpeakers, speaker_id
 from contracts.errors import ArtifactError, PipelineError, SettingsError
@@ -75,16 +82,28 @@ def read_voices(directory: Path, item_id: str) -> list[Voice] | None:
     matched = directory / "speaker_embeddings.json"
     if matched.exists():
         try:  # the names only: the sidecar's vectors are not needed
-            enrolled = {m.speaker: m.name for m in
-                        SpeakerEmbeddingsArtifact.model_validate_json(matched.read_bytes()).matches if m.name}
+            enrolled = {
+                m.speaker: m.name
+                for m in SpeakerEmbeddingsArtifact.model_validate_json(matched.read_bytes()).matches
+                if m.name
+            }
         except ValueError as exc:
             log.warning("%s: enrolled names not read: %s", item_id, exc)
     seconds = Counter()
     for turn in diarization.turns:
         seconds[turn.speaker] += turn.end - turn.start
-    return [Voice(item_id, label, np.asarray(vector, np.float64), round(seconds[label], 3), diarization.fingerprint,
-                  diarization.voice_encoder or "", enrolled.get(label))
-            for label, vector in sorted(diarization.voices.items())]
+    return [
+        Voice(
+            item_id,
+            label,
+            np.asarray(vector, np.float64),
+            round(seconds[label], 3),
+            diarization.fingerprint,
+            diarization.voice_encoder or "",
+            enrolled.get(label),
+        )
+        for label, vector in sorted(diarization.voices.items())
+    ]
 
 
 # -- clustering (pure) ----------------------------------------------------------------------------
@@ -111,7 +130,9 @@ def group_voices(voices: list[Voice], distance: float) -> list[list[int]]:
     items = np.array([v.item_id for v in voices], dtype=object)
     dist[items[:, None] == items[None, :]] = 2.0  # cannot-link: the same input's speakers
     np.fill_diagonal(dist, 0.0)
-    labels = fcluster(linkage(squareform(dist, checks=False), method="average"), t=distance, criterion="distance")
+    labels = fcluster(
+        linkage(squareform(dist, checks=False), method="average"), t=distance, criterion="distance"
+    )
     groups: list[list[int]] = []
     for label in np.unique(labels):
         members = [int(i) for i in np.flatnonzero(labels == label)]
@@ -147,8 +168,13 @@ def unplaced(corpus: CorpusSpeakers | None, voices: list[Voice]) -> set[str]:
 
 
 def _member(voice: Voice) -> CorpusMember:
-    return CorpusMember(item_id=voice.item_id, speaker=voice.speaker, seconds=voice.seconds,
-                        fingerprint=voice.fingerprint, enrolled=voice.enrolled)
+    return CorpusMember(
+        item_id=voice.item_id,
+        speaker=voice.speaker,
+        seconds=voice.seconds,
+        fingerprint=voice.fingerprint,
+        enrolled=voice.enrolled,
+    )
 
 
 @dataclass
@@ -163,8 +189,12 @@ class Placed:
     skipped: int = 0
 
 
-def assign(corpus: CorpusSpeakers | None, voices: list[Voice], distance: float,
-           vectors: dict[tuple[str, str], object] | None = None) -> Placed:
+def assign(
+    corpus: CorpusSpeakers | None,
+    voices: list[Voice],
+    distance: float,
+    vectors: dict[tuple[str, str], object] | None = None,
+) -> Placed:
     """``corpus`` with ``voices`` placed (pure: no file is read). A voice already placed with the same
     fingerprint stays where it is; every other voice of those inputs is placed again. ``vectors`` gives
     the voices of members already placed whose speaker must be recomputed (inputs re-diarized); the
@@ -173,8 +203,9 @@ def assign(corpus: CorpusSpeakers | None, voices: list[Voice], distance: float,
 
     corpus = corpus or CorpusSpeakers(distance=distance)
     kinds = {encoder_kind(v.encoder) for v in voices}
-    kind = corpus.encoder or (max(sorted(kinds), key=lambda k: sum(encoder_kind(v.encoder) == k for v in voices))
-                              if kinds else None)
+    kind = corpus.encoder or (
+        max(sorted(kinds), key=lambda k: sum(encoder_kind(v.encoder) == k for v in voices)) if kinds else None
+    )
     skipped = [v for v in voices if encoder_kind(v.encoder) != kind]
     voices = [v for v in voices if encoder_kind(v.encoder) == kind]
     fresh_items = unplaced(corpus, voices)
@@ -185,15 +216,22 @@ def assign(corpus: CorpusSpeakers | None, voices: list[Voice], distance: float,
     enrolled = {(v.item_id, v.speaker): v.enrolled for v in voices}
     speakers: dict[str, dict] = {}
     for s in corpus.speakers:
-        kept = [m.model_copy(update={"enrolled": enrolled[(m.item_id, m.speaker)]})
-                if enrolled.get((m.item_id, m.speaker), m.enrolled) != m.enrolled else m  # profiles changed
-                for m in s.members if m.item_id not in fresh_items]
+        kept = [
+            m.model_copy(update={"enrolled": enrolled[(m.item_id, m.speaker)]})
+            if enrolled.get((m.item_id, m.speaker), m.enrolled) != m.enrolled
+            else m  # profiles changed
+            for m in s.members
+            if m.item_id not in fresh_items
+        ]
         if not kept:
             continue
         centroid = s.centroid
         if len(kept) != len(s.members):
-            known = [(vectors[(m.item_id, m.speaker)], m.seconds) for m in kept
-                     if vectors and (m.item_id, m.speaker) in vectors]
+            known = [
+                (vectors[(m.item_id, m.speaker)], m.seconds)
+                for m in kept
+                if vectors and (m.item_id, m.speaker) in vectors
+            ]
             centroid = _centroid(known) if known else centroid
         speakers[s.id] = {"name": s.name, "centroid": centroid, "members": kept}
     next_id = corpus.next_id
@@ -220,10 +258,20 @@ def assign(corpus: CorpusSpeakers | None, voices: list[Voice], distance: float,
             s["centroid"] = _centroid([(s["centroid"], had), *[(v.vector, v.seconds) for v in members]])
         speakers[best]["members"] = speakers[best]["members"] + [_member(v) for v in members]
     result = CorpusSpeakers(
-        encoder=kind, distance=distance, next_id=next_id, merged=corpus.merged,
-        speakers=[CorpusSpeaker(id=sid, name=s["name"], centroid=s["centroid"],
-                                members=sorted(s["members"], key=lambda m: (m.item_id, m.speaker)))
-                  for sid, s in sorted(speakers.items())])
+        encoder=kind,
+        distance=distance,
+        next_id=next_id,
+        merged=corpus.merged,
+        speakers=[
+            CorpusSpeaker(
+                id=sid,
+                name=s["name"],
+                centroid=s["centroid"],
+                members=sorted(s["members"], key=lambda m: (m.item_id, m.speaker)),
+            )
+            for sid, s in sorted(speakers.items())
+        ],
+    )
     # an unnamed speaker's label comes from its members' enrolled names: inputs sharing it show it anew
     before, after = corpus_labels(corpus), corpus_labels(result)
     changed |= {i for i in set(before) | set(after) if before.get(i) != after.get(i)}
@@ -242,7 +290,9 @@ def folder_items(out: Path) -> list[str]:
     return sorted(set(load_ids(out).values()))
 
 
-def place(settings, out: Path, item_ids: list[str] | None = None, corpus: CorpusSpeakers | None = None) -> Placed:
+def place(
+    settings, out: Path, item_ids: list[str] | None = None, corpus: CorpusSpeakers | None = None
+) -> Placed:
     """Place the voices of ``item_ids`` (default: every input of ``out``) into ``OUT/speakers.json`` and
     save it; return what changed. The caller holds the output folder's lock and rewrites the files of
     ``Placed.changed`` inputs (:func:`rewrite`), unless it is about to write them anyway. ``corpus``: the
@@ -261,13 +311,19 @@ def place(settings, out: Path, item_ids: list[str] | None = None, corpus: Corpus
             continue
         voices.extend(found)
     if missing:
-        log.warning("%d input(s) diarized before voices were kept: rerun `pipeline process` on them to place "
-                    "their speakers", missing)
+        log.warning(
+            "%d input(s) diarized before voices were kept: rerun `pipeline process` on them to place "
+            "their speakers",
+            missing,
+        )
     rediarized = _rediarized_vectors(out, corpus, voices)
     placed = assign(corpus, voices, settings.corpus_speaker_distance, rediarized)
     if placed.skipped:
-        log.warning("%d speaker(s) embedded by another encoder than the corpus's (%s) left out",
-                    placed.skipped, placed.corpus.encoder)
+        log.warning(
+            "%d speaker(s) embedded by another encoder than the corpus's (%s) left out",
+            placed.skipped,
+            placed.corpus.encoder,
+        )
     if placed.changed or corpus is None or placed.corpus.speakers != corpus.speakers:
         save_corpus(out, placed.corpus)
     return placed
@@ -287,8 +343,11 @@ def _vectors(out: Path, members: list[CorpusMember]) -> dict[tuple[str, str], ob
     for item_id in sorted({m.item_id for m in members}):
         for v in read_voices(out / item_id, item_id) or []:
             vectors[(v.item_id, v.speaker)] = v.vector
-    return {(m.item_id, m.speaker): vectors[(m.item_id, m.speaker)] for m in members
-            if (m.item_id, m.speaker) in vectors}
+    return {
+        (m.item_id, m.speaker): vectors[(m.item_id, m.speaker)]
+        for m in members
+        if (m.item_id, m.speaker) in vectors
+    }
 
 
 def rewrite(settings, out: Path, item_ids: set[str] | list[str], corpus: CorpusSpeakers | None = None) -> int:
@@ -300,7 +359,9 @@ def rewrite(settings, out: Path, item_ids: set[str] | list[str], corpus: CorpusS
 
     labels = corpus_labels(corpus if corpus is not None else read_corpus(out))
     rules = CaptionRules.from_settings(settings)
-    journal = Journal(layout.path(out, layout.JOURNAL), f"speakers-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    journal = Journal(
+        layout.path(out, layout.JOURNAL), f"speakers-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    )
     completed = journal.completed() if item_ids else {}
     written = 0
     for item_id in sorted(item_ids):
@@ -330,8 +391,9 @@ def rewrite(settings, out: Path, item_ids: set[str] | list[str], corpus: CorpusS
                 if path.name in stats and path.exists():
                     st = path.stat()
                     stats[path.name] = [st.st_size, st.st_mtime_ns]
-            journal.record(item_id, "outputs", "ok", fingerprint=event.get("fingerprint"), files=stats,
-                           summary=summary)
+            journal.record(
+                item_id, "outputs", "ok", fingerprint=event.get("fingerprint"), files=stats, summary=summary
+            )
     return written
 
 
@@ -346,9 +408,13 @@ def cluster(settings, out: Path) -> Placed:
         items = folder_items(out)
         placed = Placed(read_corpus(out) or CorpusSpeakers(distance=settings.corpus_speaker_distance))
         for start in range(0, max(len(items), 1), PLACE_BATCH):
-            step = place(settings, out, items[start:start + PLACE_BATCH], placed.corpus)
-            placed = Placed(step.corpus, placed.changed | step.changed, placed.new_speakers + step.new_speakers,
-                            placed.skipped + step.skipped)
+            step = place(settings, out, items[start : start + PLACE_BATCH], placed.corpus)
+            placed = Placed(
+                step.corpus,
+                placed.changed | step.changed,
+                placed.new_speakers + step.new_speakers,
+                placed.skipped + step.skipped,
+            )
         rewrite(settings, out, placed.changed, placed.corpus)
     return placed
 
@@ -400,7 +466,9 @@ def summaries(out: Path, corpus: CorpusSpeakers | None = None) -> list[SpeakerSu
         for m in s.members:
             if m.item_id not in cache:
                 try:
-                    cache[m.item_id] = load_artifact(out / m.item_id / "diarization.json", DiarizationArtifact)
+                    cache[m.item_id] = load_artifact(
+                        out / m.item_id / "diarization.json", DiarizationArtifact
+                    )
                 except ArtifactError:
                     cache[m.item_id] = None
             diarization = cache[m.item_id]
@@ -409,8 +477,17 @@ def summaries(out: Path, corpus: CorpusSpeakers | None = None) -> list[SpeakerSu
             for a, b in clean_turns(diarization, m.speaker):
                 if best is None or b - a > best[3] - best[2]:
                     best = (m.item_id, _listen(out / m.item_id, diarization), round(a, 3), round(b, 3))
-        rows.append(SpeakerSummary(s.id, s.label, s.name, len({m.item_id for m in s.members}), round(s.seconds, 3),
-                                   best, [(m.item_id, m.speaker) for m in s.members]))
+        rows.append(
+            SpeakerSummary(
+                s.id,
+                s.label,
+                s.name,
+                len({m.item_id for m in s.members}),
+                round(s.seconds, 3),
+                best,
+                [(m.item_id, m.speaker) for m in s.members],
+            )
+        )
     return sorted(rows, key=lambda r: (-r.seconds, r.id))
 
 
@@ -419,7 +496,9 @@ def summaries(out: Path, corpus: CorpusSpeakers | None = None) -> list[SpeakerSu
 
 def _find(corpus: CorpusSpeakers | None, sid: str) -> CorpusSpeaker:
     if corpus is None:
-        raise SettingsError("this output folder has no corpus speakers yet: run `pipeline speakers cluster` first")
+        raise SettingsError(
+            "this output folder has no corpus speakers yet: run `pipeline speakers cluster` first"
+        )
     sid = corpus.merged.get(sid, sid)
     for s in corpus.speakers:
         if s.id == sid:
@@ -427,12 +506,22 @@ def _find(corpus: CorpusSpeakers | None, sid: str) -> CorpusSpeaker:
     raise SettingsError(f"no corpus speaker {sid}: `pipeline speakers list` shows them")
 
 
-def _replace(corpus: CorpusSpeakers, *speakers: CorpusSpeaker, drop: tuple[str, ...] = (),
-             merged: dict[str, str] | None = None, next_id: int | None = None) -> CorpusSpeakers:
+def _replace(
+    corpus: CorpusSpeakers,
+    *speakers: CorpusSpeaker,
+    drop: tuple[str, ...] = (),
+    merged: dict[str, str] | None = None,
+    next_id: int | None = None,
+) -> CorpusSpeakers:
     by_id = {s.id: s for s in corpus.speakers if s.id not in drop}
     by_id.update({s.id: s for s in speakers})
-    return CorpusSpeakers(encoder=corpus.encoder, distance=corpus.distance, next_id=next_id or corpus.next_id,
-                          speakers=[by_id[k] for k in sorted(by_id)], merged=merged or corpus.merged)
+    return CorpusSpeakers(
+        encoder=corpus.encoder,
+        distance=corpus.distance,
+        next_id=next_id or corpus.next_id,
+        speakers=[by_id[k] for k in sorted(by_id)],
+        merged=merged or corpus.merged,
+    )
 
 
 @dataclass
@@ -455,8 +544,10 @@ def name(settings, out: Path, sid: str, new_name: str, profile: bool = True) -> 
         speaker = _find(corpus, sid)
         taken = [s.id for s in corpus.speakers if s.name == new_name and s.id != speaker.id]
         if taken:
-            raise SettingsError(f"{taken[0]} is already named {new_name!r}: merge them "
-                                f"(`pipeline speakers merge {out} {taken[0]} {speaker.id}`) or choose another name")
+            raise SettingsError(
+                f"{taken[0]} is already named {new_name!r}: merge them "
+                f"(`pipeline speakers merge {out} {taken[0]} {speaker.id}`) or choose another name"
+            )
         speaker = speaker.model_copy(update={"name": new_name})
         corpus = _replace(corpus, speaker)
         path = None
@@ -469,8 +560,9 @@ def name(settings, out: Path, sid: str, new_name: str, profile: bool = True) -> 
     return Named(speaker, path, rewritten)
 
 
-def voice_profile(out: Path, corpus: CorpusSpeakers, speaker: CorpusSpeaker,
-                  threshold: float | None = None) -> VoiceProfile:
+def voice_profile(
+    out: Path, corpus: CorpusSpeakers, speaker: CorpusSpeaker, threshold: float | None = None
+) -> VoiceProfile:
     """A voice profile (the format ``pipeline enroll`` writes) from a corpus speaker's voices: one clip per
     input it speaks in (the input's diarization artifact, with that speaker's label and its seconds)."""
     vectors = _vectors(out, speaker.members)
@@ -479,20 +571,33 @@ def voice_profile(out: Path, corpus: CorpusSpeakers, speaker: CorpusSpeaker,
         if (m.item_id, m.speaker) not in vectors:
             continue
         path = out / m.item_id / "diarization.json"
-        clips.append(ProfileClip(path=f"{path.resolve()}#{m.speaker}", sha256=sha256_file(path),
-                                 duration_s=max(m.seconds, 1e-3),
-                                 embedding=[float(x) for x in _unit(vectors[(m.item_id, m.speaker)])]))
+        clips.append(
+            ProfileClip(
+                path=f"{path.resolve()}#{m.speaker}",
+                sha256=sha256_file(path),
+                duration_s=max(m.seconds, 1e-3),
+                embedding=[float(x) for x in _unit(vectors[(m.item_id, m.speaker)])],
+            )
+        )
     if not clips:
-        raise ArtifactError(out / speaker.members[0].item_id / "diarization.json",
-                            f"{speaker.id}: none of its inputs' diarization artifacts is readable")
+        raise ArtifactError(
+            out / speaker.members[0].item_id / "diarization.json",
+            f"{speaker.id}: none of its inputs' diarization artifacts is readable",
+        )
     kind = corpus.encoder or "campplus"
     first = load_artifact(out / speaker.members[0].item_id / "diarization.json", DiarizationArtifact)
     identity = json.dumps(sorted((c.path, c.sha256) for c in clips))
     return VoiceProfile(
-        item_id=speaker.id, fingerprint=hashlib.sha256(identity.encode()).hexdigest()[:32], name=speaker.name,
-        encoder=kind, encoder_model=first.voice_encoder or kind, dimension=len(speaker.centroid),
-        embedding=_centroid([(c.embedding, c.duration_s) for c in clips]), clips=clips,
-        threshold=DEFAULT_THRESHOLDS.get(kind, 0.6) if threshold is None else threshold)
+        item_id=speaker.id,
+        fingerprint=hashlib.sha256(identity.encode()).hexdigest()[:32],
+        name=speaker.name,
+        encoder=kind,
+        encoder_model=first.voice_encoder or kind,
+        dimension=len(speaker.centroid),
+        embedding=_centroid([(c.embedding, c.duration_s) for c in clips]),
+        clips=clips,
+        threshold=DEFAULT_THRESHOLDS.get(kind, 0.6) if threshold is None else threshold,
+    )
 
 
 def merge(settings, out: Path, keep: str, other: str) -> CorpusSpeaker:
@@ -504,12 +609,18 @@ def merge(settings, out: Path, keep: str, other: str) -> CorpusSpeaker:
             raise SettingsError(f"{keep} and {other} are one speaker already")
         both = {m.item_id for m in a.members} & {m.item_id for m in b.members}
         if both:
-            log.warning("%s and %s both speak in %s: that input's two speakers become one", a.id, b.id,
-                        ", ".join(sorted(both)))
+            log.warning(
+                "%s and %s both speak in %s: that input's two speakers become one",
+                a.id,
+                b.id,
+                ", ".join(sorted(both)),
+            )
         merged_speaker = CorpusSpeaker(
-            id=a.id, name=a.name or b.name,
+            id=a.id,
+            name=a.name or b.name,
             centroid=_centroid([(a.centroid, a.seconds), (b.centroid, b.seconds)]),
-            members=sorted([*a.members, *b.members], key=lambda m: (m.item_id, m.speaker)))
+            members=sorted([*a.members, *b.members], key=lambda m: (m.item_id, m.speaker)),
+        )
         merged = {k: (a.id if v == b.id else v) for k, v in corpus.merged.items()} | {b.id: a.id}
         corpus = _replace(corpus, merged_speaker, drop=(b.id,), merged=merged)
         save_corpus(out, corpus)
@@ -517,8 +628,9 @@ def merge(settings, out: Path, keep: str, other: str) -> CorpusSpeaker:
     return merged_speaker
 
 
-def split(settings, out: Path, sid: str, item_ids: list[str] | None = None,
-          distance: float | None = None) -> list[CorpusSpeaker]:
+def split(
+    settings, out: Path, sid: str, item_ids: list[str] | None = None, distance: float | None = None
+) -> list[CorpusSpeaker]:
     """``pipeline speakers split OUT S0007 --input ID ...``: those inputs' members of S0007 become a new
     corpus speaker (a wrong merge mended); the rest stay S0007. Without ``item_ids``, S0007's voices are
     grouped again at ``distance`` (default: half the ``corpus_speaker_distance`` setting): the group with
@@ -531,30 +643,44 @@ def split(settings, out: Path, sid: str, item_ids: list[str] | None = None,
             unknown = sorted(set(item_ids) - {m.item_id for m in speaker.members})
             if unknown:
                 raise SettingsError(f"{speaker.id} does not speak in {', '.join(unknown)}")
-            parts = [[m for m in speaker.members if m.item_id not in set(item_ids)],
-                     [m for m in speaker.members if m.item_id in set(item_ids)]]
+            parts = [
+                [m for m in speaker.members if m.item_id not in set(item_ids)],
+                [m for m in speaker.members if m.item_id in set(item_ids)],
+            ]
         else:
             distance = settings.corpus_speaker_distance / 2 if distance is None else distance
             known = [m for m in speaker.members if (m.item_id, m.speaker) in vectors]
-            voices = [Voice(m.item_id, m.speaker, vectors[(m.item_id, m.speaker)], m.seconds, m.fingerprint, "")
-                      for m in known]
+            voices = [
+                Voice(m.item_id, m.speaker, vectors[(m.item_id, m.speaker)], m.seconds, m.fingerprint, "")
+                for m in known
+            ]
             parts = [[known[i] for i in group] for group in group_voices(voices, distance)] if voices else []
             if len(parts) >= 2:  # members whose voices are not readable stay
                 parts[0] += [m for m in speaker.members if (m.item_id, m.speaker) not in vectors]
             if len(parts) < 2:
-                raise SettingsError(f"{speaker.id}'s voices are one voice even at distance {distance:g}: name the "
-                                    "inputs to split off with --input, or a lower distance")
+                raise SettingsError(
+                    f"{speaker.id}'s voices are one voice even at distance {distance:g}: name the "
+                    "inputs to split off with --input, or a lower distance"
+                )
         if any(not part for part in parts):
-            raise SettingsError(f"splitting {speaker.id} needs some of its inputs to move and some to stay "
-                                f"(it speaks in {len({m.item_id for m in speaker.members})})")
+            raise SettingsError(
+                f"splitting {speaker.id} needs some of its inputs to move and some to stay "
+                f"(it speaks in {len({m.item_id for m in speaker.members})})"
+            )
 
         def centroid(members):
-            known = [(vectors[(m.item_id, m.speaker)], m.seconds) for m in members if (m.item_id, m.speaker) in vectors]
+            known = [
+                (vectors[(m.item_id, m.speaker)], m.seconds)
+                for m in members
+                if (m.item_id, m.speaker) in vectors
+            ]
             return _centroid(known) if known else speaker.centroid  # voices unreadable: keep the old centre
 
         kept = speaker.model_copy(update={"centroid": centroid(parts[0]), "members": parts[0]})
-        new = [CorpusSpeaker(id=speaker_id(corpus.next_id + n), centroid=centroid(part), members=part)
-               for n, part in enumerate(parts[1:])]
+        new = [
+            CorpusSpeaker(id=speaker_id(corpus.next_id + n), centroid=centroid(part), members=part)
+            for n, part in enumerate(parts[1:])
+        ]
         corpus = _replace(corpus, kept, *new, next_id=corpus.next_id + len(new))
         save_corpus(out, corpus)
         rewrite(settings, out, {m.item_id for part in parts[1:] for m in part}, corpus)

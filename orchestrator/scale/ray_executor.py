@@ -26,8 +26,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from contracts import ExitCode, StageRequest, StageResult
 from contracts.errors import SettingsError
@@ -55,13 +56,27 @@ def _ray():
 
 def _watch_config(settings) -> dict[str, Any]:
     """What a node needs to watch a child like the local executor does (no secrets travel)."""
-    return {name: getattr(settings, name) for name in (
-        "gpu_monitor", "gpu_leak_tolerance_mib", "gpu_sample_s", "gpu_check_free", "pid_dir", "watchdog_floor_s",
-        "watchdog_per_audio_s")}
+    return {
+        name: getattr(settings, name)
+        for name in (
+            "gpu_monitor",
+            "gpu_leak_tolerance_mib",
+            "gpu_sample_s",
+            "gpu_check_free",
+            "pid_dir",
+            "watchdog_floor_s",
+            "watchdog_per_audio_s",
+        )
+    }
 
 
-def stage_task(request_json: str, request_path: str, log_path: str, watch: dict[str, Any],
-               started_path: str | None = None) -> tuple[ChildExit, StageResult | None]:
+def stage_task(
+    request_json: str,
+    request_path: str,
+    log_path: str,
+    watch: dict[str, Any],
+    started_path: str | None = None,
+) -> tuple[ChildExit, StageResult | None]:
     """Body of the Ray task, run in a Ray worker: the stage in a spawned child, as on one machine.
     ``started_path`` is created first thing: the driver's sign that the cluster placed the task."""
     if started_path is not None:
@@ -78,8 +93,12 @@ def stage_task(request_json: str, request_path: str, log_path: str, watch: dict[
     logging.basicConfig(level=logging.INFO, format=_TASK_LOG_FORMAT, filename=log_path, force=True)
     logging.getLogger("orchestrator.child").disabled = True
     logging.getLogger("orchestrator.scale.ray_executor").info(
-        "%s: ray task on %s, pid %d, CUDA_VISIBLE_DEVICES=%s", stage, os.uname().nodename, os.getpid(),
-        os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"))
+        "%s: ray task on %s, pid %d, CUDA_VISIBLE_DEVICES=%s",
+        stage,
+        os.uname().nodename,
+        os.getpid(),
+        os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"),
+    )
     # validated, and without reading this node's environment: only what the driver sent counts
     settings = Settings.model_validate(watch)
     executor = LocalExecutor(default_hooks(settings), watchdog=Watchdog.from_settings(settings))
@@ -108,8 +127,12 @@ class RayExecutor:
         resources = ray.cluster_resources()
         self.cluster_gpus = float(resources.get("GPU", 0.0))
         self.cluster_cpus = float(resources.get("CPU", 0.0))
-        log.info("ray: cluster with %g CPU(s), %g GPU(s), %d node(s)", self.cluster_cpus, self.cluster_gpus,
-                 sum(1 for node in ray.nodes() if node.get("Alive")))
+        log.info(
+            "ray: cluster with %g CPU(s), %g GPU(s), %d node(s)",
+            self.cluster_cpus,
+            self.cluster_gpus,
+            sum(1 for node in ray.nodes() if node.get("Alive")),
+        )
         self._task = ray.remote(max_calls=1)(stage_task)  # a fresh worker process per call
         self._running: dict[str, Any] = {}
         self._cancelled: set[str] = set()
@@ -138,16 +161,23 @@ class RayExecutor:
 
     # -- the executor interface ---------------------------------------------------------
 
-    def warm_up(self, stage: str, module: str, request_path: Path, log_path: Path,
-                env: dict[str, str] | None = None) -> WarmChild | None:
+    def warm_up(
+        self, stage: str, module: str, request_path: Path, log_path: Path, env: dict[str, str] | None = None
+    ) -> WarmChild | None:
         return None  # a task is placed when its request exists; nothing to import ahead on the driver
 
     def cancel(self, warm: WarmChild) -> None:
         pass
 
-    def run(self, request: StageRequest, request_path: Path, log_path: Path,
-            progress: tuple[Path, Callable[[str], None]] | None = None, warm: WarmChild | None = None,
-            gpu: bool = True) -> tuple[ChildExit, StageResult | None]:
+    def run(
+        self,
+        request: StageRequest,
+        request_path: Path,
+        log_path: Path,
+        progress: tuple[Path, Callable[[str], None]] | None = None,
+        warm: WarmChild | None = None,
+        gpu: bool = True,
+    ) -> tuple[ChildExit, StageResult | None]:
         ray = _ray()
         stage = request.stage
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,8 +189,13 @@ class RayExecutor:
         started = time.perf_counter()
         # lines as "[chunk002-asr-1] ...": chunks run in parallel here
         with following(log_path, name, progress) as relay:
-            ref = self._task.options(**options).remote(request.model_dump_json(), str(request_path), str(log_path),
-                                                       _watch_config(self.settings), str(placed))
+            ref = self._task.options(**options).remote(
+                request.model_dump_json(),
+                str(request_path),
+                str(log_path),
+                _watch_config(self.settings),
+                str(placed),
+            )
             with self._lock:
                 self._running[name] = ref
             done: ChildExit | None = None
@@ -177,17 +212,37 @@ class RayExecutor:
         if cancelled and done.outcome is not Outcome.OK:
             done, result = _exit(Outcome.INTERRUPTED, ExitCode.INTERRUPTED, "stopped"), None
         wall_s = time.perf_counter() - started
-        if result is None and done.outcome is not Outcome.REFUSED:  # the task died after its child wrote a result
+        # the task died after its child wrote a result
+        if result is None and done.outcome is not Outcome.REFUSED:
             result = read_result(request, done.outcome)
         # the node's record; when Ray itself failed (no record came back), this side's view of the same child
-        record = done.record or ChildRun(request=request, request_path=request_path, outcome=done.outcome,
-                                         signal=done.signal, wall_s=wall_s, result=result).record()
-        return ChildExit(exitcode=done.exitcode, outcome=done.outcome, signal=done.signal, wall_s=wall_s,
-                         pid=done.pid, last_error=relay.last_error or done.last_error, gpu=done.gpu, record=record,
-                         in_flight=done.in_flight, hung=done.hung), result
+        record = (
+            done.record
+            or ChildRun(
+                request=request,
+                request_path=request_path,
+                outcome=done.outcome,
+                signal=done.signal,
+                wall_s=wall_s,
+                result=result,
+            ).record()
+        )
+        return ChildExit(
+            exitcode=done.exitcode,
+            outcome=done.outcome,
+            signal=done.signal,
+            wall_s=wall_s,
+            pid=done.pid,
+            last_error=relay.last_error or done.last_error,
+            gpu=done.gpu,
+            record=record,
+            in_flight=done.in_flight,
+            hung=done.hung,
+        ), result
 
-    def _wait(self, ray, ref, stage: str, name: str, placed: Path,
-              options: dict[str, Any]) -> tuple[ChildExit, StageResult | None]:
+    def _wait(
+        self, ray, ref, stage: str, name: str, placed: Path, options: dict[str, Any]
+    ) -> tuple[ChildExit, StageResult | None]:
         """The task's (ChildExit, result), or what Ray's failure means for the retry policy (no result).
         A task the cluster has not started (``placed`` not there) within ``ray_placement_timeout_s`` is
         cancelled and refused, with what it needs and what the cluster has."""
@@ -200,8 +255,12 @@ class RayExecutor:
                 break
             if limit and time.monotonic() - submitted > limit and not placed.exists():
                 ray.cancel(ref, force=True)
-                reason = unplaced_reason(limit, options, ray.cluster_resources(),
-                                         [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")])
+                reason = unplaced_reason(
+                    limit,
+                    options,
+                    ray.cluster_resources(),
+                    [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")],
+                )
                 log.error("%s: ray task %s %s", stage, name, reason)
                 return _exit(Outcome.REFUSED, None, reason), None
         try:
@@ -211,12 +270,23 @@ class RayExecutor:
         except exc.OutOfMemoryError as err:  # Ray's memory monitor killed the worker: host memory ran out
             log.warning("%s: ray killed %s for memory: %s", stage, name, _first_line(err))
             return _exit(Outcome.OOM, ExitCode.OOM, "ray memory monitor: " + _first_line(err)), None
-        except (exc.WorkerCrashedError, exc.NodeDiedError, exc.LocalRayletDiedError, exc.ActorDiedError,
-                exc.ObjectLostError) as err:
+        except (
+            exc.WorkerCrashedError,
+            exc.NodeDiedError,
+            exc.LocalRayletDiedError,
+            exc.ActorDiedError,
+            exc.ObjectLostError,
+        ) as err:
             log.warning("%s: ray worker of %s died: %s", stage, name, _first_line(err))
             # as if the worker (and the child with it) had been killed: the retry policy respawns it
-            return ChildExit(exitcode=-signal.SIGKILL, outcome=Outcome.KILLED, signal=signal.SIGKILL, wall_s=0.0,
-                             pid=None, last_error=f"ray worker died: {_first_line(err)}"), None
+            return ChildExit(
+                exitcode=-signal.SIGKILL,
+                outcome=Outcome.KILLED,
+                signal=signal.SIGKILL,
+                wall_s=0.0,
+                pid=None,
+                last_error=f"ray worker died: {_first_line(err)}",
+            ), None
         except exc.RayError as err:  # the task's own code raised (before or after the child)
             log.error("%s: ray task %s failed: %s", stage, name, _first_line(err))
             return _exit(Outcome.ERROR, ExitCode.FAILED, _first_line(err)), None
@@ -239,25 +309,37 @@ class RayExecutor:
 
 
 def _exit(outcome: Outcome, code: ExitCode | None, error: str | None) -> ChildExit:
-    return ChildExit(exitcode=None if code is None else int(code), outcome=outcome, signal=None, wall_s=0.0,
-                     pid=None, last_error=error)
+    return ChildExit(
+        exitcode=None if code is None else int(code),
+        outcome=outcome,
+        signal=None,
+        wall_s=0.0,
+        pid=None,
+        last_error=error,
+    )
 
 
 #: Ray's resource names as a person reads them
 _RESOURCES = {"num_gpus": "GPU", "num_cpus": "CPU"}
 
 
-def unplaced_reason(limit_s: float, options: dict[str, Any], cluster: dict[str, float],
-                    nodes: list[dict[str, float]]) -> str:
+def unplaced_reason(
+    limit_s: float, options: dict[str, Any], cluster: dict[str, float], nodes: list[dict[str, float]]
+) -> str:
     """Why a task waits: whether any one node could ever hold it, or its resources are busy."""
     needs = {_RESOURCES[k]: float(v) for k, v in options.items() if k in _RESOURCES and v}
     wanted = ", ".join(f"{v:g} {k}" for k, v in needs.items()) or "no resources"
     has = ", ".join(f"{cluster.get(k, 0.0):g} {k}" for k in ("GPU", "CPU"))
     fits = any(all(node.get(k, 0.0) >= v for k, v in needs.items()) for node in nodes)
-    why = ("the cluster's nodes have them, but they stayed busy" if fits
-           else "no node of the cluster has that much")
-    return (f"not placed within {limit_s:g} s: needs {wanted}, the cluster has {has}; {why} "
-            "(PIPELINE_RAY_PLACEMENT_TIMEOUT_S; PIPELINE_RAY_GPUS_PER_TASK / _CPUS_PER_TASK)")
+    why = (
+        "the cluster's nodes have them, but they stayed busy"
+        if fits
+        else "no node of the cluster has that much"
+    )
+    return (
+        f"not placed within {limit_s:g} s: needs {wanted}, the cluster has {has}; {why} "
+        "(PIPELINE_RAY_PLACEMENT_TIMEOUT_S; PIPELINE_RAY_GPUS_PER_TASK / _CPUS_PER_TASK)"
+    )
 
 
 def _first_line(err: BaseException) -> str:

@@ -16,9 +16,9 @@ from rich.table import Table
 from contracts.errors import SettingsError
 from contracts.perf import PerfEvent, read_events
 from contracts.report import Attempt
+from contracts.units import GIB_MIB as GIB
+from contracts.units import gib
 from orchestrator.telemetry.perf_log import DIRECTORY
-from contracts.units import GIB_MIB as GIB, gib
-
 
 
 def find_perf_log(path: str | Path) -> Path:
@@ -32,11 +32,15 @@ def find_perf_log(path: str | Path) -> Path:
             return candidate
         raise SettingsError(f"no performance log for run {path.name}: {candidate} does not exist")
     for directory in (path / DIRECTORY, path):
-        logs = sorted(directory.glob("*.jsonl"), key=lambda p: p.stat().st_mtime) if directory.is_dir() else []
+        logs = (
+            sorted(directory.glob("*.jsonl"), key=lambda p: p.stat().st_mtime) if directory.is_dir() else []
+        )
         if logs:
             return logs[-1]
-    raise SettingsError(f"no performance log found at {path} (expected a .jsonl file, an output directory with "
-                        f"{DIRECTORY}/, or OUT/.runs/<run>)")
+    raise SettingsError(
+        f"no performance log found at {path} (expected a .jsonl file, an output directory with "
+        f"{DIRECTORY}/, or OUT/.runs/<run>)"
+    )
 
 
 def summarize(events: list[PerfEvent]) -> list[Attempt]:
@@ -51,14 +55,17 @@ def summarize(events: list[PerfEvent]) -> list[Attempt]:
         if e.event == "checkpoint":
             seen["peak_rss_mb"] = _max(seen.get("peak_rss_mb"), e.peak_rss_mb, e.rss_mb)
             if e.kind == "gpu" and e.total_mb:
-                seen["max_allocated_pct"] = _max(seen.get("max_allocated_pct"),
-                                                 100.0 * (e.allocated_mb or 0.0) / e.total_mb)
+                seen["max_allocated_pct"] = _max(
+                    seen.get("max_allocated_pct"), 100.0 * (e.allocated_mb or 0.0) / e.total_mb
+                )
                 seen["peak_vram_mb"] = _max(seen.get("peak_vram_mb"), e.allocated_mb)
         elif e.event == "gpu_sample":
             seen["gpu_process_peak_mib"] = _max(seen.get("gpu_process_peak_mib"), e.process_mib)
         elif e.event == "stage_end" and e.record is not None:
             missing = {k: v for k, v in seen.items() if getattr(e.record, k) is None and v is not None}
-            records.append(Attempt.model_validate({**e.record.model_dump(), **missing}) if missing else e.record)
+            records.append(
+                Attempt.model_validate({**e.record.model_dump(), **missing}) if missing else e.record
+            )
     return records
 
 
@@ -94,10 +101,22 @@ def _gib(mib: float | None) -> str:
 
 def table(summaries: list[Attempt], title: str = "") -> Table:
     t = Table(title=title or None)
-    for name, justify in [("stage", "left"), ("try", "right"), ("batch", "right"), ("outcome", "left"),
-                          ("ok/failed", "right"), ("wall", "right"), ("items/s", "right"), ("device", "left"),
-                          ("peak VRAM (torch)", "right"), ("peak VRAM (NVML)", "right"), ("max alloc %", "right"),
-                          ("after exit", "left"), ("peak RSS", "right"), ("compute CPU", "right")]:
+    for name, justify in [
+        ("stage", "left"),
+        ("try", "right"),
+        ("batch", "right"),
+        ("outcome", "left"),
+        ("ok/failed", "right"),
+        ("wall", "right"),
+        ("items/s", "right"),
+        ("device", "left"),
+        ("peak VRAM (torch)", "right"),
+        ("peak VRAM (NVML)", "right"),
+        ("max alloc %", "right"),
+        ("after exit", "left"),
+        ("peak RSS", "right"),
+        ("compute CPU", "right"),
+    ]:
         t.add_column(name, justify=justify)
     for s in summaries:
         if s.gpu_leak:
@@ -106,11 +125,22 @@ def table(summaries: list[Attempt], title: str = "") -> Table:
             after = f"[green]{s.gpu_tree_after_mib:.0f} MiB held[/green]"
         else:
             after = "—"
-        t.add_row(s.stage, str(s.attempt), _fmt(s.batch_size, digits=0) if s.batch_size else "—", s.outcome or "?",
-                  f"{s.ok if s.ok is not None else '—'}/{s.failed if s.failed is not None else '—'}",
-                  _fmt(s.wall_s, " s"), _fmt(s.items_per_s, digits=2), s.device or "—", _gib(s.peak_vram_mb),
-                  _gib(s.gpu_process_peak_mib), _fmt(s.max_allocated_pct, " %"), after, _gib(s.peak_rss_mb),
-                  compute_cpu(s))
+        t.add_row(
+            s.stage,
+            str(s.attempt),
+            _fmt(s.batch_size, digits=0) if s.batch_size else "—",
+            s.outcome or "?",
+            f"{s.ok if s.ok is not None else '—'}/{s.failed if s.failed is not None else '—'}",
+            _fmt(s.wall_s, " s"),
+            _fmt(s.items_per_s, digits=2),
+            s.device or "—",
+            _gib(s.peak_vram_mb),
+            _gib(s.gpu_process_peak_mib),
+            _fmt(s.max_allocated_pct, " %"),
+            after,
+            _gib(s.peak_rss_mb),
+            compute_cpu(s),
+        )
     return t
 
 
@@ -149,9 +179,13 @@ def plot(events: list[PerfEvent], png: str | Path, title: str = "") -> Path:
         _spans(ax, events, t0, colors)
         for stage in stages:
             color = colors[stage]
-            for attempt in sorted({e.attempt for e in checkpoints + samples if e.stage == stage and e.attempt}):
+            for attempt in sorted(
+                {e.attempt for e in checkpoints + samples if e.stage == stage and e.attempt}
+            ):
                 label = stage if attempt == 1 else f"{stage} (try {attempt})"
-                mine = [e for e in (gpu if panel == "gpu" else cpu) if e.stage == stage and e.attempt == attempt]
+                mine = [
+                    e for e in (gpu if panel == "gpu" else cpu) if e.stage == stage and e.attempt == attempt
+                ]
                 if panel == "gpu":
                     _line(ax, mine, t0, "allocated_mb", color, "-", None, f"{label}: allocated (torch)")
                     _line(ax, mine, t0, "reserved_mb", color, "--", None, f"{label}: reserved (torch)")
@@ -161,14 +195,30 @@ def plot(events: list[PerfEvent], png: str | Path, title: str = "") -> Path:
                     _line(ax, mine, t0, "rss_mb", color, "-", None, f"{label}: RSS")
                 for e in mine:  # the checkpoint's kind as a marker shape (second legend)
                     value = e.allocated_mb if panel == "gpu" else e.rss_mb
-                    ax.plot(e.t - t0, (value or 0) / GIB, linestyle="none", marker=_marker(e.point), color=color,
-                            markersize=8, markeredgecolor="black", markeredgewidth=0.5)
+                    ax.plot(
+                        e.t - t0,
+                        (value or 0) / GIB,
+                        linestyle="none",
+                        marker=_marker(e.point),
+                        color=color,
+                        markersize=8,
+                        markeredgecolor="black",
+                        markeredgewidth=0.5,
+                    )
         if panel == "gpu":
             total = _max(*(e.total_mb for e in gpu), *(e.device_total_mib for e in samples))
             if total:
                 ax.axhline(total / GIB, color="grey", linewidth=0.8)
-                ax.text(1.0, total / GIB, f"device total {total / GIB:.1f} GiB ", transform=ax.get_yaxis_transform(),
-                        ha="right", va="bottom", fontsize=8, color="grey")
+                ax.text(
+                    1.0,
+                    total / GIB,
+                    f"device total {total / GIB:.1f} GiB ",
+                    transform=ax.get_yaxis_transform(),
+                    ha="right",
+                    va="bottom",
+                    fontsize=8,
+                    color="grey",
+                )
             ax.set_ylabel("GPU memory (GiB)")
             ax.set_title("GPU memory per stage")
         else:
@@ -178,13 +228,33 @@ def plot(events: list[PerfEvent], png: str | Path, title: str = "") -> Path:
         ax.grid(True, alpha=0.3)
         # legend: stage = colour, series = line style, checkpoint = marker shape
         shown = [e for e in (gpu + samples if panel == "gpu" else cpu)]
-        handles = [Patch(color=colors[st], alpha=0.6, label=st) for st in stages if any(e.stage == st for e in shown)]
-        series = ([("allocated (torch)", "-", None), ("reserved (torch)", "--", None), ("process (NVML)", ":", "+")]
-                  if panel == "gpu" else [("process RSS", "-", None)])
-        handles += [Line2D([], [], color="black", linestyle=style, marker=mark, label=name) for name, style, mark in series]
+        handles = [
+            Patch(color=colors[st], alpha=0.6, label=st) for st in stages if any(e.stage == st for e in shown)
+        ]
+        series = (
+            [("allocated (torch)", "-", None), ("reserved (torch)", "--", None), ("process (NVML)", ":", "+")]
+            if panel == "gpu"
+            else [("process RSS", "-", None)]
+        )
+        handles += [
+            Line2D([], [], color="black", linestyle=style, marker=mark, label=name)
+            for name, style, mark in series
+        ]
         seen = list(dict.fromkeys(_marker_name(e.point) for e in shown if e.event == "checkpoint"))
-        handles += [Line2D([], [], linestyle="none", marker=MARKERS[name], color="grey", markeredgecolor="black",
-                           markeredgewidth=0.5, markersize=8, label=name) for name in seen]
+        handles += [
+            Line2D(
+                [],
+                [],
+                linestyle="none",
+                marker=MARKERS[name],
+                color="grey",
+                markeredgecolor="black",
+                markeredgewidth=0.5,
+                markersize=8,
+                label=name,
+            )
+            for name in seen
+        ]
         ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes[-1, 0].set_xlabel("seconds since the run's first event")
     if title:
@@ -198,8 +268,14 @@ def plot(events: list[PerfEvent], png: str | Path, title: str = "") -> Path:
 
 
 #: checkpoint -> marker shape in the plot
-MARKERS = {"before model load": "^", "model loaded": "s", "after item": "o", "before exit": "v", "at failure": "X",
-           "other": "D"}
+MARKERS = {
+    "before model load": "^",
+    "model loaded": "s",
+    "after item": "o",
+    "before exit": "v",
+    "at failure": "X",
+    "other": "D",
+}
 
 
 def _marker_name(point: str | None) -> str:
@@ -226,8 +302,15 @@ def _spans(ax, events: list[PerfEvent], t0: float, colors) -> None:
         if e.event == "stage_end" and (e.stage, e.attempt) in starts:
             start = starts[(e.stage, e.attempt)] - t0
             ax.axvspan(start, e.t - t0, color=colors.get(e.stage, "grey"), alpha=0.08)
-            ax.text(start, 1.0, f" {e.stage}" + (f" #{e.attempt}" if e.attempt and e.attempt > 1 else ""),
-                    transform=ax.get_xaxis_transform(), va="top", fontsize=8, color=colors.get(e.stage, "grey"))
+            ax.text(
+                start,
+                1.0,
+                f" {e.stage}" + (f" #{e.attempt}" if e.attempt and e.attempt > 1 else ""),
+                transform=ax.get_xaxis_transform(),
+                va="top",
+                fontsize=8,
+                color=colors.get(e.stage, "grey"),
+            )
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC
 
 import numpy as np
 import pytest
@@ -26,9 +27,17 @@ def _audio(tmp_path, samples=16000) -> tuple[AudioArtifact, object]:
     sidecar = tmp_path / "audio.npy"
     np.save(sidecar, np.zeros(samples, np.float32))
     art = AudioArtifact(
-        item_id="a", fingerprint="f", source="/x.mp4", source_size=10, sidecar="audio.npy",
-        sha256=sha256_file(sidecar), num_samples=samples, duration_s=samples / 16000,
-        source_codec="aac", source_sample_rate=44100, source_channels=2,
+        item_id="a",
+        fingerprint="f",
+        source="/x.mp4",
+        source_size=10,
+        sidecar="audio.npy",
+        sha256=sha256_file(sidecar),
+        num_samples=samples,
+        duration_s=samples / 16000,
+        source_codec="aac",
+        source_sample_rate=44100,
+        source_channels=2,
     )
     return art, tmp_path / "audio.json"
 
@@ -41,9 +50,25 @@ def test_audio_round_trip(tmp_path):
 
 def test_transcript_round_trip(tmp_path):
     art = TranscriptArtifact(
-        item_id="a", fingerprint="f", source="/x.mp4", language="en",
-        segments=[{"id": 0, "start": 0.0, "end": 1.5, "text": "hello", "words": [{"word": "hello", "start": 0.1, "end": 0.5}]}],
-        model="tiny.en", requested_model="embedded", device="cpu", compute_type="int8", batch_size=4, duration_s=2.0,
+        item_id="a",
+        fingerprint="f",
+        source="/x.mp4",
+        language="en",
+        segments=[
+            {
+                "id": 0,
+                "start": 0.0,
+                "end": 1.5,
+                "text": "hello",
+                "words": [{"word": "hello", "start": 0.1, "end": 0.5}],
+            }
+        ],
+        model="tiny.en",
+        requested_model="embedded",
+        device="cpu",
+        compute_type="int8",
+        batch_size=4,
+        duration_s=2.0,
     )
     save_model(art, tmp_path / "t.json")
     back = load_artifact(tmp_path / "t.json", TranscriptArtifact)
@@ -103,8 +128,19 @@ def test_invalid_model_is_not_written(tmp_path):
 def test_embeddings_count_and_sidecar_hash(tmp_path):
     np.save(tmp_path / "embeddings.npy", np.eye(3, 8, dtype=np.float32))
     art = EmbeddingsArtifact(
-        item_id="a", fingerprint="f", source="/x", sidecar="embeddings.npy", sha256=sha256_file(tmp_path / "embeddings.npy"),
-        model="m", profile="speed", requested_model="r", dimension=8, count=3, normalized=True, device="cpu", batch_size=2,
+        item_id="a",
+        fingerprint="f",
+        source="/x",
+        sidecar="embeddings.npy",
+        sha256=sha256_file(tmp_path / "embeddings.npy"),
+        model="m",
+        profile="speed",
+        requested_model="r",
+        dimension=8,
+        count=3,
+        normalized=True,
+        device="cpu",
+        batch_size=2,
     )
     save_model(art, tmp_path / "embeddings.json")
     assert load_artifact(tmp_path / "embeddings.json", EmbeddingsArtifact).count == 3
@@ -123,7 +159,9 @@ def test_atomic_write_leaves_old_file_when_writing_fails(tmp_path):
 def test_request_rejects_duplicate_item_ids(tmp_path):
     item = WorkItem(id="a", inputs={}, output="/o", fingerprint="f")
     with pytest.raises(ValueError, match="unique"):
-        StageRequest(request_id="r", stage="s", module="m", items=[item, item], batch_size=1, result_path="/r")
+        StageRequest(
+            request_id="r", stage="s", module="m", items=[item, item], batch_size=1, result_path="/r"
+        )
 
 
 def test_missing_file_is_an_error_naming_it(tmp_path):
@@ -133,15 +171,26 @@ def test_missing_file_is_an_error_naming_it(tmp_path):
 
 
 def test_a_large_model_is_written_one_element_at_a_time_and_reads_back_equal(tmp_path):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from contracts.io import load_model, save_large
     from contracts.report import InputReport, RunReport
 
-    now = datetime.now(timezone.utc)
-    report = RunReport(run_id="r", started_at=now, finished_at=now, output_dir="out", settings={"a": [1, "x"]}, ok=3,
-                       failed=0, chunk_size=2, chunks=2, stages=[], stopped='disk "full": [] "inputs":[]',
-                       inputs=[InputReport(id=f'odd "inputs":[] {n}', source=f"s{n}", status="ok") for n in range(3)])
+    now = datetime.now(UTC)
+    report = RunReport(
+        run_id="r",
+        started_at=now,
+        finished_at=now,
+        output_dir="out",
+        settings={"a": [1, "x"]},
+        ok=3,
+        failed=0,
+        chunk_size=2,
+        chunks=2,
+        stages=[],
+        stopped='disk "full": [] "inputs":[]',
+        inputs=[InputReport(id=f'odd "inputs":[] {n}', source=f"s{n}", status="ok") for n in range(3)],
+    )
     save_large(report, "inputs", tmp_path / "a.json", tmp_path / "b.json")
     assert load_model(tmp_path / "a.json", RunReport) == report == load_model(tmp_path / "b.json", RunReport)
     empty = report.model_copy(update={"inputs": []})

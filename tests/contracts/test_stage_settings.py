@@ -30,8 +30,12 @@ def _reads(module_name: str) -> set[str]:
         base = node.value
         if isinstance(base, ast.Name) and base.id == "settings":
             names.add(node.attr)
-        elif isinstance(base, ast.Attribute) and base.attr == "settings" and isinstance(base.value, ast.Name) \
-                and base.value.id == "self":
+        elif (
+            isinstance(base, ast.Attribute)
+            and base.attr == "settings"
+            and isinstance(base.value, ast.Name)
+            and base.value.id == "self"
+        ):
             names.add(node.attr)
     return names - {"model_dump", "model_fields"}
 
@@ -47,7 +51,9 @@ def test_the_parent_sends_every_field_and_the_child_reads_every_field(name):
     reads = _reads(definition.module)
     if name in ("enrollment", "voice_profile"):
         reads |= _reads("stages.speaker_encoder")
-    assert reads == fields, f"{name}: sent but never read {fields - reads}; read but never sent {reads - fields}"
+    assert reads == fields, (
+        f"{name}: sent but never read {fields - reads}; read but never sent {reads - fields}"
+    )
 
 
 def test_no_stage_reads_settings_through_an_untyped_lookup():
@@ -58,9 +64,14 @@ def test_no_stage_reads_settings_through_an_untyped_lookup():
 
 def test_a_child_refuses_settings_its_model_does_not_know(tmp_path):
     stage = import_module("stages.audio").STAGE
-    request = StageRequest(request_id="r", stage="audio", module="stages.audio", batch_size=1,
-                           items=[WorkItem(id="a", inputs={"source": "x"}, output=str(tmp_path / "a.json"),
-                                           fingerprint="f")],
-                           result_path=str(tmp_path / "r.json"), settings={"model": "large-v3"})
+    request = StageRequest(
+        request_id="r",
+        stage="audio",
+        module="stages.audio",
+        batch_size=1,
+        items=[WorkItem(id="a", inputs={"source": "x"}, output=str(tmp_path / "a.json"), fingerprint="f")],
+        result_path=str(tmp_path / "r.json"),
+        settings={"model": "large-v3"},
+    )
     with pytest.raises(ArtifactError, match="invalid stage settings"):
         stage.read_settings(request)

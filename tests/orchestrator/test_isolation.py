@@ -6,12 +6,21 @@ import ast
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.conftest import ROOT
 
-HEAVY = ("torch", "whisperx", "speechbrain", "sentence_transformers", "pyannote", "faster_whisper",
-         "ctranslate2", "transformers", "torchaudio", "av")
+HEAVY = (
+    "torch",
+    "whisperx",
+    "speechbrain",
+    "sentence_transformers",
+    "pyannote",
+    "faster_whisper",
+    "ctranslate2",
+    "transformers",
+    "torchaudio",
+    "av",
+)
 
 
 def _imports(package: str) -> set[str]:
@@ -60,11 +69,17 @@ def test_no_module_imports_a_private_name_of_another_module():
             for node in ast.walk(ast.parse(path.read_text())):
                 # Then no `from x import _name` and no `import x._private`
                 if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
-                    offenders += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
-                                  if a.name.startswith("_")]
+                    offenders += [
+                        f"{path.relative_to(ROOT)}: {node.module}.{a.name}"
+                        for a in node.names
+                        if a.name.startswith("_")
+                    ]
                     if node.module and any(part.startswith("_") for part in node.module.split(".")):
                         offenders.append(f"{path.relative_to(ROOT)}: {node.module}")
                 elif isinstance(node, ast.Import):
-                    offenders += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names
-                                  if any(part.startswith("_") for part in a.name.split("."))]
+                    offenders += [
+                        f"{path.relative_to(ROOT)}: {a.name}"
+                        for a in node.names
+                        if any(part.startswith("_") for part in a.name.split("."))
+                    ]
     assert offenders == []

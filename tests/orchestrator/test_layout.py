@@ -35,12 +35,21 @@ def test_langid_over_inputs_named_like_its_tables_writes_every_table(tmp_path):
     for name in names:
         (tmp_path / name).write_bytes((MEDIA / "speech.wav").read_bytes())
     out = tmp_path / "out"
-    done = subprocess.run([str(ROOT / "bin" / "pipeline"), "langid", *[str(tmp_path / n) for n in names],
-                           "--output", str(out)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(ROOT / "bin" / "pipeline"), "langid", *[str(tmp_path / n) for n in names], "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     with open(out / layout.LANGID_CSV, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert [r["input"] for r in rows] == ["langid.csv-2", "LANGID.JSON-2", "run-report.json-2", "index.html-2"]
+    assert [r["input"] for r in rows] == [
+        "langid.csv-2",
+        "LANGID.JSON-2",
+        "run-report.json-2",
+        "index.html-2",
+    ]
     assert not any(r["status"] == "failed" for r in rows), rows
     assert (out / layout.LANGID_JSON).is_file() and (out / layout.REPORT).is_file()
     assert unexpected_top_level(out, [r["input"] for r in rows]) == set()

@@ -25,8 +25,19 @@ def test_process_runs_the_registry_in_order_and_only_the_enabled_stages(tmp_path
     (tmp_path / "Host.json").write_text("{}")
     everything = [s.name for s in Orchestrator(Settings(profiles_dir=tmp_path)).stage_specs()]
     assert everything == [d.name for d in STAGES]
-    assert [s.name for s in process_specs(Settings(speakers=False))] == ["audio", "asr", "alignment", "embeddings"]
-    assert [s.name for s in process_specs(Settings())] == ["audio", "asr", "diarization", "alignment", "embeddings"]
+    assert [s.name for s in process_specs(Settings(speakers=False))] == [
+        "audio",
+        "asr",
+        "alignment",
+        "embeddings",
+    ]
+    assert [s.name for s in process_specs(Settings())] == [
+        "audio",
+        "asr",
+        "diarization",
+        "alignment",
+        "embeddings",
+    ]
 
 
 def test_alignment_reads_only_the_speaker_artifacts_of_stages_that_run(tmp_path):
@@ -42,9 +53,11 @@ def test_gpu_needs_follow_the_request_settings_for_every_model_stage():
     assert gpu_need_mib("audio", dump("audio")) == 0
     assert gpu_need_mib("asr", dump("asr", asr_model="large-v3")) == ASR_NEEDS["large-v3"].model_mib + 160
     assert gpu_need_mib("asr", dump("asr", asr_model="/models/large-v3/")) == gpu_need_mib(
-        "asr", dump("asr", asr_model="large-v3"))
+        "asr", dump("asr", asr_model="large-v3")
+    )
     assert gpu_need_mib("embeddings", dump("embeddings", embedding_profile="quality")) > gpu_need_mib(
-        "embeddings", dump("embeddings", embedding_profile="speed"))
+        "embeddings", dump("embeddings", embedding_profile="speed")
+    )
     # the speaker stages and alignment are sized too, so the free-memory refusal applies to them
     for name in ("diarization", "enrollment", "alignment", "voice_profile"):
         assert gpu_need_mib(name, dump(name)) > 0, name
@@ -54,5 +67,6 @@ def test_gpu_needs_follow_the_request_settings_for_every_model_stage():
 def test_settings_that_do_not_validate_are_refused_in_the_parent():
     with pytest.raises(ValueError):
         AsrSettings(model="embedded", language=None, compute_type="int8", allow_hub=False, chunk_size=31)
-    with pytest.raises(ValueError):  # no defaults: a setting the builder forgot is an error, not a silent default
+    # no defaults: a setting the builder forgot is an error, not a silent default
+    with pytest.raises(ValueError):
         AsrSettings(model="embedded", language=None, compute_type="int8", allow_hub=False)

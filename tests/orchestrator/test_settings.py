@@ -59,12 +59,24 @@ def test_the_diarizer_has_its_own_batch_size(monkeypatch):
 
 def test_speaker_defaults_follow_seed_001():
     s = Settings()
-    assert (s.voice_enrollment_batch_size, s.skip_voice_embeddings, s.enable_fast_path, s.speakers) == (4, False, True, True)
+    assert (s.voice_enrollment_batch_size, s.skip_voice_embeddings, s.enable_fast_path, s.speakers) == (
+        4,
+        False,
+        True,
+        True,
+    )
     assert s.speaker_encoder == "campplus" and s.diarization_model == "auto"
 
 
-@pytest.mark.parametrize("bad", [{"min_speakers": 3, "max_speakers": 2}, {"speaker_encoder": "xvector"},
-                                 {"voice_enrollment_batch_size": 0}, {"asr_chunk_size": 31}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"min_speakers": 3, "max_speakers": 2},
+        {"speaker_encoder": "xvector"},
+        {"voice_enrollment_batch_size": 0},
+        {"asr_chunk_size": 31},
+    ],
+)
 def test_invalid_speaker_settings_are_rejected(bad):
     with pytest.raises(ValueError):
         Settings(**bad)
@@ -72,12 +84,26 @@ def test_invalid_speaker_settings_are_rejected(bad):
 
 def test_bare_environment_names_of_other_programs_change_nothing(monkeypatch):
     # Given an environment that other programs set (docker, CI, shells)
-    for name, value in {"HOST": "0.0.0.0", "PORT": "1", "DEVICE": "cuda", "FORCE": "true", "SPEAKERS": "false",
-                        "CHUNK_SIZE": "3", "OUTPUT_DIR": "/elsewhere"}.items():
+    for name, value in {
+        "HOST": "0.0.0.0",
+        "PORT": "1",
+        "DEVICE": "cuda",
+        "FORCE": "true",
+        "SPEAKERS": "false",
+        "CHUNK_SIZE": "3",
+        "OUTPUT_DIR": "/elsewhere",
+    }.items():
         monkeypatch.setenv(name, value)
     s = Settings()
     # Then none of them is read: only the documented names are
-    assert (s.host, s.port, s.device, s.force, s.speakers, s.chunk_size) == ("127.0.0.1", 8000, "auto", False, True, 50)
+    assert (s.host, s.port, s.device, s.force, s.speakers, s.chunk_size) == (
+        "127.0.0.1",
+        8000,
+        "auto",
+        False,
+        True,
+        50,
+    )
     assert str(s.output_dir) == "out"
     monkeypatch.setenv("PIPELINE_CHUNK_SIZE", "7")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")

@@ -8,17 +8,28 @@ from contracts import AudioArtifact, StageRequest, TranscriptArtifact, WorkItem,
 from contracts.errors import ModelUnavailableError
 from stages.asr import AsrStage, embedded_model_path, resolve_model
 from stages.audio import STAGE as AUDIO
-from tests.conftest import DIALOGUE_TEXT, MAX_WER, SPEECH_TEXT, normalise, wer, stage_settings
+from tests.conftest import DIALOGUE_TEXT, MAX_WER, SPEECH_TEXT, normalise, stage_settings, wer
 
 pytestmark = pytest.mark.slow
 
 
 def _request(tmp_path, audio_json, batch_size=4, **settings) -> StageRequest:
     return StageRequest(
-        request_id="r", stage="asr", module="stages.asr", batch_size=batch_size, device="cpu",
-        settings=stage_settings("asr", **settings), result_path=str(tmp_path / "res.json"),
-        items=[WorkItem(id="s", inputs={"audio": str(audio_json)}, output=str(tmp_path / "transcript.json"),
-                        fingerprint="fp-asr")],
+        request_id="r",
+        stage="asr",
+        module="stages.asr",
+        batch_size=batch_size,
+        device="cpu",
+        settings=stage_settings("asr", **settings),
+        result_path=str(tmp_path / "res.json"),
+        items=[
+            WorkItem(
+                id="s",
+                inputs={"audio": str(audio_json)},
+                output=str(tmp_path / "transcript.json"),
+                fingerprint="fp-asr",
+            )
+        ],
     )
 
 
@@ -26,10 +37,24 @@ def _request(tmp_path, audio_json, batch_size=4, **settings) -> StageRequest:
 def audio_json(tmp_path_factory, media):
     tmp = tmp_path_factory.mktemp("audio")
     AUDIO.import_libraries()
-    AUDIO.run(StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1,
-                           result_path=str(tmp / "r.json"), settings=stage_settings("audio"),
-                           items=[WorkItem(id="s", inputs={"source": str(media / "speech.wav")},
-                                           output=str(tmp / "audio.json"), fingerprint="fp")]))
+    AUDIO.run(
+        StageRequest(
+            request_id="a",
+            stage="audio",
+            module="stages.audio",
+            batch_size=1,
+            result_path=str(tmp / "r.json"),
+            settings=stage_settings("audio"),
+            items=[
+                WorkItem(
+                    id="s",
+                    inputs={"source": str(media / "speech.wav")},
+                    output=str(tmp / "audio.json"),
+                    fingerprint="fp",
+                )
+            ],
+        )
+    )
     return tmp / "audio.json"
 
 
@@ -67,12 +92,25 @@ def test_words_are_timed_while_decoding_and_the_alignment_stage_then_runs_no_mod
         result = AsrStage().run(_request(out, audio_json, **settings))
         assert result.items[0].ok, result.items[0].error
         asr = load_artifact(out / "transcript.json", TranscriptArtifact)
-        item = WorkItem(id="s", inputs={"asr": str(out / "transcript.json"), "audio": str(audio_json)},
-                        output=str(out / "final.json"), fingerprint="fp-final")
+        item = WorkItem(
+            id="s",
+            inputs={"asr": str(out / "transcript.json"), "audio": str(audio_json)},
+            output=str(out / "final.json"),
+            fingerprint="fp-final",
+        )
         stage = AlignmentStage()
-        aligned = stage.run(StageRequest(request_id="r", stage="alignment", module="stages.alignment", batch_size=2,
-                                         device="cpu", items=[item], result_path=str(out / "r.json"),
-                                         settings=stage_settings("alignment", align=True, speakers=False)))
+        aligned = stage.run(
+            StageRequest(
+                request_id="r",
+                stage="alignment",
+                module="stages.alignment",
+                batch_size=2,
+                device="cpu",
+                items=[item],
+                result_path=str(out / "r.json"),
+                settings=stage_settings("alignment", align=True, speakers=False),
+            )
+        )
         assert aligned.items[0].ok, aligned.items
         return asr, load_artifact(out / "final.json", TranscriptArtifact), stage
 
@@ -82,7 +120,9 @@ def test_words_are_timed_while_decoding_and_the_alignment_stage_then_runs_no_mod
         assert seg.words and " ".join(w.word for w in seg.words) == seg.text
         assert all(seg.start <= w.start <= w.end <= seg.end and 0 < w.score <= 1 for w in seg.words)
     assert final.aligned and final.aligner == "whisper-cross-attention:embedded"
-    assert stage.whisper == {}, "no Whisper model loaded by the alignment stage: the words came with the transcript"
+    assert stage.whisper == {}, (
+        "no Whisper model loaded by the alignment stage: the words came with the transcript"
+    )
 
     plain, second, stage = transcribe("second-pass", word_timestamps=False)
     assert plain.aligner is None and all(s.words is None for s in plain.segments)
@@ -134,27 +174,68 @@ def test_no_fragment_after_a_chunk_boundary_and_no_words_from_silence_or_noise(t
     import numpy as np
 
     sr = 16000
-    AUDIO.run(StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1,
-                           result_path=str(tmp_path / "r.json"), settings=stage_settings("audio"),
-                           items=[WorkItem(id="d", inputs={"source": str(media / "speakers" / "host_guest.mp4")},
-                                           output=str(tmp_path / "dialogue.json"), fingerprint="fp")]))
+    AUDIO.run(
+        StageRequest(
+            request_id="a",
+            stage="audio",
+            module="stages.audio",
+            batch_size=1,
+            result_path=str(tmp_path / "r.json"),
+            settings=stage_settings("audio"),
+            items=[
+                WorkItem(
+                    id="d",
+                    inputs={"source": str(media / "speakers" / "host_guest.mp4")},
+                    output=str(tmp_path / "dialogue.json"),
+                    fingerprint="fp",
+                )
+            ],
+        )
+    )
     dialogue = np.load(next(tmp_path.glob("*.npy")))
-    sources = {"tail": _wav(tmp_path / "tail.wav", np.concatenate([dialogue[:4 * sr], np.zeros(3 * sr)])),
-               "silence": _wav(tmp_path / "silence.wav", np.zeros(8 * sr)),
-               "noise": _wav(tmp_path / "noise.wav", 0.05 * np.random.default_rng(0).standard_normal(8 * sr))}
-    AUDIO.run(StageRequest(request_id="b", stage="audio", module="stages.audio", batch_size=1,
-                           result_path=str(tmp_path / "r2.json"), settings=stage_settings("audio"),
-                           items=[WorkItem(id=k, inputs={"source": v}, output=str(tmp_path / f"{k}-audio.json"),
-                                           fingerprint="fp") for k, v in sources.items()]))
+    sources = {
+        "tail": _wav(tmp_path / "tail.wav", np.concatenate([dialogue[: 4 * sr], np.zeros(3 * sr)])),
+        "silence": _wav(tmp_path / "silence.wav", np.zeros(8 * sr)),
+        "noise": _wav(tmp_path / "noise.wav", 0.05 * np.random.default_rng(0).standard_normal(8 * sr)),
+    }
+    AUDIO.run(
+        StageRequest(
+            request_id="b",
+            stage="audio",
+            module="stages.audio",
+            batch_size=1,
+            result_path=str(tmp_path / "r2.json"),
+            settings=stage_settings("audio"),
+            items=[
+                WorkItem(
+                    id=k, inputs={"source": v}, output=str(tmp_path / f"{k}-audio.json"), fingerprint="fp"
+                )
+                for k, v in sources.items()
+            ],
+        )
+    )
     request = _request(tmp_path, tmp_path / "tail-audio.json", chunk_size=4)
-    request = request.model_copy(update={"items": [
-        WorkItem(id=k, inputs={"audio": str(tmp_path / f"{k}-audio.json")}, output=str(tmp_path / f"{k}-asr.json"),
-                 fingerprint="fp") for k in sources]})
+    request = request.model_copy(
+        update={
+            "items": [
+                WorkItem(
+                    id=k,
+                    inputs={"audio": str(tmp_path / f"{k}-audio.json")},
+                    output=str(tmp_path / f"{k}-asr.json"),
+                    fingerprint="fp",
+                )
+                for k in sources
+            ]
+        }
+    )
     result = AsrStage().run(request)
     assert all(r.ok for r in result.items), result.items
     tail = load_artifact(tmp_path / "tail-asr.json", TranscriptArtifact)
     assert [len(s.text.split()) > 1 for s in tail.segments] == [True], tail.segments
-    assert wer("Thanks for joining us. What got you interested in mapping old roads?", tail.segments[0].text) < 0.2
+    assert (
+        wer("Thanks for joining us. What got you interested in mapping old roads?", tail.segments[0].text)
+        < 0.2
+    )
     assert len(tail.speech) == 1 and tail.speech[0][1] > 4.05, "the tail was joined to its piece, not dropped"
     for quiet in ("silence", "noise"):
         transcript = load_artifact(tmp_path / f"{quiet}-asr.json", TranscriptArtifact)
@@ -169,26 +250,55 @@ def test_no_fragment_after_a_chunk_boundary_and_no_words_from_silence_or_noise(t
 def several_audio(tmp_path_factory, media):
     """Decoded audio of four inputs of different lengths (the speech clip twice, two dialogues)."""
     tmp = tmp_path_factory.mktemp("several")
-    sources = {"speech": media / "speech.wav", "dialogue": media / "speakers" / "host_guest.mp4",
-               "speech2": media / "speech.mp4", "stranger": media / "speakers" / "host_stranger.mp4"}
-    items = [WorkItem(id=name, inputs={"source": str(path)}, output=str(tmp / f"{name}.audio.json"), fingerprint="fp")
-             for name, path in sources.items()]
+    sources = {
+        "speech": media / "speech.wav",
+        "dialogue": media / "speakers" / "host_guest.mp4",
+        "speech2": media / "speech.mp4",
+        "stranger": media / "speakers" / "host_stranger.mp4",
+    }
+    items = [
+        WorkItem(
+            id=name, inputs={"source": str(path)}, output=str(tmp / f"{name}.audio.json"), fingerprint="fp"
+        )
+        for name, path in sources.items()
+    ]
     AUDIO.import_libraries()
-    result = AUDIO.run(StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1,
-                                    result_path=str(tmp / "r.json"), settings=stage_settings("audio"), items=items))
+    result = AUDIO.run(
+        StageRequest(
+            request_id="a",
+            stage="audio",
+            module="stages.audio",
+            batch_size=1,
+            result_path=str(tmp / "r.json"),
+            settings=stage_settings("audio"),
+            items=items,
+        )
+    )
     assert all(r.ok for r in result.items), result.items
     return {name: tmp / f"{name}.audio.json" for name in sources}
 
 
-def _run_stage(tmp, audio: dict, batch_size: int, settings: dict, extra: list[WorkItem] = (), attempt: int = 1):
+def _run_stage(
+    tmp, audio: dict, batch_size: int, settings: dict, extra: list[WorkItem] = (), attempt: int = 1
+):
     """The ASR stage in this process over ``audio`` (+ ``extra`` items after the first two); its result, the
     transcripts of the items that succeeded, and the item ids in flight at each step."""
-    items = [WorkItem(id=name, inputs={"audio": str(path)}, output=str(tmp / f"{name}.json"), fingerprint="fp")
-             for name, path in audio.items()]
-    request = StageRequest(request_id="r", stage="asr", module="stages.asr", batch_size=batch_size, device="cpu",
-                           settings=stage_settings("asr", **settings),
-                           result_path=str(tmp / "res.json"), inflight_path=str(tmp / "inflight.json"),
-                           items=[*items[:2], *extra, *items[2:]], attempt=attempt)
+    items = [
+        WorkItem(id=name, inputs={"audio": str(path)}, output=str(tmp / f"{name}.json"), fingerprint="fp")
+        for name, path in audio.items()
+    ]
+    request = StageRequest(
+        request_id="r",
+        stage="asr",
+        module="stages.asr",
+        batch_size=batch_size,
+        device="cpu",
+        settings=stage_settings("asr", **settings),
+        result_path=str(tmp / "res.json"),
+        inflight_path=str(tmp / "inflight.json"),
+        items=[*items[:2], *extra, *items[2:]],
+        attempt=attempt,
+    )
     seen: list[list[str]] = []
     stage = AsrStage()
     write = stage._write_in_flight
@@ -207,17 +317,32 @@ def test_packed_batches_give_the_same_transcripts_as_one_input_at_a_time(tmp_pat
     (tmp_path / "packed").mkdir()
     _, alone, alone_seen = _run_several(tmp_path / "alone", several_audio, 4, pack=False)
     result, packed, packed_seen = _run_several(tmp_path / "packed", several_audio, 4, pack=True)
-    assert [r.id for r in result.items] == ["speech", "dialogue", "speech2", "stranger"]  # written as they finish
+    assert [r.id for r in result.items] == [
+        "speech",
+        "dialogue",
+        "speech2",
+        "stranger",
+    ]  # written as they finish
     for name in several_audio:
-        assert [(s.start, s.end) for s in packed[name].segments] == [(s.start, s.end) for s in alone[name].segments]
-        assert wer(" ".join(s.text for s in alone[name].segments), " ".join(s.text for s in packed[name].segments)) <= 0.02, name
+        assert [(s.start, s.end) for s in packed[name].segments] == [
+            (s.start, s.end) for s in alone[name].segments
+        ]
+        assert (
+            wer(
+                " ".join(s.text for s in alone[name].segments),
+                " ".join(s.text for s in packed[name].segments),
+            )
+            <= 0.02
+        ), name
     assert wer(SPEECH_TEXT, " ".join(s.text for s in packed["speech"].segments)) < MAX_WER
     # packing: some decoder batch held windows of two inputs; alone: never
     assert any(len(ids) > 1 for ids in packed_seen), packed_seen
     assert all(len(ids) == 1 for ids in alone_seen), alone_seen
 
 
-def test_word_timing_failing_for_one_input_spares_the_others_in_its_batch(tmp_path, several_audio, monkeypatch):
+def test_word_timing_failing_for_one_input_spares_the_others_in_its_batch(
+    tmp_path, several_audio, monkeypatch
+):
     """Windows of several inputs share a decoder batch: word timing failing for the windows of one input
     leaves those without words (the alignment stage times them) and every other window of the batch timed."""
     import stages.whisper_align
@@ -260,7 +385,9 @@ def test_one_input_whisperx_would_transcribe_the_same(several_audio):
 def test_an_unreadable_input_in_the_middle_fails_alone(tmp_path, several_audio):
     broken = tmp_path / "broken.audio.json"
     broken.write_text("{not json")
-    bad = WorkItem(id="broken", inputs={"audio": str(broken)}, output=str(tmp_path / "broken.json"), fingerprint="fp")
+    bad = WorkItem(
+        id="broken", inputs={"audio": str(broken)}, output=str(tmp_path / "broken.json"), fingerprint="fp"
+    )
     result, transcripts, _ = _run_several(tmp_path, several_audio, 8, pack=True, extra=[bad])
     by_id = {r.id: r for r in result.items}
     assert not by_id["broken"].ok and "upstream artifact unusable" in by_id["broken"].error
@@ -270,26 +397,40 @@ def test_an_unreadable_input_in_the_middle_fails_alone(tmp_path, several_audio):
 # -- cross-input joining (#27) ----------------------------------------------------------------------------
 
 #: what make_media.sh has espeak-ng say in each enrollment clip (one sentence each, in no dialogue)
-ENROLL_TEXT = {"host_enroll_1": "Welcome back. Today we talk about rivers and bridges.",
-               "host_enroll_2": "I grew up near the harbour, close to the boats.",
-               "guest_enroll_1": "My grandmother kept old maps in the attic."}
+ENROLL_TEXT = {
+    "host_enroll_1": "Welcome back. Today we talk about rivers and bridges.",
+    "host_enroll_2": "I grew up near the harbour, close to the boats.",
+    "guest_enroll_1": "My grandmother kept old maps in the attic.",
+}
 
 
 @pytest.fixture(scope="module")
 def distinct_clips(tmp_path_factory, media):
     """Eleven short inputs (2-6 s), each with its own sentences: the eight turns of the two dialogues cut at their
     RTTM times (two voices) and the three enrollment clips. Returns (audio.json by name, reference text by name)."""
-    import numpy as np
     import re
+
+    import numpy as np
 
     tmp = tmp_path_factory.mktemp("distinct")
     AUDIO.import_libraries()
 
     def decode(sources: dict) -> dict:
-        items = [WorkItem(id=k, inputs={"source": str(v)}, output=str(tmp / f"{k}.audio.json"), fingerprint="fp")
-                 for k, v in sources.items()]
-        result = AUDIO.run(StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1,
-                                        result_path=str(tmp / "r.json"), settings=stage_settings("audio"), items=items))
+        items = [
+            WorkItem(id=k, inputs={"source": str(v)}, output=str(tmp / f"{k}.audio.json"), fingerprint="fp")
+            for k, v in sources.items()
+        ]
+        result = AUDIO.run(
+            StageRequest(
+                request_id="a",
+                stage="audio",
+                module="stages.audio",
+                batch_size=1,
+                result_path=str(tmp / "r.json"),
+                settings=stage_settings("audio"),
+                items=items,
+            )
+        )
         assert all(r.ok for r in result.items), result.items
         return {k: tmp / f"{k}.audio.json" for k in sources}
 
@@ -301,15 +442,17 @@ def distinct_clips(tmp_path_factory, media):
         sentences = re.findall(r"[^.?!]+[.?!]", text)
         # the turns are the sentences in order; the first turn of host_guest holds two, as does a stranger's
         per_turn = {"host_guest": [2, 1, 1, 1], "host_stranger": [1, 2, 2, 2]}[dialogue]
-        for n, (turn, count) in enumerate(zip(turns, per_turn)):
+        for n, (turn, _count) in enumerate(zip(turns, per_turn)):
             start, length = float(turn[3]), float(turn[4])
-            piece = samples[max(0, int((start - 0.2) * 16000)):int((start + length + 0.2) * 16000)]
+            piece = samples[max(0, int((start - 0.2) * 16000)) : int((start + length + 0.2) * 16000)]
             name = f"{dialogue}_{n}"
             sources[name] = _wav(tmp / f"{name}.wav", piece)
-            texts[name] = " ".join(s.strip() for s in sentences[sum(per_turn[:n]):sum(per_turn[:n + 1])])
+            texts[name] = " ".join(s.strip() for s in sentences[sum(per_turn[:n]) : sum(per_turn[: n + 1])])
     for name, text in ENROLL_TEXT.items():
         sources[name], texts[name] = media / "speakers" / f"{name}.wav", text
-    assert normalise(" ".join(texts[f"host_guest_{n}"] for n in range(4))) == normalise(DIALOGUE_TEXT["host_guest"])
+    assert normalise(" ".join(texts[f"host_guest_{n}"] for n in range(4))) == normalise(
+        DIALOGUE_TEXT["host_guest"]
+    )
     return decode(sources), texts
 
 
@@ -322,7 +465,9 @@ def _run_clips(tmp, audio: dict, attempt: int = 1, **settings):
 def alone_and_joined(tmp_path_factory, distinct_clips):
     audio, _ = distinct_clips
     tmp = tmp_path_factory.mktemp("joining")
-    return _run_clips(tmp / "alone", audio, join_inputs=False), _run_clips(tmp / "joined", audio, join_inputs=True)
+    return _run_clips(tmp / "alone", audio, join_inputs=False), _run_clips(
+        tmp / "joined", audio, join_inputs=True
+    )
 
 
 def test_joined_windows_give_every_word_to_its_own_input_in_its_own_time(distinct_clips, alone_and_joined):
@@ -342,18 +487,31 @@ def test_joined_windows_give_every_word_to_its_own_input_in_its_own_time(distinc
         # the other inputs' words of four letters or more (a misheard "a" may come out as "the" anywhere) that
         # are neither in this input's sentences nor in what it is heard as alone
         heard_alone = set(normalise(" ".join(s.text for s in alone[name].segments)).split())
-        others = {w for k, v in vocab.items() if k != name for w in v if len(w) >= 4} - vocab[name] - heard_alone
+        others = (
+            {w for k, v in vocab.items() if k != name for w in v if len(w) >= 4} - vocab[name] - heard_alone
+        )
         transcript = joined[name]
         words = [w for s in transcript.segments for w in s.words]
         foreign = [w.word for w in words if set(normalise(w.word).split()) & others]
         assert not foreign, (name, foreign, [s.text for s in transcript.segments])
-        assert [(s.start, s.end) for s in transcript.segments] == [(s.start, s.end) for s in alone[name].segments]
+        assert [(s.start, s.end) for s in transcript.segments] == [
+            (s.start, s.end) for s in alone[name].segments
+        ]
         for seg in transcript.segments:
             assert " ".join(w.word for w in seg.words) == seg.text
-            assert all(seg.start <= w.start <= w.end <= seg.end <= transcript.duration_s + 0.5 for w in seg.words), (
-                name, seg.start, seg.end, transcript.duration_s, [(w.word, w.start, w.end) for w in seg.words])
+            assert all(
+                seg.start <= w.start <= w.end <= seg.end <= transcript.duration_s + 0.5 for w in seg.words
+            ), (
+                name,
+                seg.start,
+                seg.end,
+                transcript.duration_s,
+                [(w.word, w.start, w.end) for w in seg.words],
+            )
         theirs = [w for s in alone[name].segments for w in s.words]
-        if [w.word for w in words] == [w.word for w in theirs]:  # the same words: the same times, give or take
+        if [w.word for w in words] == [
+            w.word for w in theirs
+        ]:  # the same words: the same times, give or take
             gaps = sorted(abs(a.start - b.start) for a, b in zip(words, theirs))
             assert gaps[len(gaps) // 2] <= 0.1 and gaps[-1] <= 0.6, (name, gaps)
     refs = [normalise(texts[name]) for name in audio]
@@ -366,7 +524,8 @@ def test_joined_windows_give_every_word_to_its_own_input_in_its_own_time(distinc
 
 
 def test_a_joined_window_that_fails_is_decoded_input_by_input_and_only_the_culprit_fails(
-        tmp_path, distinct_clips, alone_and_joined, monkeypatch):
+    tmp_path, distinct_clips, alone_and_joined, monkeypatch
+):
     """A decoder batch that holds a poisonous input's speech fails (here: any batch with host_stranger_1 in it);
     the inputs of its joined windows are decoded again one by one, so host_stranger_1 fails alone and every
     other input gets the windows it gets alone."""
@@ -380,8 +539,16 @@ def test_a_joined_window_that_fails_is_decoded_input_by_input_and_only_the_culpr
         return generate(self, batch, temperature)
 
     monkeypatch.setattr(AsrStage, "_generate", poisoned)
-    some = {name: audio[name] for name in ["host_stranger_0", "host_stranger_1", "host_stranger_2", "host_enroll_1",
-                                           "guest_enroll_1"]}
+    some = {
+        name: audio[name]
+        for name in [
+            "host_stranger_0",
+            "host_stranger_1",
+            "host_stranger_2",
+            "host_enroll_1",
+            "guest_enroll_1",
+        ]
+    }
     result, transcripts, seen = _run_clips(tmp_path / "poison", some, join_inputs=True)
     by_id = {r.id: r for r in result.items}
     assert not by_id["host_stranger_1"].ok and "cannot take" in by_id["host_stranger_1"].error
@@ -389,7 +556,8 @@ def test_a_joined_window_that_fails_is_decoded_input_by_input_and_only_the_culpr
     assert set(transcripts) == set(some) - {"host_stranger_1"}
     for name, transcript in transcripts.items():
         assert [s.text for s in transcript.segments] and [(s.start, s.end) for s in transcript.segments] == [
-            (s.start, s.end) for s in alone[name].segments], name
+            (s.start, s.end) for s in alone[name].segments
+        ], name
 
 
 def test_a_respawned_child_joins_nothing(tmp_path, distinct_clips):
@@ -405,12 +573,14 @@ def test_a_respawned_child_joins_nothing(tmp_path, distinct_clips):
 # -- Whisper's repetition guard ----------------------------------------------------------------------------------
 
 
-def test_a_window_that_repeats_itself_is_decoded_again_at_rising_temperatures_reproducibly(tmp_path, audio_json,
-                                                                                           caplog):
+def test_a_window_that_repeats_itself_is_decoded_again_at_rising_temperatures_reproducibly(
+    tmp_path, audio_json, caplog
+):
     """With a guard no text can pass (compression ratio above 1.01), every window is decoded again by sampling at
     0.2, 0.4 ... 1.0 and keeps the least looped, else likeliest, decode (stages.speech.better_loop): the
     transcript stays as good as the greedy one, its words are timed for the text kept, and a second run gives the
     same text (the sampling is seeded)."""
+
     def run(name, threshold):
         (tmp_path / name).mkdir()
         result = AsrStage().run(_request(tmp_path / name, audio_json, compression_ratio_threshold=threshold))
@@ -426,7 +596,10 @@ def test_a_window_that_repeats_itself_is_decoded_again_at_rising_temperatures_re
         assert f"decoding it again at {temperature}" in said, said
     assert "at temperature 1.0; kept" in said
     assert [(s.start, s.end) for s in first] == [(s.start, s.end) for s in greedy]
-    assert wer(SPEECH_TEXT, " ".join(s.text for s in first)) <= wer(SPEECH_TEXT, " ".join(s.text for s in greedy)) + 0.05
+    assert (
+        wer(SPEECH_TEXT, " ".join(s.text for s in first))
+        <= wer(SPEECH_TEXT, " ".join(s.text for s in greedy)) + 0.05
+    )
     for mine in first:
         assert mine.words and " ".join(w.word for w in mine.words) == mine.text
     assert [s.text for s in again] == [s.text for s in first]

@@ -14,10 +14,16 @@ STAGE.import_libraries()
 
 def _run(tmp_path, sources: dict[str, str], **settings):
     request = StageRequest(
-        request_id="r", stage="audio", module="stages.audio", batch_size=1, result_path=str(tmp_path / "res.json"),
+        request_id="r",
+        stage="audio",
+        module="stages.audio",
+        batch_size=1,
+        result_path=str(tmp_path / "res.json"),
         settings=stage_settings("audio", **settings),
-        items=[WorkItem(id=k, inputs={"source": v}, output=str(tmp_path / k / "audio.json"), fingerprint="fp")
-               for k, v in sources.items()],
+        items=[
+            WorkItem(id=k, inputs={"source": v}, output=str(tmp_path / k / "audio.json"), fingerprint="fp")
+            for k, v in sources.items()
+        ],
     )
     return STAGE.run(request)
 
@@ -41,8 +47,10 @@ def test_mp4_and_wav_decode_to_the_same_speech(tmp_path, media):
     n = min(w.size, m.size) - 4000
     # AAC adds a small delay: align by cross-correlation over the first second
     lag = int(np.argmax(np.correlate(m[:20000], w[:16000], mode="valid")))
-    corr = np.corrcoef(w[:n - lag], m[lag:n])[0, 1]
-    assert art_info(tmp_path / "m").source_channels == 2 and art_info(tmp_path / "m").source_sample_rate == 44100
+    corr = np.corrcoef(w[: n - lag], m[lag:n])[0, 1]
+    assert (
+        art_info(tmp_path / "m").source_channels == 2 and art_info(tmp_path / "m").source_sample_rate == 44100
+    )
     assert corr > 0.9
 
 
@@ -69,7 +77,7 @@ def test_bad_media_fails_alone_with_a_clear_reason(tmp_path, media, name, reason
 
 def test_truncated_mp4_is_an_input_error(tmp_path, media):
     truncated = tmp_path / "truncated.mp4"
-    truncated.write_bytes((media / "speech.mp4").read_bytes()[: 30_000])
+    truncated.write_bytes((media / "speech.mp4").read_bytes()[:30_000])
     result = _run(tmp_path, {"t": str(truncated)})
     assert not result.items[0].ok and "media" in result.items[0].error
 
@@ -91,7 +99,7 @@ def damaged_mp4(path, media):
     data = bytearray((media / "speech.mp4").read_bytes())
     rng = random.Random(1)
     start = int(len(data) * 0.45)
-    data[start:start + 4000] = bytes(rng.randrange(256) for _ in range(4000))
+    data[start : start + 4000] = bytes(rng.randrange(256) for _ in range(4000))
     path.write_bytes(bytes(data))
     return path
 
@@ -103,7 +111,9 @@ def test_audio_damaged_part_way_is_kept_and_says_how_much_decoded(tmp_path, medi
     assert art.expected_duration_s == pytest.approx(10.8, abs=0.1)
     assert art.damage.startswith(f"decoded {art.duration_s:.1f} s of 10.8 s (") and art.duration_s < 8
     whole = _run(tmp_path / "w", {"w": str(media / "speech.mp4")})
-    assert whole.items[0].ok and load_artifact(tmp_path / "w" / "w" / "audio.json", AudioArtifact).damage is None
+    assert (
+        whole.items[0].ok and load_artifact(tmp_path / "w" / "w" / "audio.json", AudioArtifact).damage is None
+    )
 
 
 def test_damaged_audio_fails_when_asked(tmp_path, media):
@@ -121,9 +131,17 @@ def test_files_that_are_not_regular_files_fail_alone_without_being_opened(tmp_pa
     (tmp_path / "loop.mp4").symlink_to(tmp_path / "loop.mp4")
     (tmp_path / "dangling.mp4").symlink_to(tmp_path / "nowhere.mp4")
     try:
-        result = _run(tmp_path, {"fifo": str(tmp_path / "fifo.mp4"), "sock": str(tmp_path / "sock.mp4"),
-                                 "dev": "/dev/null", "loop": str(tmp_path / "loop.mp4"),
-                                 "dangling": str(tmp_path / "dangling.mp4"), "ok": str(media / "speech.wav")})
+        result = _run(
+            tmp_path,
+            {
+                "fifo": str(tmp_path / "fifo.mp4"),
+                "sock": str(tmp_path / "sock.mp4"),
+                "dev": "/dev/null",
+                "loop": str(tmp_path / "loop.mp4"),
+                "dangling": str(tmp_path / "dangling.mp4"),
+                "ok": str(media / "speech.wav"),
+            },
+        )
     finally:
         sock.close()
     errors = {r.id: r.error for r in result.items}
@@ -137,17 +155,24 @@ def test_files_that_are_not_regular_files_fail_alone_without_being_opened(tmp_pa
 
 # -- containers, tracks, files that point elsewhere, files that change (issues 12 and 16) -----------------
 
+
 def _aligned_corr(reference: np.ndarray, other: np.ndarray) -> float:
     """Correlation of two decodes of the same speech after removing the codec's delay (first second)."""
     lag = int(np.argmax(np.correlate(other[:24000], reference[:16000], mode="valid")))
     n = min(reference.size, other.size - lag) - 4000
-    return float(np.corrcoef(reference[:n], other[lag:lag + n])[0, 1])
+    return float(np.corrcoef(reference[:n], other[lag : lag + n])[0, 1])
 
 
 @pytest.mark.parametrize(
     ("name", "fmt", "codec"),
-    [("a.webm", "webm", "libopus"), ("a.ogg", "ogg", "libopus"),
-     ("a.flac", "flac", "flac"), ("a.m4a", "ipod", "aac"), ("a.mkv", "matroska", "mp3"), ("a.mp3", "mp3", "mp3")],
+    [
+        ("a.webm", "webm", "libopus"),
+        ("a.ogg", "ogg", "libopus"),
+        ("a.flac", "flac", "flac"),
+        ("a.m4a", "ipod", "aac"),
+        ("a.mkv", "matroska", "mp3"),
+        ("a.mp3", "mp3", "mp3"),
+    ],
 )
 def test_common_audio_containers_decode_to_the_same_speech(tmp_path, name, fmt, codec):
     from tests.fixtures.generate import encode, speech
@@ -170,8 +195,14 @@ def test_the_default_audio_track_is_decoded_and_recorded(tmp_path):
     result = _run(tmp_path, {"m": str(marked), "u": str(unmarked)})
     assert all(r.ok for r in result.items), result.items
     m, u = art_info(tmp_path / "m"), art_info(tmp_path / "u")
-    assert (m.source_stream, m.audio_streams) == (1, 2) and m.track == "2 audio tracks: decoded stream 1 (marked default)"
-    assert (u.source_stream, u.audio_streams) == (0, 2) and u.track == "2 audio tracks: decoded stream 0 (the first)"
+    assert (m.source_stream, m.audio_streams) == (
+        1,
+        2,
+    ) and m.track == "2 audio tracks: decoded stream 1 (marked default)"
+    assert (u.source_stream, u.audio_streams) == (
+        0,
+        2,
+    ) and u.track == "2 audio tracks: decoded stream 0 (the first)"
     for directory in ("m", "u"):  # the speech, not the hum, in both
         assert _aligned_corr(voice, np.load(tmp_path / directory / "audio.npy")) > 0.9
     single = _run(tmp_path / "s", {"s": str(encode(tmp_path / "one.mkv", [voice], "matroska", "libopus"))})
@@ -188,7 +219,9 @@ def test_playlists_and_concat_lists_are_refused_without_reading_what_they_name(t
     finally:
         server.close()
     errors = {r.id: r.error for r in result.items}
-    assert errors["hls-file"].startswith("not a readable media file (an HLS/M3U playlist: it points at other files")
+    assert errors["hls-file"].startswith(
+        "not a readable media file (an HLS/M3U playlist: it points at other files"
+    )
     assert errors["hls-url"].startswith("not a readable media file (an HLS/M3U playlist")
     assert errors["concat"].startswith("not a readable media file (an FFmpeg concat list")
     assert server.hits == [], "the URL a playlist names is never fetched"
@@ -202,17 +235,29 @@ def test_a_source_that_changed_since_planning_is_refused_with_what_changed(tmp_p
     st = source.stat()
     planned = SourceVersion(size=st.st_size, mtime_ns=st.st_mtime_ns)
     request = StageRequest(
-        request_id="r", stage="audio", module="stages.audio", batch_size=1, result_path=str(tmp_path / "res.json"),
+        request_id="r",
+        stage="audio",
+        module="stages.audio",
+        batch_size=1,
+        result_path=str(tmp_path / "res.json"),
         settings=stage_settings("audio"),
-        items=[WorkItem(id="t", inputs={"source": str(source)}, output=str(tmp_path / "t" / "audio.json"),
-                        fingerprint="fp", source_version=planned)],
+        items=[
+            WorkItem(
+                id="t",
+                inputs={"source": str(source)},
+                output=str(tmp_path / "t" / "audio.json"),
+                fingerprint="fp",
+                source_version=planned,
+            )
+        ],
     )
     assert STAGE.run(request).items[0].ok, "unchanged: decoded"
     with open(source, "ab") as fh:
         fh.write(b"\0" * 3200)
     item = STAGE.run(request).items[0]
     assert not item.ok and item.error.startswith(
-        f"source changed since the run was planned (size {st.st_size} -> {st.st_size + 3200} bytes)")
+        f"source changed since the run was planned (size {st.st_size} -> {st.st_size + 3200} bytes)"
+    )
 
 
 def test_a_folder_swapped_for_a_link_out_of_the_roots_is_refused_where_the_file_is_opened(tmp_path, media):
@@ -226,8 +271,11 @@ def test_a_folder_swapped_for_a_link_out_of_the_roots_is_refused_where_the_file_
     shutil.copy(media / "speech.wav", root / "talks" / "talk.wav")
     shutil.copy(media / "speech.wav", outside / "talk.wav")
     os.symlink(root / "talks" / "talk.wav", tmp_path / "link.wav")  # how the parent hands over odd names
-    ok = _run(tmp_path / "before", {"a": str(root / "talks" / "talk.wav"), "l": str(tmp_path / "link.wav")},
-              roots=[str(root)])
+    ok = _run(
+        tmp_path / "before",
+        {"a": str(root / "talks" / "talk.wav"), "l": str(tmp_path / "link.wav")},
+        roots=[str(root)],
+    )
     assert [i.ok for i in ok.items] == [True, True], ok.items
     # When its folder is replaced by a symbolic link to a folder outside the root before the child opens it
     shutil.rmtree(root / "talks")

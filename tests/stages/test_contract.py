@@ -21,9 +21,15 @@ from contracts import (
 from orchestrator import Orchestrator, Settings
 from stages.base import Stage
 
-STAGE_MODULES = {"audio": "stages.audio", "asr": "stages.asr", "diarization": "stages.diarization",
-                 "enrollment": "stages.enrollment", "alignment": "stages.alignment", "embeddings": "stages.embeddings",
-                 "voice_profile": "stages.voice_profile"}
+STAGE_MODULES = {
+    "audio": "stages.audio",
+    "asr": "stages.asr",
+    "diarization": "stages.diarization",
+    "enrollment": "stages.enrollment",
+    "alignment": "stages.alignment",
+    "embeddings": "stages.embeddings",
+    "voice_profile": "stages.voice_profile",
+}
 
 
 @pytest.mark.parametrize(("name", "module"), STAGE_MODULES.items())
@@ -45,9 +51,18 @@ def test_pipeline_chains_outputs_to_inputs(tmp_path):
     specs = Orchestrator(Settings(profiles_dir=tmp_path)).stage_specs()
     assert [s.name for s in specs] == ["audio", "asr", "diarization", "enrollment", "alignment", "embeddings"]
     stages = [import_module(s.module).STAGE for s in specs]
-    assert [s.output for s in specs] == [st.output for st in stages] == [
-        AudioArtifact, TranscriptArtifact, DiarizationArtifact, SpeakerEmbeddingsArtifact, TranscriptArtifact,
-        EmbeddingsArtifact]
+    assert (
+        [s.output for s in specs]
+        == [st.output for st in stages]
+        == [
+            AudioArtifact,
+            TranscriptArtifact,
+            DiarizationArtifact,
+            SpeakerEmbeddingsArtifact,
+            TranscriptArtifact,
+            EmbeddingsArtifact,
+        ]
+    )
     produced = {}
     for index, (spec, stage) in enumerate(zip(specs, stages)):
         keys = spec.inputs if spec.inputs is not None else ((specs[index - 1].kind,) if index else ())
@@ -61,7 +76,9 @@ def test_pipeline_chains_outputs_to_inputs(tmp_path):
 def test_speaker_stages_follow_the_settings(tmp_path):
     names = lambda **kw: [s.name for s in Orchestrator(Settings(**kw)).stage_specs()]  # noqa: E731
     assert names(speakers=False) == ["audio", "asr", "alignment", "embeddings"]
-    assert names() == ["audio", "asr", "diarization", "alignment", "embeddings"], "no profiles: nothing to match"
+    assert names() == ["audio", "asr", "diarization", "alignment", "embeddings"], (
+        "no profiles: nothing to match"
+    )
     (tmp_path / "Host.json").write_text("{}")
     assert "enrollment" in names(profiles_dir=tmp_path)
     assert "enrollment" not in names(profiles_dir=tmp_path, skip_voice_embeddings=True)

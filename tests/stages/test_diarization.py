@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from contracts import AudioArtifact, DiarizationArtifact, StageRequest, WorkItem, load_artifact
+from contracts import DiarizationArtifact, StageRequest, WorkItem, load_artifact
 from stages.audio import AudioStage
 from stages.diarization import DiarizationStage, cluster, relabel
 from tests.conftest import MEDIA, stage_settings
@@ -37,16 +37,31 @@ def hypothesis(art: DiarizationArtifact):
 
 
 def request(tmp_path, stage: str, items, **settings) -> StageRequest:
-    return StageRequest(request_id=f"r-{stage}", stage=stage, module=f"stages.{stage}", items=items, batch_size=4,
-                        device="cpu", settings=stage_settings(stage, **settings), result_path=str(tmp_path / f"{stage}-result.json"))
+    return StageRequest(
+        request_id=f"r-{stage}",
+        stage=stage,
+        module=f"stages.{stage}",
+        items=items,
+        batch_size=4,
+        device="cpu",
+        settings=stage_settings(stage, **settings),
+        result_path=str(tmp_path / f"{stage}-result.json"),
+    )
 
 
 @pytest.fixture(scope="module")
 def audio_dir(tmp_path_factory):
     """The dialogues decoded by the real audio stage."""
     tmp = tmp_path_factory.mktemp("audio")
-    items = [WorkItem(id=n, inputs={"source": str(SPEAKERS / f"{n}.mp4")}, output=str(tmp / n / "audio.json"),
-                      fingerprint="fp") for n in DIALOGUES]
+    items = [
+        WorkItem(
+            id=n,
+            inputs={"source": str(SPEAKERS / f"{n}.mp4")},
+            output=str(tmp / n / "audio.json"),
+            fingerprint="fp",
+        )
+        for n in DIALOGUES
+    ]
     assert all(r.ok for r in AudioStage().run(request(tmp, "audio", items)).items)
     return tmp
 
@@ -59,12 +74,25 @@ def diarized(audio_dir):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         infer = EmbeddedDiarizer.infer
-        mp.setattr(EmbeddedDiarizer, "infer", lambda self, chunks: SEGMENTED.append(len(chunks)) or infer(self, chunks))
-        items = [WorkItem(id=n, inputs={"audio": str(audio_dir / n / "audio.json")},
-                          output=str(audio_dir / n / "diarization.json"), fingerprint="fp-d") for n in DIALOGUES]
+        mp.setattr(
+            EmbeddedDiarizer,
+            "infer",
+            lambda self, chunks: SEGMENTED.append(len(chunks)) or infer(self, chunks),
+        )
+        items = [
+            WorkItem(
+                id=n,
+                inputs={"audio": str(audio_dir / n / "audio.json")},
+                output=str(audio_dir / n / "diarization.json"),
+                fingerprint="fp-d",
+            )
+            for n in DIALOGUES
+        ]
         result = DiarizationStage().run(request(audio_dir, "diarization", items, model="auto"))
     assert all(r.ok for r in result.items), result.items
-    return {n: load_artifact(audio_dir / n / "diarization.json", DiarizationArtifact) for n in DIALOGUES}, result
+    return {
+        n: load_artifact(audio_dir / n / "diarization.json", DiarizationArtifact) for n in DIALOGUES
+    }, result
 
 
 #: the size of each segmentation batch of the ``diarized`` run (the real model's forward calls, recorded)
@@ -89,8 +117,15 @@ def test_each_speaker_s_voice_is_kept_and_one_voice_matches_across_dialogues(dia
         assert set(art.voices) == set(art.speakers) and art.voice_encoder.startswith("campplus:")
     hg, hs = (arts[n].voices for n in DIALOGUES)
     same = float(np.dot(hg["SPEAKER_00"], hs["SPEAKER_00"]))
-    assert same > 0.7 and same > max(float(np.dot(hg["SPEAKER_00"], hs["SPEAKER_01"])),
-                                     float(np.dot(hg["SPEAKER_01"], hs["SPEAKER_00"]))) + 0.2
+    assert (
+        same > 0.7
+        and same
+        > max(
+            float(np.dot(hg["SPEAKER_00"], hs["SPEAKER_01"])),
+            float(np.dot(hg["SPEAKER_01"], hs["SPEAKER_00"])),
+        )
+        + 0.2
+    )
 
 
 def test_three_voices_in_one_recording_are_three_speakers(diarized, audio_dir):
@@ -107,8 +142,18 @@ def test_three_voices_in_one_recording_are_three_speakers(diarized, audio_dir):
     for seg, _, label in reference(DIALOGUES[1]).itertracks(yield_label=True):
         ref[Segment(seg.start + offset, seg.end + offset)] = label
     turns = relabel(EmbeddedDiarizer("cpu", None, 4)(np.concatenate(parts)))
-    hyp = hypothesis(DiarizationArtifact(item_id="joined", fingerprint="fp", source="x", turns=turns, model="m",
-                                         requested_model="embedded", device="cpu", duration_s=40.0))
+    hyp = hypothesis(
+        DiarizationArtifact(
+            item_id="joined",
+            fingerprint="fp",
+            source="x",
+            turns=turns,
+            model="m",
+            requested_model="embedded",
+            device="cpu",
+            duration_s=40.0,
+        )
+    )
     assert len({t.speaker for t in turns}) == 3
     assert DiarizationErrorRate(collar=0.0)(ref, hyp) < MAX_DER
 
@@ -123,8 +168,12 @@ def test_offline_auto_falls_back_to_the_embedded_diarizer_and_says_why(diarized)
 
 def test_max_speakers_bounds_the_number_of_speakers(audio_dir, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    item = WorkItem(id="hg", inputs={"audio": str(audio_dir / "host_guest" / "audio.json")},
-                    output=str(audio_dir / "one.json"), fingerprint="fp")
+    item = WorkItem(
+        id="hg",
+        inputs={"audio": str(audio_dir / "host_guest" / "audio.json")},
+        output=str(audio_dir / "one.json"),
+        fingerprint="fp",
+    )
     DiarizationStage().run(request(audio_dir, "diarization", [item], model="embedded", max_speakers=1))
     art = load_artifact(audio_dir / "one.json", DiarizationArtifact)
     assert art.speakers == ["SPEAKER_00"] and art.max_speakers == 1 and art.fallback_reason is None
@@ -134,7 +183,10 @@ def test_max_speakers_bounds_the_number_of_speakers(audio_dir, monkeypatch):
 def test_cluster_cuts_by_distance_and_respects_bounds():
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=16), rng.normal(size=16)
-    emb = np.stack([a + 0.05 * rng.normal(size=16) for _ in range(3)] + [b + 0.05 * rng.normal(size=16) for _ in range(3)])
+    emb = np.stack(
+        [a + 0.05 * rng.normal(size=16) for _ in range(3)]
+        + [b + 0.05 * rng.normal(size=16) for _ in range(3)]
+    )
     emb /= np.linalg.norm(emb, axis=1, keepdims=True)
     labels = cluster(emb)
     assert len(set(labels)) == 2 and len(set(labels[:3])) == 1 and labels[0] != labels[3]
@@ -144,7 +196,11 @@ def test_cluster_cuts_by_distance_and_respects_bounds():
 
 def test_relabel_names_speakers_in_order_of_appearance():
     turns = relabel([(5.0, 6.0, "A"), (0.0, 1.0, "B"), (2.0, 3.0, "A")])
-    assert [(t.start, t.speaker) for t in turns] == [(0.0, "SPEAKER_00"), (2.0, "SPEAKER_01"), (5.0, "SPEAKER_01")]
+    assert [(t.start, t.speaker) for t in turns] == [
+        (0.0, "SPEAKER_00"),
+        (2.0, "SPEAKER_01"),
+        (5.0, "SPEAKER_01"),
+    ]
 
 
 def test_inputs_sharing_batches_get_the_turns_they_get_alone(diarized, audio_dir, monkeypatch):
@@ -154,19 +210,28 @@ def test_inputs_sharing_batches_get_the_turns_they_get_alone(diarized, audio_dir
     packed, _ = diarized
     from stages.diarization import STEP_S
 
-    windows = [int(np.ceil(max(0.0, np.load(audio_dir / n / "audio.npy").size / 16000 - 10) / STEP_S)) + 1
-               for n in DIALOGUES]
+    windows = [
+        int(np.ceil(max(0.0, np.load(audio_dir / n / "audio.npy").size / 16000 - 10) / STEP_S)) + 1
+        for n in DIALOGUES
+    ]
     assert all(w % 4 for w in windows), windows  # alone, each input ends with a batch of less than 4
-    assert SEGMENTED == [4] * (sum(windows) // 4) + ([sum(windows) % 4] if sum(windows) % 4 else []), \
-        (SEGMENTED, windows)
+    assert SEGMENTED == [4] * (sum(windows) // 4) + ([sum(windows) % 4] if sum(windows) % 4 else []), (
+        SEGMENTED,
+        windows,
+    )
     stage = DiarizationStage()
     for n in DIALOGUES:
-        item = WorkItem(id=n, inputs={"audio": str(audio_dir / n / "audio.json")},
-                        output=str(audio_dir / n / "alone.json"), fingerprint="fp-d")
+        item = WorkItem(
+            id=n,
+            inputs={"audio": str(audio_dir / n / "audio.json")},
+            output=str(audio_dir / n / "alone.json"),
+            fingerprint="fp-d",
+        )
         assert stage.run(request(audio_dir, "diarization", [item], model="auto")).items[0].ok
         alone = load_artifact(audio_dir / n / "alone.json", DiarizationArtifact)
-        assert [(t.start, t.end, t.speaker) for t in alone.turns] == \
-            [(t.start, t.end, t.speaker) for t in packed[n].turns], n
+        assert [(t.start, t.end, t.speaker) for t in alone.turns] == [
+            (t.start, t.end, t.speaker) for t in packed[n].turns
+        ], n
 
 
 def test_onnx_runtime_gives_the_turns_torch_gives(diarized, audio_dir, monkeypatch, caplog):
@@ -176,17 +241,29 @@ def test_onnx_runtime_gives_the_turns_torch_gives(diarized, audio_dir, monkeypat
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     packed, _ = diarized
-    items = [WorkItem(id=n, inputs={"audio": str(audio_dir / n / "audio.json")},
-                      output=str(audio_dir / n / "torch.json"), fingerprint="fp-t") for n in DIALOGUES]
+    items = [
+        WorkItem(
+            id=n,
+            inputs={"audio": str(audio_dir / n / "audio.json")},
+            output=str(audio_dir / n / "torch.json"),
+            fingerprint="fp-t",
+        )
+        for n in DIALOGUES
+    ]
     stage = DiarizationStage()
     with caplog.at_level(logging.INFO, logger="stages.diarization"):
-        assert all(r.ok for r in stage.run(request(audio_dir, "diarization", items, model="embedded",
-                                                   runtime="torch")).items)
+        assert all(
+            r.ok
+            for r in stage.run(
+                request(audio_dir, "diarization", items, model="embedded", runtime="torch")
+            ).items
+        )
     assert "runs segmentation torch, embeddings torch" in caplog.text
     for n in DIALOGUES:
         on_torch = load_artifact(audio_dir / n / "torch.json", DiarizationArtifact)
-        assert [(t.start, t.end, t.speaker) for t in on_torch.turns] == \
-            [(t.start, t.end, t.speaker) for t in packed[n].turns], n
+        assert [(t.start, t.end, t.speaker) for t in on_torch.turns] == [
+            (t.start, t.end, t.speaker) for t in packed[n].turns
+        ], n
     from stages.diarization import EmbeddedDiarizer
 
     # the default runtime (the fixture's): both models in ONNX Runtime
@@ -198,6 +275,11 @@ def test_the_runtime_is_not_part_of_the_artifacts_identity():
     from contracts.stage_settings import DiarizationSettings
 
     common = dict(model="embedded", min_speakers=None, max_speakers=None, weights_dir=None)
-    assert DiarizationSettings(runtime="torch", **common).identity() == DiarizationSettings(runtime="onnx", **common).identity()
-    assert DiarizationSettings(runtime="torch", **common).identity() != \
-        DiarizationSettings(runtime="torch", **{**common, "max_speakers": 2}).identity()
+    assert (
+        DiarizationSettings(runtime="torch", **common).identity()
+        == DiarizationSettings(runtime="onnx", **common).identity()
+    )
+    assert (
+        DiarizationSettings(runtime="torch", **common).identity()
+        != DiarizationSettings(runtime="torch", **{**common, "max_speakers": 2}).identity()
+    )

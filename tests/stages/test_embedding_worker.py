@@ -1,4 +1,5 @@
-"""The embedding worker's side of the pipe: Ready, one Embedded per task, token counts, stop; a bad model fails to start."""
+"""The embedding worker's side of the pipe: Ready, one Embedded per task, token counts, stop; a bad model
+fails to start."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import multiprocess
 import numpy as np
 import pytest
 
-from contracts.worker import FROM_WORKER, TO_WORKER, EmbedTask, Embedded, Ready, StartFailed, StopWorker, WorkerConfig
+from contracts.worker import (
+    FROM_WORKER,
+    TO_WORKER,
+    Embedded,
+    EmbedTask,
+    Ready,
+    StartFailed,
+    StopWorker,
+    WorkerConfig,
+)
 from stages.embedding_worker import serve
 
 pytestmark = pytest.mark.slow
@@ -52,6 +62,8 @@ def test_an_unavailable_model_without_fallback_says_start_failed(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     conn, thread, codes = _serve_in_thread(WorkerConfig(name="embed-test", profile="speed", fallback=False))
     failed = FROM_WORKER.validate_python(conn.recv())
-    assert isinstance(failed, StartFailed) and failed.reason == "unavailable" and "bge-small" in failed.message
+    assert (
+        isinstance(failed, StartFailed) and failed.reason == "unavailable" and "bge-small" in failed.message
+    )
     thread.join(30)
     assert codes == [1]

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from contracts import EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem, load_artifact, save_model
+from contracts import (
+    EmbeddingsArtifact,
+    StageRequest,
+    TranscriptArtifact,
+    WorkItem,
+    load_artifact,
+    save_model,
+)
 from contracts.errors import ModelUnavailableError
 from stages.embeddings import PROFILES, EmbeddingsStage, embedded_model_path, resolve_model
 from tests.conftest import stage_settings
@@ -24,19 +31,38 @@ def _offline(monkeypatch):
 @pytest.fixture()
 def transcript_json(tmp_path):
     art = TranscriptArtifact(
-        item_id="t", fingerprint="fp", source="/x.mp4", language="en",
+        item_id="t",
+        fingerprint="fp",
+        source="/x.mp4",
+        language="en",
         segments=[{"id": i, "start": float(i), "end": i + 0.5, "text": t} for i, t in enumerate(TEXTS)],
-        model="m", requested_model="embedded", device="cpu", compute_type="int8", batch_size=1, duration_s=5.0,
+        model="m",
+        requested_model="embedded",
+        device="cpu",
+        compute_type="int8",
+        batch_size=1,
+        duration_s=5.0,
     )
     return save_model(art, tmp_path / "transcript.json")
 
 
 def _request(tmp_path, transcript_json, batch_size=2, **settings) -> StageRequest:
     return StageRequest(
-        request_id="r", stage="embeddings", module="stages.embeddings", batch_size=batch_size, device="cpu",
-        settings=stage_settings("embeddings", **settings), result_path=str(tmp_path / "res.json"),
-        items=[WorkItem(id="t", inputs={"transcript": str(transcript_json)}, output=str(tmp_path / "embeddings.json"),
-                        fingerprint="fp-emb")],
+        request_id="r",
+        stage="embeddings",
+        module="stages.embeddings",
+        batch_size=batch_size,
+        device="cpu",
+        settings=stage_settings("embeddings", **settings),
+        result_path=str(tmp_path / "res.json"),
+        items=[
+            WorkItem(
+                id="t",
+                inputs={"transcript": str(transcript_json)},
+                output=str(tmp_path / "embeddings.json"),
+                fingerprint="fp-emb",
+            )
+        ],
     )
 
 
@@ -63,7 +89,9 @@ def test_vectors_equal_plain_sentence_transformers_encode_and_are_unit_norm(tmp_
     art = load_artifact(tmp_path / "embeddings.json", EmbeddingsArtifact)
     vectors = np.load(tmp_path / art.sidecar)
     assert vectors.shape == (len(TEXTS), 384) == (art.count, art.dimension) and art.fallback_reason is None
-    expected = SentenceTransformer(str(embedded_model_path()), device="cpu").encode(TEXTS, normalize_embeddings=True)
+    expected = SentenceTransformer(str(embedded_model_path()), device="cpu").encode(
+        TEXTS, normalize_embeddings=True
+    )
     np.testing.assert_allclose(vectors, expected, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
 
@@ -75,26 +103,65 @@ def test_without_fallback_an_unavailable_model_is_an_error(tmp_path, transcript_
 
 def test_texts_of_several_inputs_share_one_stream_and_are_split_back(tmp_path, reference_model):
     """Cross-input packing (#14): four transcripts (one without segments, one unreadable) in one request."""
-    texts = {"a": TEXTS, "b": [], "c": ["A much longer sentence about rivers, bridges and the people who cross "
-                                         "them every single morning.", "Short."], "d": ["Yes, hello."] * 5}
+    texts = {
+        "a": TEXTS,
+        "b": [],
+        "c": [
+            "A much longer sentence about rivers, bridges and the people who cross "
+            "them every single morning.",
+            "Short.",
+        ],
+        "d": ["Yes, hello."] * 5,
+    }
     items, seen = [], []
     for name, lines in texts.items():
         art = TranscriptArtifact(
-            item_id=name, fingerprint="fp", source=f"/{name}.mp4", language="en",
+            item_id=name,
+            fingerprint="fp",
+            source=f"/{name}.mp4",
+            language="en",
             segments=[{"id": i, "start": float(i), "end": i + 0.5, "text": t} for i, t in enumerate(lines)],
-            model="m", requested_model="embedded", device="cpu", compute_type="int8", batch_size=1, duration_s=5.0)
-        items.append(WorkItem(id=name, inputs={"transcript": str(save_model(art, tmp_path / f"{name}.t.json"))},
-                              output=str(tmp_path / f"{name}.json"), fingerprint="fp"))
+            model="m",
+            requested_model="embedded",
+            device="cpu",
+            compute_type="int8",
+            batch_size=1,
+            duration_s=5.0,
+        )
+        items.append(
+            WorkItem(
+                id=name,
+                inputs={"transcript": str(save_model(art, tmp_path / f"{name}.t.json"))},
+                output=str(tmp_path / f"{name}.json"),
+                fingerprint="fp",
+            )
+        )
     (tmp_path / "broken.t.json").write_text("{}")
-    items.insert(2, WorkItem(id="broken", inputs={"transcript": str(tmp_path / "broken.t.json")},
-                             output=str(tmp_path / "broken.json"), fingerprint="fp"))
+    items.insert(
+        2,
+        WorkItem(
+            id="broken",
+            inputs={"transcript": str(tmp_path / "broken.t.json")},
+            output=str(tmp_path / "broken.json"),
+            fingerprint="fp",
+        ),
+    )
     stage = EmbeddingsStage()
     write = stage._write_in_flight
     stage._write_in_flight = lambda req, in_flight: (seen.append(in_flight.ids), write(req, in_flight))
-    result = stage.run(StageRequest(request_id="r", stage="embeddings", module="stages.embeddings", batch_size=4,
-                                    device="cpu", settings=stage_settings("embeddings", profile="embedded"),
-                                    result_path=str(tmp_path / "res.json"), inflight_path=str(tmp_path / "in.json"),
-                                    items=items))
+    result = stage.run(
+        StageRequest(
+            request_id="r",
+            stage="embeddings",
+            module="stages.embeddings",
+            batch_size=4,
+            device="cpu",
+            settings=stage_settings("embeddings", profile="embedded"),
+            result_path=str(tmp_path / "res.json"),
+            inflight_path=str(tmp_path / "in.json"),
+            items=items,
+        )
+    )
     by_id = {r.id: r for r in result.items}
     assert not by_id["broken"].ok and "upstream artifact unusable" in by_id["broken"].error
     assert ["a", "b", "c", "d"] in seen, seen  # one encode stream for the four readable inputs
@@ -104,4 +171,6 @@ def test_texts_of_several_inputs_share_one_stream_and_are_split_back(tmp_path, r
         vectors = np.load(tmp_path / art.sidecar)
         assert vectors.shape == (len(lines), 384) == (art.count, art.dimension)
         if lines:
-            np.testing.assert_allclose(vectors, reference_model.encode(lines, normalize_embeddings=True), atol=1e-5)
+            np.testing.assert_allclose(
+                vectors, reference_model.encode(lines, normalize_embeddings=True), atol=1e-5
+            )

@@ -15,9 +15,24 @@ import pytest
 from tests.conftest import ROOT
 
 #: libraries that take a second or more to import here
-HEAVY = ("torch", "torchaudio", "pyannote", "whisperx", "faster_whisper", "ctranslate2", "speechbrain",
-         "transformers", "sentence_transformers", "scipy", "sklearn", "pandas", "lightning", "pytorch_lightning",
-         "nltk", "onnxruntime")
+HEAVY = (
+    "torch",
+    "torchaudio",
+    "pyannote",
+    "whisperx",
+    "faster_whisper",
+    "ctranslate2",
+    "speechbrain",
+    "transformers",
+    "sentence_transformers",
+    "scipy",
+    "sklearn",
+    "pandas",
+    "lightning",
+    "pytorch_lightning",
+    "nltk",
+    "onnxruntime",
+)
 
 #: a fresh process per stage, as a warm child is: an earlier stage's imports would hide a later one's
 PROBE = r"""
@@ -46,9 +61,14 @@ print(json.dumps({"model": model, "late": sorted(late - before)}))
 
 @pytest.mark.parametrize("stage", ["asr", "diarization", "embeddings"])  # alignment loads no model offline
 def test_loading_a_model_imports_nothing_heavy_that_the_warm_start_left_out(tmp_path, stage):
-    done = subprocess.run([sys.executable, "-c", PROBE, stage, ",".join(HEAVY), str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, stage, ",".join(HEAVY), str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     probe = json.loads(done.stdout.splitlines()[-1])
     assert probe["model"], probe  # the stage did load its model

@@ -53,10 +53,14 @@ def test_dropped_parts_close_up():
 
 def test_words_go_to_the_part_they_start_in_clamped_and_in_its_own_time():
     spans = [(0.0, 4.0), (5.0, 9.0), (10.0, 12.0)]  # three inputs, 1 s gaps
-    words = [Word(word="one", start=0.2, end=1.0), Word(word="two", start=3.6, end=5.2),  # ends in the next part
-             Word(word="three", start=4.6, end=5.5),  # starts in the gap, past its middle: the second's
-             Word(word="four", start=5.4, end=6.0), Word(word="five", start=9.6, end=10.8),
-             Word(word="six", start=10.1, end=13.0)]
+    words = [
+        Word(word="one", start=0.2, end=1.0),
+        Word(word="two", start=3.6, end=5.2),  # ends in the next part
+        Word(word="three", start=4.6, end=5.5),  # starts in the gap, past its middle: the second's
+        Word(word="four", start=5.4, end=6.0),
+        Word(word="five", start=9.6, end=10.8),
+        Word(word="six", start=10.1, end=13.0),
+    ]
     first, second, third = split_words(words, spans)
     assert [(w.word, w.start, w.end) for w in first] == [("one", 0.2, 1.0), ("two", 3.6, 4.0)]
     assert [(w.word, w.start, w.end) for w in second] == [("three", 0.0, 0.5), ("four", 0.4, 1.0)]

@@ -18,7 +18,10 @@ class OutOfMemoryError(RuntimeError):
         OutOfMemoryError("CUDA out of memory. Tried to allocate 7.50 GiB"),
         RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB (GPU 0; 14.75 GiB total capacity)"),
         RuntimeError("cuDNN error: CUDNN_STATUS_NOT_ENOUGH_MEMORY"),
-        RuntimeError("[enforce fail at alloc_cpu.cpp:124] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 17179869184 bytes"),
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:124] data. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 17179869184 bytes"
+        ),
         RuntimeError("CUDA failed with error out of memory"),  # CTranslate2
     ],
 )
@@ -41,11 +44,14 @@ def test_other_errors_are_not_oom(exc):
     assert not is_oom(exc)
 
 
-@pytest.mark.parametrize("exc", [
-    __import__("contracts").InputError("decoder: out of memory while reading frame 12"),
-    ValueError("the file says: out of memory"),
-    type("DecoderError", (RuntimeError,), {})("av: out of memory"),
-])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        __import__("contracts").InputError("decoder: out of memory while reading frame 12"),
+        ValueError("the file says: out of memory"),
+        type("DecoderError", (RuntimeError,), {})("av: out of memory"),
+    ],
+)
 def test_an_input_whose_error_merely_says_out_of_memory_is_not_oom(exc):
     assert not is_oom(exc)
 
@@ -89,7 +95,9 @@ def test_the_keep_heap_reuses_freed_memory_instead_of_faulting_in_fresh_pages(po
     import sys
 
     # a fresh process each: the policy holds for the whole process
-    out = subprocess.run([sys.executable, "-c", HEAP_PROBE, policy], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", HEAP_PROBE, policy], capture_output=True, text=True, check=True
+    )
     applied, *faults = out.stdout.split()
     later = sum(map(int, faults[1:]))
     pages = 4 * (64 << 20) // 4096

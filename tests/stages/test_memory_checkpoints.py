@@ -20,11 +20,17 @@ from tests.conftest import MEDIA, ROOT
 from tests.fixtures.stages import PICKY
 
 
-
 def test_gpu_line_matches_the_seed_format_exactly():
     # Given torch's numbers for a 24 GiB card with 7.23 GiB allocated (seed 000's "Before Whisper Cleanup")
-    cp = MemoryCheckpoint(point="model loaded", t=0.0, kind="gpu", allocated_mb=7.23 * GIB, reserved_mb=8.5 * GIB,
-                          free_mb=15.1 * GIB, total_mb=24 * GIB)
+    cp = MemoryCheckpoint(
+        point="model loaded",
+        t=0.0,
+        kind="gpu",
+        allocated_mb=7.23 * GIB,
+        reserved_mb=8.5 * GIB,
+        free_mb=15.1 * GIB,
+        total_mb=24 * GIB,
+    )
     # Then the line is the one users grep for
     assert format_checkpoint("asr", cp) == (
         "[GPU Memory] asr model loaded: Allocated: 7.23GB (30.1%) | Reserved: 8.50GB (35.4%) | "
@@ -39,17 +45,24 @@ def test_cpu_line_says_it_is_rss_not_vram():
     )
 
 
-@pytest.mark.parametrize(("pct", "expected"), [
-    (10.0, None), (70.0, None), (70.1, "NOTICE"), (85.0, "NOTICE"), (85.1, "WARNING"), (99.9, "WARNING"),
-])
+@pytest.mark.parametrize(
+    ("pct", "expected"),
+    [(10.0, None), (70.0, None), (70.1, "NOTICE"), (85.0, "NOTICE"), (85.1, "WARNING"), (99.9, "WARNING")],
+)
 def test_thresholds_are_strictly_above_70_and_85(pct, expected):
     got = pressure(pct)
     assert (got[1].split(":")[0] if got else None) == expected
     if expected == "WARNING":
-        assert got == (logging.WARNING, f"WARNING: GPU memory usage is critically high ({pct:.1f}%). "
-                                        "Consider reducing batch size or using a smaller model.")
+        assert got == (
+            logging.WARNING,
+            f"WARNING: GPU memory usage is critically high ({pct:.1f}%). "
+            "Consider reducing batch size or using a smaller model.",
+        )
     if expected == "NOTICE":
-        assert got[1] == f"NOTICE: GPU memory usage is elevated ({pct:.1f}%). Monitor for potential OOM conditions."
+        assert (
+            got[1]
+            == f"NOTICE: GPU memory usage is elevated ({pct:.1f}%). Monitor for potential OOM conditions."
+        )
 
 
 def test_thresholds_come_from_the_settings_and_the_seed_env_names(monkeypatch):
@@ -72,10 +85,20 @@ def test_thresholds_come_from_the_settings_and_the_seed_env_names(monkeypatch):
 
 def _request(tmp_path, env, items=("a", "b"), every_item=False) -> StageRequest:
     return StageRequest(
-        request_id="picky-1", stage="picky", module="tests.fixtures.stages_picky", batch_size=2, device="cpu",
-        env=env, result_path=str(tmp_path / "result.json"), memory=MemorySettings(every_item=every_item),
-        items=[WorkItem(id=i, inputs={"source": "good"}, output=str(tmp_path / i / "note.json"), fingerprint="fp")
-               for i in items],
+        request_id="picky-1",
+        stage="picky",
+        module="tests.fixtures.stages_picky",
+        batch_size=2,
+        device="cpu",
+        env=env,
+        result_path=str(tmp_path / "result.json"),
+        memory=MemorySettings(every_item=every_item),
+        items=[
+            WorkItem(
+                id=i, inputs={"source": "good"}, output=str(tmp_path / i / "note.json"), fingerprint="fp"
+            )
+            for i in items
+        ],
     )
 
 
@@ -87,14 +110,18 @@ def test_stage_loop_takes_cpu_checkpoints_logs_them_and_appends_them_to_the_perf
     # Then every checkpoint is in the result, in order, measured as RSS
     points = ["before model load", "model loaded", "after item 1/2", "after item 2/2", "before exit"]
     assert [c.point for c in result.checkpoints] == points
-    assert all(c.kind == "cpu" and c.rss_mb > 10 and c.peak_rss_mb >= c.rss_mb * 0.5 for c in result.checkpoints)
+    assert all(
+        c.kind == "cpu" and c.rss_mb > 10 and c.peak_rss_mb >= c.rss_mb * 0.5 for c in result.checkpoints
+    )
     assert result.peak_vram_mb is None
     # and logged in the CPU format
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[CPU Memory]")]
     assert [line.split(":")[0] for line in lines] == [f"[CPU Memory] picky {p}" for p in points]
     # and appended to the performance log as checkpoint events
     events = read_events(perf)
-    assert [(e.event, e.stage, e.attempt, e.point) for e in events] == [("checkpoint", "picky", 1, p) for p in points]
+    assert [(e.event, e.stage, e.attempt, e.point) for e in events] == [
+        ("checkpoint", "picky", 1, p) for p in points
+    ]
 
 
 def test_without_the_setting_there_is_no_per_item_checkpoint_and_no_perf_log(tmp_path):
@@ -109,8 +136,8 @@ logging.basicConfig(level=logging.INFO)
 from contracts import StageRequest, WorkItem
 from stages.audio import STAGE
 req = StageRequest(request_id="a", stage="audio", module="stages.audio", batch_size=1, device="cuda",
-                   result_path=sys.argv[2], settings={"on_damaged": "keep"}, items=[WorkItem(id="s", inputs={"source": sys.argv[1]},
-                   output=sys.argv[3], fingerprint="fp")])
+                   result_path=sys.argv[2], settings={"on_damaged": "keep"},
+                   items=[WorkItem(id="s", inputs={"source": sys.argv[1]}, output=sys.argv[3], fingerprint="fp")])
 STAGE.import_libraries()
 result = STAGE.run(req)
 print(json.dumps({"torch": "torch" in sys.modules, "kinds": [c.kind for c in result.checkpoints],
@@ -120,8 +147,20 @@ print(json.dumps({"torch": "torch" in sys.modules, "kinds": [c.kind for c in res
 
 def test_audio_stage_is_measured_without_importing_torch_even_when_asked_for_cuda(tmp_path):
     # Given the audio stage (PyAV, no torch) asked to run on "cuda"
-    done = subprocess.run([sys.executable, "-c", AUDIO_CHILD, str(MEDIA / "speech.wav"), str(tmp_path / "r.json"),
-                           str(tmp_path / "audio.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            AUDIO_CHILD,
+            str(MEDIA / "speech.wav"),
+            str(tmp_path / "r.json"),
+            str(tmp_path / "audio.json"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.splitlines()[-1])
     # Then its checkpoints are RSS readings and torch was never imported for them
@@ -141,8 +180,13 @@ def test_on_a_gpu_checkpoints_see_a_real_allocation_and_the_peak(tmp_path):
 
     TENSOR.import_libraries()
     request = StageRequest(
-        request_id="t", stage="tensor", module="tests.fixtures.stages_tensor", batch_size=1, device="cuda",
-        result_path=str(tmp_path / "r.json"), memory=MemorySettings(every_item=True),
+        request_id="t",
+        stage="tensor",
+        module="tests.fixtures.stages_tensor",
+        batch_size=1,
+        device="cuda",
+        result_path=str(tmp_path / "r.json"),
+        memory=MemorySettings(every_item=True),
         items=[WorkItem(id="a", inputs={"source": "512"}, output=str(tmp_path / "a.json"), fingerprint="fp")],
     )
     result = TENSOR.run(request)

@@ -33,13 +33,17 @@ def test_a_module_is_exported_once_and_computes_what_torch_computes(tmp_path):
     assert exported[0].stat().st_mtime_ns == stamp, "the cached export is reused"
     assert float(exported[0].with_suffix(".checked").read_text()) < 1e-4, "the check is kept beside it"
     # its intra-op threads sleep when they wait (no spinning on a shared CPU)
-    assert model.runner.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert (
+        model.runner.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    )
 
 
 def test_a_session_beyond_the_tolerance_is_refused_and_torch_kept(tmp_path, caplog):
     module, weights = _module(tmp_path)
     with caplog.at_level(logging.WARNING, logger="stages.onnx_models"):
-        assert session("tiny", module, weights, torch.randn(2, 3, 40), "x", {0: "batch"}, tolerance=-1.0) is None
+        assert (
+            session("tiny", module, weights, torch.randn(2, 3, 40), "x", {0: "batch"}, tolerance=-1.0) is None
+        )
     assert "tiny stays on torch" in caplog.text
 
 
@@ -50,5 +54,7 @@ def test_an_export_that_fails_keeps_torch(tmp_path, caplog):
 
     _, weights = _module(tmp_path)
     with caplog.at_level(logging.WARNING, logger="stages.onnx_models"):
-        model = session("broken", Unexportable(), weights, torch.randn(2, 3, 4), "x", {0: "batch"}, tolerance=1e-4)
+        model = session(
+            "broken", Unexportable(), weights, torch.randn(2, 3, 4), "x", {0: "batch"}, tolerance=1e-4
+        )
     assert model is None and "broken stays on torch" in caplog.text

@@ -11,7 +11,15 @@ import pytest
 
 from contracts.errors import ModelUnavailableError
 from stages.audio import decode
-from stages.speaker_encoder import CAMPPLUS, CamPlusPlus, CamPlusPlusEncoder, EcapaEncoder, cosine, fbank, load_encoder
+from stages.speaker_encoder import (
+    CAMPPLUS,
+    CamPlusPlus,
+    CamPlusPlusEncoder,
+    EcapaEncoder,
+    cosine,
+    fbank,
+    load_encoder,
+)
 from stages.weights import FILES, weight_path
 from tests.conftest import MEDIA
 
@@ -32,7 +40,7 @@ def rttm(name: str) -> list[tuple[float, float, str]]:
 def turn_clips(name: str) -> list[tuple[str, np.ndarray]]:
     """(speaker, samples) of each reference turn of a dialogue fixture."""
     samples = _decoded(SPEAKERS / f"{name}.mp4")
-    return [(label, samples[int(s * 16000):int(e * 16000)]) for s, e, label in rttm(name)]
+    return [(label, samples[int(s * 16000) : int(e * 16000)]) for s, e, label in rttm(name)]
 
 
 def _decoded(path: Path) -> np.ndarray:
@@ -72,8 +80,10 @@ def test_embeddings_are_192_d_unit_vectors_and_batching_does_not_change_them(cam
     assert one.shape == (4, 192) and one.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(one, axis=1), 1.0, atol=1e-5)
     np.testing.assert_allclose(one, four, atol=1e-4)
-    same = campplus.embed([clips[0][:16000 * 3]] * 3, 3)  # equal lengths: one batched forward pass
-    np.testing.assert_allclose(same, np.repeat(campplus.embed([clips[0][:16000 * 3]], 1), 3, axis=0), atol=1e-4)
+    same = campplus.embed([clips[0][: 16000 * 3]] * 3, 3)  # equal lengths: one batched forward pass
+    np.testing.assert_allclose(
+        same, np.repeat(campplus.embed([clips[0][: 16000 * 3]], 1), 3, axis=0), atol=1e-4
+    )
 
 
 def test_same_voice_is_closer_than_different_voices(campplus):
@@ -144,8 +154,14 @@ def ecapa_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("ecapa")
     (path / "hyperparams.yaml").write_text(textwrap.dedent(ECAPA_HPARAMS).format(path=path))
     torch.manual_seed(0)
-    model = ECAPA_TDNN(80, channels=[64, 64, 64, 64, 192], kernel_sizes=[5, 3, 3, 3, 1], dilations=[1, 2, 3, 4, 1],
-                       attention_channels=32, lin_neurons=96)
+    model = ECAPA_TDNN(
+        80,
+        channels=[64, 64, 64, 64, 192],
+        kernel_sizes=[5, 3, 3, 3, 1],
+        dilations=[1, 2, 3, 4, 1],
+        attention_channels=32,
+        lin_neurons=96,
+    )
     torch.save(model.state_dict(), path / "embedding_model.ckpt")
     return path, model
 
@@ -179,4 +195,4 @@ def test_ecapa_from_the_hub_fails_fast_offline(monkeypatch, tmp_path):
 
 def test_cosine_is_scale_free():
     a, b = np.array([1.0, 0.0]), np.array([3.0, 3.0])
-    assert cosine(a, b) == pytest.approx(2 ** -0.5) and cosine(2 * a, b) == pytest.approx(cosine(a, b))
+    assert cosine(a, b) == pytest.approx(2**-0.5) and cosine(2 * a, b) == pytest.approx(cosine(a, b))

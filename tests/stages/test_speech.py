@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from stages.speech import (Decoded, better_loop, clean_pieces, compression_ratio, is_speech, keep_segments,
-                           repeats_itself)
+from stages.speech import (
+    Decoded,
+    better_loop,
+    clean_pieces,
+    compression_ratio,
+    is_speech,
+    keep_segments,
+    repeats_itself,
+)
 
 
 def test_a_tail_cut_at_the_chunk_boundary_joins_the_piece_it_touches():
@@ -22,7 +29,9 @@ def test_an_isolated_or_unjoinable_short_piece_is_dropped():
 
 
 def test_real_short_words_are_kept():
-    assert clean_pieces([(1.0, 1.25), (5.0, 8.0)]) == [(1.0, 1.25), (5.0, 8.0)], "a lone 'yes' of 0.25 s stays"
+    assert clean_pieces([(1.0, 1.25), (5.0, 8.0)]) == [(1.0, 1.25), (5.0, 8.0)], (
+        "a lone 'yes' of 0.25 s stays"
+    )
 
 
 def test_segments_outside_speech_or_scored_as_non_speech_are_dropped():
@@ -50,10 +59,13 @@ def test_whisper_silence_needs_both_of_its_signals():
 def test_a_decoder_loop_repeats_itself_and_real_sentences_do_not():
     loop = "tell her, " * 66  # what whisper-tiny.en wrote for 1.5 s of a clip in a joined window
     assert compression_ratio(loop) > 10 and repeats_itself(loop)
-    for sentence in ("for completing these things.", "The birch canoe slid on the smooth planks. Glue the sheet "
-                     "to the dark blue background. It's easy to tell the depth of a well.",
-                     "Der Hund läuft über die Straße, und die Katze schläft auf dem warmen Sofa.",
-                     "今日は天気がいいので、公園へ散歩に行きました。"):
+    for sentence in (
+        "for completing these things.",
+        "The birch canoe slid on the smooth planks. Glue the sheet "
+        "to the dark blue background. It's easy to tell the depth of a well.",
+        "Der Hund läuft über die Straße, und die Katze schläft auf dem warmen Sofa.",
+        "今日は天気がいいので、公園へ散歩に行きました。",
+    ):
         assert not repeats_itself(sentence), sentence
     assert not repeats_itself("") and not repeats_itself(None) and compression_ratio("") == 0.0
     assert not repeats_itself(loop, None), "no threshold: the guard is off"

@@ -9,7 +9,10 @@ from stages.weights import DEFAULT_DIR, FILES, missing, verify, weight_path
 
 def test_the_fetched_files_match_their_pinned_hashes():
     assert verify(DEFAULT_DIR) == [] and missing(DEFAULT_DIR) == []
-    assert weight_path("campplus").stat().st_size == 28044640 and weight_path("segmentation").name == "pytorch_model.bin"
+    assert (
+        weight_path("campplus").stat().st_size == 28044640
+        and weight_path("segmentation").name == "pytorch_model.bin"
+    )
 
 
 def test_a_changed_file_is_caught(tmp_path):
@@ -32,7 +35,9 @@ def test_the_joined_whisper_base_is_checked_file_by_file(tmp_path):
     source, target = DEFAULT_DIR / WHISPER_BASE_DIR, tmp_path / WHISPER_BASE_DIR
     target.mkdir()
     for name in ("model.bin", "config.json", "tokenizer.json", "vocabulary.json"):
-        (target / name).symlink_to(source / name) if name == "model.bin" else shutil.copyfile(source / name, target / name)
+        (target / name).symlink_to(source / name) if name == "model.bin" else shutil.copyfile(
+            source / name, target / name
+        )
     assert verify_whisper_base(tmp_path) == []
     (target / "config.json").write_text((source / "config.json").read_text().replace("50259", "50258", 1))
     assert verify_whisper_base(tmp_path) == [f"{target / 'config.json'}: sha256 does not match"]

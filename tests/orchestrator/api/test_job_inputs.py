@@ -12,7 +12,9 @@ def test_a_playlist_inside_a_root_is_refused_and_what_it_names_is_not_read(tmp_p
     counter = HitCounter()
     root = tmp_path / "root"
     files = pointer_files(root, tmp_path / "elsewhere", counter.url)
-    server = start_in_thread(Settings(server_dir=tmp_path / "server", port=0, input_roots=[root], device="cpu"))
+    server = start_in_thread(
+        Settings(server_dir=tmp_path / "server", port=0, input_roots=[root], device="cpu")
+    )
     try:
         with Client(server.url) as api:
             job = api.submit_job([str(path) for path in files.values()])

@@ -67,7 +67,9 @@ def test_outside_dotdot_and_symlinks_out_are_refused_with_a_reason(roots):
 
 def test_malformed_paths_are_422_and_missing_ones_fail_alone_later(roots):
     root, _ = roots
-    assert confine(str(root / "missing.wav"), [root]) == root.resolve() / "missing.wav", "like the command line"
+    assert confine(str(root / "missing.wav"), [root]) == root.resolve() / "missing.wav", (
+        "like the command line"
+    )
     assert _refused("", [root], 422)
     assert "Unicode" in _refused("bad-\udcff.wav", [root], 422)
 
@@ -116,8 +118,9 @@ def test_a_job_survives_a_server_restart_and_its_result_has_the_transcript(tmp_p
     root = tmp_path / "videos"
     root.mkdir()
     shutil.copy(MEDIA / "speech.wav", root / "speech.wav")
-    settings = Settings(server_dir=tmp_path / "server", port=0, input_roots=[root], embedding_profile="embedded",
-                        device="cpu")
+    settings = Settings(
+        server_dir=tmp_path / "server", port=0, input_roots=[root], embedding_profile="embedded", device="cpu"
+    )
     # Given a job submitted to a server that stops while the job runs
     first = start_in_thread(settings)
     try:
@@ -128,7 +131,9 @@ def test_a_job_survives_a_server_restart_and_its_result_has_the_transcript(tmp_p
             while api.job(job.id).stage != "asr" and time.monotonic() < deadline:
                 time.sleep(0.1)
             running = api.job(job.id)
-            assert running.status == "running" and running.inputs[0].stages["audio"] == "ok", "per-input progress"
+            assert running.status == "running" and running.inputs[0].stages["audio"] == "ok", (
+                "per-input progress"
+            )
     finally:
         first.stop()
     on_disk = load_model(tmp_path / "server" / "jobs" / job.id / "job.json", JobRecord)
@@ -141,10 +146,15 @@ def test_a_job_survives_a_server_restart_and_its_result_has_the_transcript(tmp_p
             done = api.wait(job.id, timeout=600)
             # Then the job completes, with per-input progress, a report and the transcript
             assert done.status == "done", done.error
-            assert done.inputs[0].status == "ok" and done.inputs[0].stages.get("embeddings") in ("ok", "reused")
+            assert done.inputs[0].status == "ok" and done.inputs[0].stages.get("embeddings") in (
+                "ok",
+                "reused",
+            )
             assert done.report is not None and done.report.ok == 1
             assert done.runs == 2
-            assert done.inputs[0].stages["audio"] == "reused", "the restarted job resumed instead of starting over"
+            assert done.inputs[0].stages["audio"] == "reused", (
+                "the restarted job resumed instead of starting over"
+            )
             result = api.result(job.id, embeddings=True)
             item = result.inputs[0]
             assert item.status == "ok" and item.transcript is not None
@@ -161,8 +171,15 @@ def test_result_of_an_unfinished_job_is_409(tmp_path):
     root = tmp_path / "videos"
     root.mkdir()
     shutil.copy(MEDIA / "speech.wav", root / "speech.wav")
-    server = start_in_thread(Settings(server_dir=tmp_path / "server", port=0, input_roots=[root],
-                                      embedding_profile="embedded", device="cpu"))
+    server = start_in_thread(
+        Settings(
+            server_dir=tmp_path / "server",
+            port=0,
+            input_roots=[root],
+            embedding_profile="embedded",
+            device="cpu",
+        )
+    )
     try:
         with Client(server.url) as api:
             job = api.submit_job(str(root))
@@ -178,8 +195,9 @@ def test_submissions_are_bounded_in_paths_and_files_413(tmp_path):
     (root / "many").mkdir(parents=True)
     for i in range(4):
         (root / "many" / f"{i}.wav").write_bytes(b"x")
-    server = start_in_thread(Settings(server_dir=tmp_path / "server", port=0, input_roots=[root],
-                                      job_max_paths=2, job_max_files=3))
+    server = start_in_thread(
+        Settings(server_dir=tmp_path / "server", port=0, input_roots=[root], job_max_paths=2, job_max_files=3)
+    )
     try:
         paths = httpx.post(f"{server.url}/v1/jobs", json={"paths": [f"many/{i}.wav" for i in range(3)]})
         assert paths.status_code == 413 and paths.json()["error"]["code"] == "too_many_paths"
@@ -220,7 +238,8 @@ def test_progress_is_appended_not_rewritten_and_reading_a_job_takes_no_lock(tmp_
     # And a restarted server finds the same progress (the lines applied over the record)
     again = JobQueue(settings)
     try:
-        with again._cond:  # the runner thread waits for the lock: what start() recovered, before the job runs again
+        # the runner thread waits for the lock: what start() recovered, before the job runs again
+        with again._cond:
             again.start()
             recovered = again.get(job.id)
         assert recovered.inputs == seen.inputs and recovered.stage == "asr"

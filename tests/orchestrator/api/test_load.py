@@ -35,9 +35,16 @@ GATE_S = 8.0  # how long a busy worker may wait for its test: the test opens the
 def server(tmp_path_factory):
     record = tmp_path_factory.mktemp("record") / "batches.jsonl"
     record.touch()
-    settings = Settings(server_dir=tmp_path_factory.mktemp("server"), port=0, embed_max_batch=16,
-                        embed_max_wait_ms=20, embed_max_queued_texts=QUEUE_BOUND, embed_batch_timeout_s=BATCH_LIMIT_S,
-                        max_inputs=QUEUE_BOUND, worker_start_timeout_s=120)
+    settings = Settings(
+        server_dir=tmp_path_factory.mktemp("server"),
+        port=0,
+        embed_max_batch=16,
+        embed_max_wait_ms=20,
+        embed_max_queued_texts=QUEUE_BOUND,
+        embed_batch_timeout_s=BATCH_LIMIT_S,
+        max_inputs=QUEUE_BOUND,
+        worker_start_timeout_s=120,
+    )
     pool = EmbeddingPool(settings, module="tests.fixtures.worker_controlled", options={"record": str(record)})
     running = start_in_thread(settings, pool)
     running.record = record
@@ -48,8 +55,12 @@ def server(tmp_path_factory):
 
 
 def _post(server, texts, **kwargs) -> httpx.Response:
-    return httpx.post(f"{server.url}/v1/embeddings", json={"input": texts, "model": "embedded"},
-                      timeout=kwargs.pop("timeout", 120), **kwargs)
+    return httpx.post(
+        f"{server.url}/v1/embeddings",
+        json={"input": texts, "model": "embedded"},
+        timeout=kwargs.pop("timeout", 120),
+        **kwargs,
+    )
 
 
 def _in_thread(server, texts, **kwargs) -> tuple[threading.Thread, dict]:
@@ -102,7 +113,10 @@ def test_past_the_queue_bound_429_with_retry_after_then_recovery(server):
     # Then it is refused with 429, OpenAI's error shape and Retry-After, and the official client sees a RateLimitError
     assert refused.status_code == 429, refused.text
     assert refused.headers["retry-after"] == "1"
-    assert refused.json()["error"]["type"] == "rate_limit_error" and refused.json()["error"]["code"] == "queue_full"
+    assert (
+        refused.json()["error"]["type"] == "rate_limit_error"
+        and refused.json()["error"]["code"] == "queue_full"
+    )
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.RateLimitError):
         client.embeddings.create(input="also too many", model="embedded")
@@ -123,8 +137,11 @@ def test_a_disconnected_clients_texts_never_reach_the_worker(server):
     # When a client queues two texts and goes away before they are embedded
     with pytest.raises(httpx.ReadTimeout):
         _post(server, ["gone client text one", "gone client text two"], timeout=0.5)
-    wait_for(lambda: _metric(server, "isostage_embedding_dropped_texts_total", profile="embedded") == dropped + 2,
-             timeout=60, what="the server to drop the texts")
+    wait_for(
+        lambda: _metric(server, "isostage_embedding_dropped_texts_total", profile="embedded") == dropped + 2,
+        timeout=60,
+        what="the server to drop the texts",
+    )
     release()
     sleeper.join()
     assert slept["response"].status_code == 200
@@ -154,7 +171,9 @@ def test_one_bad_text_in_a_busy_micro_batch_fails_only_its_request(server):
     assert bad.json()["error"]["code"] == "invalid_input" and bad.json()["error"]["param"] == "input[1]"
     assert "POISON" in bad.json()["error"]["message"] and "Traceback" not in bad.text
     assert out_a["response"].status_code == 200 and out_b["response"].status_code == 200
-    alone = np.array([d["embedding"] for d in _post(server, ["good text one", "good text two"]).json()["data"]])
+    alone = np.array(
+        [d["embedding"] for d in _post(server, ["good text one", "good text two"]).json()["data"]]
+    )
     shared = np.array([d["embedding"] for d in out_a["response"].json()["data"]])
     np.testing.assert_allclose(shared, alone, atol=1e-5)
     assert _metric(server, "isostage_embedding_bad_texts_total", profile="embedded") == bad_before + 1
@@ -175,8 +194,13 @@ def test_a_hung_worker_is_killed_and_replaced_and_only_the_hanging_request_fails
     assert out_h["response"].status_code == 503, out_h["response"].text
     assert out_h["response"].json()["error"]["code"] == "worker_timeout"
     assert out_n["response"].status_code == 200
-    assert _metric(server, "isostage_worker_restarts_total", profile="embedded", reason="timeout") == restarts + 1
-    new_pid = next(w["pid"] for w in httpx.get(f"{server.url}/health").json()["workers"] if w["profile"] == "embedded")
+    assert (
+        _metric(server, "isostage_worker_restarts_total", profile="embedded", reason="timeout")
+        == restarts + 1
+    )
+    new_pid = next(
+        w["pid"] for w in httpx.get(f"{server.url}/health").json()["workers"] if w["profile"] == "embedded"
+    )
     assert new_pid not in (None, old_pid)
     wait_for(lambda: not psutil.pid_exists(old_pid), timeout=30, what="the hung worker to be gone")
 
@@ -190,7 +214,9 @@ def test_health_and_answers_name_the_model_not_a_path(server):
 
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory):
-    running = start_in_thread(Settings(server_dir=tmp_path_factory.mktemp("locked"), port=0, api_token="tok-123"))
+    running = start_in_thread(
+        Settings(server_dir=tmp_path_factory.mktemp("locked"), port=0, api_token="tok-123")
+    )
     yield running
     running.stop()
 
@@ -221,7 +247,8 @@ def test_the_official_openai_client(server, locked):
     assert missing.value.code == "model_not_found"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{locked.url}/v1", api_key="wrong", max_retries=0).embeddings.create(
-            input="x", model="embedded")
+            input="x", model="embedded"
+        )
 
 
 @pytest.mark.slow
@@ -232,8 +259,14 @@ def test_a_thousand_concurrent_connections_get_only_200_or_429_and_memory_stays_
 
     from bench.api import start_server, stop_server
 
-    proc, url = start_server(tmp_path / "server", {"PIPELINE_MAX_CONCURRENT_REQUESTS": "128",
-                                                   "EMBEDDING_MAX_QUEUED_TEXTS": "256", "PIPELINE_DEVICE": "cpu"})
+    proc, url = start_server(
+        tmp_path / "server",
+        {
+            "PIPELINE_MAX_CONCURRENT_REQUESTS": "128",
+            "EMBEDDING_MAX_QUEUED_TEXTS": "256",
+            "PIPELINE_DEVICE": "cpu",
+        },
+    )
     statuses: dict[int, int] = {}
     failures: list[str] = []
     peak = {"rss": 0, "done": False}
@@ -252,19 +285,27 @@ def test_a_thousand_concurrent_connections_get_only_200_or_429_and_memory_stays_
         stop_at = time.monotonic() + 10
 
         async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+
             async def one(n: int) -> None:
                 while time.monotonic() < stop_at:
                     try:
-                        response = await client.post("/v1/embeddings", json={
-                            "input": [f"client {n} says the quick brown fox {i}" for i in range(1 + n % 4)],
-                            "model": "embedded"})
+                        response = await client.post(
+                            "/v1/embeddings",
+                            json={
+                                "input": [
+                                    f"client {n} says the quick brown fox {i}" for i in range(1 + n % 4)
+                                ],
+                                "model": "embedded",
+                            },
+                        )
                     except httpx.HTTPError as exc:
                         failures.append(type(exc).__name__)
                         return
                     statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
                     if response.status_code == 429:  # honoured, but not past the end of the load window
-                        await asyncio.sleep(min(float(response.headers["retry-after"]),
-                                                max(0.0, stop_at - time.monotonic())))
+                        await asyncio.sleep(
+                            min(float(response.headers["retry-after"]), max(0.0, stop_at - time.monotonic()))
+                        )
 
             async def watch() -> None:
                 while not peak["done"]:
@@ -319,8 +360,14 @@ def test_past_the_in_flight_limit_retry_after_is_when_the_queue_drains_not_a_fix
     clients they all came back each second and the refusals took the event loop (bench/api.py)."""
     record = tmp_path / "batches.jsonl"
     record.touch()
-    settings = Settings(server_dir=tmp_path / "server", port=0, embed_max_wait_ms=20, max_concurrent_requests=1,
-                        embed_batch_timeout_s=BATCH_LIMIT_S, worker_start_timeout_s=120)
+    settings = Settings(
+        server_dir=tmp_path / "server",
+        port=0,
+        embed_max_wait_ms=20,
+        max_concurrent_requests=1,
+        embed_batch_timeout_s=BATCH_LIMIT_S,
+        worker_start_timeout_s=120,
+    )
     pool = EmbeddingPool(settings, module="tests.fixtures.worker_controlled", options={"record": str(record)})
     running = start_in_thread(settings, pool)
     running.record = record

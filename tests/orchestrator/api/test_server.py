@@ -26,17 +26,28 @@ from orchestrator.api.server import start_in_thread
 from orchestrator.settings import Settings
 from tests.conftest import ROOT
 
-TEXTS = ["The quick brown fox jumps over the lazy dog.", "She sells sea shells by the sea shore.",
-         "Please call Stella.", "Ask her to bring these things with her from the store."]
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "She sells sea shells by the sea shore.",
+    "Please call Stella.",
+    "Ask her to bring these things with her from the store.",
+]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One server for the module: the embedded model's worker is loaded once and stays warm."""
     root = tmp_path_factory.mktemp("root")
-    settings = Settings(server_dir=tmp_path_factory.mktemp("server"), port=0, input_roots=[root],
-                        embedding_profile="embedded", embed_max_batch=16, max_inputs=64, max_input_chars=2000,
-                        max_body_bytes=64 * 1024)
+    settings = Settings(
+        server_dir=tmp_path_factory.mktemp("server"),
+        port=0,
+        input_roots=[root],
+        embedding_profile="embedded",
+        embed_max_batch=16,
+        max_inputs=64,
+        max_input_chars=2000,
+        max_body_bytes=64 * 1024,
+    )
     running = start_in_thread(settings)
     yield running
     running.stop()
@@ -50,11 +61,16 @@ def api(server):
 
 def _post(server, body, **kwargs) -> httpx.Response:
     content = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(f"{server.url}/v1/embeddings", content=content,
-                      headers={"Content-Type": "application/json", **kwargs.pop("headers", {})}, **kwargs)
+    return httpx.post(
+        f"{server.url}/v1/embeddings",
+        content=content,
+        headers={"Content-Type": "application/json", **kwargs.pop("headers", {})},
+        **kwargs,
+    )
 
 
 # -- embeddings: shape and values -------------------------------------------------
+
 
 @pytest.mark.slow
 def test_embeddings_have_the_openai_shape_and_equal_in_process_encode(api, reference_model):
@@ -75,7 +91,9 @@ def test_a_single_string_and_base64_little_endian_float32(server, api, reference
     data = raw.json()["data"]
     assert len(data) == 1 and isinstance(data[0]["embedding"], str)
     vector = np.frombuffer(base64.b64decode(data[0]["embedding"]), dtype="<f4")
-    np.testing.assert_allclose(vector, reference_model.encode([TEXTS[0]], normalize_embeddings=True)[0], atol=1e-5)
+    np.testing.assert_allclose(
+        vector, reference_model.encode([TEXTS[0]], normalize_embeddings=True)[0], atol=1e-5
+    )
 
 
 @pytest.mark.slow
@@ -89,17 +107,21 @@ def test_an_unavailable_profile_falls_back_and_reports_the_model_actually_used(a
 @pytest.mark.slow
 def test_32_concurrent_clients_are_all_right_and_share_micro_batches(server, api, reference_model):
     before = api.metrics()
-    texts = [f"client {c} asks about item {i}: the quick brown fox number {c * 7 + i}" for c in range(32) for i in range(3)]
+    texts = [
+        f"client {c} asks about item {i}: the quick brown fox number {c * 7 + i}"
+        for c in range(32)
+        for i in range(3)
+    ]
     expected = dict(zip(texts, reference_model.encode(texts, normalize_embeddings=True)))
     errors: list[str] = []
     start = threading.Barrier(32)
 
     def client(c: int) -> None:
-        mine = texts[c * 3:(c + 1) * 3]
+        mine = texts[c * 3 : (c + 1) * 3]
         with Client(server.url) as own:
             start.wait()
             for i in range(3):
-                got = own.vectors(own.embed(mine[:i + 1], model="embedded"))
+                got = own.vectors(own.embed(mine[: i + 1], model="embedded"))
                 for text, row in zip(mine, got):
                     if not np.allclose(row, expected[text], atol=1e-5):
                         errors.append(f"client {c}: wrong vector for {text!r}")
@@ -111,12 +133,15 @@ def test_32_concurrent_clients_are_all_right_and_share_micro_batches(server, api
         t.join()
     assert not errors, errors[:3]
     after = api.metrics()
-    batches = (sample(after, "isostage_embedding_batch_size_count", profile="embedded")
-               - sample(before, "isostage_embedding_batch_size_count", profile="embedded"))
-    singles = (sample(after, "isostage_embedding_batch_size_bucket", profile="embedded", le="1")
-               - sample(before, "isostage_embedding_batch_size_bucket", profile="embedded", le="1"))
-    texts_done = (sample(after, "isostage_embedding_texts_total", profile="embedded")
-                  - sample(before, "isostage_embedding_texts_total", profile="embedded"))
+    batches = sample(after, "isostage_embedding_batch_size_count", profile="embedded") - sample(
+        before, "isostage_embedding_batch_size_count", profile="embedded"
+    )
+    singles = sample(after, "isostage_embedding_batch_size_bucket", profile="embedded", le="1") - sample(
+        before, "isostage_embedding_batch_size_bucket", profile="embedded", le="1"
+    )
+    texts_done = sample(after, "isostage_embedding_texts_total", profile="embedded") - sample(
+        before, "isostage_embedding_texts_total", profile="embedded"
+    )
     assert texts_done == 32 * 6
     assert batches < 32 * 3, "96 requests were not batched together"
     assert batches - singles > 0, "no micro-batch held more than one text"
@@ -168,13 +193,22 @@ def test_health_and_metrics(server):
     assert health.status_code == 200 and health.json()["status"] == "ok"
     metrics = httpx.get(f"{server.url}/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")
-    for name in ("isostage_http_requests_total", "isostage_embedding_batch_size", "isostage_embedding_queue_length",
-                 "isostage_worker_restarts_total", "isostage_worker_oom_retries_total", "isostage_job_queue_length"):
+    for name in (
+        "isostage_http_requests_total",
+        "isostage_embedding_batch_size",
+        "isostage_embedding_queue_length",
+        "isostage_worker_restarts_total",
+        "isostage_worker_oom_retries_total",
+        "isostage_job_queue_length",
+    ):
         assert f"# TYPE {name} " in metrics.text
-    assert sample(metrics.text, "isostage_http_requests_total", method="GET", route="/health", status="200") >= 1
+    assert (
+        sample(metrics.text, "isostage_http_requests_total", method="GET", route="/health", status="200") >= 1
+    )
 
 
 # -- crash of the worker --------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_worker_kill_9_mid_request_the_request_is_still_answered(server, api, reference_model):
@@ -193,14 +227,18 @@ def test_worker_kill_9_mid_request_the_request_is_still_answered(server, api, re
     thread = threading.Thread(target=request)
     thread.start()
     deadline = time.monotonic() + 30
-    while sample(api.metrics(), "isostage_embedding_texts_total", profile="embedded") == embedded \
-            and time.monotonic() < deadline:
+    while (
+        sample(api.metrics(), "isostage_embedding_texts_total", profile="embedded") == embedded
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.02)
     # a first micro-batch of the request is done: the next is in the worker (or about to be sent to it)
     os.kill(old_pid, signal.SIGKILL)
     thread.join(300)
     assert "vectors" in answer, "the request was not answered"
-    np.testing.assert_allclose(answer["vectors"], reference_model.encode(texts, normalize_embeddings=True), atol=1e-5)
+    np.testing.assert_allclose(
+        answer["vectors"], reference_model.encode(texts, normalize_embeddings=True), atol=1e-5
+    )
     after = api.metrics()
     assert sample(after, "isostage_worker_restarts_total", profile="embedded", reason="crash") == restarts + 1
     new_pid = next(w.pid for w in api.health().workers if w.profile == "embedded")
@@ -223,12 +261,16 @@ def test_a_worker_killed_while_idle_is_replaced_for_the_next_request(server, api
     texts = ["a worker died while idle", "the next request is still answered"]
     vectors = api.vectors(api.embed(texts, model="embedded"))
     np.testing.assert_allclose(vectors, reference_model.encode(texts, normalize_embeddings=True), atol=1e-5)
-    assert sample(api.metrics(), "isostage_worker_restarts_total", profile="embedded", reason="crash") == restarts + 1
+    assert (
+        sample(api.metrics(), "isostage_worker_restarts_total", profile="embedded", reason="crash")
+        == restarts + 1
+    )
     assert next(w.pid for w in api.health().workers if w.profile == "embedded") not in (None, old_pid)
     assert f"worker pid {old_pid} died while idle" in caplog.text and "died mid-batch" not in caplog.text
 
 
 # -- fuzzing ------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def openapi(server):
@@ -242,9 +284,14 @@ def test_fuzzed_requests_never_get_a_5xx(openapi, server):
     # (schemathesis' pytest plugin does not run under pytest 9 yet, so each operation's strategy is driven here)
     operations = [result.ok() for result in openapi.get_all_operations()]
     assert {(op.method.upper(), op.path) for op in operations} >= {
-        ("POST", "/v1/embeddings"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"), ("GET", "/health")}
+        ("POST", "/v1/embeddings"),
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs/{job_id}"),
+        ("GET", "/health"),
+    }
     seen: list[int] = []
     for operation in operations:
+
         @given(case=operation.as_strategy())
         @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def fuzz(case):
@@ -256,6 +303,7 @@ def test_fuzzed_requests_never_get_a_5xx(openapi, server):
 
 
 # -- security -------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory):
@@ -284,21 +332,37 @@ def test_with_a_token_every_request_but_health_needs_the_bearer(locked):
 
 
 def test_a_non_loopback_host_without_a_token_is_refused_at_start():
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "token" in done.stderr
     assert not Settings(host="0.0.0.0").is_loopback() and Settings(host="::1").is_loopback()
 
 
-@pytest.mark.parametrize("host", ["localhost", "localhost:8000", "127.0.0.1", "127.0.0.1:1", "[::1]", "[::1]:8000",
-                                  "LOCALHOST:9"])
+@pytest.mark.parametrize(
+    "host", ["localhost", "localhost:8000", "127.0.0.1", "127.0.0.1:1", "[::1]", "[::1]:8000", "LOCALHOST:9"]
+)
 def test_without_a_token_loopback_host_names_are_answered(server, host):
     assert httpx.get(f"{server.url}/health", headers={"Host": host}).status_code == 200
     assert httpx.get(f"{server.url}/metrics", headers={"Host": host}).status_code == 200
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:8000", "127.0.0.1.evil.example", "10.0.0.1:8000",
-                                  "localhost.evil.example", "[::2]:80", ""])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example",
+        "evil.example:8000",
+        "127.0.0.1.evil.example",
+        "10.0.0.1:8000",
+        "localhost.evil.example",
+        "[::2]:80",
+        "",
+    ],
+)
 def test_without_a_token_other_host_names_are_403_dns_rebinding(server, host):
     for method, path in (("GET", "/health"), ("GET", "/metrics"), ("POST", "/v1/embeddings")):
         response = httpx.request(method, f"{server.url}{path}", headers={"Host": host}, json={"input": "x"})
@@ -334,9 +398,22 @@ def test_serve_reads_the_token_from_a_file_not_the_command_line(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("from-a-file-123\n")
     port = _free_port()
-    proc = subprocess.Popen([str(ROOT / "bin" / "pipeline"), "serve", "--port", str(port), "--token-file",
-                             str(token_file), "--server-dir", str(tmp_path / "server")], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            str(ROOT / "bin" / "pipeline"),
+            "serve",
+            "--port",
+            str(port),
+            "--token-file",
+            str(token_file),
+            "--server-dir",
+            str(tmp_path / "server"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -348,9 +425,13 @@ def test_serve_reads_the_token_from_a_file_not_the_command_line(tmp_path):
                 return False
 
         from tests.conftest import wait_for
+
         wait_for(up, timeout=120, what="the server")
         assert httpx.get(f"{url}/metrics").status_code == 401
-        assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer from-a-file-123"}).status_code == 200
+        assert (
+            httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer from-a-file-123"}).status_code
+            == 200
+        )
         assert "from-a-file-123" not in " ".join(psutil.Process(proc.pid).cmdline())
     finally:
         proc.terminate()
@@ -374,4 +455,6 @@ def test_the_server_runs_on_uvloop_and_httptools_unless_told_otherwise():
     assert default.get_loop_factory().__module__.startswith("uvloop")
     plain = uvicorn_config(FastAPI(), Settings(api_loop="asyncio", api_http="h11"))
     plain.load()
-    assert plain.http_protocol_class is H11Protocol and plain.get_loop_factory().__module__.startswith("asyncio")
+    assert plain.http_protocol_class is H11Protocol and plain.get_loop_factory().__module__.startswith(
+        "asyncio"
+    )

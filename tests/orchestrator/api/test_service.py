@@ -35,9 +35,17 @@ def roots(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, roots):
     root, _ = roots
-    running = start_in_thread(Settings(server_dir=tmp_path_factory.mktemp("state"), port=0, input_roots=[root],
-                                       device="cpu", speakers=False, asr_model="embedded",
-                                       embedding_profile="embedded"))
+    running = start_in_thread(
+        Settings(
+            server_dir=tmp_path_factory.mktemp("state"),
+            port=0,
+            input_roots=[root],
+            device="cpu",
+            speakers=False,
+            asr_model="embedded",
+            embedding_profile="embedded",
+        )
+    )
     yield running
     running.stop()
 
@@ -57,7 +65,9 @@ def test_inputs_fail_alone_whatever_is_wrong_with_them(server, roots):
     (folder / "notes.mp3").write_text("just text")
     (root / "gone.wav").write_bytes(b"x" * 100)
     # When it is submitted as a job (the folder and the files)
-    submitted = httpx.post(f"{server.url}/v1/jobs", json={"paths": ["odd", "gone.wav", "pipe.wav"]}, timeout=30)
+    submitted = httpx.post(
+        f"{server.url}/v1/jobs", json={"paths": ["odd", "gone.wav", "pipe.wav"]}, timeout=30
+    )
     # Then it is accepted (not a 500 from a name that is not UTF-8), with an escaped, readable source
     assert submitted.status_code == 202, submitted.text
     job = JobRecord.model_validate_json(submitted.content)
@@ -76,7 +86,10 @@ def test_inputs_fail_alone_whatever_is_wrong_with_them(server, roots):
         assert "\n" not in error and "ApiError" not in error and "HTTP 4" not in error, error
     # And its result streams (chunked) and says the same
     with httpx.stream("GET", f"{server.url}/v1/jobs/{job.id}/result?embeddings=true", timeout=30) as response:
-        assert response.headers.get("transfer-encoding") == "chunked" and "content-length" not in response.headers
+        assert (
+            response.headers.get("transfer-encoding") == "chunked"
+            and "content-length" not in response.headers
+        )
         result = JobResult.model_validate_json(response.read())
     assert [i.status for i in result.inputs] == ["failed"] * 4
 
@@ -102,8 +115,13 @@ def test_a_folder_swapped_for_a_link_after_submission_reads_nothing_outside(serv
 
 def test_a_second_server_on_the_same_state_folder_exits_2_naming_the_holder(server):
     state = server.app.state.settings.server_dir
-    second = subprocess.run([sys.executable, "-m", "orchestrator.cli", "serve", "--server-dir", str(state),
-                             "--port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    second = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "serve", "--server-dir", str(state), "--port", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert second.returncode == 2, second.stderr
     assert "server state folder" in second.stderr and f"pid {os.getpid()}" in second.stderr, second.stderr
     assert "pipeline serve on 127.0.0.1" in second.stderr
@@ -122,7 +140,9 @@ def test_delete_cancels_a_running_job_and_deletes_its_outputs_and_a_queued_one(s
         answer = httpx.delete(f"{server.url}/v1/jobs/{queued.id}", timeout=30)
         assert answer.status_code == 200 and answer.json()["status"] == "cancelled", answer.text
         # And the running one is deleted with its outputs: it stops, then its folder goes
-        answer = httpx.delete(f"{server.url}/v1/jobs/{running.id}", params={"delete_outputs": "true"}, timeout=30)
+        answer = httpx.delete(
+            f"{server.url}/v1/jobs/{running.id}", params={"delete_outputs": "true"}, timeout=30
+        )
         assert answer.status_code == 202, answer.text
         folder = Path(running.output_dir).parent
         deadline = time.monotonic() + 90
@@ -137,14 +157,18 @@ def test_finished_jobs_expire_after_the_retention(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     (root / "bad.wav").write_text("not audio")
-    running = start_in_thread(Settings(server_dir=tmp_path / "state", port=0, input_roots=[root], device="cpu",
-                                       job_retention_s=1))
+    running = start_in_thread(
+        Settings(server_dir=tmp_path / "state", port=0, input_roots=[root], device="cpu", job_retention_s=1)
+    )
     try:
         with Client(running.url) as api:
             job = api.submit_job("bad.wav")
             assert api.wait(job.id, timeout=120, poll_s=0.1).status == "failed"
             deadline = time.monotonic() + 30
-            while httpx.get(f"{running.url}/v1/jobs/{job.id}").status_code != 404 and time.monotonic() < deadline:
+            while (
+                httpx.get(f"{running.url}/v1/jobs/{job.id}").status_code != 404
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.1)
         assert httpx.get(f"{running.url}/v1/jobs/{job.id}").status_code == 404
         assert not (tmp_path / "state" / "jobs" / job.id).exists()

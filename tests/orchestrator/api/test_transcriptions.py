@@ -21,9 +21,18 @@ pytestmark = pytest.mark.slow  # each transcription is a real job: audio, ASR, a
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("videos")
     shutil.copy(MEDIA / "speech.wav", root / "speech.wav")
-    running = start_in_thread(Settings(server_dir=tmp_path_factory.mktemp("state"), port=0, input_roots=[root],
-                                       device="cpu", speakers=False, asr_model="embedded",
-                                       embedding_profile="embedded", max_upload_bytes=4 * 1024 * 1024))
+    running = start_in_thread(
+        Settings(
+            server_dir=tmp_path_factory.mktemp("state"),
+            port=0,
+            input_roots=[root],
+            device="cpu",
+            speakers=False,
+            asr_model="embedded",
+            embedding_profile="embedded",
+            max_upload_bytes=4 * 1024 * 1024,
+        )
+    )
     yield running
     running.stop()
 
@@ -42,7 +51,9 @@ def _create(client, **kwargs):
 def test_json_and_text(client, server):
     answer = _create(client)
     assert wer(SPEECH_TEXT, answer.text) <= MAX_WER, answer.text
-    text = _create(client, response_format="text", language="en", prompt="Stella, snow peas, slabs of blue cheese.")
+    text = _create(
+        client, response_format="text", language="en", prompt="Stella, snow peas, slabs of blue cheese."
+    )
     assert isinstance(text, str) and wer(SPEECH_TEXT, text) <= MAX_WER, text
     jobs = server.app.state.jobs
     assert not list(jobs.directory.iterdir()), "a transcription's upload and outputs go once it is answered"
@@ -72,8 +83,12 @@ def test_bad_uploads_get_openai_errors(client, server):
     assert "not a readable media file" in caught.value.message
     with pytest.raises(openai.BadRequestError):
         _create(client, response_format="json", timestamp_granularities=["word"])
-    big = httpx.post(f"{server.url}/v1/audio/transcriptions", data={"model": "whisper-1"},
-                     files={"file": ("big.wav", b"\0" * (5 * 1024 * 1024))}, timeout=60)
+    big = httpx.post(
+        f"{server.url}/v1/audio/transcriptions",
+        data={"model": "whisper-1"},
+        files={"file": ("big.wav", b"\0" * (5 * 1024 * 1024))},
+        timeout=60,
+    )
     assert big.status_code == 413, big.text
 
 

@@ -9,9 +9,9 @@ import threading
 import pytest
 
 from contracts.errors import GpuMemoryError
+from contracts.units import GIB_MIB as GIB
 from orchestrator.gpu.guard import GpuMonitor, check_after, free_memory_error
 from orchestrator.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot, NvmlReader, RecordedReader, nvml_index
-from contracts.units import GIB_MIB as GIB
 from tests.conftest import wait_for
 
 ME = os.getpid()
@@ -20,8 +20,15 @@ TRAINER = GpuProcess(pid=75955, used_mib=14.17 * GIB, command="python3 train_kon
 
 def t4(used: float, processes=(), index=0, uuid="GPU-aaaa-1111") -> GpuDevice:
     total = 14.74 * GIB  # seed 004's Tesla T4
-    return GpuDevice(index=index, name="Tesla T4", uuid=uuid, total_mib=total, used_mib=used, free_mib=total - used,
-                     processes=list(processes))
+    return GpuDevice(
+        index=index,
+        name="Tesla T4",
+        uuid=uuid,
+        total_mib=total,
+        used_mib=used,
+        free_mib=total - used,
+        processes=list(processes),
+    )
 
 
 def snap(*devices: GpuDevice) -> GpuSnapshot:
@@ -30,11 +37,14 @@ def snap(*devices: GpuDevice) -> GpuSnapshot:
 
 # -- before a stage -------------------------------------------------------------
 
+
 def test_another_process_holding_the_card_is_named_like_torch_names_it():
     dev = t4(14.5 * GIB, [TRAINER])
     error = free_memory_error("asr", dev, need_mib=3 * GIB, ours={ME})
     assert "Process 75955 (python3 train_konkanivani_asr.py) has 14.17 GiB memory in use" in error
-    assert error.startswith("asr needs about 3.00 GiB of GPU memory but GPU 0 (Tesla T4) has only 0.24 GiB free")
+    assert error.startswith(
+        "asr needs about 3.00 GiB of GPU memory but GPU 0 (Tesla T4) has only 0.24 GiB free"
+    )
 
 
 def test_enough_free_memory_or_a_stage_without_gpu_needs_is_no_error():
@@ -44,7 +54,10 @@ def test_enough_free_memory_or_a_stage_without_gpu_needs_is_no_error():
 
 def test_monitor_refuses_to_start_a_stage_and_logs_the_others(caplog):
     monitor = GpuMonitor(RecordedReader([snap(t4(14.5 * GIB, [TRAINER]))]), sample_s=None)
-    with caplog.at_level(logging.WARNING, logger="orchestrator.gpu.guard"), pytest.raises(GpuMemoryError, match="75955"):
+    with (
+        caplog.at_level(logging.WARNING, logger="orchestrator.gpu.guard"),
+        pytest.raises(GpuMemoryError, match="75955"),
+    ):
         monitor.before("asr", "cuda", None, need_mib=3 * GIB)
     assert "other processes hold memory on GPU 0: Process 75955" in caplog.text
 
@@ -57,6 +70,7 @@ def test_refusal_can_be_switched_off():
 
 # -- after a stage --------------------------------------------------------------
 
+
 def test_zero_mib_held_and_usage_back_to_baseline_is_the_proof():
     before, after = t4(500, [TRAINER]), t4(600, [TRAINER])
     result = check_after("asr", before, after, ours={ME, 4242}, tolerance_mib=256)
@@ -67,20 +81,26 @@ def test_our_child_still_listed_after_exit_is_a_leak_naming_the_stage():
     after = t4(3000, [GpuProcess(pid=4242, used_mib=2500, command="python -c spawn_main")])
     result = check_after("embeddings", t4(500), after, ours={ME, 4242}, tolerance_mib=256)
     assert result.tree_mib == 2500
-    assert result.leak == ("embeddings: GPU memory leak: our process tree still holds 2500 MiB on GPU 0 "
-                           "after the stage child exited (pid 4242)")
+    assert result.leak == (
+        "embeddings: GPU memory leak: our process tree still holds 2500 MiB on GPU 0 "
+        "after the stage child exited (pid 4242)"
+    )
 
 
 def test_device_usage_above_baseline_beyond_tolerance_is_a_leak():
     result = check_after("asr", t4(500), t4(1500), ours={ME}, tolerance_mib=256)
     assert result.tree_mib == 0.0
-    assert "did not return to its pre-stage baseline: 500 MiB before, 1500 MiB after (+1000 MiB" in result.leak
+    assert (
+        "did not return to its pre-stage baseline: 500 MiB before, 1500 MiB after (+1000 MiB" in result.leak
+    )
 
 
 def test_growth_of_another_process_is_not_blamed_on_us():
     other_before = GpuProcess(pid=99, used_mib=100, command="other")
     other_after = GpuProcess(pid=99, used_mib=1100, command="other")
-    result = check_after("asr", t4(600, [other_before]), t4(1600, [other_after]), ours={ME}, tolerance_mib=256)
+    result = check_after(
+        "asr", t4(600, [other_before]), t4(1600, [other_after]), ours={ME}, tolerance_mib=256
+    )
     assert result.leak is None and result.growth_mib == 0
 
 
@@ -107,7 +127,9 @@ def test_monitor_logs_a_leak_error_when_memory_never_comes_back(caplog):
 
 def test_sampling_records_the_childs_peak_on_its_device():
     child = 4242
-    readings = [snap(t4(500))] + [snap(t4(500 + m, [GpuProcess(pid=child, used_mib=m)])) for m in (300, 1800, 900)]
+    readings = [snap(t4(500))] + [
+        snap(t4(500 + m, [GpuProcess(pid=child, used_mib=m)])) for m in (300, 1800, 900)
+    ]
     monitor = GpuMonitor(RecordedReader(readings), sample_s=None)
     watch = monitor.before("asr", "cuda", None, need_mib=0)
     watch.pid = child
@@ -129,6 +151,7 @@ def test_sampler_thread_runs_while_the_child_runs_and_stops_after():
 
 
 # -- no NVML ----------------------------------------------------------------------
+
 
 def test_without_nvml_the_reader_says_why_and_the_monitor_is_a_quiet_no_op(caplog):
     reader = NvmlReader()
@@ -152,11 +175,24 @@ def test_cpu_stages_are_not_watched():
 
 # -- which device --------------------------------------------------------------------
 
-@pytest.mark.parametrize(("device", "visible", "expected"), [
-    ("cuda", None, 0), ("auto", None, 0), ("cuda:1", None, 1), ("cuda:2", None, None), ("cpu", None, None),
-    ("cuda", "1", 1), ("cuda:1", "1,0", 0), ("cuda", "", None), ("cuda:1", "0", None),
-    ("cuda", "GPU-bbbb", 1), ("cuda", "MIG-xyz", None), ("cuda:1", "0,junk,1", None),
-])
+
+@pytest.mark.parametrize(
+    ("device", "visible", "expected"),
+    [
+        ("cuda", None, 0),
+        ("auto", None, 0),
+        ("cuda:1", None, 1),
+        ("cuda:2", None, None),
+        ("cpu", None, None),
+        ("cuda", "1", 1),
+        ("cuda:1", "1,0", 0),
+        ("cuda", "", None),
+        ("cuda:1", "0", None),
+        ("cuda", "GPU-bbbb", 1),
+        ("cuda", "MIG-xyz", None),
+        ("cuda:1", "0,junk,1", None),
+    ],
+)
 def test_cuda_device_maps_to_nvml_index_through_cuda_visible_devices(device, visible, expected):
     two = snap(t4(0, index=0, uuid="GPU-aaaa-1111"), t4(0, index=1, uuid="GPU-bbbb-2222"))
     assert nvml_index(device, visible, two) == expected

@@ -10,20 +10,26 @@ import sys
 
 from contracts import WorkItem
 from contracts.perf import PERF_LOG_ENV
-from orchestrator.process.pidfiles import ChildRegistry
-from orchestrator.process.executor import LocalExecutor
 from orchestrator.gpu.nvml import NvmlReader
+from orchestrator.process.executor import LocalExecutor
+from orchestrator.process.hooks import default_hooks
+from orchestrator.process.pidfiles import ChildRegistry
 from orchestrator.registry import StageSpec
 from orchestrator.run.runner import StageRunner
-from orchestrator.process.hooks import default_hooks
 from tests.conftest import ROOT
 from tests.fixtures.stages import NoteArtifact
 from tests.orchestrator.process.test_children import gone, start_parent
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "200", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
 
 
 def test_gpu_without_nvml_says_so_and_exits_0(tmp_path):
@@ -49,18 +55,33 @@ def test_gpu_cleanup_stops_the_orphan_of_a_killed_pipeline_and_says_which(tmp_pa
     done = cli("gpu", "--cleanup", env={"PIPELINE_PID_DIR": str(tmp_path / "pids")})
     # Then that child is stopped and named
     assert done.returncode == 0, done.stderr
-    assert f"stopped orphaned stage child pid {child} (sleeper stage child of pipeline pid {parent.pid}" in done.stdout
+    assert (
+        f"stopped orphaned stage child pid {child} (sleeper stage child of pipeline pid {parent.pid}"
+        in done.stdout
+    )
     assert gone(child)
     again = cli("gpu", "--cleanup", "--json", "--pid-dir", str(tmp_path / "pids"))
-    assert json.loads(again.stdout)["cleanup"] == {"stopped": [], "left_running": [], "stale_removed": [], "failed": []}
+    assert json.loads(again.stdout)["cleanup"] == {
+        "stopped": [],
+        "left_running": [],
+        "stale_removed": [],
+        "failed": [],
+    }
 
 
 def test_report_prints_a_table_and_writes_a_png_for_a_real_run(tmp_path):
     perf = tmp_path / "out" / "performance_logs" / "20260101T000000Z-abcdef.jsonl"
-    runner = StageRunner(LocalExecutor(default_hooks(registry=ChildRegistry(tmp_path / "pids"))), tmp_path / "run",
-                         env={PERF_LOG_ENV: str(perf)}, device="cpu", max_signal_retries=0)
-    items = [WorkItem(id=i, inputs={"source": "good"}, output=str(tmp_path / i / "note.json"), fingerprint="fp")
-             for i in ("a", "b")]
+    runner = StageRunner(
+        LocalExecutor(default_hooks(registry=ChildRegistry(tmp_path / "pids"))),
+        tmp_path / "run",
+        env={PERF_LOG_ENV: str(perf)},
+        device="cpu",
+        max_signal_retries=0,
+    )
+    items = [
+        WorkItem(id=i, inputs={"source": "good"}, output=str(tmp_path / i / "note.json"), fingerprint="fp")
+        for i in ("a", "b")
+    ]
     runner.run(StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact), items)
     done = cli("report", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr

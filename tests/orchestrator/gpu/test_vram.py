@@ -6,16 +6,8 @@ import pytest
 
 from contracts.units import GIB_MIB as GIB
 from orchestrator.gpu.nvml import GpuDevice, GpuSnapshot, RecordedReader
+from orchestrator.gpu.sizing import Need, auto_batch_size, cached_asr_models, pick_asr_model, resolve_auto
 from orchestrator.settings import Settings
-from orchestrator.gpu.sizing import (
-    ASR_NEEDS,
-    Need,
-    auto_batch_size,
-    cached_asr_models,
-    pick_asr_model,
-    resolve_auto,
-)
-
 
 
 def test_batch_data_gets_one_eighth_of_the_card_rounded_down_to_a_power_of_two():
@@ -35,13 +27,16 @@ def test_batch_is_at_least_one_and_at_most_the_cap():
     assert auto_batch_size(80 * GIB, 80 * GIB, Need(0.3 * GIB, 1), cap=256) == 256
 
 
-@pytest.mark.parametrize(("total_gib", "expected"), [
-    (7.6, "small"),        # an "8 GB" card as NVML reports it
-    (11.8, "medium"),      # 12 GB
-    (14.74, "large-v3"),   # seed 004's T4 ("16 GB")
-    (23.6, "large-v3"),
-    (3.0, "embedded"),
-])
+@pytest.mark.parametrize(
+    ("total_gib", "expected"),
+    [
+        (7.6, "small"),  # an "8 GB" card as NVML reports it
+        (11.8, "medium"),  # 12 GB
+        (14.74, "large-v3"),  # seed 004's T4 ("16 GB")
+        (23.6, "large-v3"),
+        (3.0, "embedded"),
+    ],
+)
 def test_asr_auto_follows_the_seed_table_on_an_idle_card(total_gib, expected):
     model, _ = pick_asr_model(total_gib * GIB, total_gib * GIB - 300, offline=False, cached=set())
     assert model == expected
@@ -61,10 +56,14 @@ def test_asr_auto_offline_uses_only_cached_models_else_the_embedded_one():
 
 def test_asr_auto_without_a_gpu_is_the_embedded_model():
     assert pick_asr_model(None, None, offline=False, cached={"large-v3"}) == (
-        "embedded", "no GPU seen: the embedded Whisper tiny.en runs on the CPU")
+        "embedded",
+        "no GPU seen: the embedded Whisper tiny.en runs on the CPU",
+    )
 
 
-def write_cache(root, repo: str, files: dict[str, bytes], commit: str = "0123456789abcdef0123456789abcdef01234567") -> None:
+def write_cache(
+    root, repo: str, files: dict[str, bytes], commit: str = "0123456789abcdef0123456789abcdef01234567"
+) -> None:
     """The hub cache's layout as huggingface_hub writes it: blobs, a snapshot of links, refs/main."""
     folder = root / f"models--{repo.replace('/', '--')}"
     (folder / "refs").mkdir(parents=True, exist_ok=True)
@@ -85,6 +84,7 @@ def test_cached_models_are_found_in_the_hub_cache_layout(tmp_path):
 
 # -- wiring -------------------------------------------------------------------------
 
+
 def test_settings_accept_auto_for_batch_sizes_and_model(monkeypatch):
     monkeypatch.setenv("ASR_BATCH_SIZE", "auto")
     monkeypatch.setenv("EMBEDDING_BATCH_SIZE", "32")
@@ -95,7 +95,9 @@ def test_settings_accept_auto_for_batch_sizes_and_model(monkeypatch):
 def test_auto_on_a_recorded_24_gib_card_resolves_to_gpu_values(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))  # empty: offline, nothing usable
+    monkeypatch.setattr(
+        huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path)
+    )  # empty: offline, nothing usable
     card = GpuDevice(index=0, name="RTX 4090", total_mib=24 * GIB, used_mib=500, free_mib=24 * GIB - 500)
     reader = RecordedReader([GpuSnapshot(available=True, devices=[card])])
     s = resolve_auto(Settings(asr_model="auto", asr_batch_size="auto", embedding_batch_size="auto"), reader)

@@ -9,11 +9,11 @@ from pydantic import ValidationError
 
 from contracts import WorkItem, load_model
 from orchestrator.process.executor import LocalExecutor
+from orchestrator.process.hooks import default_hooks
+from orchestrator.process.pidfiles import ChildRegistry
 from orchestrator.registry import StageSpec
 from orchestrator.run.runner import StageRunner
 from orchestrator.settings import Settings
-from orchestrator.process.hooks import default_hooks
-from orchestrator.process.pidfiles import ChildRegistry
 from tests.fixtures.stages import FixtureSettings, NoteArtifact
 
 NAMES = ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTORCH_CUDA_ALLOC_CONF", "PIPELINE_MEMORY_NOTICE_PCT"]
@@ -26,7 +26,9 @@ def test_memory_settings_are_typed_and_gpu_settings_reach_the_child_environment(
     memory = settings.memory()
     assert (memory.notice_pct, memory.warning_pct, memory.tf32, memory.every_item) == (60, 80, False, False)
     env = settings.child_env()
-    assert not any(name.startswith("PIPELINE_MEMORY") for name in env), "memory options travel typed, not as env"
+    assert not any(name.startswith("PIPELINE_MEMORY") for name in env), (
+        "memory options travel typed, not as env"
+    )
     assert env["CUDA_VISIBLE_DEVICES"] == "1,0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
@@ -49,11 +51,26 @@ def test_warning_threshold_below_notice_is_rejected():
 
 def _probe(tmp_path, settings: Settings) -> dict:
     """What a real child, started as the runner starts them, saw."""
-    runner = StageRunner(LocalExecutor(default_hooks(registry=ChildRegistry(tmp_path / "pids"))), tmp_path / "run",
-                         env=settings.child_env(), device="cpu", max_signal_retries=0, memory=settings.memory())
-    item = WorkItem(id="a", inputs={"source": "x"}, output=str(tmp_path / "a" / "note.json"), fingerprint="fp")
-    outcomes, _ = runner.run(StageSpec("envprobe", "tests.fixtures.stages_envprobe", NoteArtifact,
-                                       settings=FixtureSettings(**{"names": NAMES})), [item])
+    runner = StageRunner(
+        LocalExecutor(default_hooks(registry=ChildRegistry(tmp_path / "pids"))),
+        tmp_path / "run",
+        env=settings.child_env(),
+        device="cpu",
+        max_signal_retries=0,
+        memory=settings.memory(),
+    )
+    item = WorkItem(
+        id="a", inputs={"source": "x"}, output=str(tmp_path / "a" / "note.json"), fingerprint="fp"
+    )
+    outcomes, _ = runner.run(
+        StageSpec(
+            "envprobe",
+            "tests.fixtures.stages_envprobe",
+            NoteArtifact,
+            settings=FixtureSettings(**{"names": NAMES}),
+        ),
+        [item],
+    )
     assert outcomes["a"].ok
     return json.loads(load_model(tmp_path / "a" / "note.json", NoteArtifact).text)
 
@@ -64,11 +81,15 @@ def test_a_real_child_sees_the_gpu_environment(tmp_path, monkeypatch):
     seen = _probe(tmp_path, Settings(cuda_visible_devices="1", memory_notice_pct=50))
     # Then the child runs with the settings' values, not the inherited ones
     # (the memory options arrive typed in the request, not as environment variables)
-    assert seen == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PIPELINE_MEMORY_NOTICE_PCT": None,
-                    "memory": {"notice_pct": 50.0, "warning_pct": 85.0, "every_item": False, "tf32": True},
-                    # and its malloc keeps what it frees (glibc here)
-                    "heap": "keep"}
+    assert seen == {
+        "CUDA_VISIBLE_DEVICES": "1",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "PIPELINE_MEMORY_NOTICE_PCT": None,
+        "memory": {"notice_pct": 50.0, "warning_pct": 85.0, "every_item": False, "tf32": True},
+        # and its malloc keeps what it frees (glibc here)
+        "heap": "keep",
+    }
 
 
 def test_a_child_keeps_the_c_librarys_heap_defaults_when_asked(tmp_path, monkeypatch):

@@ -29,18 +29,24 @@ from orchestrator.process.hooks import default_hooks
 from tests.fixtures.stages import FixtureSettings, NoteArtifact
 
 tmp = Path(sys.argv[1])
-runner = StageRunner(LocalExecutor(default_hooks(registry=ChildRegistry(tmp / "pids")), die_with_parent=False), tmp / "run", env={}, device="cpu",
+hooks = default_hooks(registry=ChildRegistry(tmp / "pids"))
+runner = StageRunner(LocalExecutor(hooks, die_with_parent=False), tmp / "run", env={}, device="cpu",
                      max_signal_retries=0)
 item = WorkItem(id="a", inputs={"source": "x"}, output=str(tmp / "a" / "note.json"), fingerprint="fp")
-outcomes, _ = runner.run(StageSpec("sleeper", "tests.fixtures.stages_sleeper", NoteArtifact, settings=FixtureSettings(**{
-    "started": str(tmp / "started"), "release": str(tmp / "release"), "sleep_s": 120})), [item])
+settings = FixtureSettings(started=str(tmp / "started"), release=str(tmp / "release"), sleep_s=120)
+outcomes, _ = runner.run(StageSpec("sleeper", "tests.fixtures.stages_sleeper", NoteArtifact, settings=settings), [item])
 print("ok" if outcomes["a"].ok else "failed")
 """
 
 
 def start_parent(tmp_path) -> tuple[subprocess.Popen, int]:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not (tmp_path / "started").exists():
         if parent.poll() is not None or time.monotonic() > deadline:
@@ -98,8 +104,15 @@ def test_a_recycled_pid_is_never_taken_for_our_child(tmp_path):
     try:
         registry = ChildRegistry(tmp_path / "pids")
         registry.directory.mkdir(parents=True)
-        record = ChildRecord(pid=stranger.pid, create_time=psutil.Process(stranger.pid).create_time() - 1000,
-                             stage="asr", parent_pid=999999, parent_create_time=0.0, request="r", started_at=0.0)
+        record = ChildRecord(
+            pid=stranger.pid,
+            create_time=psutil.Process(stranger.pid).create_time() - 1000,
+            stage="asr",
+            parent_pid=999999,
+            parent_create_time=0.0,
+            request="r",
+            started_at=0.0,
+        )
         (registry.directory / f"{stranger.pid}.json").write_text(json.dumps(record.__dict__))
         # When cleanup runs, Then the stranger lives and only the stale record goes
         done = registry.cleanup(grace_s=1)

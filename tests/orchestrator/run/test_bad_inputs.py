@@ -40,7 +40,7 @@ def batch(tmp_path_factory):
     s16 = speech(16000)
     long = np.zeros(LONG_S * 16000, np.float32)
     long[: s16.size] = s16
-    long[-s16.size - 8000: -8000] = s16
+    long[-s16.size - 8000 : -8000] = s16
     hum = 0.2 * np.sin(2 * np.pi * 220 * np.arange(s16.size) / 16000).astype(np.float32)
     good = {
         "8 kHz": write_wav(src / "narrow_8k.wav", speech(8000), 8000),
@@ -60,8 +60,12 @@ def batch(tmp_path_factory):
     with Orchestrator(Settings(output_dir=tmp / "out", embedding_profile="embedded")) as orch:
         report = orch.process(inputs)
     by_source = {item.source: item for item in report.inputs}
-    return report, tmp / "out", {k: (by_source[str(p)], reason) for k, (p, reason) in bad.items()}, \
-        {k: by_source[str(p)] for k, p in good.items()}
+    return (
+        report,
+        tmp / "out",
+        {k: (by_source[str(p)], reason) for k, (p, reason) in bad.items()},
+        {k: by_source[str(p)] for k, p in good.items()},
+    )
 
 
 def test_each_bad_input_fails_alone_with_its_reason(batch):
@@ -77,8 +81,16 @@ def test_each_bad_input_fails_alone_with_its_reason(batch):
     ("kind", "max_wer"),
     # tiny.en loses accuracy on band-limited speech (~53 % here, every word still there);
     # a wrong sample rate would also change the duration checked below
-    [("8 kHz", 0.7), ("6-channel 48 kHz", MAX_WER), ("unicode and spaces", MAX_WER), ("opus in webm", MAX_WER),
-     ("opus in ogg", MAX_WER), ("flac", MAX_WER), ("aac in m4a", MAX_WER), ("mkv, two tracks", MAX_WER)],
+    [
+        ("8 kHz", 0.7),
+        ("6-channel 48 kHz", MAX_WER),
+        ("unicode and spaces", MAX_WER),
+        ("opus in webm", MAX_WER),
+        ("opus in ogg", MAX_WER),
+        ("flac", MAX_WER),
+        ("aac in m4a", MAX_WER),
+        ("mkv, two tracks", MAX_WER),
+    ],
 )
 def test_unusual_formats_and_names_are_transcribed(batch, kind, max_wer):
     _, out, _, good = batch
@@ -125,11 +137,18 @@ def test_a_source_changed_after_planning_fails_alone_and_a_rerun_takes_the_new_v
 
     first, second = clips(tmp_path / "in", 2, seconds=3.0)
     out = tmp_path / "out"
-    settings = Settings(output_dir=out, embedding_profile="embedded", chunk_size=1, speakers=False, keep_audio=True)
+    settings = Settings(
+        output_dir=out, embedding_profile="embedded", chunk_size=1, speakers=False, keep_audio=True
+    )
 
     def grow_second_once_planned():  # chunk 1 (the first input) started: the run was planned
-        wait_for(lambda: any((out / ".runs").glob("*/chunk001-audio-*.log")) if (out / ".runs").is_dir() else False,
-                 timeout=120, what="chunk 1's audio child")
+        wait_for(
+            lambda: (
+                any((out / ".runs").glob("*/chunk001-audio-*.log")) if (out / ".runs").is_dir() else False
+            ),
+            timeout=120,
+            what="chunk 1's audio child",
+        )
         with open(second, "ab") as fh:
             fh.write(b"\0" * 32000)
 
@@ -142,7 +161,10 @@ def test_a_source_changed_after_planning_fails_alone_and_a_rerun_takes_the_new_v
     assert by_source[str(first)].status == "ok"
     changed = by_source[str(second)]
     assert changed.status == "failed" and changed.failed_stage == "audio"
-    assert changed.error.startswith("source changed since the run was planned (size ") and "\n" not in changed.error
+    assert (
+        changed.error.startswith("source changed since the run was planned (size ")
+        and "\n" not in changed.error
+    )
     with Orchestrator(settings) as orch:
         again = orch.process([first, second])
     by_source = {item.source: item for item in again.inputs}
@@ -161,12 +183,15 @@ def small_disk(request, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     if request.param == "file size limit":
+
         def limit():
             resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
         yield out, limit
         return
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(out)], capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(out)], capture_output=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
@@ -175,8 +200,9 @@ def small_disk(request, tmp_path):
         subprocess.run(["umount", "-l", str(out)], check=False)
 
 
-def test_a_file_too_large_fails_alone_and_a_full_disk_stops_the_run_leaving_no_partial_artifact(tmp_path, small_disk,
-                                                                                                   request):
+def test_a_file_too_large_fails_alone_and_a_full_disk_stops_the_run_leaving_no_partial_artifact(
+    tmp_path, small_disk, request
+):
     """A file the size limit (ulimit -f) forbids can never be written: its input fails alone. A full disk is
     nobody's input's fault (issue 23, case 4): the run stops with exit 5 and fails nothing."""
     import subprocess
@@ -187,9 +213,22 @@ def test_a_file_too_large_fails_alone_and_a_full_disk_stops_the_run_leaving_no_p
     src = tmp_path / "in"
     small = write_wav(src / "small.wav", speech(16000)[: 3 * 16000], 16000)
     big = write_wav(src / "big.wav", np.tile(speech(16000), 6), 16000)  # ~65 s: a 4 MB audio.npy does not fit
-    done = subprocess.run([str(ROOT / "bin" / "pipeline"), "process", str(small), str(big), "--output", str(out),
-                           "--no-speakers"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          preexec_fn=preexec)
+    done = subprocess.run(
+        [
+            str(ROOT / "bin" / "pipeline"),
+            "process",
+            str(small),
+            str(big),
+            "--output",
+            str(out),
+            "--no-speakers",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=preexec,
+    )
     report = json.loads((out / "run-report.json").read_text())
     by_name = {item["source"].rsplit("/", 1)[-1]: item for item in report["inputs"]}
     big_item = by_name["big.wav"]
@@ -197,7 +236,10 @@ def test_a_file_too_large_fails_alone_and_a_full_disk_stops_the_run_leaving_no_p
         assert done.returncode == 1, done.stderr[-2000:]
         assert by_name["small.wav"]["status"] == "ok", by_name["small.wav"]
         assert big_item["status"] == "failed" and big_item["failed_stage"] == "audio"
-        assert big_item["error"].startswith("file too large to write audio.npy (4") and "\n" not in big_item["error"]
+        assert (
+            big_item["error"].startswith("file too large to write audio.npy (4")
+            and "\n" not in big_item["error"]
+        )
     else:
         assert done.returncode == 5, done.stderr[-2000:]
         assert report["failed"] == 0 and report["stopped"].startswith("disk full: ")

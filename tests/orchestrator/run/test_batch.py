@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("batch")
-    inputs = clips(tmp / "in", 60, seconds=1.5)
+    clips(tmp / "in", 60, seconds=1.5)
     with Orchestrator(Settings(output_dir=tmp / "out", chunk_size=25, embedding_profile="embedded")) as orch:
         report = orch.process([tmp / "in"])
     return report, tmp / "out"
@@ -36,7 +36,9 @@ def test_no_transcript_keeps_a_decoder_loop(batch):
         transcript = TranscriptArtifact.model_validate_json((out / item.id / "transcript.json").read_text())
         texts[item.id] = " ".join(segment.text for segment in transcript.segments)
     assert not [k for k, text in texts.items() if repeats_itself(text)]
-    assert max(len(text.split()) for text in texts.values()) < 1.5 * 8, "no clip holds more words than 1.5 s can"
+    assert max(len(text.split()) for text in texts.values()) < 1.5 * 8, (
+        "no clip holds more words than 1.5 s can"
+    )
 
 
 def test_each_stage_loads_its_model_once_per_chunk_in_a_fresh_child(batch):

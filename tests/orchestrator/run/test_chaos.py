@@ -37,9 +37,18 @@ def _inputs(src: Path) -> tuple[list[Path], dict[str, tuple[Path, str, str]]]:
     voice = speech()[: 2 * 16000]
     odd = src / "odd"
     odd.mkdir()
-    good += [write_wav(odd / name, voice, 16000) for name in (
-        "line\nbreak.wav", "-leading dash.wav", "x" * 251 + ".wav", "Talk.wav", "talk.wav", "run-report.json.wav",
-        "journal.jsonl.wav")]
+    good += [
+        write_wav(odd / name, voice, 16000)
+        for name in (
+            "line\nbreak.wav",
+            "-leading dash.wav",
+            "x" * 251 + ".wav",
+            "Talk.wav",
+            "talk.wav",
+            "run-report.json.wav",
+            "journal.jsonl.wav",
+        )
+    ]
     latin1 = Path(os.fsdecode(bytes(odd) + b"/caf\xe9 cr\xe8me.wav"))  # not UTF-8
     good.append(write_wav(latin1, voice, 16000))
     bad = src / "bad"
@@ -47,16 +56,26 @@ def _inputs(src: Path) -> tuple[list[Path], dict[str, tuple[Path, str, str]]]:
     damaged = bytearray((MEDIA / "speech.mp4").read_bytes())
     rng = random.Random(1)
     start = int(len(damaged) * 0.45)
-    damaged[start:start + 4000] = bytes(rng.randrange(256) for _ in range(4000))
+    damaged[start : start + 4000] = bytes(rng.randrange(256) for _ in range(4000))
     (bad / "damaged.mp4").write_bytes(bytes(damaged))
     (bad / "notes.mp4").write_text("meeting notes, not a video\n")
     (bad / "empty.wav").touch()
     poison = {
-        "crash-1": (write_wav(bad / "crash-1.wav", voice, 16000), "failed",
-                    "crashed the asr child 2 times: it was killed by SIGSEGV"),
-        "crash-2": (write_wav(bad / "crash-2.wav", voice, 16000), "failed",
-                    "crashed the asr child 2 times: it was killed by SIGSEGV"),
-        "hang": (write_wav(bad / "hang-1.wav", voice, 16000), "failed", "crashed the asr child 2 times: it hung"),
+        "crash-1": (
+            write_wav(bad / "crash-1.wav", voice, 16000),
+            "failed",
+            "crashed the asr child 2 times: it was killed by SIGSEGV",
+        ),
+        "crash-2": (
+            write_wav(bad / "crash-2.wav", voice, 16000),
+            "failed",
+            "crashed the asr child 2 times: it was killed by SIGSEGV",
+        ),
+        "hang": (
+            write_wav(bad / "hang-1.wav", voice, 16000),
+            "failed",
+            "crashed the asr child 2 times: it hung",
+        ),
         "damaged": (bad / "damaged.mp4", "partial", "damaged source: decoded "),
         "not media": (bad / "notes.mp4", "failed", "not a readable media file"),
         "empty": (bad / "empty.wav", "failed", "empty file (0 bytes)"),
@@ -91,14 +110,32 @@ def _cmdline(pid: int) -> str:
 
 def _run(inputs: list[Path], out: Path, mark: str, chaos=None) -> tuple[int, list[str]]:
     """Run the driver to its end; ``chaos(proc, done)`` acts on it from a thread. (exit code, what chaos did)."""
-    env = {**os.environ, "CHAOS_MARK": mark, "PIPELINE_CHUNK_SIZE": "15", "PIPELINE_WATCHDOG_FLOOR_S": "15",
-           "PIPELINE_WATCHDOG_PER_AUDIO_S": "1", "PIPELINE_SPEAKERS": "false",
-           # no joined ASR windows (#27): which inputs share a window differs between the clean run and the runs
-           # rebuilt after kills, and an input's text may move with its neighbours; texts are compared exactly
-           "ASR_JOIN_INPUTS": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.fixtures.chaos_driver", "process", *map(os.fsdecode, inputs),
-                             "--output", str(out)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "CHAOS_MARK": mark,
+        "PIPELINE_CHUNK_SIZE": "15",
+        "PIPELINE_WATCHDOG_FLOOR_S": "15",
+        "PIPELINE_WATCHDOG_PER_AUDIO_S": "1",
+        "PIPELINE_SPEAKERS": "false",
+        # no joined ASR windows (#27): which inputs share a window differs between the clean run and the runs
+        # rebuilt after kills, and an input's text may move with its neighbours; texts are compared exactly
+        "ASR_JOIN_INPUTS": "false",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.fixtures.chaos_driver",
+            "process",
+            *map(os.fsdecode, inputs),
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     done = threading.Event()
     did: list[str] = []
     actor = threading.Thread(target=chaos, args=(proc, done, did)) if chaos else None
@@ -122,6 +159,7 @@ def _kill_a_child(rng: random.Random, delay: tuple[float, float]):
             victim = rng.choice(children)
             os.kill(victim, signal.SIGKILL)
             did.append(f"SIGKILL child {victim}")
+
     return act
 
 
@@ -131,6 +169,7 @@ def _then(*acts):
             if done.is_set():
                 return
             one(proc, done, did)
+
     return act
 
 
@@ -139,6 +178,7 @@ def _signal_parent(rng: random.Random, sig: int, delay: tuple[float, float]):
         if not done.wait(rng.uniform(*delay)) and proc.poll() is None:
             proc.send_signal(sig)
             did.append(f"{signal.Signals(sig).name} parent")
+
     return act
 
 
@@ -148,15 +188,20 @@ MARK = uuid.uuid4().hex
 def _outputs(out: Path, report: dict) -> dict[str, dict[str, bytes]]:
     """source -> {file name: bytes} of each complete input's output directory. Artifacts (``*.json``) say when
     they were written (``created_at``): that one field is left out, every other byte is compared."""
+
     def content(path: Path) -> bytes:
         if path.suffix != ".json":
             return path.read_bytes()
         # created_at: when it was written; sha256: of a sidecar whose floats may move by packing noise
-        return json.dumps({k: v for k, v in json.loads(path.read_bytes()).items()
-                           if k not in ("created_at", "sha256")}).encode()
+        return json.dumps(
+            {k: v for k, v in json.loads(path.read_bytes()).items() if k not in ("created_at", "sha256")}
+        ).encode()
 
-    return {item["source"]: {p.name: content(p) for p in sorted((out / item["id"]).iterdir()) if p.is_file()}
-            for item in report["inputs"] if item["status"] == "ok"}
+    return {
+        item["source"]: {p.name: content(p) for p in sorted((out / item["id"]).iterdir()) if p.is_file()}
+        for item in report["inputs"]
+        if item["status"] == "ok"
+    }
 
 
 _TIME = re.compile(rb"\d\d:\d\d:\d\d[,.]\d\d\d")
@@ -227,8 +272,10 @@ def test_chaos_batch_runs_to_the_end_and_loses_nothing(tmp_path):
         item = by_source[str(path)]
         assert item["status"] == status and reason in (item["error"] or ""), (name, item, SEED, history)
         assert "\n" not in item["error"]
-    assert report["ok"] == len(good) and report["partial"] == 1 and report["failed"] == len(poison) - 1, \
-        (SEED, history)
+    assert report["ok"] == len(good) and report["partial"] == 1 and report["failed"] == len(poison) - 1, (
+        SEED,
+        history,
+    )
 
     chaos = _outputs(tmp_path / "out", report)
     assert chaos.keys() == clean.keys()
@@ -237,7 +284,9 @@ def test_chaos_batch_runs_to_the_end_and_loses_nothing(tmp_path):
         for name, data in files.items():
             assert _same(name, chaos[source][name], data), (source, name, SEED, history)
 
-    journal = [json.loads(line) for line in (tmp_path / "out" / "journal.jsonl").read_text().splitlines() if line]
+    journal = [
+        json.loads(line) for line in (tmp_path / "out" / "journal.jsonl").read_text().splitlines() if line
+    ]
     complete = {item["id"] for item in report["inputs"] if item["status"] == "ok"}
     # a model stage runs once per complete input over all the runs; "outputs" (the parent writing the
     # captions from the kept artifacts) is redone by every run that sees the input, by design, once per run

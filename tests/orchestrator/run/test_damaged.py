@@ -22,15 +22,35 @@ def test_damaged_input_is_partial_and_said_on_the_console(tmp_path):
     os.mkfifo(src / "stream.mp4")
     (src / "good.wav").write_bytes((MEDIA / "speech.wav").read_bytes())
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "process", str(src / "damaged.mp4"),
-                           str(src / "stream.mp4"), str(src / "good.wav"), "--output", str(out), "--no-speakers",
-                           "--embedding-profile", "embedded"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "process",
+            str(src / "damaged.mp4"),
+            str(src / "stream.mp4"),
+            str(src / "good.wav"),
+            "--output",
+            str(out),
+            "--no-speakers",
+            "--embedding-profile",
+            "embedded",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 1, done.stderr[-3000:]  # the FIFO failed
     report = json.loads((out / "run-report.json").read_text())
     by_id = {i["id"]: i for i in report["inputs"]}
     assert (report["ok"], report["partial"], report["failed"]) == (1, 1, 1)
     assert by_id["damaged"]["status"] == "partial"
-    assert by_id["damaged"]["error"].startswith("damaged source: decoded ") and " of 10.8 s (" in by_id["damaged"]["error"]
+    assert (
+        by_id["damaged"]["error"].startswith("damaged source: decoded ")
+        and " of 10.8 s (" in by_id["damaged"]["error"]
+    )
     assert (out / "damaged" / "transcript.srt").is_file(), "what decoded was transcribed"
     assert by_id["stream"]["status"] == "failed" and "not a regular file (FIFO)" in by_id["stream"]["error"]
     assert f"PARTIAL {src / 'damaged.mp4'}: damaged source: decoded" in done.stderr

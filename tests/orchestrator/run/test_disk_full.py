@@ -27,8 +27,9 @@ def disk(tmp_path):
     """A 64 MiB tmpfs of its own (root, as on the CI machine)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
     yield mount
@@ -52,8 +53,18 @@ def fill(directory: Path) -> Path:
 
 
 def cli(inputs: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli", "process", str(inputs), "--output", str(out), "--no-speakers",
-            "--chunk-size", "4"]
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator.cli",
+        "process",
+        str(inputs),
+        "--output",
+        str(out),
+        "--no-speakers",
+        "--chunk-size",
+        "4",
+    ]
 
 
 def child_started(run: Path, name: str) -> bool:
@@ -66,12 +77,19 @@ def test_a_disk_that_fills_during_the_run_stops_it_cleanly_and_the_rerun_resumes
     clips(inputs, 3, seconds=2.5)
     out = disk / "out"
     # Given a run whose ASR child has started, after the audio stage wrote its artifacts
-    proc = subprocess.Popen(cli(inputs, out), cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    run = wait_for(lambda: next((out / ".runs").glob("*"), None) if (out / ".runs").exists() else None,
-                   timeout=120, what="the run directory")
-    wait_for(lambda: child_started(run, "chunk001-asr-1") or proc.poll() is not None, timeout=300,
-             what="the ASR child")
+    proc = subprocess.Popen(
+        cli(inputs, out), cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    run = wait_for(
+        lambda: next((out / ".runs").glob("*"), None) if (out / ".runs").exists() else None,
+        timeout=120,
+        what="the run directory",
+    )
+    wait_for(
+        lambda: child_started(run, "chunk001-asr-1") or proc.poll() is not None,
+        timeout=300,
+        what="the ASR child",
+    )
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     # When the disk fills up before it writes its first transcript
     filler = fill(disk)
@@ -93,7 +111,9 @@ def test_a_disk_that_fills_during_the_run_stops_it_cleanly_and_the_rerun_resumes
     assert {item["stages"]["audio"]["status"] for item in report["inputs"]} == {"reused"}
     events = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines() if line.strip()]
     audio = [e for e in events if e.get("stage") == "audio" and e.get("status") == "ok"]
-    assert sorted(e["item"] for e in audio) == sorted(i["id"] for i in report["inputs"]), "audio ran once each"
+    assert sorted(e["item"] for e in audio) == sorted(i["id"] for i in report["inputs"]), (
+        "audio ran once each"
+    )
     assert all((out / i["id"] / "transcript.json").exists() for i in report["inputs"])
 
 
@@ -101,7 +121,9 @@ def test_a_disk_full_before_the_run_is_a_usage_error_with_the_reason(tmp_path, d
     inputs = tmp_path / "in"
     clips(inputs, 1, seconds=2.0)
     fill(disk)
-    done = subprocess.run(cli(inputs, disk / "out"), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        cli(inputs, disk / "out"), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == ExitCode.USAGE, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     [line] = [line for line in done.stderr.splitlines() if line.startswith("error: ")]

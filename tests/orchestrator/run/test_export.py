@@ -17,9 +17,11 @@ from orchestrator.run.plan import save_ids
 from tests.caption_rules import check
 from tests.conftest import MEDIA, ROOT
 
-SENTENCES = [("Host", "Thanks for joining us. What got you interested in mapping the old roads of the county?"),
-             ("Guest", "It started on long walks with my father, who could name every hill we passed."),
-             ("Host", "And how do you find a road that nobody has used for a century?")]
+SENTENCES = [
+    ("Host", "Thanks for joining us. What got you interested in mapping the old roads of the county?"),
+    ("Guest", "It started on long walks with my father, who could name every hill we passed."),
+    ("Host", "And how do you find a road that nobody has used for a century?"),
+]
 
 
 def transcript(item_id: str = "talk") -> TranscriptArtifact:
@@ -28,16 +30,44 @@ def transcript(item_id: str = "talk") -> TranscriptArtifact:
     for n, (speaker, text) in enumerate(SENTENCES):
         words, start = [], at
         for k, word in enumerate(text.split()):
-            words.append({"word": word, "start": round(at, 3), "end": round(at + 0.3, 3),
-                          "score": 0.2 if (n, k) == (1, 8) else 0.9, "speaker": speaker})
+            words.append(
+                {
+                    "word": word,
+                    "start": round(at, 3),
+                    "end": round(at + 0.3, 3),
+                    "score": 0.2 if (n, k) == (1, 8) else 0.9,
+                    "speaker": speaker,
+                }
+            )
             at += 0.34
-        segments.append({"id": n, "start": round(start, 3), "end": round(at, 3), "text": " " + text, "words": words,
-                         "speaker": speaker})
+        segments.append(
+            {
+                "id": n,
+                "start": round(start, 3),
+                "end": round(at, 3),
+                "text": " " + text,
+                "words": words,
+                "speaker": speaker,
+            }
+        )
         at += 0.6
-    return TranscriptArtifact(item_id=item_id, fingerprint="f", source=str(MEDIA / "speech.wav"), language="en",
-                              model="tiny.en", requested_model="embedded", device="cpu", compute_type="int8",
-                              batch_size=1, aligned=True, aligner="whisper-cross-attention", duration_s=at + 1,
-                              segments=segments, diarization="embedded", source_damage="decoded 9.0 s of 10.0 s")
+    return TranscriptArtifact(
+        item_id=item_id,
+        fingerprint="f",
+        source=str(MEDIA / "speech.wav"),
+        language="en",
+        model="tiny.en",
+        requested_model="embedded",
+        device="cpu",
+        compute_type="int8",
+        batch_size=1,
+        aligned=True,
+        aligner="whisper-cross-attention",
+        duration_s=at + 1,
+        segments=segments,
+        diarization="embedded",
+        source_damage="decoded 9.0 s of 10.0 s",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +76,44 @@ def out(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("export") / "out"
     t = transcript()
     save_model(t, out / "talk" / "transcript.json")
-    turns = [{"start": s.start, "end": s.end, "speaker": f"SPEAKER_0{n % 2}"} for n, s in enumerate(t.segments)]
-    save_model(DiarizationArtifact(item_id="talk", fingerprint="f", source=t.source, turns=turns, model="embedded",
-                                   requested_model="auto", device="cpu", duration_s=t.duration_s),
-               out / "talk" / "diarization.json")
+    turns = [
+        {"start": s.start, "end": s.end, "speaker": f"SPEAKER_0{n % 2}"} for n, s in enumerate(t.segments)
+    ]
+    save_model(
+        DiarizationArtifact(
+            item_id="talk",
+            fingerprint="f",
+            source=t.source,
+            turns=turns,
+            model="embedded",
+            requested_model="auto",
+            device="cpu",
+            duration_s=t.duration_s,
+        ),
+        out / "talk" / "diarization.json",
+    )
     save_ids(out, {str(MEDIA / "speech.wav"): "talk"})
-    (out / layout.JOURNAL).write_text(json.dumps({"item": "talk", "stage": "outputs", "status": "ok", "summary": {
-        "notes": ["embeddings: asked for 'speed', used the embedded all-MiniLM-L6-v2"], "duration_s": 12.0}}) + "\n")
-    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "export", str(out), "--format", "all"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    (out / layout.JOURNAL).write_text(
+        json.dumps(
+            {
+                "item": "talk",
+                "stage": "outputs",
+                "status": "ok",
+                "summary": {
+                    "notes": ["embeddings: asked for 'speed', used the embedded all-MiniLM-L6-v2"],
+                    "duration_s": 12.0,
+                },
+            }
+        )
+        + "\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "export", str(out), "--format", "all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "1 inputs, 11 files" in result.stderr
     return out
@@ -129,19 +188,49 @@ def test_index_lists_every_input_with_status_and_links(out):
 
 def test_export_rerenders_with_current_caption_settings_and_refuses_unknown_inputs(out, tmp_path):
     env = {"CAPTION_LINE_CHARS": "20", "CAPTION_LINES": "3", "PATH": "/usr/bin:/bin"}
-    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "export", str(out), "-f", "srt",
-                             "--inputs", "talk", "--inputs", str(MEDIA / "speech.wav")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "export",
+            str(out),
+            "-f",
+            "srt",
+            "--inputs",
+            "talk",
+            "--inputs",
+            str(MEDIA / "speech.wav"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
-    lines = [x for x in (out / "talk" / "transcript.srt").read_text().splitlines() if x and "-->" not in x
-             and not x.isdigit()]
+    lines = [
+        x
+        for x in (out / "talk" / "transcript.srt").read_text().splitlines()
+        if x and "-->" not in x and not x.isdigit()
+    ]
     assert max(map(len, lines)) <= 20
-    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "export", str(out), "--inputs", "nope"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "export", str(out), "--inputs", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "UNKNOWN nope" in result.stderr
     # back to the defaults, so the session's caption check sees files of the default rules
-    subprocess.run([sys.executable, "-m", "orchestrator.cli", "export", str(out), "-f", "srt"], cwd=ROOT, timeout=120,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "export", str(out), "-f", "srt"],
+        cwd=ROOT,
+        timeout=120,
+        check=True,
+        capture_output=True,
+    )
 
 
 def test_caption_rules_hold_on_long_fast_speech():
@@ -155,15 +244,28 @@ def test_caption_rules_hold_on_long_fast_speech():
     for n in range(40):
         words = []
         start = at
-        for k in range(rng.randint(3, 25)):
+        for _ in range(rng.randint(3, 25)):
             word = rng.choice(vocab) + ("." if rng.random() < 0.12 else "")
             words.append({"word": word, "start": round(at, 3), "end": round(at + 0.2, 3)})
             at += 0.25 + (rng.random() < 0.05) * 2.5
-        segments.append({"id": n, "start": round(start, 3), "end": round(at, 3), "speaker": f"S{n % 3}",
-                         "text": " ".join(w["word"] for w in words), "words": words})
+        segments.append(
+            {
+                "id": n,
+                "start": round(start, 3),
+                "end": round(at, 3),
+                "speaker": f"S{n % 3}",
+                "text": " ".join(w["word"] for w in words),
+                "words": words,
+            }
+        )
         at += rng.choice([0.0, 0.3, 3.0])
-    t = transcript().model_copy(update={"segments": TranscriptArtifact.model_validate(
-        {**transcript().model_dump(), "segments": segments}).segments})
+    t = transcript().model_copy(
+        update={
+            "segments": TranscriptArtifact.model_validate(
+                {**transcript().model_dump(), "segments": segments}
+            ).segments
+        }
+    )
     from orchestrator.run.outputs import Sources, to_srt
 
     started = time.perf_counter()
@@ -180,10 +282,21 @@ def test_caption_rules_hold_on_long_fast_speech():
 
 def test_cjk_captions_use_their_script_limits():
     """Given a Japanese transcript (words without spaces), then lines hold at most 13 characters, unspaced."""
-    words = [{"word": w, "start": n * 0.5, "end": n * 0.5 + 0.4} for n, w in enumerate(
-        ["今日は", "とても", "いい", "天気", "ですね。", "散歩に", "行きましょう", "か。"])]
-    t = TranscriptArtifact.model_validate({**transcript().model_dump(), "language": "ja", "segments": [
-        {"id": 0, "start": 0.0, "end": 4.0, "text": "".join(w["word"] for w in words), "words": words}]})
+    words = [
+        {"word": w, "start": n * 0.5, "end": n * 0.5 + 0.4}
+        for n, w in enumerate(
+            ["今日は", "とても", "いい", "天気", "ですね。", "散歩に", "行きましょう", "か。"]
+        )
+    ]
+    t = TranscriptArtifact.model_validate(
+        {
+            **transcript().model_dump(),
+            "language": "ja",
+            "segments": [
+                {"id": 0, "start": 0.0, "end": 4.0, "text": "".join(w["word"] for w in words), "words": words}
+            ],
+        }
+    )
     lines = [line for c in cues(t) for line in c.text.split("\n")]
     assert all(len(line) <= 13 for line in lines) and " " not in "".join(lines)
     assert "".join(lines) == "今日はとてもいい天気ですね。散歩に行きましょうか。"

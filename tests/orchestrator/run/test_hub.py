@@ -24,7 +24,7 @@ from tests.fixtures.stages import FixtureSettings, NoteArtifact
 class _Hub(http.server.BaseHTTPRequestHandler):
     requests = 0
 
-    def do_HEAD(self):  # noqa: N802 - http.server's naming
+    def do_HEAD(self):  # http.server's naming
         type(self).requests += 1
         self.send_response(200)
         self.end_headers()
@@ -44,12 +44,25 @@ def hub():
 
 def _probe_child(tmp_path, settings: Settings) -> dict:
     """What a real stage child sees of the hub variables under ``settings``."""
-    runner = StageRunner(LocalExecutor(default_hooks(registry=ChildRegistry(tmp_path / "pids"))), tmp_path / "run",
-                         env=settings.child_env(), device="cpu", max_signal_retries=0)
-    item = WorkItem(id="a", inputs={"source": "x"}, output=str(tmp_path / "a" / "note.json"), fingerprint="fp")
-    outcomes, _ = runner.run(StageSpec("envprobe", "tests.fixtures.stages_envprobe", NoteArtifact,
-                                       settings=FixtureSettings(names=["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])),
-                             [item])
+    runner = StageRunner(
+        LocalExecutor(default_hooks(registry=ChildRegistry(tmp_path / "pids"))),
+        tmp_path / "run",
+        env=settings.child_env(),
+        device="cpu",
+        max_signal_retries=0,
+    )
+    item = WorkItem(
+        id="a", inputs={"source": "x"}, output=str(tmp_path / "a" / "note.json"), fingerprint="fp"
+    )
+    outcomes, _ = runner.run(
+        StageSpec(
+            "envprobe",
+            "tests.fixtures.stages_envprobe",
+            NoteArtifact,
+            settings=FixtureSettings(names=["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"]),
+        ),
+        [item],
+    )
     assert outcomes["a"].ok
     return json.loads(load_model(tmp_path / "a" / "note.json", NoteArtifact).text)
 

@@ -25,9 +25,25 @@ ENV = {**os.environ, "ASR_JOIN_INPUTS": "false"}
 
 def start(out: Path, inputs: Path, module: str = "orchestrator.cli") -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", module, "process", str(inputs), "--output", str(out), "--chunk-size", "8",
-         "--embedding-profile", "embedded"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env=ENV)
+        [
+            sys.executable,
+            "-m",
+            module,
+            "process",
+            str(inputs),
+            "--output",
+            str(out),
+            "--chunk-size",
+            "8",
+            "--embedding-profile",
+            "embedded",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +82,30 @@ def test_first_ctrl_c_finishes_the_current_item_then_a_rerun_resumes(tmp_path, i
     asr = _stop_gracefully(out, inputs, signal.SIGINT, 130, "Ctrl-C")
 
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "process", str(inputs), "--output", str(out), "--chunk-size", "8",
-         "--embedding-profile", "embedded"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "process",
+            str(inputs),
+            "--output",
+            str(out),
+            "--chunk-size",
+            "8",
+            "--embedding-profile",
+            "embedded",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     again = json.loads((run_dir(out) / "chunk001-asr-1.request.json").read_text())
-    assert {i["id"] for i in again["items"]}.isdisjoint({i["id"] for i in asr}), "finished transcripts are not redone"
+    assert {i["id"] for i in again["items"]}.isdisjoint({i["id"] for i in asr}), (
+        "finished transcripts are not redone"
+    )
 
 
 def test_second_ctrl_c_stops_the_children_now(tmp_path):

@@ -27,16 +27,44 @@ def words(*spec):
 #: A speaks 0-5 s, B answers 4-7 s (1 s over A's end), A again 6.5-9 s
 TURNS = [turn(0.0, 5.0, A), turn(4.0, 7.0, B), turn(6.5, 9.0, A)]
 T = TranscriptArtifact(
-    item_id="talk", fingerprint="fp", source="talk.wav", language="en", model="m", requested_model="m",
-    device="cpu", compute_type="int8", batch_size=1, duration_s=9.0, aligned=True,
+    item_id="talk",
+    fingerprint="fp",
+    source="talk.wav",
+    language="en",
+    model="m",
+    requested_model="m",
+    device="cpu",
+    compute_type="int8",
+    batch_size=1,
+    duration_s=9.0,
+    aligned=True,
     segments=[
-        Segment(id=0, start=0.2, end=4.9, text="Hello and welcome to the show today.", speaker="Host",
-                words=words(("Hello", 0.2, 0.6, "Host"), ("and", 0.7, 0.9, "Host"), ("welcome", 1.0, 1.5, "Host"),
-                            ("to", 1.6, 1.7, "Host"), ("the", 1.8, 1.9, "Host"), ("show", 2.0, 2.5, "Host"),
-                            ("today.", 4.1, 4.9, "Host"))),
-        Segment(id=1, start=5.1, end=6.4, text="Thank you.", speaker=B,
-                words=words(("Thank", 5.1, 5.6, B), ("you.", 5.7, 6.4, B))),
-    ])
+        Segment(
+            id=0,
+            start=0.2,
+            end=4.9,
+            text="Hello and welcome to the show today.",
+            speaker="Host",
+            words=words(
+                ("Hello", 0.2, 0.6, "Host"),
+                ("and", 0.7, 0.9, "Host"),
+                ("welcome", 1.0, 1.5, "Host"),
+                ("to", 1.6, 1.7, "Host"),
+                ("the", 1.8, 1.9, "Host"),
+                ("show", 2.0, 2.5, "Host"),
+                ("today.", 4.1, 4.9, "Host"),
+            ),
+        ),
+        Segment(
+            id=1,
+            start=5.1,
+            end=6.4,
+            text="Thank you.",
+            speaker=B,
+            words=words(("Thank", 5.1, 5.6, B), ("you.", 5.7, 6.4, B)),
+        ),
+    ],
+)
 
 
 def test_overlap_spans_are_where_two_voices_speak_at_once():
@@ -57,18 +85,38 @@ def test_files_show_corpus_speakers_and_the_voice_heard_at_the_same_time():
     assert [w.overlap for w in first.words] == [None] * 6 + [["S0007"]]
     assert first.overlap == ["S0007"] and second.overlap is None
 
-    src = Sources("talk", labelled.transcript, diarization=None, corpus=corpus,
-                  file_speakers=labelled.file_speakers, corpus_speakers=labelled.corpus_speakers)
+    src = Sources(
+        "talk",
+        labelled.transcript,
+        diarization=None,
+        corpus=corpus,
+        file_speakers=labelled.file_speakers,
+        corpus_speakers=labelled.corpus_speakers,
+    )
     srt = to_srt(src)
     assert "[Host + S0007] today." in srt and "[Host] Hello" in srt and "[S0007] Thank you." in srt, srt
     assert len(caption_segments(labelled.transcript).segments) == 3
 
-    emb = EmbeddingsArtifact(item_id="talk", fingerprint="fp", source="talk.wav", sidecar="embeddings.npy",
-                             sha256="0" * 64, model="m", profile="speed", requested_model="m", dimension=2, count=2,
-                             normalized=True, device="cpu", batch_size=1)
+    emb = EmbeddingsArtifact(
+        item_id="talk",
+        fingerprint="fp",
+        source="talk.wav",
+        sidecar="embeddings.npy",
+        sha256="0" * 64,
+        model="m",
+        profile="speed",
+        requested_model="m",
+        dimension=2,
+        count=2,
+        normalized=True,
+        device="cpu",
+        batch_size=1,
+    )
     lines = [json.loads(line) for line in to_jsonl(labelled.transcript, emb, np.eye(2), src).splitlines()]
     assert [(r["speaker"], r["file_speaker"], r["corpus_speaker"]) for r in lines] == [
-        ("Host", A, "S0003"), ("S0007", B, "S0007")]
+        ("Host", A, "S0003"),
+        ("S0007", B, "S0007"),
+    ]
     assert lines[0]["overlap"] == ["S0007"] and "overlap" not in lines[1]
 
 
@@ -111,6 +159,14 @@ def test_overlapped_seconds_on_real_telephone_speech_match_its_rttm():
     assert abs(hyp_s - ref_s) <= 0.5 * ref_s, (hyp_s, ref_s)
     assert both >= 0.7 * ref_s and both >= 0.6 * hyp_s, (both, hyp_s, ref_s)
 
-    art = DiarizationArtifact(item_id="sample", fingerprint="fp", source="sample.wav", turns=found, model="m",
-                              requested_model="embedded", device="cpu", duration_s=30.0)
+    art = DiarizationArtifact(
+        item_id="sample",
+        fingerprint="fp",
+        source="sample.wav",
+        turns=found,
+        model="m",
+        requested_model="embedded",
+        device="cpu",
+        duration_s=30.0,
+    )
     assert art.speakers == ["SPEAKER_00", "SPEAKER_01"]

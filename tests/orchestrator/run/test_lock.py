@@ -14,12 +14,16 @@ from contracts.errors import OutputBusyError
 from orchestrator.run.lock import OutputLock
 from tests.conftest import ROOT, wait_for
 
-HOLD = "import sys, time; from orchestrator.run.lock import OutputLock\n" \
-       "with OutputLock(__import__('pathlib').Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(600)\n"
+HOLD = (
+    "import sys, time; from orchestrator.run.lock import OutputLock\n"
+    "with OutputLock(__import__('pathlib').Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(600)\n"
+)
 
 
 def _holder(out):
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -40,7 +44,7 @@ def test_a_holder_killed_with_sigkill_leaves_no_stale_lock(tmp_path):
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     with OutputLock(tmp_path):  # the kernel dropped the lock with its holder
-        assert (tmp_path / ".lock").read_text().startswith('{"pid": %d' % os.getpid())
+        assert (tmp_path / ".lock").read_text().startswith(f'{{"pid": {os.getpid()}')
 
 
 @pytest.mark.slow
@@ -48,7 +52,15 @@ def test_the_cli_refuses_a_busy_output_with_exit_2_or_waits(tmp_path):
     out = tmp_path / "out"
     holder = _holder(out)
     try:
-        cmd = [sys.executable, "-m", "orchestrator.cli", "process", str(tmp_path / "missing.mp4"), "--output", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "process",
+            str(tmp_path / "missing.mp4"),
+            "--output",
+            str(out),
+        ]
         busy = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert busy.returncode == 2, busy.stderr
         assert f"is in use by pipeline pid {holder.pid}" in busy.stderr and "--wait" in busy.stderr
@@ -66,7 +78,14 @@ def test_the_cli_refuses_a_busy_output_with_exit_2_or_waits(tmp_path):
 
 def test_an_output_directory_that_cannot_be_written_is_a_usage_error_at_once(tmp_path):
     (tmp_path / "file").write_text("not a directory")
-    cmd = [sys.executable, "-m", "orchestrator.cli", "process", str(tmp_path / "x.mp4"), "--output",
-           str(tmp_path / "file" / "out")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator.cli",
+        "process",
+        str(tmp_path / "x.mp4"),
+        "--output",
+        str(tmp_path / "file" / "out"),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "cannot write to output directory" in done.stderr, done.stderr

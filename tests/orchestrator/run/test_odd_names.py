@@ -8,17 +8,27 @@ import shutil
 
 import pytest
 
-from orchestrator import Orchestrator, Settings
-from orchestrator import layout
+from orchestrator import Orchestrator, Settings, layout
 from orchestrator.run.plan import item_ids, load_ids, source_key
 from tests.conftest import MEDIA
 
 
 def test_ids_avoid_the_runs_own_names_case_twins_and_other_sources(tmp_path):
     a, b = tmp_path / "A" / "Talk.wav", tmp_path / "B" / "talk.wav"
-    ids = item_ids([a, b, tmp_path / "run-report.json.wav", tmp_path / "performance_logs.mp4",
-                    tmp_path / ".runs.mp4", tmp_path / "journal.jsonl.wav", tmp_path / "langid.csv.wav"])
-    assert ids[0] == "Talk" and ids[1] == "talk-2", "names differing only by case: the second gets a free suffix"
+    ids = item_ids(
+        [
+            a,
+            b,
+            tmp_path / "run-report.json.wav",
+            tmp_path / "performance_logs.mp4",
+            tmp_path / ".runs.mp4",
+            tmp_path / "journal.jsonl.wav",
+            tmp_path / "langid.csv.wav",
+        ]
+    )
+    assert ids[0] == "Talk" and ids[1] == "talk-2", (
+        "names differing only by case: the second gets a free suffix"
+    )
     # the run's own files and folders are never an input's directory
     assert ids[2] == "run-report.json-2" and ids[3] == "performance_logs-2" and ids[4] == "runs"
     assert ids[5] == "journal.jsonl-2" and ids[6] == "langid.csv-2"
@@ -44,8 +54,14 @@ def test_any_bytes_and_any_length_make_a_valid_id(tmp_path):
 def test_a_run_over_odd_names_completes_each_and_a_rerun_keeps_the_ids(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
-    names = [os.fsdecode(b"caf\xe9.wav"), "run-report.json.wav", "Speech.wav", "speech.wav", "-dash.wav",
-             "y" * 240 + ".wav"]
+    names = [
+        os.fsdecode(b"caf\xe9.wav"),
+        "run-report.json.wav",
+        "Speech.wav",
+        "speech.wav",
+        "-dash.wav",
+        "y" * 240 + ".wav",
+    ]
     for name in names:
         shutil.copy(MEDIA / "speech.wav", src / name)
     out = tmp_path / "out"

@@ -37,7 +37,9 @@ def test_oom_halves_the_batch_down_to_one():
         sizes.append(batch)
     assert sizes == [8, 4, 2, 1]
     assert "batch size 1" in decision.reason
-    assert "smaller model" in decision.reason and "int8" in decision.reason and "fewer jobs" in decision.reason
+    assert (
+        "smaller model" in decision.reason and "int8" in decision.reason and "fewer jobs" in decision.reason
+    )
 
 
 def test_odd_batch_sizes_round_down():
@@ -81,7 +83,9 @@ def test_a_death_blames_only_the_item_in_flight_and_fails_it_at_the_bound():
     first = blame(Outcome.KILLED, ["b"], crashes, 2, 4, None, signal=11, stage="asr")
     assert first.culprits == () and crashes == {"b": 1} and first.batch_size == 4
     second = blame(Outcome.KILLED, ["b"], crashes, 2, 4, None, signal=11, stage="asr")
-    assert second.culprits == ("b",) and second.reason.startswith("crashed the asr child 2 times: it was killed by SIGSEGV")
+    assert second.culprits == ("b",) and second.reason.startswith(
+        "crashed the asr child 2 times: it was killed by SIGSEGV"
+    )
 
 
 def test_a_hang_is_named_as_such():
@@ -111,8 +115,9 @@ def test_an_error_exit_blames_only_the_items_in_flight_like_a_death():
     assert first.culprits == () and first.batch_size == 4
     second = blame(Outcome.ERROR, ["b"], crashes, 2, 4, None, stage="asr", error="RuntimeError: bad frame")
     assert second.culprits == ("b",)
-    assert second.reason == ("crashed the asr child 2 times: it exited with an error (RuntimeError: bad frame) "
-                             "while on this input")
+    assert second.reason == (
+        "crashed the asr child 2 times: it exited with an error (RuntimeError: bad frame) while on this input"
+    )
 
 
 def test_an_error_between_items_retries_the_rest_a_bounded_number_of_times():
@@ -124,8 +129,11 @@ def test_an_error_between_items_retries_the_rest_a_bounded_number_of_times():
 
 def test_a_refused_start_waits_with_a_doubling_bounded_backoff_then_gives_up():
     waits, waited, refusals = [], 0.0, 0
-    while (decision := next_step(Outcome.REFUSED, 4, 0, 2, stage="asr", refusals=refusals, waited_s=waited,
-                                 max_wait_s=300.0)).retry:
+    while (
+        decision := next_step(
+            Outcome.REFUSED, 4, 0, 2, stage="asr", refusals=refusals, waited_s=waited, max_wait_s=300.0
+        )
+    ).retry:
         waits.append(decision.wait_s)
         waited += decision.wait_s
         refusals += 1

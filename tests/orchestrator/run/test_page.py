@@ -33,7 +33,9 @@ def page_dir(tmp_path_factory) -> Path:
     samples, _ = decode(MEDIA / "speech.wav")
     write_listen_copy(directory / layout.LISTEN, samples)
     save_model(transcript(), directory / "transcript.json")
-    src = load_sources(directory, "talk", CaptionRules(), ["embeddings: asked for 'speed', used all-MiniLM-L6-v2"])
+    src = load_sources(
+        directory, "talk", CaptionRules(), ["embeddings: asked for 'speed', used all-MiniLM-L6-v2"]
+    )
     assert src.audio == layout.LISTEN  # the copy beside the page, not the source: the folder can move
     write_formats(directory, src, ["html"])
     save_ids(out, {str(MEDIA / "speech.wav"): "talk"})
@@ -50,8 +52,10 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--mute-audio",
-                                                                    "--autoplay-policy=no-user-gesture-required"])
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--mute-audio", "--autoplay-policy=no-user-gesture-required"],
+        )
         yield browser
         browser.close()
 
@@ -63,13 +67,17 @@ def test_the_page_loads_clean_and_a_click_plays_from_the_word(page_dir, browser,
     page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
     page.goto((page_dir / "transcript.html").as_uri())
     page.wait_for_function("document.getElementById('audio').readyState >= 1", timeout=10_000)
-    assert page.evaluate("document.getElementById('audio').duration") > 9  # the Opus copy of speech.wav, ~10 s
+    assert (
+        page.evaluate("document.getElementById('audio').duration") > 9
+    )  # the Opus copy of speech.wav, ~10 s
     word = transcript().segments[1].words[3]
     page.locator(f'.w[data-s="{word.start:.3f}"]').click()
     position = page.evaluate("document.getElementById('audio').currentTime")
     assert abs(position - word.start) < 0.05, position
     # speakers coloured and named, the doubtful word marked, the run's notes on top
-    names = page.locator(".who").evaluate_all("els => els.map(e => [e.firstChild.textContent, getComputedStyle(e).color])")
+    names = page.locator(".who").evaluate_all(
+        "els => els.map(e => [e.firstChild.textContent, getComputedStyle(e).color])"
+    )
     assert [n for n, _ in names] == ["Host", "Guest", "Host"]
     assert names[0][1] == names[2][1] != names[1][1]
     assert page.locator(".w.low").count() == 2  # the doubtful word, and the legend's example

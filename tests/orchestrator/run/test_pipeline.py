@@ -16,7 +16,9 @@ from tests.orchestrator.test_isolation import HEAVY
 def test_same_stem_in_different_folders_gets_distinct_ids(tmp_path):
     a, b = tmp_path / "a" / "talk.mp4", tmp_path / "b" / "talk.mp4"
     ids = item_ids([a, b, tmp_path / "other.wav"])
-    assert ids == ["talk", "talk-2", "other"], "loose files keep their stem; a clash gets a checked-free suffix"
+    assert ids == ["talk", "talk-2", "other"], (
+        "loose files keep their stem; a clash gets a checked-free suffix"
+    )
 
 
 def test_unicode_and_spaces_are_kept_readable():
@@ -28,7 +30,11 @@ def test_directories_expand_to_their_media_files_in_stable_order(tmp_path):
     (tmp_path / "sub").mkdir()
     for name in ("b.mp4", "a.wav", "notes.txt", "sub/c.MKV"):
         (tmp_path / name).write_bytes(b"x")
-    assert [p.relative_to(tmp_path).as_posix() for p in expand_inputs([tmp_path])] == ["a.wav", "b.mp4", "sub/c.MKV"]
+    assert [p.relative_to(tmp_path).as_posix() for p in expand_inputs([tmp_path])] == [
+        "a.wav",
+        "b.mp4",
+        "sub/c.MKV",
+    ]
     assert expand_inputs([tmp_path / "missing.mp4"]) == [tmp_path / "missing.mp4"]
     (tmp_path / "empty").mkdir()
     assert expand_inputs([tmp_path / "empty"]) == [tmp_path / "empty"], "kept, to fail alone with a reason"
@@ -45,8 +51,13 @@ print(json.dumps({{"report": json.loads(report.model_dump_json()), "heavy": heav
 
 
 def _api_run(out) -> dict:
-    done = subprocess.run([sys.executable, "-c", RUN.format(heavy=HEAVY), str(out), str(MEDIA / "speech.wav")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN.format(heavy=HEAVY), str(out), str(MEDIA / "speech.wav")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -56,7 +67,13 @@ def test_real_run_never_loads_torch_in_the_parent_and_a_rerun_reuses_everything(
     first = _api_run(tmp_path)
     assert first["heavy"] == [], "the parent process imported a model library"
     assert first["report"]["ok"] == 1
-    assert [s["stage"] for s in first["report"]["stages"]] == ["audio", "asr", "diarization", "alignment", "embeddings"]
+    assert [s["stage"] for s in first["report"]["stages"]] == [
+        "audio",
+        "asr",
+        "diarization",
+        "alignment",
+        "embeddings",
+    ]
     assert [len(s["attempts"]) for s in first["report"]["stages"]] == [1, 1, 1, 1, 1]
     srt = (tmp_path / "speech" / "transcript.srt").read_text()
 

@@ -23,17 +23,25 @@ def _corpus(root, names):
 
 def test_a_folder_corpus_keeps_its_relative_paths_as_ids(tmp_path):
     # Given the layout that collided by chance: <meeting>/audio.wav, thousands of times
-    meetings = _corpus(tmp_path / "meetings", [f"{n:06d}/audio.wav" for n in range(2000)] + ["016437/audio.wav", "016437/Audio.WAV"])
+    meetings = _corpus(
+        tmp_path / "meetings",
+        [f"{n:06d}/audio.wav" for n in range(2000)] + ["016437/audio.wav", "016437/Audio.WAV"],
+    )
     # When it is planned
     found = find_inputs([meetings])
     ids = assign_ids(found)
     # Then every id mirrors the corpus, readable, and no two are equal in any case
     assert ids[0] == "meetings/000000/audio"
-    assert {i for i in ids if i.startswith("meetings/016437/")} == {"meetings/016437/Audio", "meetings/016437/audio-2"}
+    assert {i for i in ids if i.startswith("meetings/016437/")} == {
+        "meetings/016437/Audio",
+        "meetings/016437/audio-2",
+    }
     assert len({i.lower() for i in ids}) == len(ids) == 2002
     assert all(i.startswith("meetings/") for i in ids)
     assert "meetings/001999/audio" in ids
-    assert not any("-" in i.split("/")[-1] for i in ids if not i.startswith("meetings/016437/")), "no suffix needed"
+    assert not any("-" in i.split("/")[-1] for i in ids if not i.startswith("meetings/016437/")), (
+        "no suffix needed"
+    )
 
 
 def test_clashes_left_get_a_suffix_that_is_checked_free(tmp_path):
@@ -84,8 +92,14 @@ def test_an_earlier_versions_index_still_wins_and_its_shared_ids_are_split(tmp_p
     one, two = tmp_path / "meetings" / "016437" / "audio.wav", tmp_path / "meetings" / "038347" / "audio.wav"
     _corpus(tmp_path / "meetings", ["016437/audio.wav", "038347/audio.wav"])
     # an index as earlier versions wrote it: a hashed id that two sources shared, and credentials
-    save_ids(out, {source_key(one): "audio-085936de", source_key(two): "audio-085936de",
-                   "sftp://alice:secret@host/x.wav": "x"})
+    save_ids(
+        out,
+        {
+            source_key(one): "audio-085936de",
+            source_key(two): "audio-085936de",
+            "sftp://alice:secret@host/x.wav": "x",
+        },
+    )
     assert load_ids(out) == {source_key(one): "audio-085936de", "sftp://host/x.wav": "x"}
     inputs = plan_inputs([tmp_path / "meetings"], out)
     assert [i.id for i in inputs] == ["audio-085936de", "meetings/038347/audio"]
@@ -110,9 +124,19 @@ def test_a_corpus_of_same_named_files_and_repeated_arguments_through_bin_pipelin
     for name, seconds in lengths.items():
         write_wav(meetings / name / "audio.wav", voice[: int(seconds * 16000)], 16000)
     out = tmp_path / "out"
-    args = [str(ROOT / "bin" / "pipeline"), "process", str(meetings), str(meetings / "038347" / "audio.wav"),
-            str(meetings / "038347" / "audio.wav"), "--output", str(out), "--no-speakers", "--offline",
-            "--embedding-profile", "embedded"]
+    args = [
+        str(ROOT / "bin" / "pipeline"),
+        "process",
+        str(meetings),
+        str(meetings / "038347" / "audio.wav"),
+        str(meetings / "038347" / "audio.wav"),
+        "--output",
+        str(out),
+        "--no-speakers",
+        "--offline",
+        "--embedding-profile",
+        "embedded",
+    ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / layout.REPORT).read_text())
@@ -130,9 +154,14 @@ def test_a_corpus_of_same_named_files_and_repeated_arguments_through_bin_pipelin
 
 def test_ids_do_not_depend_on_the_order_the_sources_are_given_in(tmp_path):
     """The chaos test gives its files shuffled: which of Talk.wav and talk.wav gets the suffix must not change."""
-    files = [tmp_path / "odd" / name for name in ("talk.wav", "Talk.wav", "x.wav")] + [tmp_path / "other" / "x.wav"]
+    files = [tmp_path / "odd" / name for name in ("talk.wav", "Talk.wav", "x.wav")] + [
+        tmp_path / "other" / "x.wav"
+    ]
     found = [Found(f, (f.stem,)) for f in files]
     forward = dict(zip(files, assign_ids(found)))
     backward = dict(zip(reversed(files), assign_ids(list(reversed(found)))))
     assert forward == backward
-    assert forward[tmp_path / "odd" / "Talk.wav"] == "Talk" and forward[tmp_path / "odd" / "talk.wav"] == "talk-2"
+    assert (
+        forward[tmp_path / "odd" / "Talk.wav"] == "Talk"
+        and forward[tmp_path / "odd" / "talk.wav"] == "talk-2"
+    )

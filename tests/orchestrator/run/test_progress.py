@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
 from contracts import ItemResult
 from orchestrator.run.progress import Progress
 
@@ -38,19 +40,36 @@ def test_chunks_in_parallel_are_counted_apart():
 
 def test_the_summary_of_a_large_run_shows_every_problem_and_counts_the_rest():
     """At 100,000 inputs a row per input took minutes and scrolled the failures away (issue 23, scale)."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from rich.console import Console
 
     from contracts.report import InputReport, RunReport
     from orchestrator.run.progress import summary_table
 
-    inputs = [InputReport(id=f"corpus/{n:05d}/audio", source=f"/data/{n:05d}/audio.wav",
-                          status="failed" if n in (7, 90_001) else "ok", error="no audio stream" if n in (7, 90_001)
-                          else None) for n in range(100_000)]
-    now = datetime.now(timezone.utc)
-    report = RunReport(run_id="r", started_at=now, finished_at=now, output_dir="out", settings={}, ok=99_998,
-                       failed=2, chunk_size=50, chunks=2000, inputs=inputs, stages=[])
+    inputs = [
+        InputReport(
+            id=f"corpus/{n:05d}/audio",
+            source=f"/data/{n:05d}/audio.wav",
+            status="failed" if n in (7, 90_001) else "ok",
+            error="no audio stream" if n in (7, 90_001) else None,
+        )
+        for n in range(100_000)
+    ]
+    now = datetime.now(UTC)
+    report = RunReport(
+        run_id="r",
+        started_at=now,
+        finished_at=now,
+        output_dir="out",
+        settings={},
+        ok=99_998,
+        failed=2,
+        chunk_size=50,
+        chunks=2000,
+        inputs=inputs,
+        stages=[],
+    )
     table = summary_table(report, plain=True)
     assert table.row_count == 51
     console = Console(width=160, record=True, file=open("/dev/null", "w"))

@@ -132,7 +132,9 @@ def bad_server():
 
 
 #: tiny limits: every bad habit shows within seconds
-TIGHT = FetchLimits(max_bytes=1_000_000, connect_timeout_s=1.0, read_timeout_s=1.0, floor_s=60.0, per_mb_s=0.0)
+TIGHT = FetchLimits(
+    max_bytes=1_000_000, connect_timeout_s=1.0, read_timeout_s=1.0, floor_s=60.0, per_mb_s=0.0
+)
 
 
 def _fails(url: str, target: Path, limits: FetchLimits = TIGHT) -> tuple[str, float]:
@@ -162,17 +164,23 @@ def test_a_read_no_timeout_can_end_is_stopped_by_the_watchdog(tmp_path):
     os.mkfifo(fifo)
     # When it is fetched, Then the download process is stopped once no data came for 1 s
     reason, took = _fails(f"file://{fifo}", tmp_path / "w" / "source.wav")
-    assert reason == (f"could not fetch file://{fifo}: stalled: no data for 1 s, 0.0 MB received "
-                      "(PIPELINE_REMOTE_READ_TIMEOUT_S)")
+    assert reason == (
+        f"could not fetch file://{fifo}: stalled: no data for 1 s, 0.0 MB received "
+        "(PIPELINE_REMOTE_READ_TIMEOUT_S)"
+    )
     assert took < 20, took
     assert list((tmp_path / "w").iterdir()) == []
 
 
 def test_a_download_slower_than_its_deadline_fails(bad_server, tmp_path):
     # Given a server that never stalls but sends a byte every 0.2 s, and 3 s for the whole download
-    limits = FetchLimits(max_bytes=1_000_000, connect_timeout_s=1.0, read_timeout_s=1.0, floor_s=3.0, per_mb_s=0.0)
+    limits = FetchLimits(
+        max_bytes=1_000_000, connect_timeout_s=1.0, read_timeout_s=1.0, floor_s=3.0, per_mb_s=0.0
+    )
     reason, took = _fails(f"{bad_server}/drip.wav", tmp_path / "w" / "source.wav", limits)
-    assert "timed out: not done within 3 s" in reason and "(PIPELINE_REMOTE_DEADLINE_FLOOR_S" in reason, reason
+    assert "timed out: not done within 3 s" in reason and "(PIPELINE_REMOTE_DEADLINE_FLOOR_S" in reason, (
+        reason
+    )
     assert took < 20, took
     assert list((tmp_path / "w").iterdir()) == []
 
@@ -189,14 +197,20 @@ def test_a_url_larger_than_the_limit_fails_whether_or_not_it_tells_its_size(bad_
 
 
 def test_the_remote_limits_are_settings():
-    env = {"PIPELINE_REMOTE_MAX_BYTES": "1000", "PIPELINE_REMOTE_CONNECT_TIMEOUT_S": "2",
-           "PIPELINE_REMOTE_READ_TIMEOUT_S": "3", "PIPELINE_REMOTE_DEADLINE_FLOOR_S": "4",
-           "PIPELINE_REMOTE_DEADLINE_PER_MB_S": "0.5"}
+    env = {
+        "PIPELINE_REMOTE_MAX_BYTES": "1000",
+        "PIPELINE_REMOTE_CONNECT_TIMEOUT_S": "2",
+        "PIPELINE_REMOTE_READ_TIMEOUT_S": "3",
+        "PIPELINE_REMOTE_DEADLINE_FLOOR_S": "4",
+        "PIPELINE_REMOTE_DEADLINE_PER_MB_S": "0.5",
+    }
     with pytest.MonkeyPatch.context() as mp:
         for name, value in env.items():
             mp.setenv(name, value)
         limits = FetchLimits.from_settings(Settings())
-    assert limits == FetchLimits(max_bytes=1000, connect_timeout_s=2, read_timeout_s=3, floor_s=4, per_mb_s=0.5)
+    assert limits == FetchLimits(
+        max_bytes=1000, connect_timeout_s=2, read_timeout_s=3, floor_s=4, per_mb_s=0.5
+    )
     assert limits.deadline_s(size=10_000_000, received=0) == 9.0  # 4 s + 0.5 s per MB of the told size
     assert limits.deadline_s(size=None, received=20_000_000) == 14.0  # none told: of what came so far
     assert LIMITS.max_bytes == 20 * 1024**3
@@ -208,11 +222,31 @@ def test_url_inputs_that_stall_or_are_too_large_fail_alone_and_the_run_goes_on(b
     sources = [str(local), f"{bad_server}/stall.wav", f"{bad_server}/big.wav", f"{bad_server}/chunked.wav"]
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "process", *sources, "--output", str(out), "--no-speakers",
-         "--embedding-profile", "embedded", "--device", "cpu"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PIPELINE_REMOTE_READ_TIMEOUT_S": "1", "PIPELINE_REMOTE_CONNECT_TIMEOUT_S": "1",
-             "PIPELINE_REMOTE_MAX_BYTES": "1000000"})
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "process",
+            *sources,
+            "--output",
+            str(out),
+            "--no-speakers",
+            "--embedding-profile",
+            "embedded",
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            **os.environ,
+            "PIPELINE_REMOTE_READ_TIMEOUT_S": "1",
+            "PIPELINE_REMOTE_CONNECT_TIMEOUT_S": "1",
+            "PIPELINE_REMOTE_MAX_BYTES": "1000000",
+        },
+    )
     # the run finished (exit 1: some inputs failed) with the local input done
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads((out / "run-report.json").read_text())
@@ -220,8 +254,11 @@ def test_url_inputs_that_stall_or_are_too_large_fail_alone_and_the_run_goes_on(b
     assert (report["ok"], report["failed"]) == (1, 3)
     assert inputs[str(local)]["status"] == "ok" and "-->" in (out / "clip000" / "transcript.srt").read_text()
     # each URL failed alone, at the fetch, with a one-line reason
-    expected = {"stall.wav": ("stalled", "timed out"), "big.wav": ("larger than the limit of 1.0 MB",),
-                "chunked.wav": ("larger than the limit of 1.0 MB",)}
+    expected = {
+        "stall.wav": ("stalled", "timed out"),
+        "big.wav": ("larger than the limit of 1.0 MB",),
+        "chunked.wav": ("larger than the limit of 1.0 MB",),
+    }
     for name, words in expected.items():
         failed = inputs[f"{bad_server}/{name}"]
         assert failed["failed_stage"] == "fetch" and "\n" not in failed["error"], failed
@@ -249,8 +286,13 @@ def test_url_inputs_and_outputs_end_to_end_with_a_bad_url_failing_alone(memfs, t
     local = clips(tmp_path / "clips", 2, seconds=2.5)
     memfs.pipe("/in/clip000.wav", local[0].read_bytes())
     sources = ["memory://in/clip000.wav", f"file://{local[1]}", "memory://in/missing.wav"]
-    settings = Settings(output_url="memory://out", staging_dir=tmp_path / "staging", speakers=False,
-                        embedding_profile="embedded", device="cpu")
+    settings = Settings(
+        output_url="memory://out",
+        staging_dir=tmp_path / "staging",
+        speakers=False,
+        embedding_profile="embedded",
+        device="cpu",
+    )
     with Orchestrator(settings) as orch:
         report = orch.process(sources, progress=Progress())
     # the two readable inputs are done, the missing one failed alone with a one-line reason
@@ -266,7 +308,10 @@ def test_url_inputs_and_outputs_end_to_end_with_a_bad_url_failing_alone(memfs, t
         assert " ".join(s.text for s in transcript.segments).strip()
     uploaded = json.loads(memfs.cat("/out/run-report.json"))
     assert uploaded["run_id"] == report.run_id
-    assert next(i for i in report.inputs if i.id == "clip000").outputs["transcript.srt"] == "memory://out/clip000/transcript.srt"
+    assert (
+        next(i for i in report.inputs if i.id == "clip000").outputs["transcript.srt"]
+        == "memory://out/clip000/transcript.srt"
+    )
     # the fetched copy was scratch: gone after success
     assert not list((tmp_path / "staging").rglob("source.wav"))
 
@@ -287,8 +332,12 @@ def s3(monkeypatch):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     fs = fsspec.filesystem("s3", skip_instance_cache=True)
@@ -305,10 +354,26 @@ def test_s3_inputs_and_outputs_through_the_cli(s3, tmp_path):
     fs.pipe("media/in/notes.wav", b"this is text, not audio")
     staging = tmp_path / "staging"
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "process", "s3://media/in/", "--output", "s3://media/out",
-         "--no-speakers", "--embedding-profile", "embedded", "--device", "cpu"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, **env, "PIPELINE_STAGING_DIR": str(staging)})
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "process",
+            "s3://media/in/",
+            "--output",
+            "s3://media/out",
+            "--no-speakers",
+            "--embedding-profile",
+            "embedded",
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **env, "PIPELINE_STAGING_DIR": str(staging)},
+    )
     # exit 1: one input failed, alone, with a one-line reason; the others are in the bucket
     assert done.returncode == 1, done.stderr[-3000:]
     assert "FAILED s3://media/in/notes.wav: [audio]" in done.stderr
@@ -318,8 +383,9 @@ def test_s3_inputs_and_outputs_through_the_cli(s3, tmp_path):
         assert "-->" in fs.cat(f"media/out/{item}/transcript.srt").decode()
     report = json.loads(fs.cat("media/out/run-report.json"))
     assert (report["ok"], report["failed"]) == (2, 1)
-    assert {i["source"] for i in report["inputs"]} == {f"s3://media/in/{n}" for n in
-                                                        ("clip000.wav", "clip001.wav", "notes.wav")}
+    assert {i["source"] for i in report["inputs"]} == {
+        f"s3://media/in/{n}" for n in ("clip000.wav", "clip001.wav", "notes.wav")
+    }
 
 
 class _PasswordServer:
@@ -344,7 +410,9 @@ class _PasswordServer:
 @pytest.fixture
 def sftp_root(tmp_path):
     """A real SFTP server (asyncssh) on 127.0.0.1 serving this machine's files; the URL prefix to reach tmp_path."""
-    asyncssh = pytest.importorskip("asyncssh", reason="the remote group is not installed (uv sync --group remote)")
+    asyncssh = pytest.importorskip(
+        "asyncssh", reason="the remote group is not installed (uv sync --group remote)"
+    )
     import asyncio
     import threading
 
@@ -354,12 +422,15 @@ def sftp_root(tmp_path):
 
     async def serve():
         key = asyncssh.generate_private_key("ssh-ed25519")
-        holder["server"] = await asyncssh.listen("127.0.0.1", 0, server_host_keys=[key], sftp_factory=True,
-                                                 server_factory=_PasswordServer)
+        holder["server"] = await asyncssh.listen(
+            "127.0.0.1", 0, server_host_keys=[key], sftp_factory=True, server_factory=_PasswordServer
+        )
         holder["port"] = holder["server"].sockets[0].getsockname()[1]
         started.set()
 
-    thread = threading.Thread(target=lambda: (loop.run_until_complete(serve()), loop.run_forever()), daemon=True)
+    thread = threading.Thread(
+        target=lambda: (loop.run_until_complete(serve()), loop.run_forever()), daemon=True
+    )
     thread.start()
     assert started.wait(30)
     yield f"sftp://pipeline:s3cret@127.0.0.1:{holder['port']}{tmp_path}"
@@ -372,11 +443,27 @@ def sftp_root(tmp_path):
 def test_sftp_inputs_and_outputs_through_the_cli(sftp_root, tmp_path):
     clips(tmp_path / "remote" / "in", 1, seconds=2.5)
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "process", f"{sftp_root}/remote/in/", "--output",
-         f"{sftp_root}/remote/out", "--no-speakers", "--embedding-profile", "embedded", "--device", "cpu",
-         "-v"],  # every log line on the console: the password must be in none of them
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PIPELINE_STAGING_DIR": str(tmp_path / "staging")})
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "process",
+            f"{sftp_root}/remote/in/",
+            "--output",
+            f"{sftp_root}/remote/out",
+            "--no-speakers",
+            "--embedding-profile",
+            "embedded",
+            "--device",
+            "cpu",
+            "-v",
+        ],  # every log line on the console: the password must be in none of them
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PIPELINE_STAGING_DIR": str(tmp_path / "staging")},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "remote" / "out"
     assert "-->" in (out / "in" / "clip000" / "transcript.srt").read_text()
@@ -389,11 +476,26 @@ def test_sftp_inputs_and_outputs_through_the_cli(sftp_root, tmp_path):
             assert b"s3cret" not in path.read_bytes(), path
     # and a password change is the same source: same id, nothing redone
     again = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "process", f"{sftp_root.replace('s3cret', 'n3w-s3cret')}/remote/in/",
-         "--output", f"{sftp_root.replace('s3cret', 'n3w-s3cret')}/remote/out", "--no-speakers",
-         "--embedding-profile", "embedded", "--device", "cpu"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PIPELINE_STAGING_DIR": str(tmp_path / "staging")})
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "process",
+            f"{sftp_root.replace('s3cret', 'n3w-s3cret')}/remote/in/",
+            "--output",
+            f"{sftp_root.replace('s3cret', 'n3w-s3cret')}/remote/out",
+            "--no-speakers",
+            "--embedding-profile",
+            "embedded",
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PIPELINE_STAGING_DIR": str(tmp_path / "staging")},
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     rerun = json.loads((out / "run-report.json").read_text())
     assert [i["id"] for i in rerun["inputs"]] == ["in/clip000"]

@@ -20,8 +20,19 @@ pytestmark = pytest.mark.slow
 
 
 def cli(out: Path, inputs: Path) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli", "process", str(inputs), "--output", str(out), "--chunk-size", "4",
-            "--embedding-profile", "embedded"]
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator.cli",
+        "process",
+        str(inputs),
+        "--output",
+        str(out),
+        "--chunk-size",
+        "4",
+        "--embedding-profile",
+        "embedded",
+    ]
 
 
 #: no joined ASR windows (#27): a respawned child decodes the inputs left with other neighbours, and an input's
@@ -35,7 +46,9 @@ def run(out: Path, inputs: Path) -> subprocess.CompletedProcess:
 
 
 def start(out: Path, inputs: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cli(out, inputs), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=ENV)
+    return subprocess.Popen(
+        cli(out, inputs), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=ENV
+    )
 
 
 def run_dir(out: Path) -> Path | None:
@@ -55,7 +68,8 @@ def child_pid(log: Path) -> int | None:
 
 def outputs(out: Path) -> dict[str, tuple[list[str], np.ndarray]]:
     result = {}
-    for transcript in sorted(out.rglob("transcript.json")):  # ids mirror the input folder: OUT/<folder>/<stem>/
+    # ids mirror the input folder: OUT/<folder>/<stem>/
+    for transcript in sorted(out.rglob("transcript.json")):
         texts = [s["text"] for s in json.loads(transcript.read_text())["segments"]]
         result[transcript.parent.name] = (texts, np.load(transcript.parent / "embeddings.npy"))
     return result
@@ -119,8 +133,10 @@ def test_kill_9_of_the_parent_then_rerun_resumes_without_redoing_complete_inputs
     proc = start(out, inputs, tmp_path / "parent.log")
     directory = wait_for(lambda: run_dir(out), what="run directory")
     # Given chunk 1 is complete and chunk 2's ASR child is working
-    wait_for(lambda: (directory / "chunk002-asr-1.log").exists() and child_pid(directory / "chunk002-asr-1.log"),
-             what="chunk 2 ASR child")
+    wait_for(
+        lambda: (directory / "chunk002-asr-1.log").exists() and child_pid(directory / "chunk002-asr-1.log"),
+        what="chunk 2 ASR child",
+    )
     child = child_pid(directory / "chunk002-asr-1.log")
     journal = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
     complete = {e["item"] for e in journal if e["stage"] == "outputs" and e["status"] == "ok"}
@@ -129,8 +145,13 @@ def test_kill_9_of_the_parent_then_rerun_resumes_without_redoing_complete_inputs
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     # Then its stage child does not live on as an orphan
-    wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2],
-             timeout=10, what="the orphaned child to die")
+    wait_for(
+        lambda: (
+            not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+        ),
+        timeout=10,
+        what="the orphaned child to die",
+    )
 
     # When the same command runs again
     done = run(out, inputs)

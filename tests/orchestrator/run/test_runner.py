@@ -14,8 +14,10 @@ from tests.fixtures.stages import FixtureSettings, NoteArtifact
 
 
 def _items(tmp_path, sources: dict[str, str]) -> list[WorkItem]:
-    return [WorkItem(id=k, inputs={"source": v}, output=str(tmp_path / k / "note.json"), fingerprint=f"fp-{k}")
-            for k, v in sources.items()]
+    return [
+        WorkItem(id=k, inputs={"source": v}, output=str(tmp_path / k / "note.json"), fingerprint=f"fp-{k}")
+        for k, v in sources.items()
+    ]
 
 
 def _runner(tmp_path, retries=2) -> StageRunner:
@@ -34,7 +36,13 @@ def test_real_cpu_oom_is_recovered_by_halving_and_finished_items_are_kept(tmp_pa
     # Given 3 items needing batch x (10, 10, 100) MiB, and 600 MiB of headroom,
     # When the stage starts at batch 8 (item c needs 800 MiB),
     runner = _runner(tmp_path)
-    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=8, settings=FixtureSettings(**{"headroom_mib": 600}))
+    spec = StageSpec(
+        "memhog",
+        "tests.fixtures.stages_memhog",
+        NoteArtifact,
+        batch_size=8,
+        settings=FixtureSettings(**{"headroom_mib": 600}),
+    )
     outcomes, report = runner.run(spec, _items(tmp_path, {"a": "10", "b": "10", "c": "100"}))
     # Then the child dies of a real allocator OOM, the next child gets batch 4 and only item c.
     assert [(a.batch_size, a.outcome) for a in report.attempts] == [(8, "oom"), (4, "ok")]
@@ -48,7 +56,13 @@ def test_real_cpu_oom_is_recovered_by_halving_and_finished_items_are_kept(tmp_pa
 
 def test_oom_at_batch_one_fails_with_advice(tmp_path):
     runner = _runner(tmp_path)
-    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=2, settings=FixtureSettings(**{"headroom_mib": 300}))
+    spec = StageSpec(
+        "memhog",
+        "tests.fixtures.stages_memhog",
+        NoteArtifact,
+        batch_size=2,
+        settings=FixtureSettings(**{"headroom_mib": 300}),
+    )
     outcomes, report = runner.run(spec, _items(tmp_path, {"big": "2000"}))
     assert [a.batch_size for a in report.attempts] == [2, 1]
     assert not outcomes["big"].ok
@@ -57,8 +71,13 @@ def test_oom_at_batch_one_fails_with_advice(tmp_path):
 
 def test_child_killed_by_sigkill_is_reported_and_retried_without_redoing_work(tmp_path):
     runner = _runner(tmp_path)
-    spec = StageSpec("killer", "tests.fixtures.stages_killer", NoteArtifact, batch_size=4,
-                     settings=FixtureSettings(**{"marker": str(tmp_path / "marker"), "kill_on": "b"}))
+    spec = StageSpec(
+        "killer",
+        "tests.fixtures.stages_killer",
+        NoteArtifact,
+        batch_size=4,
+        settings=FixtureSettings(**{"marker": str(tmp_path / "marker"), "kill_on": "b"}),
+    )
     outcomes, report = runner.run(spec, _items(tmp_path, {"a": "1", "b": "2", "c": "3"}))
     assert [(a.outcome, a.signal) for a in report.attempts] == [("killed", 9), ("ok", None)]
     assert [i.id for i in _request(tmp_path, "killer", 2).items] == ["b", "c"]
@@ -68,8 +87,13 @@ def test_child_killed_by_sigkill_is_reported_and_retried_without_redoing_work(tm
 
 def test_repeated_sigkill_gives_up_after_the_retry_bound(tmp_path):
     runner = _runner(tmp_path, retries=1)
-    spec = StageSpec("killer", "tests.fixtures.stages_killer", NoteArtifact, batch_size=1,
-                     settings=FixtureSettings(**{"marker": str(tmp_path / "marker"), "kill_on": "a", "always": True}))
+    spec = StageSpec(
+        "killer",
+        "tests.fixtures.stages_killer",
+        NoteArtifact,
+        batch_size=1,
+        settings=FixtureSettings(**{"marker": str(tmp_path / "marker"), "kill_on": "a", "always": True}),
+    )
     outcomes, report = runner.run(spec, _items(tmp_path, {"a": "1"}))
     assert [a.outcome for a in report.attempts] == ["killed", "killed"]
     assert not outcomes["a"].ok and "SIGKILL" in outcomes["a"].error
@@ -77,7 +101,9 @@ def test_repeated_sigkill_gives_up_after_the_retry_bound(tmp_path):
 
 def test_python_error_in_child_fails_its_items_with_the_reason(tmp_path):
     outcomes, report = _runner(tmp_path).run(
-        StageSpec("broken", "tests.fixtures.stages_broken", NoteArtifact), _items(tmp_path, {"a": "1", "b": "2"}))
+        StageSpec("broken", "tests.fixtures.stages_broken", NoteArtifact),
+        _items(tmp_path, {"a": "1", "b": "2"}),
+    )
     assert [a.outcome for a in report.attempts] == ["error"]
     assert not outcomes["a"].ok and "weights.bin" in outcomes["a"].error
 
@@ -85,7 +111,9 @@ def test_python_error_in_child_fails_its_items_with_the_reason(tmp_path):
 def test_bad_item_fails_alone_and_child_output_reaches_parent_log_with_stage_prefix(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="orchestrator.child")
     outcomes, report = _runner(tmp_path).run(
-        StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact), _items(tmp_path, {"x": "bad", "y": "good"}))
+        StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact),
+        _items(tmp_path, {"x": "bad", "y": "good"}),
+    )
     assert len(report.attempts) == 1
     assert not outcomes["x"].ok and outcomes["x"].error == "x is bad input"
     assert outcomes["y"].ok
@@ -123,15 +151,28 @@ def test_warm_child_becomes_the_first_child_or_is_stopped_when_nothing_is_left(t
 def test_a_warm_child_imports_with_the_environment_its_request_will_carry(tmp_path):
     """Some libraries read their settings once, on import (huggingface_hub's HF_HUB_OFFLINE): a warm child
     imports before its request exists, so it gets the run's environment when it starts."""
-    runner = StageRunner(LocalExecutor(), tmp_path / "run", env={"PIPELINE_WARM_PROBE": "from the run"},
-                         device="cpu", max_signal_retries=2)
-    spec = StageSpec("envprobe", "tests.fixtures.stages_envprobe", NoteArtifact,
-                     settings=FixtureSettings(names=["PIPELINE_WARM_PROBE"], at_import=True))
+    runner = StageRunner(
+        LocalExecutor(),
+        tmp_path / "run",
+        env={"PIPELINE_WARM_PROBE": "from the run"},
+        device="cpu",
+        max_signal_retries=2,
+    )
+    spec = StageSpec(
+        "envprobe",
+        "tests.fixtures.stages_envprobe",
+        NoteArtifact,
+        settings=FixtureSettings(names=["PIPELINE_WARM_PROBE"], at_import=True),
+    )
     warm = runner.warm_up(spec, chunk=1)
     outcomes, report = runner.run(spec, _items(tmp_path, {"x": "1"}), warm=warm)
     assert outcomes["x"].ok and report.attempts[0].pid == warm.proc.pid
     seen = json.loads(_note(tmp_path, "x").text)
-    assert seen["at_import"] == {"PIPELINE_WARM_PROBE": "from the run"} == {"PIPELINE_WARM_PROBE": seen["PIPELINE_WARM_PROBE"]}
+    assert (
+        seen["at_import"]
+        == {"PIPELINE_WARM_PROBE": "from the run"}
+        == {"PIPELINE_WARM_PROBE": seen["PIPELINE_WARM_PROBE"]}
+    )
 
 
 class _Refuse:
@@ -180,8 +221,14 @@ class _RefuseFirst(_Refuse):
 def test_a_refused_start_is_a_temporary_condition_waited_out(tmp_path):
     """Issue 23, case 5: a refused start waits (bounded backoff) instead of failing the chunk at once."""
     hook = _RefuseFirst(1)
-    runner = StageRunner(LocalExecutor([hook]), tmp_path / "run", env={}, device="cpu", max_signal_retries=0,
-                         refused_wait_s=1.0)
+    runner = StageRunner(
+        LocalExecutor([hook]),
+        tmp_path / "run",
+        env={},
+        device="cpu",
+        max_signal_retries=0,
+        refused_wait_s=1.0,
+    )
     spec = StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact)
     started = time.monotonic()
     outcomes, report = runner.run(spec, _items(tmp_path, {"x": "1", "y": "2"}))
@@ -191,8 +238,14 @@ def test_a_refused_start_is_a_temporary_condition_waited_out(tmp_path):
 
 
 def test_a_start_refused_for_longer_than_the_wait_fails_with_the_reason(tmp_path):
-    runner = StageRunner(LocalExecutor([_Refuse()]), tmp_path / "run", env={}, device="cpu", max_signal_retries=0,
-                         refused_wait_s=1.0)
+    runner = StageRunner(
+        LocalExecutor([_Refuse()]),
+        tmp_path / "run",
+        env={},
+        device="cpu",
+        max_signal_retries=0,
+        refused_wait_s=1.0,
+    )
     spec = StageSpec("picky", "tests.fixtures.stages_picky", NoteArtifact)
     outcomes, report = runner.run(spec, _items(tmp_path, {"x": "1"}))
     assert [a.outcome for a in report.attempts] == ["refused", "refused"]
@@ -203,9 +256,13 @@ def test_a_start_refused_for_longer_than_the_wait_fails_with_the_reason(tmp_path
 def test_an_error_exit_while_an_item_is_in_flight_fails_only_that_item(tmp_path):
     """Issue 23, case 5: a child that exits with an ordinary error fails only the input it was on, once proven
     (in flight at two such exits); the rest of the chunk is done."""
-    spec = StageSpec("killer", "tests.fixtures.stages_killer", NoteArtifact, batch_size=4,
-                     settings=FixtureSettings(marker=str(tmp_path / "marker"), kill_on="b", always=True,
-                                              signal="exit1"))
+    spec = StageSpec(
+        "killer",
+        "tests.fixtures.stages_killer",
+        NoteArtifact,
+        batch_size=4,
+        settings=FixtureSettings(marker=str(tmp_path / "marker"), kill_on="b", always=True, signal="exit1"),
+    )
     outcomes, report = _runner(tmp_path).run(spec, _items(tmp_path, {"a": "1", "b": "2", "c": "3", "d": "4"}))
     assert [a.outcome for a in report.attempts] == ["error", "error", "ok"]
     assert not outcomes["b"].ok
@@ -220,14 +277,21 @@ def test_an_error_exit_while_an_item_is_in_flight_fails_only_that_item(tmp_path)
 
 def test_an_input_that_crashes_its_child_every_time_fails_alone(tmp_path):
     # Given a stage that segfaults whenever it reaches input b (a poison input), in a chunk of four
-    spec = StageSpec("killer", "tests.fixtures.stages_killer", NoteArtifact, batch_size=4,
-                     settings=FixtureSettings(marker=str(tmp_path / "marker"), kill_on="b", always=True,
-                                              signal="SIGSEGV"))
+    spec = StageSpec(
+        "killer",
+        "tests.fixtures.stages_killer",
+        NoteArtifact,
+        batch_size=4,
+        settings=FixtureSettings(marker=str(tmp_path / "marker"), kill_on="b", always=True, signal="SIGSEGV"),
+    )
     outcomes, report = _runner(tmp_path).run(spec, _items(tmp_path, {"a": "1", "b": "2", "c": "3", "d": "4"}))
     # Then b, in flight at both deaths, fails alone with the reason; the others are done
     assert [(a.outcome, a.signal) for a in report.attempts] == [("killed", 11), ("killed", 11), ("ok", None)]
     assert not outcomes["b"].ok
-    assert outcomes["b"].error == "crashed the killer child 2 times: it was killed by SIGSEGV while on this input"
+    assert (
+        outcomes["b"].error
+        == "crashed the killer child 2 times: it was killed by SIGSEGV while on this input"
+    )
     assert all(outcomes[i].ok for i in "acd")
     assert [i.id for i in _request(tmp_path, "killer", 3).items] == ["c", "d"]
 
@@ -235,22 +299,44 @@ def test_an_input_that_crashes_its_child_every_time_fails_alone(tmp_path):
 def test_a_hung_input_is_stopped_by_the_watchdog_and_fails_alone(tmp_path):
     from orchestrator.process.executor import Watchdog
 
-    runner = StageRunner(LocalExecutor(watchdog=Watchdog(floor_s=2.0, per_audio_s=0.0)), tmp_path / "run", env={},
-                         device="cpu", max_signal_retries=2, max_item_crashes=1)
-    spec = StageSpec("hanger", "tests.fixtures.stages_hanger", NoteArtifact, settings=FixtureSettings(hang_on="b"))
+    runner = StageRunner(
+        LocalExecutor(watchdog=Watchdog(floor_s=2.0, per_audio_s=0.0)),
+        tmp_path / "run",
+        env={},
+        device="cpu",
+        max_signal_retries=2,
+        max_item_crashes=1,
+    )
+    spec = StageSpec(
+        "hanger", "tests.fixtures.stages_hanger", NoteArtifact, settings=FixtureSettings(hang_on="b")
+    )
     outcomes, report = runner.run(spec, _items(tmp_path, {"a": "1", "b": "2", "c": "3"}))
     assert [a.outcome for a in report.attempts] == ["killed", "ok"]
     assert not outcomes["b"].ok and "hung (no progress within the watchdog's limit)" in outcomes["b"].error
     assert outcomes["a"].ok and outcomes["c"].ok
 
 
-def test_an_input_too_big_even_at_batch_one_fails_alone_and_the_rest_go_back_to_the_batch_that_worked(tmp_path):
+def test_an_input_too_big_even_at_batch_one_fails_alone_and_the_rest_go_back_to_the_batch_that_worked(
+    tmp_path,
+):
     # Given 600 MiB of headroom and inputs needing batch x (10, 2000, 10, 10) MiB, starting at batch 4
-    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=4,
-                     settings=FixtureSettings(headroom_mib=600))
-    outcomes, report = _runner(tmp_path).run(spec, _items(tmp_path, {"a": "10", "b": "2000", "c": "10", "d": "10"}))
+    spec = StageSpec(
+        "memhog",
+        "tests.fixtures.stages_memhog",
+        NoteArtifact,
+        batch_size=4,
+        settings=FixtureSettings(headroom_mib=600),
+    )
+    outcomes, report = _runner(tmp_path).run(
+        spec, _items(tmp_path, {"a": "10", "b": "2000", "c": "10", "d": "10"})
+    )
     # Then b runs out of memory at 4, 2 and 1 (real allocator OOMs), fails alone with advice,
-    assert [(a.batch_size, a.outcome) for a in report.attempts] == [(4, "oom"), (2, "oom"), (1, "oom"), (4, "ok")]
+    assert [(a.batch_size, a.outcome) for a in report.attempts] == [
+        (4, "oom"),
+        (2, "oom"),
+        (1, "oom"),
+        (4, "ok"),
+    ]
     assert not outcomes["b"].ok and "even at batch size 1: try a smaller model" in outcomes["b"].error
     # and c, d run at batch 4, the largest size that finished an input (a), not stuck at 1
     assert _note(tmp_path, "c").batch_size == 4 and _note(tmp_path, "d").batch_size == 4

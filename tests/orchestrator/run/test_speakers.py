@@ -37,8 +37,10 @@ def voice(person: int, noise: float = 0.03) -> np.ndarray:
 
 
 def voices(item: str, *people: int, fingerprint: str = "fp") -> list[Voice]:
-    return [Voice(item, f"SPEAKER_{n:02d}", voice(p), 10.0 + n, f"{fingerprint}-{item}", "campplus:x")
-            for n, p in enumerate(people)]
+    return [
+        Voice(item, f"SPEAKER_{n:02d}", voice(p), 10.0 + n, f"{fingerprint}-{item}", "campplus:x")
+        for n, p in enumerate(people)
+    ]
 
 
 def ids_of(corpus: CorpusSpeakers) -> dict[tuple[str, str], str]:
@@ -65,26 +67,47 @@ def test_new_inputs_join_their_voices_and_ids_survive_reruns():
 
 def test_two_speakers_of_one_input_are_never_one_corpus_speaker():
     """The diarizer told them apart: even with near-identical voices they stay two corpus speakers."""
-    placed = assign(None, [Voice("a", "SPEAKER_00", PEOPLE[0], 5, "f", "campplus:x"),
-                           Voice("a", "SPEAKER_01", voice(0, 0.01), 5, "f", "campplus:x"),
-                           *voices("b", 0)], 0.4)
+    placed = assign(
+        None,
+        [
+            Voice("a", "SPEAKER_00", PEOPLE[0], 5, "f", "campplus:x"),
+            Voice("a", "SPEAKER_01", voice(0, 0.01), 5, "f", "campplus:x"),
+            *voices("b", 0),
+        ],
+        0.4,
+    )
     ids = ids_of(placed.corpus)
     assert ids[("a", "SPEAKER_00")] != ids[("a", "SPEAKER_01")] and len(placed.corpus.speakers) == 2
 
 
 def test_an_input_diarized_again_is_placed_again_and_other_encoders_are_left_out():
     first = assign(None, [*voices("a", 0, 1), *voices("b", 0)], 0.4)
-    redone = assign(first.corpus, voices("a", 0, 3, fingerprint="new"), 0.4,
-                    vectors={("b", "SPEAKER_00"): PEOPLE[0]})
+    redone = assign(
+        first.corpus, voices("a", 0, 3, fingerprint="new"), 0.4, vectors={("b", "SPEAKER_00"): PEOPLE[0]}
+    )
     members = {(m.item_id, m.speaker): m.fingerprint for s in redone.corpus.speakers for m in s.members}
     assert members[("a", "SPEAKER_01")] == "new-a" and redone.changed == {"a"}
     assert ids_of(redone.corpus)[("a", "SPEAKER_00")] == ids_of(redone.corpus)[("b", "SPEAKER_00")]
-    named = [Voice(v.item_id, v.speaker, v.vector, v.seconds, v.fingerprint, v.encoder, "Host" if v.speaker ==
-                   "SPEAKER_00" else None) for v in voices("b", 0)]  # a profile names b's speaker on a later run
+    named = [
+        Voice(
+            v.item_id,
+            v.speaker,
+            v.vector,
+            v.seconds,
+            v.fingerprint,
+            v.encoder,
+            "Host" if v.speaker == "SPEAKER_00" else None,
+        )
+        for v in voices("b", 0)
+    ]  # a profile names b's speaker on a later run
     relabelled = assign(redone.corpus, named, 0.4)
     assert relabelled.changed == {"a", "b"} and not relabelled.new_speakers
-    assert next(s.label for s in relabelled.corpus.speakers if s.id == ids_of(redone.corpus)[("b", "SPEAKER_00")]) \
+    assert (
+        next(
+            s.label for s in relabelled.corpus.speakers if s.id == ids_of(redone.corpus)[("b", "SPEAKER_00")]
+        )
         == "Host"
+    )
     other = assign(redone.corpus, [Voice("c", "SPEAKER_00", PEOPLE[0], 3, "f", "pyannote:x")], 0.4)
     assert other.skipped == 1 and "c" not in {m.item_id for s in other.corpus.speakers for m in s.members}
 
@@ -92,8 +115,15 @@ def test_an_input_diarized_again_is_placed_again_and_other_encoders_are_left_out
 def test_corpus_file_is_validated():
     good = assign(None, voices("a", 0, 1), 0.4).corpus
     with pytest.raises(ValueError, match="one corpus speaker only"):
-        CorpusSpeakers.model_validate({**good.model_dump(), "speakers": [
-            good.speakers[0].model_dump(), {**good.speakers[1].model_dump(), "members": good.speakers[0].model_dump()["members"]}]})
+        CorpusSpeakers.model_validate(
+            {
+                **good.model_dump(),
+                "speakers": [
+                    good.speakers[0].model_dump(),
+                    {**good.speakers[1].model_dump(), "members": good.speakers[0].model_dump()["members"]},
+                ],
+            }
+        )
     with pytest.raises(ValueError, match="next_id"):
         CorpusSpeakers.model_validate({**good.model_dump(), "next_id": 2})
 
@@ -103,18 +133,43 @@ def test_corpus_file_is_validated():
 
 def make_input(out: Path, item: str, people: tuple[int, ...]) -> None:
     """An input folder as `process` leaves it: transcript, diarization with voices, an SRT."""
-    turns = [SpeakerTurn(start=4.0 * n, end=4.0 * n + 3.5, speaker=f"SPEAKER_{n:02d}") for n in range(len(people))]
-    save_model(DiarizationArtifact(item_id=item, fingerprint=f"d-{item}", source=f"/media/{item}.wav", turns=turns,
-                                   model="m", requested_model="embedded", device="cpu", duration_s=10.0,
-                                   voices={t.speaker: [float(x) for x in voice(p)] for t, p in zip(turns, people)},
-                                   voice_encoder="campplus:x"),
-               out / item / "diarization.json")
-    save_model(TranscriptArtifact(item_id=item, fingerprint=f"t-{item}", source=f"/media/{item}.wav", language="en",
-                                  model="m", requested_model="m", device="cpu", compute_type="int8", batch_size=1,
-                                  duration_s=10.0,
-                                  segments=[Segment(id=n, start=t.start, end=t.end, text=f"words of {t.speaker}",
-                                                    speaker=t.speaker) for n, t in enumerate(turns)]),
-               out / item / "transcript.json")
+    turns = [
+        SpeakerTurn(start=4.0 * n, end=4.0 * n + 3.5, speaker=f"SPEAKER_{n:02d}") for n in range(len(people))
+    ]
+    save_model(
+        DiarizationArtifact(
+            item_id=item,
+            fingerprint=f"d-{item}",
+            source=f"/media/{item}.wav",
+            turns=turns,
+            model="m",
+            requested_model="embedded",
+            device="cpu",
+            duration_s=10.0,
+            voices={t.speaker: [float(x) for x in voice(p)] for t, p in zip(turns, people)},
+            voice_encoder="campplus:x",
+        ),
+        out / item / "diarization.json",
+    )
+    save_model(
+        TranscriptArtifact(
+            item_id=item,
+            fingerprint=f"t-{item}",
+            source=f"/media/{item}.wav",
+            language="en",
+            model="m",
+            requested_model="m",
+            device="cpu",
+            compute_type="int8",
+            batch_size=1,
+            duration_s=10.0,
+            segments=[
+                Segment(id=n, start=t.start, end=t.end, text=f"words of {t.speaker}", speaker=t.speaker)
+                for n, t in enumerate(turns)
+            ],
+        ),
+        out / item / "transcript.json",
+    )
     (out / item / "transcript.srt").write_text("")
     ids = json.loads((out / ".ids.json").read_text()) if (out / ".ids.json").exists() else {}
     (out / ".ids.json").write_text(json.dumps({**ids, f"/media/{item}.wav": item}))
@@ -176,7 +231,9 @@ def test_merge_and_split_mend_the_clustering_and_ids_are_never_reused(folder):
         merge(settings, out, keep, "S0099")
 
     [regrouped] = split(settings, out, keep)  # no inputs named: its voices grouped again, a's second leaves
-    assert regrouped.id == "S0005" and [(m.item_id, m.speaker) for m in regrouped.members] == [("a", "SPEAKER_01")]
+    assert regrouped.id == "S0005" and [(m.item_id, m.speaker) for m in regrouped.members] == [
+        ("a", "SPEAKER_01")
+    ]
     with pytest.raises(SettingsError, match="one voice even at distance"):
         split(settings, out, keep)
 
@@ -196,8 +253,10 @@ def test_a_damaged_corpus_file_is_never_overwritten(folder):
 def test_the_corpus_step_imports_no_model_library():
     import subprocess
 
-    code = ("import sys, orchestrator.run.speakers, orchestrator.run.labels, orchestrator.cli; "
-            "print(sorted(m for m in ('torch', 'speechbrain', 'whisperx', 'pyannote.audio') if m in sys.modules))")
+    code = (
+        "import sys, orchestrator.run.speakers, orchestrator.run.labels, orchestrator.cli; "
+        "print(sorted(m for m in ('torch', 'speechbrain', 'whisperx', 'pyannote.audio') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
@@ -221,20 +280,58 @@ def diarized_corpus(tmp_path_factory):
     out = tmp / "out"
 
     def request(stage, items, **settings):
-        return StageRequest(request_id=stage, stage=stage, module=f"stages.{stage}", items=items, batch_size=4,
-                            device="cpu", settings=stage_settings(stage, **settings),
-                            result_path=str(tmp / f"{stage}.json"))
+        return StageRequest(
+            request_id=stage,
+            stage=stage,
+            module=f"stages.{stage}",
+            items=items,
+            batch_size=4,
+            device="cpu",
+            settings=stage_settings(stage, **settings),
+            result_path=str(tmp / f"{stage}.json"),
+        )
 
-    assert all(r.ok for r in AudioStage().run(request("audio", [
-        WorkItem(id=n, inputs={"source": str(p)}, output=str(tmp / "a" / n / "audio.json"), fingerprint="a")
-        for n, (p, _) in files.items()])).items)
-    result = DiarizationStage().run(request("diarization", [
-        WorkItem(id=n, inputs={"audio": str(tmp / "a" / n / "audio.json")}, output=str(out / n / "diarization.json"),
-                 fingerprint=f"d-{n}") for n in files], model="embedded"))
+    assert all(
+        r.ok
+        for r in AudioStage()
+        .run(
+            request(
+                "audio",
+                [
+                    WorkItem(
+                        id=n,
+                        inputs={"source": str(p)},
+                        output=str(tmp / "a" / n / "audio.json"),
+                        fingerprint="a",
+                    )
+                    for n, (p, _) in files.items()
+                ],
+            )
+        )
+        .items
+    )
+    result = DiarizationStage().run(
+        request(
+            "diarization",
+            [
+                WorkItem(
+                    id=n,
+                    inputs={"audio": str(tmp / "a" / n / "audio.json")},
+                    output=str(out / n / "diarization.json"),
+                    fingerprint=f"d-{n}",
+                )
+                for n in files
+            ],
+            model="embedded",
+        )
+    )
     assert all(r.ok for r in result.items), result.items
     (out / ".ids.json").write_text(json.dumps({str(p): n for n, (p, _) in files.items()}))
-    return out, {n: load_artifact(out / n / "diarization.json", DiarizationArtifact) for n in files}, \
-        {n: t for n, (_, t) in files.items()}
+    return (
+        out,
+        {n: load_artifact(out / n / "diarization.json", DiarizationArtifact) for n in files},
+        {n: t for n, (_, t) in files.items()},
+    )
 
 
 @pytest.mark.slow
@@ -267,7 +364,12 @@ def test_cluster_places_a_folder_made_before_corpus_speakers(folder, monkeypatch
     (out / "speakers.json").unlink()
     monkeypatch.setattr(speakers, "PLACE_BATCH", 2)  # a then b in one batch, c in the next
     placed = speakers.cluster(settings, out)
-    assert len(placed.corpus.speakers) == 3 and placed.changed == {"a", "b", "c"} and len(placed.new_speakers) == 3
-    assert labels(out, "a") == {s.id for s in placed.corpus.speakers
-                                if any(m.item_id == "a" for m in s.members)}
+    assert (
+        len(placed.corpus.speakers) == 3
+        and placed.changed == {"a", "b", "c"}
+        and len(placed.new_speakers) == 3
+    )
+    assert labels(out, "a") == {
+        s.id for s in placed.corpus.speakers if any(m.item_id == "a" for m in s.members)
+    }
     assert read_corpus(out) == placed.corpus

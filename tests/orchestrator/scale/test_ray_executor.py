@@ -29,16 +29,18 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 
-ray = pytest.importorskip("ray", reason="the ray group is not installed (uv sync --group ray); CI installs it")
+ray = pytest.importorskip(
+    "ray", reason="the ray group is not installed (uv sync --group ray); CI installs it"
+)
 
 import psutil  # noqa: E402
 
 from contracts import StageRequest, WorkItem, load_model  # noqa: E402
 from orchestrator import Settings  # noqa: E402
-from orchestrator.scale.ray_executor import RayExecutor, unplaced_reason  # noqa: E402
 from orchestrator.process.toolkit import stop_tree  # noqa: E402
 from orchestrator.registry import StageSpec  # noqa: E402
 from orchestrator.run.runner import StageRunner  # noqa: E402
+from orchestrator.scale.ray_executor import RayExecutor, unplaced_reason  # noqa: E402
 from tests.conftest import MEDIA, ROOT, wait_for  # noqa: E402
 from tests.fixtures.generate import clips  # noqa: E402
 from tests.fixtures.stages import FixtureSettings, NoteArtifact  # noqa: E402
@@ -59,9 +61,24 @@ def cluster():
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
     port = _free_port()
     env = os.environ | {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
-    subprocess.run([str(RAY), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
-                    "--num-gpus=0", "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"],
-                   check=True, env=env, capture_output=True, timeout=180)
+    subprocess.run(
+        [
+            str(RAY),
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--num-gpus=0",
+            "--include-dashboard=false",
+            f"--temp-dir={temp}",
+            "--disable-usage-stats",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=180,
+    )
     try:
         yield f"127.0.0.1:{port}"
     finally:
@@ -84,8 +101,13 @@ def _processes_naming(text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def executor(cluster, tmp_path_factory):
-    settings = Settings(executor="ray", ray_address=cluster, device="cpu", gpu_monitor=False,
-                        pid_dir=tmp_path_factory.mktemp("pids"))
+    settings = Settings(
+        executor="ray",
+        ray_address=cluster,
+        device="cpu",
+        gpu_monitor=False,
+        pid_dir=tmp_path_factory.mktemp("pids"),
+    )
     executor = RayExecutor(settings)
     yield executor
     executor.close()
@@ -93,8 +115,10 @@ def executor(cluster, tmp_path_factory):
 
 
 def _items(tmp_path, sources: dict[str, str]) -> list[WorkItem]:
-    return [WorkItem(id=k, inputs={"source": v}, output=str(tmp_path / k / "note.json"), fingerprint=f"fp-{k}")
-            for k, v in sources.items()]
+    return [
+        WorkItem(id=k, inputs={"source": v}, output=str(tmp_path / k / "note.json"), fingerprint=f"fp-{k}")
+        for k, v in sources.items()
+    ]
 
 
 def _request(tmp_path, name, attempt) -> StageRequest:
@@ -111,8 +135,13 @@ def test_the_cluster_places_stage_tasks_on_cpus_without_gpus(executor):
 def test_task_oom_is_resubmitted_with_half_the_batch(executor, tmp_path):
     # Given 3 items needing batch x (10, 10, 100) MiB, 600 MiB of headroom, and batch 8 (item c: 800 MiB)
     runner = StageRunner(executor, tmp_path / "run", env={}, device="cpu", max_signal_retries=2)
-    spec = StageSpec("memhog", "tests.fixtures.stages_memhog", NoteArtifact, batch_size=8,
-                     settings=FixtureSettings(**{"headroom_mib": 600}))
+    spec = StageSpec(
+        "memhog",
+        "tests.fixtures.stages_memhog",
+        NoteArtifact,
+        batch_size=8,
+        settings=FixtureSettings(**{"headroom_mib": 600}),
+    )
     outcomes, report = runner.run(spec, _items(tmp_path, {"a": "10", "b": "10", "c": "100"}))
     # Then the task's child dies of a real allocator OOM and the next task gets batch 4 and only item c
     assert [(a.batch_size, a.outcome) for a in report.attempts] == [(8, "oom"), (4, "ok")]
@@ -128,8 +157,13 @@ def test_task_oom_is_resubmitted_with_half_the_batch(executor, tmp_path):
 def test_a_killed_ray_worker_is_retried_for_the_unfinished_items(executor, tmp_path):
     started, release = tmp_path / "started", tmp_path / "release"
     runner = StageRunner(executor, tmp_path / "run", env={}, device="cpu", max_signal_retries=2)
-    spec = StageSpec("sleeper", "tests.fixtures.stages_sleeper", NoteArtifact, batch_size=2,
-                     settings=FixtureSettings(**{"started": str(started), "release": str(release), "sleep_s": 120}))
+    spec = StageSpec(
+        "sleeper",
+        "tests.fixtures.stages_sleeper",
+        NoteArtifact,
+        batch_size=2,
+        settings=FixtureSettings(**{"started": str(started), "release": str(release), "sleep_s": 120}),
+    )
     killed: dict[str, int] = {}
 
     def kill_the_worker():
@@ -166,8 +200,13 @@ def test_a_task_the_cluster_can_never_place_fails_within_the_placement_timeout(e
     # Given the 2-CPU cluster, stage tasks that ask for 4 CPUs each, and 3 s to place one (issue 23, case 9)
     greedy = RayExecutor(executor.settings.replace(ray_cpus_per_task=4, ray_placement_timeout_s=3))
     runner = StageRunner(greedy, tmp_path / "run", env={}, device="cpu", max_signal_retries=2)
-    spec = StageSpec("sleeper", "tests.fixtures.stages_sleeper", NoteArtifact, batch_size=2,
-                     settings=FixtureSettings(**{"started": str(tmp_path / "started"), "sleep_s": 0}))
+    spec = StageSpec(
+        "sleeper",
+        "tests.fixtures.stages_sleeper",
+        NoteArtifact,
+        batch_size=2,
+        settings=FixtureSettings(**{"started": str(tmp_path / "started"), "sleep_s": 0}),
+    )
     began = time.monotonic()
     try:
         outcomes, report = runner.run(spec, _items(tmp_path, {"a": "1", "b": "2"}))
@@ -181,11 +220,13 @@ def test_a_task_the_cluster_can_never_place_fails_within_the_placement_timeout(e
         assert not outcomes[item].ok and outcomes[item].error == (
             "sleeper was not started: not placed within 3 s: needs 4 CPU, the cluster has 0 GPU, 2 CPU; no node "
             "of the cluster has that much (PIPELINE_RAY_PLACEMENT_TIMEOUT_S; PIPELINE_RAY_GPUS_PER_TASK / "
-            "_CPUS_PER_TASK)")
+            "_CPUS_PER_TASK)"
+        )
     assert not (tmp_path / "started").exists() and not (tmp_path / "a" / "note.json").exists()
     # and the cluster is not left holding it: a task it can place still runs
     outcomes, _ = StageRunner(executor, tmp_path / "run2", env={}, device="cpu", max_signal_retries=2).run(
-        spec, _items(tmp_path, {"c": "3"}))
+        spec, _items(tmp_path, {"c": "3"})
+    )
     assert outcomes["c"].ok
 
 
@@ -193,26 +234,47 @@ def test_an_unplaced_task_says_whether_it_can_ever_be_placed():
     needs = {"name": "chunk001-asr-1", "num_cpus": 1.0, "num_gpus": 1.0, "max_retries": 0}
     # no node has a GPU: it never will be placed
     assert unplaced_reason(600, needs, {"CPU": 8.0}, [{"CPU": 4.0}, {"CPU": 4.0}]).startswith(
-        "not placed within 600 s: needs 1 CPU, 1 GPU, the cluster has 0 GPU, 8 CPU; no node of the cluster has")
+        "not placed within 600 s: needs 1 CPU, 1 GPU, the cluster has 0 GPU, 8 CPU; no node of the cluster has"
+    )
     # 2 GPUs on 2 nodes, but no node has 2: still never
-    assert "no node" in unplaced_reason(60, needs | {"num_gpus": 2.0}, {"CPU": 8.0, "GPU": 2.0},
-                                        [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 4.0, "GPU": 1.0}])
+    assert "no node" in unplaced_reason(
+        60,
+        needs | {"num_gpus": 2.0},
+        {"CPU": 8.0, "GPU": 2.0},
+        [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 4.0, "GPU": 1.0}],
+    )
     # a node has what it needs: other work holds it
-    assert "but they stayed busy" in unplaced_reason(60, needs, {"CPU": 8.0, "GPU": 1.0},
-                                                     [{"CPU": 4.0}, {"CPU": 4.0, "GPU": 1.0}])
+    assert "but they stayed busy" in unplaced_reason(
+        60, needs, {"CPU": 8.0, "GPU": 1.0}, [{"CPU": 4.0}, {"CPU": 4.0, "GPU": 1.0}]
+    )
 
 
 # -- the whole pipeline through the CLI --------------------------------------------------------------
 
 
 def _cli(out: Path, inputs: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli", "process", str(inputs), "--output", str(out),
-            "--chunk-size", "2", "--embedding-profile", "embedded", "--device", "cpu", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator.cli",
+        "process",
+        str(inputs),
+        "--output",
+        str(out),
+        "--chunk-size",
+        "2",
+        "--embedding-profile",
+        "embedded",
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 def _outputs(out: Path) -> dict[str, tuple[list[tuple[str, str | None]], np.ndarray]]:
     result = {}
-    for transcript in sorted(out.rglob("transcript.json")):  # ids mirror the input folder: OUT/<folder>/<stem>/
+    # ids mirror the input folder: OUT/<folder>/<stem>/
+    for transcript in sorted(out.rglob("transcript.json")):
         segments = [(s["text"], s.get("speaker")) for s in json.loads(transcript.read_text())["segments"]]
         result[transcript.parent.name] = (segments, np.load(transcript.parent / "embeddings.npy"))
     return result
@@ -252,24 +314,39 @@ def ray_resumed(tmp_path_factory, cluster, inputs) -> dict:
     first_log = out.parent / "ray-first.log"
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(first_log, "w"))
     try:
-        directory = wait_for(lambda: next(iter(sorted((out / ".runs").glob("*"))), None)
-                              if (out / ".runs").exists() else None, timeout=500, what="run directory")
-        child = wait_for(lambda: _child_pid(directory / "chunk002-asr-1.log"), timeout=500,
-                         what="chunk 2's ASR child")
+        directory = wait_for(
+            lambda: next(iter(sorted((out / ".runs").glob("*"))), None) if (out / ".runs").exists() else None,
+            timeout=500,
+            what="run directory",
+        )
+        child = wait_for(
+            lambda: _child_pid(directory / "chunk002-asr-1.log"), timeout=500, what="chunk 2's ASR child"
+        )
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     journal = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
     # ids mirror the input folder (in/clip000): the clips are told apart by their last part
-    complete = {e["item"].rsplit("/", 1)[-1] for e in journal if e["stage"] == "outputs" and e["status"] == "ok"}
+    complete = {
+        e["item"].rsplit("/", 1)[-1] for e in journal if e["stage"] == "outputs" and e["status"] == "ok"
+    }
     # Ray ends a dead driver's tasks; the stage child dies with its worker
-    wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie", timeout=60,
-              what="the killed driver's stage child to die")
+    wait_for(
+        lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie",
+        timeout=60,
+        what="the killed driver's stage child to die",
+    )
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = sorted((out / ".runs").glob("*"))
-    return {"out": out, "complete": complete, "first": directory, "second": runs[-1], "stderr": done.stderr,
-            "report": json.loads((out / "run-report.json").read_text())}
+    return {
+        "out": out,
+        "complete": complete,
+        "first": directory,
+        "second": runs[-1],
+        "stderr": done.stderr,
+        "report": json.loads((out / "run-report.json").read_text()),
+    }
 
 
 @pytest.mark.slow
@@ -306,9 +383,13 @@ def test_chunks_run_at_the_same_time_on_the_cluster(cluster, tmp_path):
     clips(tmp_path / "in", 4, seconds=2.0)
     out = tmp_path / "out"
     # Given a 2-CPU cluster and 2 chunks, with no --parallel-chunks: the cluster's slots decide
-    done = subprocess.run(_cli(out, tmp_path / "in", "--executor", "ray", "--ray-address", cluster, "--no-speakers",
-                               "-v"),
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        _cli(out, tmp_path / "in", "--executor", "ray", "--ray-address", cluster, "--no-speakers", "-v"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2 chunk(s) at a time" in done.stderr
     report = json.loads((out / "run-report.json").read_text())

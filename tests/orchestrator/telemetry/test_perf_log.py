@@ -27,7 +27,11 @@ def test_real_run_logs_checkpoints_of_every_stage_and_reports_them(tmp_path):
     events = read_events(perf_log_path(settings.output_dir, report.run_id))
     for stage in ("audio", "asr", "diarization", "alignment", "embeddings"):
         mine = [e for e in events if e.stage == stage]
-        assert [e.point for e in mine if e.event == "checkpoint"] == ["before model load", "model loaded", "before exit"]
+        assert [e.point for e in mine if e.event == "checkpoint"] == [
+            "before model load",
+            "model loaded",
+            "before exit",
+        ]
         assert all(e.kind == "cpu" and e.rss_mb > 0 for e in mine if e.event == "checkpoint")  # no GPU here
         assert [e.event for e in mine][0] == "stage_start" and mine[-1].event == "stage_end"
         end = mine[-1].record
@@ -39,7 +43,9 @@ def test_real_run_logs_checkpoints_of_every_stage_and_reports_them(tmp_path):
         assert in_report == end
     asr_rss = max(e.rss_mb for e in events if e.stage == "asr" and e.event == "checkpoint")
     audio_rss = max(e.rss_mb for e in events if e.stage == "audio" and e.event == "checkpoint")
-    assert asr_rss > 3 * audio_rss, "the asr child (torch + whisperx + model) is far bigger than the audio one"
+    assert asr_rss > 3 * audio_rss, (
+        "the asr child (torch + whisperx + model) is far bigger than the audio one"
+    )
     assert all(a.peak_vram_mb is None for s in report.stages for a in s.attempts)
     assert ChildRegistry(tmp_path / "pids").records() == []
     built = build(settings.output_dir)

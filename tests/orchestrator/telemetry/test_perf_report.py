@@ -7,9 +7,8 @@ import pytest
 from contracts.errors import SettingsError
 from contracts.perf import PerfEvent, append_event
 from contracts.report import Attempt
-from orchestrator.telemetry.perf_report import compute_cpu, find_perf_log, plot, run_peaks, summarize, table
 from contracts.units import GIB_MIB as GIB
-
+from orchestrator.telemetry.perf_report import compute_cpu, find_perf_log, plot, run_peaks, summarize, table
 
 
 def ev(t, event, stage=None, attempt=1, **fields) -> PerfEvent:
@@ -18,13 +17,28 @@ def ev(t, event, stage=None, attempt=1, **fields) -> PerfEvent:
 
 def end(t, stage, attempt=1, batch_size=1, items=2, **record) -> PerfEvent:
     """A stage_end event with the child's record."""
-    return ev(t, "stage_end", stage, attempt, record=Attempt(stage=stage, attempt=attempt, batch_size=batch_size,
-                                                             items=items, **record))
+    return ev(
+        t,
+        "stage_end",
+        stage,
+        attempt,
+        record=Attempt(stage=stage, attempt=attempt, batch_size=batch_size, items=items, **record),
+    )
 
 
 def gpu_cp(t, stage, point, allocated, attempt=1):
-    return ev(t, "checkpoint", stage, attempt, point=point, kind="gpu", allocated_mb=allocated,
-              reserved_mb=allocated + 256, free_mb=24 * GIB - allocated - 600, total_mb=24 * GIB)
+    return ev(
+        t,
+        "checkpoint",
+        stage,
+        attempt,
+        point=point,
+        kind="gpu",
+        allocated_mb=allocated,
+        reserved_mb=allocated + 256,
+        free_mb=24 * GIB - allocated - 600,
+        total_mb=24 * GIB,
+    )
 
 
 #: a GPU run: audio on the CPU; asr (CTranslate2: torch sees little, NVML sees 3 GiB) OOMs once then succeeds;
@@ -36,7 +50,15 @@ EVENTS = [
     end(0.6, "audio", outcome="ok", ok=2, failed=0, wall_s=0.6, items_per_s=20.0, device="cpu"),
     ev(1, "stage_start", "asr", batch_size=16, items=2, device="cuda"),
     gpu_cp(9, "asr", "before model load", 0),
-    ev(9.5, "gpu_sample", "asr", gpu_index=0, process_mib=3000, device_used_mib=3500, device_total_mib=24 * GIB),
+    ev(
+        9.5,
+        "gpu_sample",
+        "asr",
+        gpu_index=0,
+        process_mib=3000,
+        device_used_mib=3500,
+        device_total_mib=24 * GIB,
+    ),
     gpu_cp(10, "asr", "at failure", 200),
     end(10.5, "asr", outcome="oom", wall_s=9.5, batch_size=16),
     ev(11, "retry", "asr", attempt=2, batch_size=8, previous_outcome="oom", previous_batch_size=16),
@@ -45,17 +67,49 @@ EVENTS = [
     ev(19.5, "gpu_sample", "asr", attempt=2, gpu_index=0, process_mib=3300, device_used_mib=3800),
     gpu_cp(20, "asr", "before exit", 250, attempt=2),
     ev(20.2, "gpu_check", "asr", attempt=2, gpu_index=0, process_mib=0.0, device_used_mib=520),
-    end(20.3, "asr", attempt=2, batch_size=8, outcome="ok", ok=2, failed=0, wall_s=9.3, items_per_s=1.5,
-        peak_vram_mb=310, gpu_process_peak_mib=3300, gpu_tree_after_mib=0.0, device="cuda"),
+    end(
+        20.3,
+        "asr",
+        attempt=2,
+        batch_size=8,
+        outcome="ok",
+        ok=2,
+        failed=0,
+        wall_s=9.3,
+        items_per_s=1.5,
+        peak_vram_mb=310,
+        gpu_process_peak_mib=3300,
+        gpu_tree_after_mib=0.0,
+        device="cuda",
+    ),
     ev(21, "stage_start", "embeddings", batch_size=128, items=2, device="cuda"),
     gpu_cp(27, "embeddings", "model loaded", 18 * GIB),
     ev(27.5, "gpu_sample", "embeddings", gpu_index=0, process_mib=19 * GIB, device_used_mib=19.5 * GIB),
     gpu_cp(28, "embeddings", "before exit", 20.5 * GIB),
-    ev(28.5, "gpu_check", "embeddings", gpu_index=0, process_mib=0.0, device_used_mib=2000,
-       leak="embeddings: GPU memory leak: GPU 0 usage did not return to its pre-stage baseline"),
-    end(28.6, "embeddings", batch_size=128, outcome="ok", ok=2, failed=0, wall_s=7.6, items_per_s=40.0,
-        peak_vram_mb=20.6 * GIB, gpu_process_peak_mib=19 * GIB, gpu_tree_after_mib=0.0, device="cuda",
-        gpu_leak="embeddings: GPU memory leak: GPU 0 usage did not return to its pre-stage baseline"),
+    ev(
+        28.5,
+        "gpu_check",
+        "embeddings",
+        gpu_index=0,
+        process_mib=0.0,
+        device_used_mib=2000,
+        leak="embeddings: GPU memory leak: GPU 0 usage did not return to its pre-stage baseline",
+    ),
+    end(
+        28.6,
+        "embeddings",
+        batch_size=128,
+        outcome="ok",
+        ok=2,
+        failed=0,
+        wall_s=7.6,
+        items_per_s=40.0,
+        peak_vram_mb=20.6 * GIB,
+        gpu_process_peak_mib=19 * GIB,
+        gpu_tree_after_mib=0.0,
+        device="cuda",
+        gpu_leak="embeddings: GPU memory leak: GPU 0 usage did not return to its pre-stage baseline",
+    ),
 ]
 
 
@@ -78,10 +132,24 @@ def test_the_table_says_how_busy_each_child_kept_the_cpu():
 
     from contracts.report import CpuUsage
 
-    usage = CpuUsage(user_s=126.0, system_s=72.0, minor_faults=36_000_000, major_faults=0,
-                     voluntary_switches=1_300_000, involuntary_switches=16_000)
-    asr = Attempt(stage="asr", attempt=1, batch_size=16, items=16, outcome="ok", wall_s=130.0, compute_s=125.0,
-                  compute_cpu=usage)
+    usage = CpuUsage(
+        user_s=126.0,
+        system_s=72.0,
+        minor_faults=36_000_000,
+        major_faults=0,
+        voluntary_switches=1_300_000,
+        involuntary_switches=16_000,
+    )
+    asr = Attempt(
+        stage="asr",
+        attempt=1,
+        batch_size=16,
+        items=16,
+        outcome="ok",
+        wall_s=130.0,
+        compute_s=125.0,
+        compute_cpu=usage,
+    )
     # 198 CPU seconds over 125 s of compute: 1.58 cores busy on average, 36 % of it in the kernel
     assert compute_cpu(asr) == "198 s, 1.58 cores, 36 % system"
     older = Attempt(stage="asr", attempt=1, batch_size=16, items=16, outcome="ok", wall_s=130.0)
@@ -123,6 +191,9 @@ def test_the_log_is_found_from_a_file_an_output_dir_or_a_run_dir(tmp_path):
     newest = logs / "20260102T000000Z-bbbbbb.jsonl"
     assert find_perf_log(newest) == newest
     assert find_perf_log(tmp_path) == newest and find_perf_log(logs) == newest
-    assert find_perf_log(tmp_path / ".runs" / "20260101T000000Z-aaaaaa") == logs / "20260101T000000Z-aaaaaa.jsonl"
+    assert (
+        find_perf_log(tmp_path / ".runs" / "20260101T000000Z-aaaaaa")
+        == logs / "20260101T000000Z-aaaaaa.jsonl"
+    )
     with pytest.raises(SettingsError, match="no performance log"):
         find_perf_log(tmp_path / "elsewhere")
