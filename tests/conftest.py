@@ -11,7 +11,7 @@ import pytest
 
 # The default ASR model is the multilingual Whisper base (#17). Tests that do not test language run the
 # smaller English-only tiny.en ("embedded"), set here for this process and every child it starts; the
-# language tests (tests/test_languages.py) ask for whisper-base themselves.
+# language tests (tests/scenarios/test_languages.py) ask for whisper-base themselves.
 os.environ.setdefault("ASR_MODEL", "embedded")
 
 ROOT = Path(__file__).resolve().parents[1]

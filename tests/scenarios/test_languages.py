@@ -10,7 +10,7 @@ import pytest
 
 from stages.language import combine, decide, spread
 from tests.conftest import MEDIA, wer
-from tests.test_cli import pipeline
+from tests.scenarios.test_cli import pipeline
 
 LANGUAGES = MEDIA / "languages"
 CLIPS = ("en", "de", "es", "fr")

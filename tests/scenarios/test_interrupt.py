@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.fixtures.generate import clips
-from tests.orchestrator.run.test_resume import child_pid, run_dir, wait_for
+from tests.scenarios.test_resume import child_pid, run_dir, wait_for
 
 pytestmark = pytest.mark.slow
 

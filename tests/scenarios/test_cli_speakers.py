@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import DIALOGUE_TEXT, MEDIA, wer
-from tests.test_cli import pipeline
+from tests.scenarios.test_cli import pipeline
 
 pytestmark = pytest.mark.slow
 

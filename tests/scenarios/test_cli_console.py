@@ -8,7 +8,7 @@ import pytest
 
 from stages.noise import KNOWN_WARNINGS
 from tests.conftest import MEDIA
-from tests.test_cli import pipeline
+from tests.scenarios.test_cli import pipeline
 
 #: what the known-harmless library output looked like in a child log before it was handled at the source
 KNOWN_NOISE = (

@@ -130,7 +130,9 @@ def test_child_logs_go_to_their_files_not_the_console(run):
     # the ASR child was started while the audio stage ran, and imported whisperX ahead of its request
     assert "stages.child: stages.asr: imported ahead in" in logs["asr"]
     assert "stages.embeddings: embeddings: model 'BAAI/bge-small-en-v1.5'" in logs["embeddings"]
-    assert "[asr]" not in done.stderr, "the console shows them only with -v (tests/test_cli_console.py)"
+    assert "[asr]" not in done.stderr, (
+        "the console shows them only with -v (tests/scenarios/test_cli_console.py)"
+    )
 
 
 @pytest.mark.parametrize(
