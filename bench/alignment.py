@@ -9,7 +9,7 @@ stages (no children: this measures the model work):
 
 1. ASR with 30 s windows (the default) with and without its decode-time word
    timing, and with the old 6 s windows, the latter also without the short-piece
-   cleaning (what the pipeline did before issue 13);
+   cleaning (what the pipeline did before the 30 s windows);
 2. the alignment stage on the 30 s transcripts (offline: Whisper cross-attention
    with the same model), without speakers: keeping the words the ASR stage timed
    (the default), and as a second pass of the model over transcripts without them

@@ -1,4 +1,4 @@
-"""ASR compute on many short clips: one input at a time vs joined windows vs one joined stream (#14, #27).
+"""ASR compute on many short clips: one input at a time vs joined windows vs one joined stream.
 
     .venv/bin/python bench/asr_packing.py [--clips 48] [--rounds 2] [--batch-size 16] [--device cpu]
 

@@ -1,4 +1,4 @@
-"""Embedded diarizer on many short clips: one input per request vs the chunk's inputs in shared batches (#14).
+"""Embedded diarizer on many short clips: one input per request vs the chunk's inputs in shared batches.
 
     .venv/bin/python bench/diarization_packing.py [--clips 48] [--rounds 2] [--batch-size 16] [--device cpu]
 

@@ -1,4 +1,4 @@
-"""The embedded diarizer's two runtimes side by side: compute seconds and DER on real and committed audio (#28).
+"""The embedded diarizer's two runtimes side by side: compute seconds and DER on real and committed audio.
 
     .venv/bin/python bench/diarization_runtime.py [--rounds 2] [--long 3] [--batch-size 16]
 

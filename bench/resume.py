@@ -1,4 +1,4 @@
-"""Resume check (issue 12): a rerun over N already-complete inputs starts no child; how long it takes.
+"""Resume check: a rerun over N already-complete inputs starts no child; how long it takes.
 
     .venv/bin/python bench/resume.py [--inputs 5000] [--seconds 0.3]
 

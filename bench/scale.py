@@ -1,4 +1,4 @@
-"""Corpus scale (issue 23): planning, the dry run and the resume check at 100,000 inputs.
+"""Corpus scale: planning, the dry run and the resume check at 100,000 inputs.
 
     .venv/bin/python bench/scale.py [--inputs 100000] [--keep DIR]
 

@@ -10,7 +10,7 @@ the same encoder output (``Whisper.align``, stages/whisper_align.py; ``aligner``
 a few percent of the decode, where a separate pass would encode every window again. The
 alignment stage decides what the final timing is, so transcripts here say ``aligned=False``.
 
-Cross-input joining (#27): the stage sees every input of its chunk. Each input is
+Cross-input joining: the stage sees every input of its chunk. Each input is
 cut into speech windows by whisperX's VAD (at most ``chunk_size`` seconds each, as
 ``FasterWhisperPipeline.transcribe`` does). Whisper's encoder costs a full 30 s
 window however little speech it holds, so with ``join_inputs`` (the default) the
@@ -31,7 +31,7 @@ Cross-input packing: windows (joined or not) share decoder batches of
 inputs only (one input's, without joining: what whisperX does per file). "auto"
 packs on CUDA, and on the CPU when joining (bench/asr_packing.py: joined windows
 decode in half the time in batches, and the VAD runs of the inputs are not
-interleaved with decodes); without joining on the CPU, #14 measured no gain.
+interleaved with decodes); without joining on the CPU, packing measured no gain.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class Stage(ABC):
         device = self.resolve_device(request.device)
         self.batch_size = request.batch_size
         self.device = device
-        memory = MemoryCheckpoints(self.name, device, request)  # TF32 where supported; checkpoints (#5)
+        memory = MemoryCheckpoints(self.name, device, request)  # TF32 where supported; memory checkpoints
         memory.check("before model load")
         model = self.load(request, device)
         if model is not None:

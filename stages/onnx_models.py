@@ -7,7 +7,7 @@ atomically; the key covers the weight file's bytes, the torch version and
 session is opened, its output on a fixed seeded probe is compared with the torch
 model's; beyond the tolerance the caller keeps torch and the log says why.
 
-Why (issue 28): on the 2-core CPU the same segmentation-3.0 and CAM++ forward
+Why: on the 2-core CPU the same segmentation-3.0 and CAM++ forward
 passes take several times less time in ONNX Runtime than in torch, and torch's
 OpenMP threads lose most when anything else runs on the machine (the parent, a
 warm child, another job).

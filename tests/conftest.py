@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-# The default ASR model is the multilingual Whisper base (#17). Tests that do not test language run the
+# The default ASR model is the multilingual Whisper base. Tests that do not test language run the
 # smaller English-only tiny.en ("embedded"), set here for this process and every child it starts; the
 # language tests (tests/scenarios/test_languages.py) ask for whisper-base themselves.
 os.environ.setdefault("ASR_MODEL", "embedded")

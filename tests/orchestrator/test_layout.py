@@ -1,4 +1,4 @@
-"""The output directory's layout (issue 23, case 8): run-level names live in orchestrator.layout, and an
+"""The output directory's layout: run-level names live in orchestrator.layout, and an
 input's id can never take one's place, for `process`, `langid` and API jobs alike."""
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def test_a_file_too_large_fails_alone_and_a_full_disk_stops_the_run_leaving_no_p
     tmp_path, small_disk, request
 ):
     """A file the size limit (ulimit -f) forbids can never be written: its input fails alone. A full disk is
-    nobody's input's fault (issue 23, case 4): the run stops with exit 5 and fails nothing."""
+    nobody's input's fault: the run stops with exit 5 and fails nothing."""
     import subprocess
 
     from tests.conftest import ROOT

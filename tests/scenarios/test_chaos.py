@@ -1,4 +1,4 @@
-"""Chaos (issue 12): a long batch of good and poison inputs, with children and the parent killed at random
+"""Chaos: a long batch of good and poison inputs, with children and the parent killed at random
 and one SIGTERM, rerun until it exits by itself. Every good input comes out byte-identical to a clean run,
 each bad one fails (or is partial) alone with its reason, no model stage of a completed input ran twice
 (its outputs are rewritten, once per run), and no process of ours is left.
@@ -117,7 +117,7 @@ def _run(inputs: list[Path], out: Path, mark: str, chaos=None) -> tuple[int, lis
         "PIPELINE_WATCHDOG_FLOOR_S": "15",
         "PIPELINE_WATCHDOG_PER_AUDIO_S": "1",
         "PIPELINE_SPEAKERS": "false",
-        # no joined ASR windows (#27): which inputs share a window differs between the clean run and the runs
+        # no joined ASR windows: which inputs share a window differs between the clean run and the runs
         # rebuilt after kills, and an input's text may move with its neighbours; texts are compared exactly
         "ASR_JOIN_INPUTS": "false",
     }
@@ -210,7 +210,7 @@ _NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
 def _same(name: str, a: bytes, b: bytes) -> bool:
-    """Equal outputs, up to float noise: stages pack several inputs into one batch (#14), and which inputs
+    """Equal outputs, up to float noise: stages pack several inputs into one batch, and which inputs
     share a batch differs between a clean run and a run rebuilt after kills; that moves vectors by ~1e-6
     and times by a millisecond. Texts, counts and structure must be identical."""
     if a == b:

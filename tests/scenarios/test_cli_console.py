@@ -40,7 +40,7 @@ def test_the_readme_first_command_prints_a_short_console_with_the_substitutions(
         line.startswith("NOTE embeddings: asked for 'speed' (BAAI/bge-small-en-v1.5), used the embedded")
         for line in notes
     ), lines
-    # words are timed offline now (Whisper cross-attention, #13): no alignment substitution to note
+    # words are timed offline now (Whisper cross-attention): no alignment substitution to note
     assert not any(line.startswith("NOTE alignment") for line in notes), notes
     assert len(notes) == len(set(notes))
     # the children's own lines stay in their log files

@@ -101,7 +101,7 @@ def reference_speaker(t: float, turns) -> str:
     )[2]
 
 
-#: WER before issue 13 (6 s windows, no piece cleaning) and now (30 s windows), Whisper tiny.en, measured by
+#: WER with the older 6 s windows (no piece cleaning) and now (30 s windows), Whisper tiny.en, measured by
 #: bench/alignment.py. host_guest is worse with full windows (0.068 -> 0.119: "father" heard as "farmer",
 #: "hill" as "deal", ...): the bound below is the measured value, so a further regression still fails.
 WER_BEFORE = {"host_guest": 0.068, "host_stranger": 0.196}
@@ -163,7 +163,7 @@ def test_each_speaker_stage_ran_in_its_own_child(run):
     assert item["enrollment"]["batch_size"] == 4 and item["diarization"]["status"] == "ok"
 
 
-# -- corpus speakers (issue 25): the same run's output folder --------------------------------------
+# -- corpus speakers: the same run's output folder --------------------------------------
 
 
 def corpus(out) -> dict:

@@ -1,4 +1,4 @@
-"""A full disk (issue 23, case 4), on a real small tmpfs, through the CLI with real stage children: the run
+"""A full disk, on a real small tmpfs, through the CLI with real stage children: the run
 stops cleanly with one line saying where, exits DISK_FULL (5), and the next run resumes with nothing lost;
 full before the run: exit 2 with the reason."""
 

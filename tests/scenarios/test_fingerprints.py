@@ -1,4 +1,4 @@
-"""Fingerprints mean the output (issue 23, case 3), seen through `bin/pipeline process --dry-run` and reruns.
+"""Fingerprints mean the output, seen through `bin/pipeline process --dry-run` and reruns.
 
 One real run (embedded models, real children) over two clips; then the dry run tells what each change would
 redo, and why. A fake Hugging Face cache (the real on-disk layout, read by huggingface_hub) stands in for a

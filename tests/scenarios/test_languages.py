@@ -1,4 +1,4 @@
-"""Language identification (issue 17): the pure decision rules, and one mixed batch through `bin/pipeline`
+"""Language identification: the pure decision rules, and one mixed batch through `bin/pipeline`
 with the embedded multilingual Whisper base on the committed espeak-ng clips."""
 
 from __future__ import annotations

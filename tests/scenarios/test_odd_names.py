@@ -1,4 +1,4 @@
-"""Any name the filesystem allows gets a safe, stable id of its own (issue 12)."""
+"""Any name the filesystem allows gets a safe, stable id of its own."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ def cli(out: Path, inputs: Path) -> list[str]:
     ]
 
 
-#: no joined ASR windows (#27): a respawned child decodes the inputs left with other neighbours, and an input's
+#: no joined ASR windows: a respawned child decodes the inputs left with other neighbours, and an input's
 #: text may move with the inputs that share its window; these tests compare texts exactly, and need the first
 #: transcript written before the last (joined, four 2.5 s clips finish together)
 ENV = {**os.environ, "ASR_JOIN_INPUTS": "false"}

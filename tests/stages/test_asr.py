@@ -243,7 +243,7 @@ def test_no_fragment_after_a_chunk_boundary_and_no_words_from_silence_or_noise(t
         assert transcript.speech_note.startswith("no speech detected"), transcript.speech_note
 
 
-# -- cross-input packing (#14) ----------------------------------------------------------------------------
+# -- cross-input packing ----------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -394,7 +394,7 @@ def test_an_unreadable_input_in_the_middle_fails_alone(tmp_path, several_audio):
     assert set(transcripts) == set(several_audio)
 
 
-# -- cross-input joining (#27) ----------------------------------------------------------------------------
+# -- cross-input joining ----------------------------------------------------------------------------
 
 #: what make_media.sh has espeak-ng say in each enrollment clip (one sentence each, in no dialogue)
 ENROLL_TEXT = {

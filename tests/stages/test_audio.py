@@ -89,7 +89,7 @@ def test_directory_is_not_media(tmp_path):
         check_readable(tmp_path)
 
 
-# -- damaged media and files that are not media (issue 12) --------------------------------------------
+# -- damaged media and files that are not media --------------------------------------------
 
 
 def damaged_mp4(path, media):
@@ -153,7 +153,7 @@ def test_files_that_are_not_regular_files_fail_alone_without_being_opened(tmp_pa
     assert errors["ok"] is None
 
 
-# -- containers, tracks, files that point elsewhere, files that change (issues 12 and 16) -----------------
+# -- containers, tracks, files that point elsewhere, files that change -----------------
 
 
 def _aligned_corr(reference: np.ndarray, other: np.ndarray) -> float:

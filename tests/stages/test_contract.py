@@ -85,7 +85,7 @@ def test_speaker_stages_follow_the_settings(tmp_path):
     specs = {s.name: s for s in Orchestrator(Settings(profiles_dir=tmp_path)).stage_specs()}
     assert specs["diarization"].skippable and specs["enrollment"].skippable and not specs["asr"].skippable
     assert not Orchestrator(Settings(enable_fast_path=False)).stage_specs()[2].skippable
-    # words are timed by the alignment stage, so ASR keeps whisperX's full 30 s windows with speakers on (#13)
+    # words are timed by the alignment stage, so ASR keeps whisperX's full 30 s windows with speakers on
     assert specs["enrollment"].batch_size == 4 and specs["asr"].settings.chunk_size == 30
     assert specs["alignment"].batch_size == 8
 

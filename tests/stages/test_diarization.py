@@ -204,7 +204,7 @@ def test_relabel_names_speakers_in_order_of_appearance():
 
 
 def test_inputs_sharing_batches_get_the_turns_they_get_alone(diarized, audio_dir, monkeypatch):
-    """#14: the dialogues' 10 s segmentation windows shared batches of 4 (a batch held windows of both), and
+    """The dialogues' 10 s segmentation windows shared batches of 4 (a batch held windows of both), and
     their local-speaker clips were embedded in one stream; one at a time gives the same turns."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     packed, _ = diarized
@@ -235,7 +235,7 @@ def test_inputs_sharing_batches_get_the_turns_they_get_alone(diarized, audio_dir
 
 
 def test_onnx_runtime_gives_the_turns_torch_gives(diarized, audio_dir, monkeypatch, caplog):
-    """#28: the default runtime ran both models in ONNX Runtime (exported from the same weights, checked on a
+    """The default runtime ran both models in ONNX Runtime (exported from the same weights, checked on a
     probe); DIARIZATION_RUNTIME=torch, the earlier path, gives the very same turns on both dialogues."""
     import logging
 

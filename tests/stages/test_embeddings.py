@@ -102,7 +102,7 @@ def test_without_fallback_an_unavailable_model_is_an_error(tmp_path, transcript_
 
 
 def test_texts_of_several_inputs_share_one_stream_and_are_split_back(tmp_path, reference_model):
-    """Cross-input packing (#14): four transcripts (one without segments, one unreadable) in one request."""
+    """Cross-input packing: four transcripts (one without segments, one unreadable) in one request."""
     texts = {
         "a": TEXTS,
         "b": [],

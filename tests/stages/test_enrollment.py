@@ -115,7 +115,7 @@ def matched(profiles, tmp_path_factory):
     req = request(tmp, "enrollment", items, encoder="campplus", profiles_dir=str(profiles))
     result = stage.run(req.model_copy(update={"inflight_path": str(tmp / "inflight.json")}))
     assert all(r.ok for r in result.items), result.items
-    assert list(DIALOGUES) in seen, seen  # both dialogues' turns embedded in one stream (#14)
+    assert list(DIALOGUES) in seen, seen  # both dialogues' turns embedded in one stream
     out = {
         n: load_artifact(tmp / n / "speaker_embeddings.json", SpeakerEmbeddingsArtifact) for n in DIALOGUES
     }

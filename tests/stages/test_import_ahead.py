@@ -1,6 +1,6 @@
 """A warm child imports its stage's libraries before its request comes (``Stage.import_libraries``), while
 the previous stage still runs; only what it does after the request shows in a run's time. So loading a
-stage's model must import no heavy library that ``import_libraries`` left out (#14: the embedded
+stage's model must import no heavy library that ``import_libraries`` left out (the embedded
 diarizer's child spent 3.7 s importing pyannote.audio in ``load``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The service under real use (issue 24): jobs whose inputs fail alone, confinement where the file is
+"""The service under real use: jobs whose inputs fail alone, confinement where the file is
 opened, one server per state folder, bounded walks and streamed results, cancel and retention, and
 admission by expected wait. Real servers on 127.0.0.1; one shared server where the cases allow it."""
 

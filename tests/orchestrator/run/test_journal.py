@@ -1,4 +1,4 @@
-"""The run directory's journal (issue 23, case 6): a writer killed mid-line never costs the next run an entry."""
+"""The run directory's journal: a writer killed mid-line never costs the next run an entry."""
 
 from __future__ import annotations
 

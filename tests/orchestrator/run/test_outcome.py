@@ -108,7 +108,7 @@ def test_nobody_in_flight_means_the_stage_wide_policy():
 
 
 def test_an_error_exit_blames_only_the_items_in_flight_like_a_death():
-    """Issue 23, case 5: a child that exits with an ordinary error while items are in flight fails only an
+    """A child that exits with an ordinary error while items are in flight fails only an
     input proven to be the culprit (in flight at ``max_item_crashes`` such exits), not its whole chunk."""
     crashes: dict[str, int] = {}
     first = blame(Outcome.ERROR, ["b"], crashes, 2, 4, None, stage="asr", error="RuntimeError: bad frame")

@@ -1,4 +1,4 @@
-"""Planning at corpus scale (issue 23): ids by construction, duplicates, credentials, the index."""
+"""Planning at corpus scale: ids by construction, duplicates, credentials, the index."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_odd_directory_arguments_name_their_inputs(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_corpus_of_same_named_files_and_repeated_arguments_through_bin_pipeline(tmp_path):
-    """Issue 23, cases 1 and 2, with real children: three meetings' audio.wav of different lengths, the
+    """With real children: three meetings' audio.wav of different lengths, the
     folder and one file given again. Each comes out in its own folder with its own transcript; the
     repeated file is one input with a note, and a rerun reuses everything."""
     voice = speech()

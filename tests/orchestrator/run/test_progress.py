@@ -39,7 +39,7 @@ def test_chunks_in_parallel_are_counted_apart():
 
 
 def test_the_summary_of_a_large_run_shows_every_problem_and_counts_the_rest():
-    """At 100,000 inputs a row per input took minutes and scrolled the failures away (issue 23, scale)."""
+    """At 100,000 inputs a row per input took minutes and scrolled the failures away."""
     from datetime import datetime
 
     from rich.console import Console

@@ -60,7 +60,7 @@ def test_fetch_is_atomic_and_a_missing_url_is_a_one_line_input_error(memfs, tmp_
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["source.wav"]  # no partial file left
 
 
-# -- issue 23, case 9: a download is bounded in size and time, and cannot hang the run --------------------
+# -- a download is bounded in size and time, and cannot hang the run --------------------
 
 
 #: what the bad server's files hold: 3 MB, over the 1 MB limit the tests set
@@ -470,7 +470,7 @@ def test_sftp_inputs_and_outputs_through_the_cli(sftp_root, tmp_path):
     report = json.loads((out / "run-report.json").read_text())
     assert report["ok"] == 1 and report["inputs"][0]["source"].startswith("sftp://pipeline:***@127.0.0.1:")
     assert "s3cret" not in json.dumps(report) and "s3cret" not in done.stderr  # nor in the log
-    # issue 23, case 7: nothing the run keeps holds the password (index, journal, children's logs, perf log)
+    # nothing the run keeps holds the password (index, journal, children's logs, perf log)
     for path in [*(tmp_path / "staging").rglob("*"), *out.rglob("*")]:
         if path.is_file():
             assert b"s3cret" not in path.read_bytes(), path

@@ -219,7 +219,7 @@ class _RefuseFirst(_Refuse):
 
 
 def test_a_refused_start_is_a_temporary_condition_waited_out(tmp_path):
-    """Issue 23, case 5: a refused start waits (bounded backoff) instead of failing the chunk at once."""
+    """A refused start waits (bounded backoff) instead of failing the chunk at once."""
     hook = _RefuseFirst(1)
     runner = StageRunner(
         LocalExecutor([hook]),
@@ -254,7 +254,7 @@ def test_a_start_refused_for_longer_than_the_wait_fails_with_the_reason(tmp_path
 
 
 def test_an_error_exit_while_an_item_is_in_flight_fails_only_that_item(tmp_path):
-    """Issue 23, case 5: a child that exits with an ordinary error fails only the input it was on, once proven
+    """A child that exits with an ordinary error fails only the input it was on, once proven
     (in flight at two such exits); the rest of the chunk is done."""
     spec = StageSpec(
         "killer",
@@ -272,7 +272,7 @@ def test_an_error_exit_while_an_item_is_in_flight_fails_only_that_item(tmp_path)
     assert [i.id for i in _request(tmp_path, "killer", 3).items] == ["c", "d"]
 
 
-# -- culprit isolation (issue 12) -------------------------------------------------------------------
+# -- culprit isolation -------------------------------------------------------------------
 
 
 def test_an_input_that_crashes_its_child_every_time_fails_alone(tmp_path):

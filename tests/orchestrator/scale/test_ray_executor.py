@@ -197,7 +197,7 @@ def test_a_killed_ray_worker_is_retried_for_the_unfinished_items(executor, tmp_p
 
 
 def test_a_task_the_cluster_can_never_place_fails_within_the_placement_timeout(executor, tmp_path):
-    # Given the 2-CPU cluster, stage tasks that ask for 4 CPUs each, and 3 s to place one (issue 23, case 9)
+    # Given the 2-CPU cluster, stage tasks that ask for 4 CPUs each, and 3 s to place one
     greedy = RayExecutor(executor.settings.replace(ray_cpus_per_task=4, ray_placement_timeout_s=3))
     runner = StageRunner(greedy, tmp_path / "run", env={}, device="cpu", max_signal_retries=2)
     spec = StageSpec(
