@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from contracts.units import gib  # noqa: E402
+from contracts.units import gib  # noqa: E402 - after the repository root is on sys.path
 
 
 def _gib(mib: float | None) -> str:

@@ -69,11 +69,11 @@ class AlignmentStage(TorchStage):
     def import_libraries(self) -> None:
         """What the first input needs whichever aligner it gets: torch hub and torchaudio (where the wav2vec2
         check looks) and the Whisper aligner's libraries; imported before the request, as other stages do."""
-        import numpy  # noqa: F401
-        import torch.hub  # noqa: F401
-        import torchaudio  # noqa: F401
+        import numpy  # noqa: F401 - imported ahead of the request
+        import torch.hub  # noqa: F401 - imported ahead of the request
+        import torchaudio  # noqa: F401 - imported ahead of the request
 
-        import stages.whisper_align  # noqa: F401
+        import stages.whisper_align  # noqa: F401 - imported ahead of the request
 
     def load(self, request: StageRequest, device: str) -> str | None:
         settings: AlignmentSettings = self.settings

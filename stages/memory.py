@@ -277,7 +277,7 @@ class MemoryCheckpoints:
         """A checkpoint on the way out of a failure: never replaces the error being raised."""
         try:
             self.check(point)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a checkpoint must not hide the failure under way
             log.debug("no %r checkpoint: %s", point, exc)
 
     def after_item(self, number: int, total: int) -> None:

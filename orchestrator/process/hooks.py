@@ -152,7 +152,10 @@ class GpuGuardHook:
     def started(self, child: ChildRun) -> None:
         on_sample = None
         if self.on_sample is not None:
-            on_sample = lambda watch, dev, held: self.on_sample(child, dev, held)  # noqa: E731
+
+            def on_sample(watch, dev, held):
+                return self.on_sample(child, dev, held)
+
         self.monitor.started(child.gpu_watch, child.pid, on_sample=on_sample)
 
     def exited(self, child: ChildRun) -> None:

@@ -42,14 +42,19 @@ def test_process_runs_the_registry_in_order_and_only_the_enabled_stages(tmp_path
 
 def test_alignment_reads_only_the_speaker_artifacts_of_stages_that_run(tmp_path):
     (tmp_path / "Host.json").write_text("{}")
-    inputs = lambda **kw: {s.name: s.inputs for s in process_specs(Settings(**kw))}["alignment"]  # noqa: E731
+
+    def inputs(**kw):
+        return {s.name: s.inputs for s in process_specs(Settings(**kw))}["alignment"]
+
     assert inputs(speakers=False) == ("asr", "audio")
     assert inputs() == ("asr", "audio", "diarization")
     assert inputs(profiles_dir=tmp_path) == ("asr", "audio", "diarization", "speaker_embeddings")
 
 
 def test_gpu_needs_follow_the_request_settings_for_every_model_stage():
-    dump = lambda name, **kw: BY_NAME[name].build(Settings(**kw)).model_dump(mode="json")  # noqa: E731
+    def dump(name, **kw):
+        return BY_NAME[name].build(Settings(**kw)).model_dump(mode="json")
+
     assert gpu_need_mib("audio", dump("audio")) == 0
     assert gpu_need_mib("asr", dump("asr", asr_model="large-v3")) == ASR_NEEDS["large-v3"].model_mib + 160
     assert gpu_need_mib("asr", dump("asr", asr_model="/models/large-v3/")) == gpu_need_mib(

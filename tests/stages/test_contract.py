@@ -74,7 +74,9 @@ def test_pipeline_chains_outputs_to_inputs(tmp_path):
 
 
 def test_speaker_stages_follow_the_settings(tmp_path):
-    names = lambda **kw: [s.name for s in Orchestrator(Settings(**kw)).stage_specs()]  # noqa: E731
+    def names(**kw):
+        return [s.name for s in Orchestrator(Settings(**kw)).stage_specs()]
+
     assert names(speakers=False) == ["audio", "asr", "alignment", "embeddings"]
     assert names() == ["audio", "asr", "diarization", "alignment", "embeddings"], (
         "no profiles: nothing to match"

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from contracts import ExitCode
-from orchestrator.run.outcome import Outcome, next_step, outcome_of, refused_wait
+from orchestrator.run.outcome import Outcome, blame, next_step, outcome_of, refused_wait
 
 
 @pytest.mark.parametrize(
@@ -74,8 +74,6 @@ def test_fast_path_skips_a_skippable_stage_only_when_it_is_out_of_memory_at_batc
 
 
 # -- culprit isolation: blame() ----------------------------------------------------------------------
-
-from orchestrator.run.outcome import blame  # noqa: E402
 
 
 def test_a_death_blames_only_the_item_in_flight_and_fails_it_at_the_bound():

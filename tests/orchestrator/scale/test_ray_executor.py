@@ -33,18 +33,18 @@ ray = pytest.importorskip(
     "ray", reason="the ray group is not installed (uv sync --group ray); CI installs it"
 )
 
-import psutil  # noqa: E402
+import psutil  # noqa: E402 - after the importorskip of ray
 
-from contracts import StageRequest, WorkItem, load_model  # noqa: E402
-from orchestrator import Settings  # noqa: E402
-from orchestrator.process.toolkit import stop_tree  # noqa: E402
-from orchestrator.registry import StageSpec  # noqa: E402
-from orchestrator.run.runner import StageRunner  # noqa: E402
-from orchestrator.scale.ray_executor import RayExecutor, unplaced_reason  # noqa: E402
-from tests.conftest import MEDIA, ROOT, wait_for  # noqa: E402
-from tests.fixtures.generate import clips  # noqa: E402
-from tests.fixtures.stages import FixtureSettings, NoteArtifact  # noqa: E402
-from tests.orchestrator.process.test_children import gone  # noqa: E402
+from contracts import StageRequest, WorkItem, load_model  # noqa: E402 - after the importorskip of ray
+from orchestrator import Settings  # noqa: E402 - after the importorskip of ray
+from orchestrator.process.toolkit import stop_tree  # noqa: E402 - after the importorskip of ray
+from orchestrator.registry import StageSpec  # noqa: E402 - after the importorskip of ray
+from orchestrator.run.runner import StageRunner  # noqa: E402 - after the importorskip of ray
+from orchestrator.scale.ray_executor import RayExecutor, unplaced_reason  # noqa: E402 - after the importorskip of ray
+from tests.conftest import MEDIA, ROOT, wait_for  # noqa: E402 - after the importorskip of ray
+from tests.fixtures.generate import clips  # noqa: E402 - after the importorskip of ray
+from tests.fixtures.stages import FixtureSettings, NoteArtifact  # noqa: E402 - after the importorskip of ray
+from tests.orchestrator.process.test_children import gone  # noqa: E402 - after the importorskip of ray
 
 RAY = Path(sys.executable).parent / "ray"
 
