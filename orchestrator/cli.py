@@ -25,6 +25,29 @@ log = logging.getLogger("orchestrator.cli")
 QUIET, NORMAL, VERBOSE = -1, 0, 1
 
 
+# -- options shared by several commands (one declaration each) ------------------------------------------
+OutputOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--output",
+        "-o",
+        help="Output directory or fsspec URL [env PIPELINE_OUTPUT_DIR / PIPELINE_OUTPUT_URL, default ./out].",
+    ),
+]
+DeviceOpt = Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N [env PIPELINE_DEVICE].")]
+ChunkSizeOpt = Annotated[
+    int | None, typer.Option(min=1, help="Inputs per stage child [env PIPELINE_CHUNK_SIZE, default 50].")
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")]
+RunWaitOpt = Annotated[
+    bool, typer.Option("--wait", help="Wait while another run uses the output directory [env PIPELINE_WAIT].")
+]
+RunVerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")]
+
+
 def setup_logging(verbosity: int, console=None) -> None:
     """Plain log lines on pipes and files; on a terminal, rich logging above the progress display.
 
@@ -122,17 +145,8 @@ def process(
             show_default=False,
         ),
     ],
-    output: Annotated[
-        str | None,
-        typer.Option(
-            "--output",
-            "-o",
-            help="Output directory or fsspec URL [env PIPELINE_OUTPUT_DIR / PIPELINE_OUTPUT_URL, default ./out].",
-        ),
-    ] = None,
-    device: Annotated[
-        str | None, typer.Option(help="auto, cpu, cuda or cuda:N [env PIPELINE_DEVICE].")
-    ] = None,
+    output: OutputOpt = None,
+    device: DeviceOpt = None,
     asr_model: Annotated[
         str | None,
         typer.Option(
@@ -169,9 +183,7 @@ def process(
             ),
         ),
     ] = None,
-    chunk_size: Annotated[
-        int | None, typer.Option(min=1, help="Inputs per stage child [env PIPELINE_CHUNK_SIZE, default 50].")
-    ] = None,
+    chunk_size: ChunkSizeOpt = None,
     speakers: Annotated[
         bool | None,
         typer.Option(
@@ -203,9 +215,7 @@ def process(
             help="Chunks in flight [env PIPELINE_PARALLEL_CHUNKS; default 1 locally, the cluster's GPUs under Ray].",
         ),
     ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")
-    ] = False,
+    force: ForceOpt = False,
     on_damaged: Annotated[
         str | None,
         typer.Option(
@@ -215,10 +225,7 @@ def process(
             )
         ),
     ] = None,
-    wait: Annotated[
-        bool,
-        typer.Option("--wait", help="Wait while another run uses the output directory [env PIPELINE_WAIT]."),
-    ] = False,
+    wait: RunWaitOpt = False,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -229,12 +236,8 @@ def process(
             ),
         ),
     ] = False,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")
-    ] = False,
-    quiet: Annotated[
-        bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")
-    ] = False,
+    verbose: RunVerboseOpt = False,
+    quiet: QuietOpt = False,
     langid_only: Annotated[
         bool, typer.Option("--langid-only", hidden=True, help="What `pipeline langid` runs.")
     ] = False,
@@ -342,17 +345,8 @@ def langid(
         list[str],
         typer.Argument(help="Video/audio files or directories, local or fsspec URLs.", show_default=False),
     ],
-    output: Annotated[
-        str | None,
-        typer.Option(
-            "--output",
-            "-o",
-            help="Output directory or fsspec URL [env PIPELINE_OUTPUT_DIR / PIPELINE_OUTPUT_URL, default ./out].",
-        ),
-    ] = None,
-    device: Annotated[
-        str | None, typer.Option(help="auto, cpu, cuda or cuda:N [env PIPELINE_DEVICE].")
-    ] = None,
+    output: OutputOpt = None,
+    device: DeviceOpt = None,
     asr_model: Annotated[
         str | None,
         typer.Option(
@@ -365,25 +359,14 @@ def langid(
     languages: Annotated[
         str | None, typer.Option(help="Languages to choose from, e.g. en,de,es [env ASR_LANGUAGES].")
     ] = None,
-    chunk_size: Annotated[
-        int | None, typer.Option(min=1, help="Inputs per stage child [env PIPELINE_CHUNK_SIZE, default 50].")
-    ] = None,
+    chunk_size: ChunkSizeOpt = None,
     parallel_chunks: Annotated[
         int | None, typer.Option(min=1, help="Chunks in flight [env PIPELINE_PARALLEL_CHUNKS].")
     ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Redo every stage, even for current artifacts.")
-    ] = False,
-    wait: Annotated[
-        bool,
-        typer.Option("--wait", help="Wait while another run uses the output directory [env PIPELINE_WAIT]."),
-    ] = False,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Stream every log line, the stage children's too.")
-    ] = False,
-    quiet: Annotated[
-        bool, typer.Option("--quiet", "-q", help="Print failures and the summary only.")
-    ] = False,
+    force: ForceOpt = False,
+    wait: RunWaitOpt = False,
+    verbose: RunVerboseOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Identify each input's language only (decoding + identification, no transcript); write DIR/langid.csv,
     DIR/langid.json and DIR/run-report.json. Same chunks, resume and failure isolation as `process`."""
@@ -407,9 +390,7 @@ def langid(
 
 @app.command()
 def export(
-    output: Annotated[
-        Path, typer.Argument(help="The output directory of earlier `process` runs.", show_default=False)
-    ],
+    output: OutArg,
     formats: Annotated[
         str | None,
         typer.Option(
@@ -425,9 +406,7 @@ def export(
         list[str] | None,
         typer.Option("--inputs", help="Only these inputs (ids or sources; repeatable) [default: all]."),
     ] = None,
-    wait: Annotated[
-        bool, typer.Option("--wait", help="Wait while a run uses the output directory [env PIPELINE_WAIT].")
-    ] = False,
+    wait: WaitOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every file.")] = False,
 ) -> None:
     """Write the files of each input again from its stored artifacts, with the current caption settings
