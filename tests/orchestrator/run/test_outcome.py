@@ -1,30 +1,11 @@
-"""The exit-status mapping and the one retry policy, as pure functions."""
+"""The one retry policy (and culprit isolation), as pure functions."""
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 
-from contracts import ExitCode
-from orchestrator.run.outcome import Outcome, next_step, outcome_of, refused_wait
-
-
-@pytest.mark.parametrize(
-    ("exitcode", "expected"),
-    [
-        (0, (Outcome.OK, None)),
-        (ExitCode.FAILED, (Outcome.ERROR, None)),
-        (ExitCode.OOM, (Outcome.OOM, None)),
-        (ExitCode.CONTRACT_ERROR, (Outcome.CONTRACT_ERROR, None)),
-        (ExitCode.INTERRUPTED, (Outcome.INTERRUPTED, None)),
-        (-signal.SIGKILL, (Outcome.KILLED, 9)),
-        (-signal.SIGSEGV, (Outcome.KILLED, 11)),
-        (77, (Outcome.ERROR, None)),
-    ],
-)
-def test_outcome_of_exit_status(exitcode, expected):
-    assert outcome_of(int(exitcode)) == expected
+from orchestrator.process.outcome import Outcome
+from orchestrator.run.outcome import blame, next_step, refused_wait
 
 
 def test_oom_halves_the_batch_down_to_one():
@@ -75,8 +56,6 @@ def test_fast_path_skips_a_skippable_stage_only_when_it_is_out_of_memory_at_batc
 
 # -- culprit isolation: blame() ----------------------------------------------------------------------
 
-from orchestrator.run.outcome import blame  # noqa: E402
-
 
 def test_a_death_blames_only_the_item_in_flight_and_fails_it_at_the_bound():
     crashes: dict[str, int] = {}
@@ -108,7 +87,7 @@ def test_nobody_in_flight_means_the_stage_wide_policy():
 
 
 def test_an_error_exit_blames_only_the_items_in_flight_like_a_death():
-    """Issue 23, case 5: a child that exits with an ordinary error while items are in flight fails only an
+    """A child that exits with an ordinary error while items are in flight fails only an
     input proven to be the culprit (in flight at ``max_item_crashes`` such exits), not its whole chunk."""
     crashes: dict[str, int] = {}
     first = blame(Outcome.ERROR, ["b"], crashes, 2, 4, None, stage="asr", error="RuntimeError: bad frame")
@@ -144,5 +123,4 @@ def test_a_refused_start_waits_with_a_doubling_bounded_backoff_then_gives_up():
 
 
 def test_a_full_disk_is_its_own_outcome_and_never_retried():
-    assert outcome_of(int(ExitCode.DISK_FULL)) == (Outcome.DISK_FULL, None)
     assert not next_step(Outcome.DISK_FULL, 4, 0, 2, progressed=True).retry
