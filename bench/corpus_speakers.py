@@ -5,7 +5,7 @@
 Quality: the committed dialogues' turns re-paired into six files (``tests.fixtures.generate.CORPUS_FILES``:
 three espeak voices, each in four files, every pairing and order), diarized by the real embedded
 diarizer (in this process, one model load), then placed into corpus speakers
-(``orchestrator.run.speakers.assign``) at each distance: all files at once, and one file at a time as
+(``orchestrator.corpus.speakers.assign``) at each distance: all files at once, and one file at a time as
 successive runs would. Purity / coverage by speaking time against the true voices.
 
 Cost: ``--inputs`` inputs' stored diarization artifacts synthesised (2 speakers each, drawn from
@@ -87,7 +87,7 @@ def diarize_corpus(tmp: Path):
 
 
 def quality(distances: list[float], tmp: Path) -> None:
-    from orchestrator.run.speakers import assign, read_voices
+    from orchestrator.corpus.speakers import assign, read_voices
     from tests.fixtures.generate import corpus_scores
 
     out, arts, truths, seconds = diarize_corpus(tmp)
@@ -150,7 +150,7 @@ def synthesise(out: Path, inputs: int, seed: int = 0, first: int = 0) -> None:
 
 
 def cost(inputs: int, tmp: Path) -> None:
-    from orchestrator.run.speakers import place
+    from orchestrator.corpus.speakers import place
     from orchestrator.settings import Settings
 
     out = tmp / "scale"

@@ -90,7 +90,7 @@ class Word(Strict):
     score: float | None = None
     speaker: str | None = None
     #: the other voices the diarization has during this word (two people at once); set in the files written
-    #: from the artifacts (``orchestrator.run.speakers.overlaps``), None in the artifacts themselves
+    #: from the artifacts (``orchestrator.corpus.speakers.overlaps``), None in the artifacts themselves
     overlap: list[str] | None = None
 
 
@@ -231,7 +231,7 @@ class DiarizationArtifact(Artifact):
     max_speakers: int | None = Field(default=None, ge=1)
     duration_s: float = Field(ge=0)
     #: each speaker's voice: the L2-normalised mean of the diarizer's embeddings of that speaker's clips,
-    #: kept for corpus speakers (``orchestrator.run.speakers``). None: the diarizer kept none (the pyannote
+    #: kept for corpus speakers (``orchestrator.corpus.speakers``). None: the diarizer kept none (the pyannote
     #: pipeline; artifacts written before they were kept)
     voices: dict[str, list[float]] | None = None
     #: the encoder that made ``voices`` (kind:model, as in voice profiles); same-encoder vectors compare

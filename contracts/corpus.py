@@ -1,6 +1,6 @@
 """Corpus speakers: one voice, one id across every input of an output folder (``OUT/speakers.json``).
 
-Written and read by the parent only (``orchestrator.run.speakers``): the diarization artifacts keep each
+Written and read by the parent only (``orchestrator.corpus.speakers``): the diarization artifacts keep each
 input's voices; this file keeps which corpus speaker each input's speaker belongs to, the speakers'
 names and centroids, and the ids ever given, so that ids stay stable across runs, merges and splits.
 """

@@ -411,8 +411,8 @@ def export(
 ) -> None:
     """Write the files of each input again from its stored artifacts, with the current caption settings
     (CAPTION_*) and speaker names; starts no model child. Then OUT/index.html."""
+    from orchestrator.corpus.export import export as run_export
     from orchestrator.layout import FORMATS
-    from orchestrator.run.export import export as run_export
 
     setup_logging(_verbosity(verbose))
     if not output.is_dir():
@@ -468,7 +468,7 @@ def enroll(
 ) -> None:
     """Build a voice profile NAME from CLIPS (its own stage child); `process --profiles DIR` then names the speaker."""
     from orchestrator import Settings
-    from orchestrator.run.enroll import enroll as run_enroll
+    from orchestrator.corpus.enroll import enroll as run_enroll
 
     setup_logging(_verbosity(verbose))
     overrides = {"speaker_encoder": encoder, "speaker_threshold": threshold, "profiles_dir": profiles}
@@ -544,7 +544,7 @@ def speakers_cluster(
 ) -> None:
     """Place the speakers of every input not placed yet into corpus speakers (OUT/speakers.json) and write
     their files again; starts no model child. `process` does this after each chunk."""
-    from orchestrator.run.speakers import cluster
+    from orchestrator.corpus.speakers import cluster
 
     _, placed = _speakers_call(
         output, verbose, cluster, corpus_speaker_distance=distance, wait_for_output=wait or None
@@ -566,7 +566,7 @@ def speakers_list(
     import dataclasses
     import json
 
-    from orchestrator.run.speakers import summaries
+    from orchestrator.corpus.speakers import summaries
 
     _, rows = _speakers_call(output, verbose, lambda settings, out: summaries(out))
     if json_out:
@@ -595,7 +595,7 @@ def speakers_name(
 ) -> None:
     """Name a corpus speaker in every file of the folder at once (no model runs) and write its voice profile,
     so that `process --profiles DIR` names that voice in new inputs too."""
-    from orchestrator.run.speakers import name as run_name
+    from orchestrator.corpus.speakers import name as run_name
 
     def call(settings, out):
         if settings.profiles_dir is None:
@@ -619,7 +619,7 @@ def speakers_merge(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Two corpus speakers are one voice: OTHER's inputs become KEEP's, in every file."""
-    from orchestrator.run.speakers import merge
+    from orchestrator.corpus.speakers import merge
 
     _, merged = _speakers_call(
         output, verbose, lambda settings, out: merge(settings, out, keep, other), wait_for_output=wait or None
@@ -654,7 +654,7 @@ def speakers_split(
 ) -> None:
     """A wrong merge mended: the speakers of these inputs (or the voices that group apart) leave SPEAKER and
     become new corpus speakers."""
-    from orchestrator.run.speakers import split
+    from orchestrator.corpus.speakers import split
 
     _, new = _speakers_call(
         output,

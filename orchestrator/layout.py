@@ -30,7 +30,7 @@ LANGID_CSV = "langid.csv"
 LANGID_JSON = "langid.json"
 #: the output folder's index page
 INDEX = "index.html"
-#: corpus speakers: which input's speaker is which voice across the folder (``orchestrator.run.speakers``)
+#: corpus speakers: which input's speaker is which voice across the folder (``orchestrator.corpus.speakers``)
 SPEAKERS = "speakers.json"
 
 RUN_LEVEL: frozenset[str] = frozenset(

@@ -146,7 +146,7 @@ class Settings(BaseSettings):
     #: longest stretch of speech (s) whisperX joins into one decoding window (Whisper's 30 s: full
     #: context; words are timed by the alignment stage, so speakers no longer need short windows)
     asr_chunk_size: int = Field(30, ge=1, le=30, validation_alias=_env("asr_chunk_size", "ASR_CHUNK_SIZE"))
-    # -- captions (issue 26): subtitle rules close to broadcast guidelines (orchestrator.run.captions) ---------
+    # -- captions (issue 26): subtitle rules close to broadcast guidelines (orchestrator.corpus.captions) ---------
     #: characters a caption line holds at most (Chinese, Japanese, Korean: their own, lower limits)
     caption_line_chars: int = Field(
         42, ge=10, le=200, validation_alias=_env("caption_line_chars", "CAPTION_LINE_CHARS")
@@ -246,7 +246,7 @@ class Settings(BaseSettings):
     #: directory of voice profiles (``pipeline enroll``); every profile in it is matched (None: none)
     profiles_dir: Path | None = Field(None, validation_alias=_env("profiles_dir", "PIPELINE_PROFILES_DIR"))
     #: corpus speakers: after each chunk the speakers of every input of the output folder are clustered into
-    #: S0001, S0002, ... kept in OUT/speakers.json, and the files show them (orchestrator.run.speakers)
+    #: S0001, S0002, ... kept in OUT/speakers.json, and the files show them (orchestrator.corpus.speakers)
     corpus_speakers: bool = Field(True, validation_alias=_env("corpus_speakers", "PIPELINE_CORPUS_SPEAKERS"))
     #: cosine distance under which a new input's speaker joins a corpus speaker (and new speakers group
     #: together); lower: fewer wrong merges, more ids for one voice (trade-off measured in the README)

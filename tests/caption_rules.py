@@ -26,7 +26,7 @@ import re
 import unicodedata
 from pathlib import Path
 
-from orchestrator.run.captions import WEAK_WORDS, CaptionRules
+from orchestrator.corpus.captions import WEAK_WORDS, CaptionRules
 
 _TIME = re.compile(r"(\d+):(\d\d):(\d\d)[,.](\d\d\d)\s+-->\s+(\d+):(\d\d):(\d\d)[,.](\d\d\d)")
 TOL = 0.0015

@@ -60,8 +60,9 @@ from contracts.worker import (
 )
 from orchestrator.api.admission import Lateness, Slots, Throughput, refusal
 from orchestrator.api.metrics import Metrics
+from orchestrator.process.outcome import Outcome, outcome_of
 from orchestrator.process.toolkit import CONTEXT, FileFollower, LogRelay, spawn, stop
-from orchestrator.run.outcome import OOM_ADVICE, Outcome, next_step, outcome_of
+from orchestrator.run.outcome import OOM_ADVICE, next_step
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from contracts.errors import ArtifactError
 from contracts.report import Attempt
 from orchestrator.gpu.guard import StageGpuCheck
 from orchestrator.process.hooks import ChildHook, ChildRun, default_hooks
+from orchestrator.process.outcome import Outcome, outcome_of
 from orchestrator.process.toolkit import following, spawn, stop
-from orchestrator.run.outcome import Outcome, outcome_of
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from contracts.perf import PERF_LOG_ENV
 from contracts.report import Attempt
 from orchestrator.gpu.guard import GpuMonitor, GpuWatch, StageGpuCheck
 from orchestrator.gpu.nvml import GpuDevice, visible_devices
+from orchestrator.process.outcome import Outcome
 from orchestrator.process.pidfiles import ChildRegistry
 from orchestrator.registry import gpu_need_mib
-from orchestrator.run.outcome import Outcome
 from orchestrator.settings import Settings
 from orchestrator.telemetry.perf_log import PerfLog
 

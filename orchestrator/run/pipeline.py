@@ -38,18 +38,18 @@ from contracts.errors import DiskFullError, PipelineError, SettingsError
 from contracts.io import atomic_write_text, is_disk_full, save_large
 from contracts.report import InputReport, ItemStage, RunPlan, RunReport, StagePlan, StageRun
 from orchestrator import layout
+from orchestrator.corpus.captions import CaptionRules
+from orchestrator.corpus.export import load_sources, write_index
+from orchestrator.corpus.labels import overlap_seconds
+from orchestrator.corpus.outputs import write_outputs
 from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import StageSpec, process_specs
-from orchestrator.run.captions import CaptionRules
-from orchestrator.run.export import load_sources, write_index
 from orchestrator.run.hub import cached_repos, downloads, resolve_hub
 from orchestrator.run.journal import Completed, Journal
-from orchestrator.run.labels import overlap_seconds
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.models import actual_model, model_label, resolve_models, same_model
-from orchestrator.run.outputs import write_outputs
 from orchestrator.run.plan import Input, chain_fingerprints, input_keys, plan_inputs
 from orchestrator.run.progress import LogProgress, Progress
 from orchestrator.run.remote import FetchLimits, fetch, redact, staging_dir, upload, without_credentials
@@ -157,37 +157,37 @@ class Orchestrator:
         with OutputLock(Path(self.settings.output_dir), wait=self.settings.wait_for_output):
             return self._process(paths, progress)
 
-    # -- corpus speakers (``orchestrator.run.speakers``): the output folder's voices, no model runs ----------
+    # -- corpus speakers (``orchestrator.corpus.speakers``): the output folder's voices, no model runs ----------
 
     def speakers(self):
         """Each corpus speaker of the output folder (``pipeline speakers list``), longest speaking time first."""
-        from orchestrator.run.speakers import summaries
+        from orchestrator.corpus.speakers import summaries
 
         return summaries(Path(self.settings.output_dir))
 
     def cluster_speakers(self):
         """Place every input's speakers not placed yet (``pipeline speakers cluster``); their files are
         written again."""
-        from orchestrator.run.speakers import cluster
+        from orchestrator.corpus.speakers import cluster
 
         return cluster(self.settings, Path(self.settings.output_dir))
 
     def name_speaker(self, speaker: str, name: str):
         """Name corpus speaker ``speaker`` in every file, and write its voice profile into ``profiles_dir``."""
-        from orchestrator.run.speakers import name as run_name
+        from orchestrator.corpus.speakers import name as run_name
 
         return run_name(self.settings, Path(self.settings.output_dir), speaker, name)
 
     def merge_speakers(self, keep: str, other: str):
         """``other``'s inputs become ``keep``'s (``pipeline speakers merge``)."""
-        from orchestrator.run.speakers import merge
+        from orchestrator.corpus.speakers import merge
 
         return merge(self.settings, Path(self.settings.output_dir), keep, other)
 
     def split_speaker(self, speaker: str, inputs: list[str] | None = None, distance: float | None = None):
         """The speakers of ``inputs`` leave ``speaker`` for a new corpus speaker; without ``inputs`` its voices
         are grouped again at ``distance`` (``pipeline speakers split``). Returns the new corpus speakers."""
-        from orchestrator.run.speakers import split
+        from orchestrator.corpus.speakers import split
 
         return split(self.settings, Path(self.settings.output_dir), speaker, inputs, distance)
 
@@ -529,8 +529,8 @@ class Orchestrator:
             or self.settings.langid_only
         ):
             return {}
-        from orchestrator.run.labels import corpus_labels
-        from orchestrator.run.speakers import place, rewrite
+        from orchestrator.corpus.labels import corpus_labels
+        from orchestrator.corpus.speakers import place, rewrite
 
         out = Path(self.settings.output_dir)
         with self._corpus_lock:

@@ -16,8 +16,9 @@ from contracts.jsonl import read_lines
 from contracts.report import Attempt, StageRun
 from contracts.stage_settings import MemorySettings
 from orchestrator.process.executor import Executor, WarmChild
+from orchestrator.process.outcome import Outcome
 from orchestrator.registry import StageSpec
-from orchestrator.run.outcome import Outcome, blame, next_step
+from orchestrator.run.outcome import blame, next_step
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from contracts import ExitCode, StageRequest, StageResult
 from contracts.errors import SettingsError
 from orchestrator.process.executor import ChildExit, WarmChild, read_result
 from orchestrator.process.hooks import ChildRun
+from orchestrator.process.outcome import Outcome
 from orchestrator.process.toolkit import following
-from orchestrator.run.outcome import Outcome
 
 log = logging.getLogger(__name__)
 

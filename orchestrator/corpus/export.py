@@ -21,11 +21,11 @@ from contracts.errors import PipelineError
 from contracts.io import atomic_write_text
 from contracts.jsonl import iter_lines
 from orchestrator import layout
-from orchestrator.run.captions import CaptionRules
-from orchestrator.run.labels import corpus_labels, label_transcript, read_corpus
+from orchestrator.corpus.captions import CaptionRules
+from orchestrator.corpus.labels import corpus_labels, label_transcript, read_corpus
+from orchestrator.corpus.outputs import Sources, write_formats
+from orchestrator.corpus.page import index_page
 from orchestrator.run.lock import OutputLock
-from orchestrator.run.outputs import Sources, write_formats
-from orchestrator.run.page import index_page
 from orchestrator.run.plan import load_ids
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def load_sources(
     corpus: dict[str, tuple[str, str]] | None = None,
 ) -> Sources:
     """An input's :class:`Sources` from its folder (artifacts already read may be passed in); ``corpus``: its
-    speakers' corpus speakers (:func:`orchestrator.run.labels.corpus_labels`)."""
+    speakers' corpus speakers (:func:`orchestrator.corpus.labels.corpus_labels`)."""
     transcript = transcript or load_artifact(directory / "transcript.json", TranscriptArtifact)
     if diarization is None and (directory / "diarization.json").exists():
         diarization = load_artifact(directory / "diarization.json", DiarizationArtifact)

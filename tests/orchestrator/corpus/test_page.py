@@ -11,12 +11,12 @@ import pytest
 
 from contracts import save_model
 from orchestrator import layout
-from orchestrator.run.captions import CaptionRules
-from orchestrator.run.export import load_sources, write_index
-from orchestrator.run.outputs import write_formats
+from orchestrator.corpus.captions import CaptionRules
+from orchestrator.corpus.export import load_sources, write_index
+from orchestrator.corpus.outputs import write_formats
 from orchestrator.run.plan import save_ids
 from tests.conftest import MEDIA
-from tests.orchestrator.run.test_export import transcript
+from tests.orchestrator.corpus.test_export import transcript
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -2,7 +2,7 @@
 
 ``process`` writes the ``export_formats`` (default SRT, VTT, TXT and the transcript page) and
 ``segments.jsonl``; ``pipeline export`` writes any of :data:`orchestrator.layout.FORMATS` again from
-the stored artifacts (``orchestrator.run.export``). Every renderer is a pure function of a
+the stored artifacts (``orchestrator.corpus.export``). Every renderer is a pure function of a
 :class:`Sources`: the final transcript, the diarization turns when there are some, the names voice
 profiles gave, the run's notes and where the page finds the audio.
 """
@@ -19,8 +19,8 @@ from xml.sax.saxutils import escape, quoteattr
 from contracts import DiarizationArtifact, EmbeddingsArtifact, TranscriptArtifact
 from contracts.io import atomic_write_bytes, atomic_write_text
 from orchestrator import layout
-from orchestrator.run.captions import CaptionRules, Cue, cues, label, spaced
-from orchestrator.run.labels import caption_segments
+from orchestrator.corpus.captions import CaptionRules, Cue, cues, label, spaced
+from orchestrator.corpus.labels import caption_segments
 
 FORMATS = tuple(layout.FORMATS)
 
@@ -47,7 +47,7 @@ class Sources:
     #: diarization cluster -> (its corpus speaker's id, what the files show for it) (empty: no corpus)
     corpus: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: per segment of ``transcript``: the input's own label and its corpus speaker's id
-    #: (:func:`orchestrator.run.labels.label_transcript`; empty: ``transcript`` is shown as it is)
+    #: (:func:`orchestrator.corpus.labels.label_transcript`; empty: ``transcript`` is shown as it is)
     file_speakers: list[str | None] = field(default_factory=list)
     corpus_speakers: list[str | None] = field(default_factory=list)
     #: the run's notes on this input (language, substitutions, damage, ...), shown atop the page
@@ -332,13 +332,13 @@ def to_aud(src: Sources) -> str:
 
 
 def _page_notes(src: Sources) -> list[str]:
-    from orchestrator.run.page import notes
+    from orchestrator.corpus.page import notes
 
     return notes(src)
 
 
 def to_html(src: Sources) -> str:
-    from orchestrator.run.page import transcript_page
+    from orchestrator.corpus.page import transcript_page
 
     return transcript_page(src)
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from contracts import DiarizationArtifact, EmbeddingsArtifact, Segment, SpeakerTurn, TranscriptArtifact, Word
-from orchestrator.run.labels import caption_segments, label_transcript, overlap_seconds, overlap_spans
-from orchestrator.run.outputs import Sources, to_jsonl, to_srt
+from orchestrator.corpus.labels import caption_segments, label_transcript, overlap_seconds, overlap_spans
+from orchestrator.corpus.outputs import Sources, to_jsonl, to_srt
 
 A, B = "SPEAKER_00", "SPEAKER_01"
 

@@ -45,7 +45,7 @@ SCRIPT_LIMITS: dict[str, tuple[int, float]] = {
 
 @dataclass(frozen=True)
 class CaptionRules:
-    """Subtitle rules; the defaults are the ``caption_*`` settings' (documented in the README)."""
+    """Subtitle rules; the defaults are the ``caption_*`` settings' (documented in docs/settings.md)."""
 
     line_chars: int = 42
     lines: int = 2

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from contracts import EmbeddingsArtifact, TranscriptArtifact
-from orchestrator.run.captions import CaptionRules, cues
-from orchestrator.run.outputs import Sources, timestamp, to_jsonl, to_srt, to_txt, to_vtt
+from orchestrator.corpus.captions import CaptionRules, cues
+from orchestrator.corpus.outputs import Sources, timestamp, to_jsonl, to_srt, to_txt, to_vtt
 
 T = TranscriptArtifact(
     item_id="a",

@@ -82,7 +82,7 @@ def _colours(src) -> dict[str | None, str]:
 
 def transcript_page(src) -> str:
     """One input's transcript as a page: notes, the audio, speaker turns of clickable words."""
-    from orchestrator.run.captions import spaced
+    from orchestrator.corpus.captions import spaced
 
     t = src.transcript
     colours = _colours(src)

@@ -40,12 +40,12 @@ from contracts.errors import ArtifactError, PipelineError, SettingsError
 from contracts.io import sha256_file
 from contracts.stage_settings import DEFAULT_THRESHOLDS
 from orchestrator import layout
-from orchestrator.run.captions import CaptionRules
-from orchestrator.run.export import load_sources
+from orchestrator.corpus.captions import CaptionRules
+from orchestrator.corpus.export import load_sources
+from orchestrator.corpus.labels import corpus_labels, overlap_spans, read_corpus
+from orchestrator.corpus.outputs import write_formats, write_outputs
 from orchestrator.run.journal import Journal
-from orchestrator.run.labels import corpus_labels, overlap_spans, read_corpus
 from orchestrator.run.lock import OutputLock
-from orchestrator.run.outputs import write_formats, write_outputs
 from orchestrator.run.plan import load_ids
 
 log = logging.getLogger(__name__)
@@ -534,7 +534,7 @@ class Named:
 def name(settings, out: Path, sid: str, new_name: str, profile: bool = True) -> Named:
     """``pipeline speakers name OUT S0007 "Dr. Lee"``: the name on every file the speaker is in, and a voice
     profile ``PROFILES_DIR/<name>.json`` from its voices (``profile``: when a profiles directory is set)."""
-    from orchestrator.run.enroll import profile_file_name
+    from orchestrator.corpus.enroll import profile_file_name
 
     new_name = new_name.strip()
     if not new_name:

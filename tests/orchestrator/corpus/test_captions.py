@@ -1,0 +1,257 @@
+"""The subtitle rules and ``cues()``: line length, lines per cue, time on screen, reading speed, gaps,
+pauses, speakers and per-script limits, checked on the cues themselves."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from contracts import TranscriptArtifact
+from orchestrator.corpus.captions import WEAK_WORDS, CaptionRules, Cue, break_lines, cues, label, spaced
+
+RULES = CaptionRules()
+
+
+def _transcript(segments, language="en") -> TranscriptArtifact:
+    return TranscriptArtifact(
+        item_id="a",
+        fingerprint="f",
+        source="/a.wav",
+        language=language,
+        model="m",
+        requested_model="embedded",
+        device="cpu",
+        compute_type="int8",
+        batch_size=1,
+        duration_s=600.0,
+        segments=segments,
+    )
+
+
+def _segment(n, words, speaker=None, text=None):
+    """A segment of timed words: ``words`` is [(word, start, end), ...]."""
+    return {
+        "id": n,
+        "start": words[0][1],
+        "end": words[-1][2],
+        "text": text if text is not None else " ".join(w for w, _, _ in words),
+        "speaker": speaker,
+        "words": [{"word": w, "start": s, "end": e} for w, s, e in words],
+    }
+
+
+def _steady(count, start=0.0, step=0.4, word="word"):
+    """``count`` words one after another, ``step`` seconds each, no pause."""
+    return [(f"{word}{n:02d}", start + n * step, start + n * step + step * 0.9) for n in range(count)]
+
+
+def _check_rules(out: list[Cue], rules: CaptionRules = RULES) -> None:
+    for cue in out:
+        lines = cue.text.split("\n")
+        assert len(lines) <= rules.lines, cue
+        assert all(len(line) <= rules.line_chars for line in lines), cue
+        assert cue.end - cue.start <= rules.max_s + 1e-9, cue
+        assert cue.end > cue.start, cue
+    for a, b in zip(out, out[1:]):
+        assert b.start - a.end >= rules.min_gap_s - 1e-3, (a, b)
+
+
+# -- the rules ------------------------------------------------------------------------------------------
+
+
+def test_defaults_are_the_broadcast_guidelines():
+    assert (RULES.line_chars, RULES.lines, RULES.min_s, RULES.max_s, RULES.max_cps) == (
+        42,
+        2,
+        0.833,
+        7.0,
+        17.0,
+    )
+    assert RULES.min_gap_s == pytest.approx(0.08)  # 2 frames at 25 fps
+
+
+def test_rules_from_settings_turn_frames_into_seconds():
+    settings = SimpleNamespace(
+        caption_line_chars=37,
+        caption_lines=3,
+        caption_min_s=1.0,
+        caption_max_s=6.0,
+        caption_max_cps=20.0,
+        caption_min_gap_frames=3,
+        caption_fps=30.0,
+        caption_max_pause_s=2.0,
+    )
+    assert CaptionRules.from_settings(settings) == CaptionRules(37, 3, 1.0, 6.0, 20.0, 0.1, 2.0)
+
+
+def test_the_real_settings_give_the_default_rules():
+    from orchestrator.settings import Settings
+
+    assert CaptionRules.from_settings(Settings()) == RULES
+
+
+@pytest.mark.parametrize(
+    ("language", "line_chars", "max_cps"),
+    [("ja", 13, 4.0), ("zh", 16, 9.0), ("zh-Hant", 16, 9.0), ("yue", 16, 9.0), ("KO", 16, 12.0)],
+)
+def test_scripts_get_their_own_line_length_and_reading_speed(language, line_chars, max_cps):
+    rules = RULES.for_language(language)
+    assert (rules.line_chars, rules.max_cps) == (line_chars, max_cps)
+    assert (rules.lines, rules.max_s) == (RULES.lines, RULES.max_s)
+
+
+def test_script_limits_are_never_looser_than_the_rules_set():
+    tight = CaptionRules(line_chars=10, max_cps=3.0)
+    assert tight.for_language("ja") == tight
+    assert RULES.for_language("en") is RULES and RULES.for_language(None) is RULES
+
+
+def test_which_languages_are_written_without_spaces():
+    assert not spaced("ja") and not spaced("zh-CN") and not spaced("th")
+    assert spaced("en") and spaced("ko") and spaced(None)
+    assert label("Host") == "[Host]" and label(None) == ""
+
+
+# -- line breaks ---------------------------------------------------------------------------------------
+
+
+def test_a_short_text_stays_on_one_line():
+    assert break_lines("Hello there".split(), RULES) == ["Hello there"]
+    assert break_lines([], RULES) == [""]
+
+
+def test_two_lines_are_balanced():
+    words = "one two three four five six seven eight nine ten eleven twelve".split()  # 61 characters
+    lines = break_lines(words, RULES)
+    assert len(lines) == 2 and " ".join(lines) == " ".join(words)
+    assert abs(len(lines[0]) - len(lines[1])) <= 8, lines
+
+
+def test_a_line_does_not_end_with_a_weak_word_when_another_break_fits():
+    # the most balanced break would end the first line with "of"; the next best one is taken
+    words = ["x" * 18, "of", "y" * 18, "z" * 5]
+    assert break_lines(words, RULES) == ["x" * 18, "of " + "y" * 18 + " " + "z" * 5]
+    prose = "we walked all the way along the river to the old mill".split()
+    first, _ = break_lines(prose, RULES)
+    assert first.split()[-1] not in WEAK_WORDS
+
+
+def test_a_line_does_not_start_with_punctuation():
+    words = ["a" * 20, "b" * 19, "—", "c" * 10]
+    lines = break_lines(words, RULES)
+    assert not lines[1].startswith("—"), lines
+
+
+def test_too_much_text_does_not_fit():
+    assert break_lines(["word"] * 30, RULES) is None  # 149 characters, 2 lines of 42
+    assert break_lines(["word"] * 30, CaptionRules(lines=4)) is not None
+
+
+def test_one_word_longer_than_a_line_is_a_line_of_its_own():
+    assert break_lines(["x" * 50], RULES) == ["x" * 50]
+
+
+# -- cues ----------------------------------------------------------------------------------------------
+
+
+def test_a_long_monologue_is_cut_into_cues_that_keep_every_rule():
+    words = _steady(80)  # 32 s, about 550 characters
+    out = cues(_transcript([_segment(0, words, speaker="Host")]))
+    _check_rules(out)
+    assert len(out) >= 6
+    assert " ".join(c.text.replace("[Host] ", "").replace("\n", " ") for c in out) == " ".join(
+        w for w, _, _ in words
+    ), "every word once, in order"
+    assert all(c.text.startswith("[Host] ") and c.text.count("[") == 1 for c in out)
+
+
+def test_tighter_rules_are_kept_too():
+    rules = CaptionRules(line_chars=20, lines=1, max_s=3.0, max_cps=12.0)
+    out = cues(_transcript([_segment(0, _steady(40))]), rules)
+    _check_rules(out, rules)
+    assert all("\n" not in c.text for c in out)
+
+
+def test_a_short_cue_stays_the_minimum_time():
+    out = cues(_transcript([_segment(0, [("Hi.", 1.0, 1.2)])]))
+    assert out == [Cue(1.0, 1.833, None, "Hi.")]
+
+
+def test_a_cue_stays_long_enough_to_read_within_the_pause_after_it():
+    text = "This sentence has exactly fifty-two characters in it."
+    words = text.split()
+    spoken = [(w, n * 0.1, n * 0.1 + 0.1) for n, w in enumerate(words)]  # said in 0.8 s
+    (cue,) = cues(_transcript([_segment(0, spoken)]))
+    assert cue.start == 0.0
+    # reading it at 17 characters a second needs ~3.1 s, more than the pause allows: it ends
+    # max_pause_s after the last word
+    assert cue.end == pytest.approx(spoken[-1][2] + RULES.max_pause_s)
+    # with a faster reading speed it stays what reading needs: characters / max_cps
+    slow = cues(_transcript([_segment(0, spoken)]), CaptionRules(max_cps=40.0))[0]
+    chars = sum(len(line) for line in slow.text.split("\n"))
+    assert slow.end == pytest.approx(chars / 40.0, abs=1e-3)
+    assert slow.end < cue.end
+
+
+def test_cues_prefer_to_end_at_a_sentence_end():
+    first = "The meeting starts now."
+    second = "Please take your seats and switch off your phones before we begin."
+    words = (first + " " + second).split()
+    spoken = [(w, n * 0.3, n * 0.3 + 0.25) for n, w in enumerate(words)]
+    out = cues(_transcript([_segment(0, spoken)]))
+    assert out[0].text.replace("\n", " ") == first
+
+
+def test_a_cue_never_holds_two_speakers_and_the_next_one_keeps_the_gap():
+    host = _segment(0, [("Hello,", 0.0, 0.4), ("welcome.", 0.4, 1.0)], speaker="Host")
+    guest = _segment(
+        1, [("Thanks", 1.0, 1.4), ("for", 1.4, 1.6), ("having", 1.6, 1.9), ("me.", 1.9, 2.2)], "Guest"
+    )
+    out = cues(_transcript([host, guest]))
+    assert [c.speaker for c in out] == ["Host", "Guest"]
+    assert out[0].text == "[Host] Hello, welcome." and out[1].text == "[Guest] Thanks for having me."
+    assert out[1].start - out[0].end == pytest.approx(RULES.min_gap_s, abs=1e-3)
+
+
+def test_a_long_pause_ends_the_cue_and_it_does_not_stay_over_it():
+    words = [("Before", 0.0, 0.5), ("pause.", 0.5, 1.0), ("After", 10.0, 10.5), ("pause.", 10.5, 11.0)]
+    out = cues(_transcript([_segment(0, words)]))
+    assert [c.text for c in out] == ["Before pause.", "After pause."]
+    assert out[0].end <= 1.0 + RULES.max_pause_s + 1e-9
+    assert out[1].start == 10.0
+
+
+def test_overlapping_speech_moves_the_next_cue_instead_of_overlapping():
+    a = _segment(0, [("Talking", 0.0, 1.0), ("over.", 1.0, 2.0)], speaker="A")
+    b = _segment(1, [("Me", 0.5, 1.0), ("too.", 1.0, 1.5)], speaker="B")
+    out = cues(_transcript([a, b]))
+    _check_rules(out)
+    assert {c.speaker for c in out} == {"A", "B"}
+
+
+def test_words_without_times_share_the_segment_time_by_their_length():
+    seg = {"id": 0, "start": 2.0, "end": 4.0, "text": "aaaa bbbb"}
+    (cue,) = cues(_transcript([seg]))
+    assert cue.start == 2.0 and cue.text == "aaaa bbbb"
+    assert cue.end >= 4.0
+
+
+def test_japanese_gets_its_line_length_and_no_spaces_between_words():
+    words = [
+        (w, n * 0.5, n * 0.5 + 0.45)
+        for n, w in enumerate(["今日", "は", "とても", "良い", "天気", "です", "ね。"] * 3)
+    ]
+    out = cues(_transcript([_segment(0, words, text="".join(w for w, _, _ in words))], language="ja"))
+    ja = RULES.for_language("ja")
+    _check_rules(out, ja)
+    assert all(" " not in c.text for c in out)
+    assert "".join(c.text.replace("\n", "") for c in out) == "今日はとても良い天気ですね。" * 3
+
+
+def test_an_unspaced_word_longer_than_a_line_is_cut():
+    long_word = "あ" * 30
+    seg = {"id": 0, "start": 0.0, "end": 6.0, "text": long_word}
+    out = cues(_transcript([seg], language="ja"))
+    assert "".join(c.text.replace("\n", "") for c in out) == long_word
+    assert all(len(line) <= 13 for c in out for line in c.text.split("\n"))
