@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -110,3 +113,34 @@ def test_bare_environment_names_of_other_programs_change_nothing(monkeypatch):
     assert (Settings().chunk_size, Settings().cuda_visible_devices) == (7, "1")
     # and constructor keywords still work by field name
     assert Settings(host="::1", chunk_size=2).chunk_size == 2
+
+
+#: every (field, environment name, a valid value other than the default) the settings read, committed before
+#: the fields were grouped by concern with derived names: no name may stop working
+_ENV_NAMES = json.loads((Path(__file__).parent / "settings_env_names.json").read_text())
+
+
+def test_the_documented_names_are_exactly_the_committed_ones():
+    documented = {
+        (name, alias)
+        for name, field in Settings.model_fields.items()
+        for alias in getattr(field.validation_alias, "choices", ())
+        if alias != name
+    }
+    assert documented == {(name, env) for name, env, _ in _ENV_NAMES}
+
+
+@pytest.mark.parametrize(("name", "env", "value"), _ENV_NAMES, ids=[env for _, env, _ in _ENV_NAMES])
+def test_every_environment_name_sets_its_field(monkeypatch, name, env, value):
+    monkeypatch.setenv(env, value)
+    assert getattr(Settings(), name) != getattr(Settings.model_construct(), name)
+    monkeypatch.delenv(env)
+    assert getattr(Settings(), name) == getattr(Settings.model_construct(), name)
+
+
+def test_an_undocumented_name_changes_nothing(monkeypatch):
+    monkeypatch.setenv("HOST", "0.0.0.0")
+    monkeypatch.setenv("LANGID_ONLY", "true")
+    monkeypatch.setenv("CAPTION_MAX_S", "3")  # the legacy CAPTION_MAX_SECONDS, not the derived name
+    s = Settings()
+    assert (s.host, s.langid_only, s.caption_max_s) == ("127.0.0.1", False, 7.0)
