@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from contracts.stage_settings import HEAP_ENV
 from orchestrator.settings import Settings
 
 
@@ -144,3 +145,19 @@ def test_an_undocumented_name_changes_nothing(monkeypatch):
     monkeypatch.setenv("CAPTION_MAX_S", "3")  # the legacy CAPTION_MAX_SECONDS, not the derived name
     s = Settings()
     assert (s.host, s.langid_only, s.caption_max_s) == ("127.0.0.1", False, 7.0)
+
+
+def test_a_field_name_is_derived_from_its_group_prefix():
+    from orchestrator.settings import AsrOptions, EmbeddingServerOptions, OutputSettings, env_names
+
+    assert OutputSettings.env_name("output_dir") == "PIPELINE_OUTPUT_DIR"
+    # the group's word at the start of a field name is not repeated
+    assert AsrOptions.env_name("asr_model") == "ASR_MODEL"
+    assert EmbeddingServerOptions.env_name("embed_max_batch") == "EMBEDDING_MAX_BATCH"
+    assert EmbeddingServerOptions.env_name("worker_idle_s") == "EMBEDDING_WORKER_IDLE_S"
+    # the seeds' names: a group without prefix
+    assert env_names("voice_enrollment_batch_size") == ("VOICE_ENROLLMENT_BATCH_SIZE",)
+    # the exceptions are listed, not derived
+    assert env_names("caption_max_s") == ("CAPTION_MAX_SECONDS",)
+    # the children's heap policy is read under the name the children see it by
+    assert env_names("child_heap") == (HEAP_ENV,)
