@@ -90,7 +90,7 @@ class OutputSettings(SettingsGroup):
     #: where URL outputs are built (shared storage under Ray); the same URL resumes from the same place
     staging_dir: Path = Path(".cache/outputs")
     #: files `process` writes for each input beside its artifacts (segments.jsonl always); `pipeline export`
-    #: writes any of srt, vtt, txt, tsv, json, rttm, textgrid, eaf, docx, html, aud
+    #: writes any of srt, vtt, txt, tsv, json, rttm, textgrid, eaf, docx, html, aud (env: comma-separated)
     export_formats: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["srt", "vtt", "txt", "html"]
     )
