@@ -76,7 +76,7 @@ LEGACY_ENV: dict[str, tuple[str, ...]] = {
 }
 
 
-class OutputSettings(SettingsGroup):
+class OutputOptions(SettingsGroup):
     """Where results go, which files are written, and what is redone."""
 
     TITLE = "Outputs"
@@ -102,7 +102,7 @@ class OutputSettings(SettingsGroup):
     force: bool = False
 
 
-class InputSettings(SettingsGroup):
+class InputOptions(SettingsGroup):
     """Which sources are read, and how URL inputs are downloaded."""
 
     TITLE = "Inputs"
@@ -126,7 +126,7 @@ class InputSettings(SettingsGroup):
     remote_deadline_per_mb_s: float = Field(1.0, ge=0)
 
 
-class ModelSettings(SettingsGroup):
+class DeviceOptions(SettingsGroup):
     """Where models run and where their weights come from."""
 
     TITLE = "Device and models"
@@ -245,7 +245,7 @@ class SpeakerOptions(SettingsGroup):
 
 
 class DiarizationOptions(SettingsGroup):
-    """Diarization, voice enrollment and speaker matching, under the seeds' names."""
+    """Diarization, voice enrollment and speaker matching."""
 
     TITLE = "Diarization and enrollment"
     ENV_PREFIX = ""
@@ -261,9 +261,9 @@ class DiarizationOptions(SettingsGroup):
     #: windows per segmentation batch and speaker clips' windows per embedding batch in the embedded
     #: diarizer; halved on out-of-memory (16: 1.16x the speed of 4 on the CPU, same turns; pyannote's own is 32)
     diarization_batch_size: int = Field(16, ge=1)
-    #: the least number of speakers (None: found automatically)
+    #: fewest speakers (None: found automatically)
     min_speakers: int | None = Field(None, ge=1)
-    #: the most number of speakers (None: found automatically)
+    #: most speakers (None: found automatically)
     max_speakers: int | None = Field(None, ge=1)
     #: "campplus" (embedded CAM++, offline) or "ecapa" (SpeechBrain ECAPA-TDNN from ECAPA_SOURCE)
     speaker_encoder: Literal["campplus", "ecapa"] = "campplus"
@@ -490,9 +490,9 @@ class EmbeddingServerOptions(SettingsGroup):
 
 #: the groups, in the order of docs/settings.md and of ``Settings``' fields
 GROUPS: tuple[type[SettingsGroup], ...] = (
-    OutputSettings,
-    InputSettings,
-    ModelSettings,
+    OutputOptions,
+    InputOptions,
+    DeviceOptions,
     AsrOptions,
     AlignmentOptions,
     CaptionOptions,

@@ -36,6 +36,8 @@ _INTRO = """\
 Every setting has a built-in default, which an environment variable overrides, which a command-line flag
 (`pipeline process --help`) or a constructor keyword (`Settings(asr_model=...)`) overrides in turn. Only the
 names below are read from the environment: a bare `HOST` or `DEVICE` of another program changes nothing.
+A variable is named by its group's prefix and the setting's name in capitals (`ASR_MODEL` for `asr_model`,
+`PIPELINE_OUTPUT_DIR` for `output_dir`); a few older names are kept as they were.
 """
 
 _NAMES = {bool: "bool", int: "int", float: "float", str: "str", SecretStr: "secret str", type(None): "none"}
@@ -126,7 +128,9 @@ def render() -> str:
     for group in GROUPS:
         comments = field_comments(group)
         doc = " ".join(inspect.cleandoc(group.__doc__ or "").split())
-        prefix = f"`{group.ENV_PREFIX}`" if group.ENV_PREFIX else "none (the seeds' names)"
+        prefix = (
+            f"`{group.ENV_PREFIX}`" if group.ENV_PREFIX else "none (the seeds' names: the setting's name)"
+        )
         rows = ["| Setting | Environment | Type | Default | Description |", "| --- | --- | --- | --- | --- |"]
         for name, field in group.model_fields.items():
             env = ", ".join(f"`{e}`" for e in env_names(name)) or "none"

@@ -148,9 +148,9 @@ def test_an_undocumented_name_changes_nothing(monkeypatch):
 
 
 def test_a_field_name_is_derived_from_its_group_prefix():
-    from orchestrator.settings import AsrOptions, EmbeddingServerOptions, OutputSettings, env_names
+    from orchestrator.settings import AsrOptions, EmbeddingServerOptions, OutputOptions, env_names
 
-    assert OutputSettings.env_name("output_dir") == "PIPELINE_OUTPUT_DIR"
+    assert OutputOptions.env_name("output_dir") == "PIPELINE_OUTPUT_DIR"
     # the group's word at the start of a field name is not repeated
     assert AsrOptions.env_name("asr_model") == "ASR_MODEL"
     assert EmbeddingServerOptions.env_name("embed_max_batch") == "EMBEDDING_MAX_BATCH"
