@@ -161,3 +161,12 @@ def test_a_field_name_is_derived_from_its_group_prefix():
     assert env_names("caption_max_s") == ("CAPTION_MAX_SECONDS",)
     # the children's heap policy is read under the name the children see it by
     assert env_names("child_heap") == (HEAP_ENV,)
+
+
+def test_every_field_belongs_to_one_group_and_every_exception_is_a_field():
+    from orchestrator.settings import GROUP_OF, GROUPS, LEGACY_ENV
+
+    assert sum(len(group.model_fields) for group in GROUPS) == len(Settings.model_fields)
+    assert set(LEGACY_ENV) <= set(Settings.model_fields)
+    # an exception that the rule would give anyway is no exception
+    assert all(names != (GROUP_OF[name].env_name(name),) for name, names in LEGACY_ENV.items())
