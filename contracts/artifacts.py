@@ -39,6 +39,20 @@ class Artifact(Strict):
     created_at: datetime = Field(default_factory=_now)
 
 
+class Provenance(Strict):
+    """What really ran to make an artifact, so an output can be explained afterwards. The artifacts of the
+    model stages inherit it: its fields sit at the top level of their JSON, beside the artifact's own
+    (``stages.base.Stage.provenance`` fills them, with ``fallback_reason`` and ``batch_size`` where an
+    artifact records those too)."""
+
+    #: the model actually loaded (a path or a hub name; after any fallback)
+    model: str
+    #: what the settings asked for ("embedded", "auto", a profile's model, a name or a path)
+    requested_model: str
+    #: where it ran: "cpu", "cuda" or "cuda:N"
+    device: str
+
+
 class SidecarArtifact(Artifact):
     """An artifact whose arrays live in a ``.npy`` sidecar next to it, checked by sha256 on every read."""
 
@@ -135,16 +149,11 @@ class LanguageId(Strict):
     reason: str | None = None
 
 
-class TranscriptArtifact(Artifact):
+class TranscriptArtifact(Provenance, Artifact):
     kind: Literal["transcript"] = "transcript"
     source: str
     language: str
     segments: list[Segment]
-    #: the model actually loaded (a path or a hub name)
-    model: str
-    #: what the settings asked for ("embedded", a name or a path)
-    requested_model: str
-    device: str
     compute_type: str
     batch_size: int = Field(ge=1)
     #: word-level alignment ran (``aligner`` names it); False: segment timestamps only
@@ -181,21 +190,17 @@ class TranscriptArtifact(Artifact):
         return self
 
 
-class EmbeddingsArtifact(SidecarArtifact):
+class EmbeddingsArtifact(Provenance, SidecarArtifact):
     """One embedding per transcript segment, rows in segment order."""
 
     kind: Literal["embeddings"] = "embeddings"
-    #: the model actually used (after any fallback)
-    model: str
     #: what was asked for: a profile ("speed", "quality") or a model name
     profile: str
-    requested_model: str
     #: why the requested model was not used, when it was not
     fallback_reason: str | None = None
     dimension: int = Field(gt=0)
     count: int = Field(ge=0)
     normalized: bool
-    device: str
     batch_size: int = Field(ge=1)
     dtype: Literal["float32"] = "float32"
     #: the text's language is not one the model was trained for (None: it is, or unknown)
@@ -215,18 +220,16 @@ class SpeakerTurn(Strict):
         return self
 
 
-class DiarizationArtifact(Artifact):
-    """Who spoke when: turns labelled with anonymous clusters."""
+class DiarizationArtifact(Provenance, Artifact):
+    """Who spoke when: turns labelled with anonymous clusters. Its ``model`` is the pipeline actually used:
+    "pyannote:<model>" (through whisperx) or "embedded:<segmentation>+<encoder>"; ``requested_model``: "auto",
+    "embedded" or a pyannote pipeline name/path."""
 
     kind: Literal["diarization"] = "diarization"
     source: str
     turns: list[SpeakerTurn]
-    #: the pipeline actually used: "pyannote:<model>" (through whisperx) or "embedded:<segmentation>+<encoder>"
-    model: str
-    #: what the settings asked for ("auto", "embedded" or a pyannote pipeline name/path)
-    requested_model: str
+    #: why the requested pipeline was not used, when it was not
     fallback_reason: str | None = None
-    device: str
     min_speakers: int | None = Field(default=None, ge=1)
     max_speakers: int | None = Field(default=None, ge=1)
     duration_s: float = Field(ge=0)

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from contracts.errors import DiskFullError
 from contracts.io import is_disk_full
@@ -84,15 +84,20 @@ def repair_tail(path: str | Path) -> bool:
         os.close(fd)
 
 
-def read_lines(path: str | Path, model: type[M] | None = None) -> list:
-    """Every valid record of ``path``, as ``model`` instances (or dicts); [] when the file does not exist.
+def read_lines(path: str | Path, model: type[M] | TypeAdapter | None = None) -> list:
+    """Every valid record of ``path``, as ``model`` instances (a model, or a TypeAdapter of a union of
+    models), or dicts; [] when the file does not exist.
 
     A torn or invalid line (a writer killed mid-line) is skipped with a debug message.
     """
+    if model is None:
+        parse = json.loads
+    else:
+        parse = model.validate_json if isinstance(model, TypeAdapter) else model.model_validate_json
     records = []
     for line in iter_lines(path):
         try:
-            records.append(model.model_validate_json(line) if model is not None else json.loads(line))
+            records.append(parse(line))
         except ValueError:
             log.debug("skipping an unreadable line of %s", path)
     return records

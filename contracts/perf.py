@@ -1,16 +1,17 @@
 """Memory checkpoints and performance-log events (``performance_logs/<run>.jsonl``).
 
-Children and the parent append :class:`PerfEvent` lines to the same file: the
+Children and the parent append :data:`PerfEvent` lines to the same file: the
 child its memory checkpoints as they happen (so they survive a child killed
 mid-stage), the parent stage start/end, GPU samples, retries and leak checks.
+A line is one of the event models below, told apart by its ``event`` field.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, TypeAdapter
 
 from contracts.artifacts import Strict
 from contracts.jsonl import append_line, read_lines
@@ -48,43 +49,101 @@ class MemoryCheckpoint(Strict):
         return 100.0 * self.allocated_mb / self.total_mb
 
 
-class PerfEvent(Strict):
-    """One line of the performance log; fields that do not apply stay unset."""
+class _Event(Strict):
+    """What every line of the performance log carries; ``event`` says which kind of line it is."""
 
+    #: seconds since the epoch, comparable across processes
     t: float
     event: EventKind
     stage: str | None = None
     attempt: int | None = Field(default=None, ge=1)
     pid: int | None = None
-    # checkpoint
-    point: str | None = None
-    kind: Literal["gpu", "cpu"] | None = None
-    allocated_mb: float | None = None
-    reserved_mb: float | None = None
-    free_mb: float | None = None
-    total_mb: float | None = None
-    rss_mb: float | None = None
-    peak_rss_mb: float | None = None
-    # stage start, retry
+
+
+class RunStartEvent(_Event):
+    event: Literal["run_start"] = "run_start"
+
+
+class StageStartEvent(_Event):
+    """The parent starts a stage child."""
+
+    event: Literal["stage_start"] = "stage_start"
     device: str | None = None
     batch_size: int | None = None
     items: int | None = None
+
+
+class CheckpointEvent(MemoryCheckpoint, _Event):
+    """A stage child's memory checkpoint (:class:`MemoryCheckpoint`'s fields), appended as it is taken."""
+
+    event: Literal["checkpoint"] = "checkpoint"
+
+    @classmethod
+    def of_checkpoint(
+        cls, checkpoint: MemoryCheckpoint, stage: str, attempt: int, pid: int
+    ) -> CheckpointEvent:
+        return cls(stage=stage, attempt=attempt, pid=pid, **checkpoint.model_dump())
+
+
+class RetryEvent(_Event):
+    """The parent respawns a stage child (after an out-of-memory, a crash): with what, and why."""
+
+    event: Literal["retry"] = "retry"
+    batch_size: int | None = None
+    items: int | None = None
     previous_outcome: str | None = None
-    # stage end: the child's record, the same one the run report keeps
-    record: Attempt | None = None
     previous_batch_size: int | None = None
-    # gpu sample / gpu check (NVML, parent's view)
+
+
+class StageEndEvent(_Event):
+    """A stage child ended: its record, the same one the run report keeps."""
+
+    event: Literal["stage_end"] = "stage_end"
+    record: Attempt | None = None
+    gpu_index: int | None = None
+
+
+class GpuSampleEvent(_Event):
+    """The parent's NVML view of the GPU while a child runs."""
+
+    event: Literal["gpu_sample"] = "gpu_sample"
     gpu_index: int | None = None
     device_used_mib: float | None = None
-    #: gpu_check: device usage before the child started
+    device_total_mib: float | None = None
+    #: what the child's process tree holds on the device
+    process_mib: float | None = None
+
+
+class GpuCheckEvent(_Event):
+    """The parent's NVML check of the GPU after a child exited: back to the baseline, or a leak."""
+
+    event: Literal["gpu_check"] = "gpu_check"
+    gpu_index: int | None = None
+    device_used_mib: float | None = None
+    #: device usage before the child started
     baseline_used_mib: float | None = None
     device_total_mib: float | None = None
     process_mib: float | None = None
     leak: str | None = None
 
-    @classmethod
-    def of_checkpoint(cls, checkpoint: MemoryCheckpoint, stage: str, attempt: int, pid: int) -> PerfEvent:
-        return cls(event="checkpoint", stage=stage, attempt=attempt, pid=pid, **checkpoint.model_dump())
+
+#: one line of the performance log, of the kind its ``event`` names
+PerfEvent = Annotated[
+    RunStartEvent
+    | StageStartEvent
+    | CheckpointEvent
+    | RetryEvent
+    | StageEndEvent
+    | GpuSampleEvent
+    | GpuCheckEvent,
+    Field(discriminator="event"),
+]
+PERF_EVENT: TypeAdapter[PerfEvent] = TypeAdapter(PerfEvent)
+
+
+def perf_event(**fields) -> PerfEvent:
+    """The event of the kind ``fields["event"]`` names, validated (ValidationError: unknown kind or field)."""
+    return PERF_EVENT.validate_python(fields)
 
 
 def append_event(path: str | Path, event: PerfEvent) -> None:
@@ -94,4 +153,4 @@ def append_event(path: str | Path, event: PerfEvent) -> None:
 
 def read_events(path: str | Path) -> list[PerfEvent]:
     """Every valid event of a performance log; a torn last line (a killed writer) is skipped."""
-    return read_lines(path, PerfEvent)
+    return read_lines(path, PERF_EVENT)

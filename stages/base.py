@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from contracts import (
     Artifact,
@@ -49,6 +49,12 @@ class Stage(ABC):
     #: the stage works on several items at once (:meth:`process_packed`) instead of one by one
     packs_items: ClassVar[bool] = False
 
+    #: what :meth:`load` really loaded, what the settings asked for, and why the two differ (None: they do
+    #: not), for stages whose artifact records them (``contracts.artifacts.Provenance``)
+    model_name: str | None = None
+    requested: str | None = None
+    fallback_reason: str | None = None
+
     def import_libraries(self) -> None:  # noqa: B027 - optional hook
         """Import heavy libraries (timed separately from model loading)."""
 
@@ -78,6 +84,18 @@ class Stage(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Drop the model (the process exits right after, which frees everything)."""
+
+    def provenance(self) -> dict[str, Any]:
+        """What really ran, as keywords of this stage's artifact: of the model actually loaded, the model
+        asked for, why they differ, the device and the batch size, those that :attr:`output` records."""
+        ran = {
+            "model": self.model_name,
+            "requested_model": self.requested,
+            "fallback_reason": self.fallback_reason,
+            "device": self.device,
+            "batch_size": self.batch_size,
+        }
+        return {name: value for name, value in ran.items() if name in self.output.model_fields}
 
     # -- the shared loop -------------------------------------------------
 

@@ -183,15 +183,11 @@ class EmbeddingsStage(TorchStage):
             source=transcript.source,
             sidecar=sidecar.name,
             sha256=digest,
-            model=self.model_name,
             profile=self.profile,
-            requested_model=self.requested,
-            fallback_reason=self.fallback_reason,
             dimension=dimension,
             count=int(vectors.shape[0]),
             normalized=True,
-            device=self.device,
-            batch_size=self.batch_size,
+            **self.provenance(),
             language_note=language_note(self.model_name, transcript.language),
         )
 

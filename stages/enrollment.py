@@ -158,8 +158,7 @@ class EnrollmentStage(TorchStage):
             turn_rows=rows,
             matches=matches,
             profiles=[p.name for p in self.profiles],
-            device=self.device,
-            batch_size=self.batch_size,
+            **self.provenance(),
         )
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ import sys
 import time
 
 from contracts import StageRequest
-from contracts.perf import PERF_LOG_ENV, MemoryCheckpoint, PerfEvent, append_event
+from contracts.perf import PERF_LOG_ENV, CheckpointEvent, MemoryCheckpoint, append_event
 from contracts.report import CpuUsage
 from contracts.stage_settings import HEAP_ENV
 from contracts.units import MIB, gib
@@ -304,7 +304,8 @@ class MemoryCheckpoints:
             return
         try:
             append_event(
-                self.perf_log, PerfEvent.of_checkpoint(checkpoint, self.stage, self.attempt, os.getpid())
+                self.perf_log,
+                CheckpointEvent.of_checkpoint(checkpoint, self.stage, self.attempt, os.getpid()),
             )
         except OSError as exc:
             self._perf_failed = True

@@ -3,7 +3,7 @@
 Children append their memory checkpoints (the path reaches them as
 ``PIPELINE_PERF_LOG`` in ``StageRequest.env``); the parent appends run start,
 stage start/end with throughput, retries, NVML samples and leak checks. The
-records are :class:`contracts.perf.PerfEvent`; ``pipeline report`` reads them.
+records are :data:`contracts.perf.PerfEvent`; ``pipeline report`` reads them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import time
 from pathlib import Path
 
-from contracts.perf import PERF_LOG_ENV, PerfEvent, append_event
+from contracts.perf import PERF_LOG_ENV, append_event, perf_event
 from orchestrator import layout
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class PerfLog:
         if self.path is None or self._failed:
             return
         try:
-            append_event(self.path, PerfEvent(t=time.time(), event=event, **fields))
+            append_event(self.path, perf_event(t=time.time(), event=event, **fields))
         except OSError as exc:
             self._failed = True
             log.warning("cannot append to performance log %s: %s", self.path, exc)

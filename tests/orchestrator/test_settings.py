@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
+from contracts.stage_settings import HEAP_ENV
 from orchestrator.settings import Settings
 
 
@@ -110,3 +114,59 @@ def test_bare_environment_names_of_other_programs_change_nothing(monkeypatch):
     assert (Settings().chunk_size, Settings().cuda_visible_devices) == (7, "1")
     # and constructor keywords still work by field name
     assert Settings(host="::1", chunk_size=2).chunk_size == 2
+
+
+#: every (field, environment name, a valid value other than the default) the settings read, committed before
+#: the fields were grouped by concern with derived names: no name may stop working
+_ENV_NAMES = json.loads((Path(__file__).parent / "settings_env_names.json").read_text())
+
+
+def test_the_documented_names_are_exactly_the_committed_ones():
+    documented = {
+        (name, alias)
+        for name, field in Settings.model_fields.items()
+        for alias in getattr(field.validation_alias, "choices", ())
+        if alias != name
+    }
+    assert documented == {(name, env) for name, env, _ in _ENV_NAMES}
+
+
+@pytest.mark.parametrize(("name", "env", "value"), _ENV_NAMES, ids=[env for _, env, _ in _ENV_NAMES])
+def test_every_environment_name_sets_its_field(monkeypatch, name, env, value):
+    monkeypatch.setenv(env, value)
+    assert getattr(Settings(), name) != getattr(Settings.model_construct(), name)
+    monkeypatch.delenv(env)
+    assert getattr(Settings(), name) == getattr(Settings.model_construct(), name)
+
+
+def test_an_undocumented_name_changes_nothing(monkeypatch):
+    monkeypatch.setenv("HOST", "0.0.0.0")
+    monkeypatch.setenv("LANGID_ONLY", "true")
+    monkeypatch.setenv("CAPTION_MAX_S", "3")  # the legacy CAPTION_MAX_SECONDS, not the derived name
+    s = Settings()
+    assert (s.host, s.langid_only, s.caption_max_s) == ("127.0.0.1", False, 7.0)
+
+
+def test_a_field_name_is_derived_from_its_group_prefix():
+    from orchestrator.settings import AsrOptions, EmbeddingServerOptions, OutputOptions, env_names
+
+    assert OutputOptions.env_name("output_dir") == "PIPELINE_OUTPUT_DIR"
+    # the group's word at the start of a field name is not repeated
+    assert AsrOptions.env_name("asr_model") == "ASR_MODEL"
+    assert EmbeddingServerOptions.env_name("embed_max_batch") == "EMBEDDING_MAX_BATCH"
+    assert EmbeddingServerOptions.env_name("worker_idle_s") == "EMBEDDING_WORKER_IDLE_S"
+    # the seeds' names: a group without prefix
+    assert env_names("voice_enrollment_batch_size") == ("VOICE_ENROLLMENT_BATCH_SIZE",)
+    # the exceptions are listed, not derived
+    assert env_names("caption_max_s") == ("CAPTION_MAX_SECONDS",)
+    # the children's heap policy is read under the name the children see it by
+    assert env_names("child_heap") == (HEAP_ENV,)
+
+
+def test_every_field_belongs_to_one_group_and_every_exception_is_a_field():
+    from orchestrator.settings import GROUP_OF, GROUPS, LEGACY_ENV
+
+    assert sum(len(group.model_fields) for group in GROUPS) == len(Settings.model_fields)
+    assert set(LEGACY_ENV) <= set(Settings.model_fields)
+    # an exception that the rule would give anyway is no exception
+    assert all(names != (GROUP_OF[name].env_name(name),) for name, names in LEGACY_ENV.items())

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from contracts.errors import SettingsError
-from contracts.perf import PerfEvent, append_event
+from contracts.perf import PerfEvent, append_event, perf_event
 from contracts.report import Attempt
 from contracts.units import GIB_MIB as GIB
 from orchestrator.telemetry.perf_report import compute_cpu, find_perf_log, plot, run_peaks, summarize, table
 
 
 def ev(t, event, stage=None, attempt=1, **fields) -> PerfEvent:
-    return PerfEvent(t=1000.0 + t, event=event, stage=stage, attempt=attempt if stage else None, **fields)
+    return perf_event(t=1000.0 + t, event=event, stage=stage, attempt=attempt if stage else None, **fields)
 
 
 def end(t, stage, attempt=1, batch_size=1, items=2, **record) -> PerfEvent:
