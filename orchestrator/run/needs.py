@@ -1,20 +1,24 @@
 """What each input needs this run: the stages whose artifact is not current and that a kept artifact depends
 on, or nothing at all when the journal saw it completed with the same outputs fingerprint and its files are
-the very ones validated then (the fast resume). Reads artifacts and the journal; starts no child."""
+the very ones validated then (the fast resume); and the dry run's plan of all that. Reads artifacts and the
+journal; starts no child."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
+from collections import Counter
 from pathlib import Path
 
 from contracts import WorkItem
 from contracts.artifacts import LanguageId
-from contracts.report import ItemStage
+from contracts.report import ItemStage, RunPlan, StagePlan
+from orchestrator import layout
 from orchestrator.registry import StageSpec
-from orchestrator.run.journal import Completed
+from orchestrator.run.journal import Completed, Journal
 from orchestrator.run.models import model_label, same_model
-from orchestrator.run.plan import input_keys
+from orchestrator.run.plan import chain_fingerprints, input_keys, plan_inputs
 from orchestrator.run.remote import without_credentials
 from orchestrator.run.runner import artifact_state
 from orchestrator.run.state import InputState
@@ -194,3 +198,50 @@ def completion(inp: InputState, specs: list[StageSpec], notes: list[str]) -> dic
         "language": inp.language.model_dump(mode="json") if inp.language else None,
     }
     return {"files": files, "summary": summary}
+
+
+def dry_run(settings: Settings, specs: list[StageSpec], paths: list[str | Path], clock: float) -> RunPlan:
+    """What a run of ``paths`` would do, stage by stage, with the reasons (``clock``: when planning began,
+    on ``time.monotonic``). Starts no child, writes nothing."""
+    out = Path(settings.output_dir)
+    inputs = [InputState(inp) for inp in plan_inputs(paths, out, dry=True)]
+    journal = layout.path(out, layout.JOURNAL)
+    resume = Resume(
+        settings, {} if settings.force or not journal.exists() else Journal(journal, "plan").completed()
+    )
+    reuse = {spec.name: 0 for spec in specs}
+    redo: dict[str, Counter] = {spec.name: Counter() for spec in specs}
+    complete = 0
+    for inp in inputs:
+        chain_fingerprints(inp, specs)
+        reasons: dict[str, str] = {}
+        needed = (
+            dict.fromkeys((s.name for s in specs), False)
+            if resume.complete(inp, specs)
+            else needs(inp, specs, settings.force, reasons)
+        )
+        complete += not any(needed.values())
+        for spec in specs:
+            if needed[spec.name]:
+                redo[spec.name][reasons[spec.name]] += 1
+            elif spec.keep:
+                reuse[spec.name] += 1
+    duplicates = sum(1 for inp in inputs for note in inp.notes if note.startswith("given "))
+    stages = [
+        StagePlan(
+            stage=spec.name,
+            model=spec.model,
+            reuse=reuse[spec.name],
+            redo=sum(redo[spec.name].values()),
+            reasons=dict(redo[spec.name]),
+        )
+        for spec in specs
+    ]
+    return RunPlan(
+        output_dir=str(out),
+        inputs=len(inputs),
+        duplicates=duplicates,
+        complete=complete,
+        stages=stages,
+        seconds=time.monotonic() - clock,
+    )

@@ -21,7 +21,6 @@ import signal
 import threading
 import time
 import uuid
-from collections import Counter
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from contracts.errors import DiskFullError, SettingsError
 from contracts.io import is_disk_full
-from contracts.report import RunPlan, RunReport, StagePlan
+from contracts.report import RunPlan, RunReport
 from orchestrator import layout
 from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
@@ -40,7 +39,7 @@ from orchestrator.run.hub import cached_repos, downloads, resolve_hub
 from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.models import resolve_models
-from orchestrator.run.needs import OUTPUTS_VERSION, Resume, needs
+from orchestrator.run.needs import OUTPUTS_VERSION, Resume, dry_run
 from orchestrator.run.plan import chain_fingerprints, plan_inputs
 from orchestrator.run.progress import LogProgress, Progress
 from orchestrator.run.remote import staging_dir
@@ -145,50 +144,7 @@ class Orchestrator:
         takes no lock (``pipeline process --dry-run``)."""
         clock = time.monotonic()
         self.settings = resolve_hub(self.settings)
-        out = Path(self.settings.output_dir)
-        specs = self.stage_specs()
-        inputs = [InputState(inp) for inp in plan_inputs(paths, out, dry=True)]
-        journal = layout.path(out, layout.JOURNAL)
-        resume = Resume(
-            self.settings,
-            {} if self.settings.force or not journal.exists() else Journal(journal, "plan").completed(),
-        )
-        reuse = {spec.name: 0 for spec in specs}
-        redo: dict[str, Counter] = {spec.name: Counter() for spec in specs}
-        complete = 0
-        for inp in inputs:
-            chain_fingerprints(inp, specs)
-            reasons: dict[str, str] = {}
-            needed = (
-                dict.fromkeys((s.name for s in specs), False)
-                if resume.complete(inp, specs)
-                else needs(inp, specs, self.settings.force, reasons)
-            )
-            complete += not any(needed.values())
-            for spec in specs:
-                if needed[spec.name]:
-                    redo[spec.name][reasons[spec.name]] += 1
-                elif spec.keep:
-                    reuse[spec.name] += 1
-        duplicates = sum(1 for inp in inputs for note in inp.notes if note.startswith("given "))
-        stages = [
-            StagePlan(
-                stage=spec.name,
-                model=spec.model,
-                reuse=reuse[spec.name],
-                redo=sum(redo[spec.name].values()),
-                reasons=dict(redo[spec.name]),
-            )
-            for spec in specs
-        ]
-        return RunPlan(
-            output_dir=str(out),
-            inputs=len(inputs),
-            duplicates=duplicates,
-            complete=complete,
-            stages=stages,
-            seconds=time.monotonic() - clock,
-        )
+        return dry_run(self.settings, self.stage_specs(), paths, clock)
 
     def _process(self, paths: list[str | Path], progress: Progress | None) -> RunReport:
         progress = progress or LogProgress()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from contracts.artifacts import LanguageId
 from orchestrator import Settings
 from orchestrator.registry import process_specs
 from orchestrator.run.journal import Journal
-from orchestrator.run.needs import REUSED, Resume, completion, needs, work_item
+from orchestrator.run.needs import REUSED, Resume, completion, dry_run, needs, work_item
 from orchestrator.run.plan import Input, chain_fingerprints
 from orchestrator.run.state import InputState
 
@@ -104,3 +105,20 @@ def test_a_changed_file_or_setting_means_checking_the_artifacts_themselves(tmp_p
     assert not captions.resumed(_state(tmp_path)) and not captions.complete(_state(tmp_path), SPECS)
     remote = Resume(SETTINGS.replace(output_url="memory://out"), journal.completed())
     assert not remote.complete(_state(tmp_path), SPECS), "outputs at a URL are uploaded again"
+
+
+def test_the_dry_run_counts_what_each_stage_would_redo_and_why_and_writes_nothing(tmp_path):
+    for name in ("a.wav", "b.wav"):
+        (tmp_path / name).write_bytes(b"RIFF")
+    out = tmp_path / "out"
+    settings = SETTINGS.replace(output_dir=out)
+    paths = [tmp_path / "a.wav", tmp_path / "a.wav", tmp_path / "b.wav"]
+    plan = dry_run(settings, SPECS, paths, time.monotonic())
+    assert (plan.inputs, plan.duplicates, plan.complete) == (2, 1, 0)
+    assert {s.stage: (s.reuse, s.redo, s.reasons) for s in plan.stages} == {
+        "audio": (0, 2, {"scratch, needed by a stage that runs": 2}),
+        "asr": (0, 2, {"missing": 2}),
+        "alignment": (0, 2, {"missing": 2}),
+        "embeddings": (0, 2, {"missing": 2}),
+    }
+    assert not out.exists(), "a dry run writes nothing"
