@@ -1,8 +1,9 @@
 """The end of a chunk, after its stages: the survivors' voices placed among the output folder's corpus
 speakers, then each input finished (its artifacts read, its outputs written, uploaded where they go).
 
-The one module of ``orchestrator.run``'s chunk loop that writes the products of an output folder
-(captions, exports, labels, outputs, corpus speakers): the loop itself only schedules stages."""
+The one module of the run that imports the products of an output folder (captions, exports, labels,
+outputs, corpus speakers; ``write_index`` is handed from here to the report), besides the Orchestrator's
+``pipeline speakers`` commands: the chunk loop itself only schedules stages."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from contracts.errors import DiskFullError, PipelineError
 from contracts.io import is_disk_full
 from orchestrator import layout
 from orchestrator.run.captions import CaptionRules
-from orchestrator.run.export import load_sources
+from orchestrator.run.export import load_sources, write_index
 from orchestrator.run.labels import overlap_seconds
 from orchestrator.run.outputs import write_outputs
 from orchestrator.run.remote import redact, upload
@@ -28,6 +29,8 @@ from orchestrator.run.state import InputState
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
+
+__all__ = ["Corpus", "finish", "place_speakers", "write_index"]
 
 
 @dataclass

@@ -35,6 +35,7 @@ from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import StageSpec, process_specs
 from orchestrator.run.chunk import RunContext, run_chunk
+from orchestrator.run.finish import write_index
 from orchestrator.run.hub import cached_repos, downloads, resolve_hub
 from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
@@ -230,7 +231,7 @@ class Orchestrator:
             ctx.resume.fast_resumed < len(inputs) or not layout.path(out, layout.INDEX).exists()
         )
         self.report_error = None
-        self.report_error = save_report(self.settings, report, out, run_dir, index)
+        self.report_error = save_report(self.settings, report, out, run_dir, write_index if index else None)
         progress.finish(report)
         log.info(
             "run %s: %d ok, %d failed, %d interrupted; report %s",

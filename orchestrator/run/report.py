@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -85,9 +86,16 @@ def build_report(
     )
 
 
-def save_report(settings: Settings, report: RunReport, out: Path, run_dir: Path, index: bool) -> str | None:
-    """Write ``report`` to OUT and the run's folder (then ``pipeline langid``'s tables, or the index when
-    ``index``), and upload it where the outputs go. Returns why it could not be written (a full disk)."""
+def save_report(
+    settings: Settings,
+    report: RunReport,
+    out: Path,
+    run_dir: Path,
+    write_index: Callable[[Path], object] | None = None,
+) -> str | None:
+    """Write ``report`` to OUT and the run's folder (then ``pipeline langid``'s tables, or the output
+    folder's index with ``write_index``), and upload it where the outputs go. Returns why it could not be
+    written (a full disk)."""
     error = None
     try:
         if len(report.inputs) <= LARGE_REPORT:
@@ -96,9 +104,7 @@ def save_report(settings: Settings, report: RunReport, out: Path, run_dir: Path,
             save_large(report, "inputs", out / REPORT_NAME, run_dir / REPORT_NAME)
         if settings.langid_only:
             write_langid_tables(report, out)
-        elif index:
-            from orchestrator.run.export import write_index
-
+        elif write_index is not None:
             write_index(out)
     except (OSError, DiskFullError) as exc:
         if not is_disk_full(exc):
