@@ -95,6 +95,7 @@ def main() -> None:
     from contracts import load_model
     from orchestrator import Orchestrator, Settings
     from orchestrator.run.plan import chain_fingerprints, plan_inputs
+    from orchestrator.run.state import InputState
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="scale-"))
     corpus, out, template_out = work / "corpus", work / "out", work / "template-out"
@@ -120,7 +121,7 @@ def main() -> None:
         with Orchestrator(settings) as orch:
             specs = orch.stage_specs()
             clock = time.perf_counter()
-            inputs = plan_inputs([corpus], out)
+            inputs = [InputState(inp) for inp in plan_inputs([corpus], out)]
             for inp in inputs:
                 chain_fingerprints(inp, specs)
             planning = time.perf_counter() - clock

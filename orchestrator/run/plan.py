@@ -15,19 +15,19 @@ input, with a note. Remote sources are known by their URL without credentials.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import stat
 import unicodedata
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from contracts import SourceVersion
-from contracts.artifacts import LanguageId
 from contracts.io import atomic_write_text
-from contracts.report import ItemStage
 from orchestrator import layout
 from orchestrator.registry import StageSpec
 from orchestrator.run.remote import (
@@ -40,6 +40,9 @@ from orchestrator.run.remote import (
     without_credentials,
 )
 from orchestrator.run.runner import fingerprint
+
+if TYPE_CHECKING:
+    from orchestrator.run.state import InputState
 
 log = logging.getLogger(__name__)
 
@@ -241,8 +244,11 @@ def save_ids(out: Path, index: dict[str, str]) -> None:
     )
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Input:
+    """One input as planned (immutable): its id, where its source is, its folder. What a run learns and
+    does about it is its :class:`~orchestrator.run.state.InputState`."""
+
     id: str
     #: the local file the first stage reads (for a URL input: where it is fetched to)
     source: Path
@@ -251,44 +257,8 @@ class Input:
     url: str | None = None
     #: the source as the report shows it, when its name is not UTF-8 (escaped bytes)
     shown_source: str | None = None
-    #: expected fingerprint of each stage's artifact, chained from the source's identity
-    fingerprints: dict[str, str] = field(default_factory=dict)
-    error: str | None = None
-    failed_stage: str | None = None
-    interrupted: bool = False
-    complete: bool = False
-    #: True when a stage child did real work for this input in this run
-    worked: bool = False
-    stages: dict[str, ItemStage] = field(default_factory=dict)
-    outputs: dict[str, str] = field(default_factory=dict)
-    duration_s: float | None = None
-    #: artifacts (by key) the fast path went on without, and what the report says about it
-    skipped: set[str] = field(default_factory=set)
-    notes: list[str] = field(default_factory=list)
-    #: models asked for but not used (see ``model_substitutions``)
-    substitutions: list[str] = field(default_factory=list)
-    #: the source was damaged part-way: how much decoded (the input is complete but ``partial``)
-    damage: str | None = None
-    #: the local source as planned: the audio stage refuses it if it changed since
-    planned: SourceVersion | None = None
-    #: language identification (the transcript's)
-    language: LanguageId | None = None
-    #: seconds of two or more voices at once (the diarization's; None: no diarization)
-    overlap_s: float | None = None
-    #: stage -> the model that ran, where it was not the one the run resolved (a fallback)
-    models: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def alive(self) -> bool:
-        return self.error is None and not self.interrupted
-
-    @property
-    def status(self) -> str:
-        if self.interrupted:
-            return "interrupted"
-        if not self.complete:
-            return "failed"
-        return "partial" if self.damage else "ok"
+    #: what planning noticed (the same source given more than once)
+    notes: tuple[str, ...] = ()
 
     @property
     def shown(self) -> str:
@@ -327,10 +297,11 @@ def plan_inputs(paths: list[str | Path], out: Path, dry: bool = False) -> list[I
         inp = _input(item_id, item.source, out, dry)
         if same in also:
             others = also[same]
-            inp.notes.append(
+            note = (
                 f"given {len(others) + 1} times (also as {', '.join(others[:3])}"
                 f"{', ...' if len(others) > 3 else ''}); processed once"
             )
+            inp = dataclasses.replace(inp, notes=(note,))
         inputs.append(inp)
     return inputs
 
@@ -367,7 +338,7 @@ def _safe_suffix(path: Path) -> str:
     return suffix if suffix.isascii() and "\ufffd" not in suffix else ""
 
 
-def _source_identity(inp: Input) -> str:
+def _source_identity(inp: InputState) -> str:
     """The local source's path, size and modification time; what was seen is kept for the first stage."""
     try:
         st = inp.source.stat()
@@ -392,8 +363,9 @@ def input_keys(spec: StageSpec, previous: StageSpec | None) -> tuple[str, ...]:
     return spec.inputs if spec.inputs is not None else (previous.kind,)
 
 
-def chain_fingerprints(inp: Input, specs: list[StageSpec]) -> None:
-    """Each stage's expected fingerprint from its inputs' (a skipped input counts as "skipped")."""
+def chain_fingerprints(inp: InputState, specs: list[StageSpec]) -> None:
+    """Each stage's expected fingerprint from its inputs' (a skipped input counts as "skipped"), into the
+    input's run state."""
     by_key: dict[str, str] = {}
     for index, spec in enumerate(specs):
         keys = input_keys(spec, specs[index - 1] if index else None)

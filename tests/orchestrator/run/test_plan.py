@@ -72,7 +72,7 @@ def test_the_same_source_given_twice_is_one_input_with_a_note(tmp_path):
     out = tmp_path / "out"
     inputs = plan_inputs([corpus, corpus / "a.wav", str(corpus / "b.wav"), corpus / "b.wav", link], out)
     assert [i.id for i in inputs] == ["talks/a", "talks/b"]
-    assert inputs[0].notes == [f"given 3 times (also as {corpus / 'a.wav'}, {link}); processed once"]
+    assert inputs[0].notes == (f"given 3 times (also as {corpus / 'a.wav'}, {link}); processed once",)
     assert "given 3 times" in inputs[1].notes[0]
 
 

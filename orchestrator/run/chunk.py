@@ -1,0 +1,275 @@
+"""One chunk of a run, stage-major: each stage runs in one child over all of the chunk's inputs that need it.
+
+:func:`run_chunk` is the list of its steps, each a function over the run's :class:`RunContext` (what every
+chunk shares) and the chunk's inputs' run states (:class:`~orchestrator.run.state.InputState`)::
+
+    plan_chunk       which stages each input needs (none: complete by the journal)
+    fetch_sources    URL inputs fetched just before their first stage
+    per stage:
+      select         the inputs that run it (the others reuse its artifact, or went without it)
+      warm_next      the next stage's child imports its libraries meanwhile
+      run_stage      one child over them (retries, halved batches, the fast path: the runner's)
+      record         each outcome into its input's run state and the journal
+    place_speakers   the survivors' voices among the output folder's corpus speakers
+    finish_inputs    their outputs written (``orchestrator.run.finish``), recorded in the journal
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from contracts import load_artifact, save_model
+from contracts.errors import DiskFullError, PipelineError
+from contracts.report import ItemStage, StageRun
+from orchestrator.registry import StageSpec
+from orchestrator.run.finish import Corpus, finish, place_speakers
+from orchestrator.run.journal import Journal
+from orchestrator.run.models import actual_model
+from orchestrator.run.needs import REUSED, Resume, completion, needs, work_item
+from orchestrator.run.plan import chain_fingerprints, input_keys
+from orchestrator.run.progress import Progress
+from orchestrator.run.remote import FetchLimits, fetch
+from orchestrator.run.runner import ItemOutcome, StageRunner
+from orchestrator.run.state import InputState
+from orchestrator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: stage -> whether it must run, per input id
+Needs = dict[str, dict[str, bool]]
+
+
+@dataclass
+class RunContext:
+    """What every chunk of one run shares (chunks run in parallel share it too)."""
+
+    settings: Settings
+    specs: list[StageSpec]
+    runner: StageRunner
+    journal: Journal
+    progress: Progress
+    #: the journal's completed inputs, the outputs fingerprint
+    resume: Resume
+    #: whether a stop was asked for (Ctrl-C, SIGTERM, :meth:`Orchestrator.stop`, a failed chunk)
+    stopping: Callable[[], bool]
+    corpus: Corpus = field(default_factory=Corpus)
+    #: every stage run of every chunk, for the report
+    stage_runs: list[StageRun] = field(default_factory=list)
+
+
+def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
+    """Stage-major: each stage runs in one child over all of the chunk's inputs that need it."""
+    # which stages each input needs; an input complete by the journal needs none
+    done, needed = plan_chunk(ctx, chunk)
+    # URL inputs: fetched just before their first stage needs them
+    if not fetch_sources(ctx, chunk, needed):
+        return  # stopped: what is left is interrupted, for the next run
+    warm = None
+    try:
+        for index, spec in enumerate(ctx.specs):
+            if ctx.stopping():
+                return
+            # the inputs that run this stage; the others reuse its artifact, or a fast path went without it
+            todo = select(ctx, chunk, index, needed)
+            if not todo:
+                if warm is not None:
+                    ctx.runner.executor.cancel(warm)
+                    warm = None
+                continue
+            # the next stage's child starts importing while this one computes
+            next_warm = warm_next(ctx, number, index, chunk, needed)
+            # one child over all of them
+            outcomes = run_stage(ctx, number, spec, index, todo, warm)
+            warm = next_warm
+            # each outcome into its input's run state and the journal
+            record(ctx, spec, todo, outcomes)
+    finally:
+        if warm is not None:
+            ctx.runner.executor.cancel(warm)
+    # the survivors' voices placed among the output folder's corpus speakers
+    labels = place_speakers(
+        ctx.settings, ctx.corpus, [inp for inp in chunk if inp.alive and inp.id not in done]
+    )
+    # their outputs written and recorded
+    finish_inputs(ctx, number, chunk, done, labels)
+
+
+def plan_chunk(ctx: RunContext, chunk: list[InputState]) -> tuple[set[str], Needs]:
+    """The inputs the journal saw completed (reused from it alone), and the stages each input needs."""
+    done = {inp.id for inp in chunk if ctx.resume.complete(inp, ctx.specs)}
+    needed = {
+        inp.id: dict.fromkeys((s.name for s in ctx.specs), False)
+        if inp.id in done
+        else needs(inp, ctx.specs, ctx.settings.force)
+        for inp in chunk
+    }
+    return done, needed
+
+
+def fetch_sources(ctx: RunContext, chunk: list[InputState], needed: Needs) -> bool:
+    """Fetch the URL inputs whose first stage runs (one that cannot be fetched fails alone). False: a stop
+    was asked for meanwhile."""
+    limits = FetchLimits.from_settings(ctx.settings)
+    first = ctx.specs[0].name
+    for inp in chunk:
+        if ctx.stopping():
+            return False
+        if inp.url and needed[inp.id][first]:
+            try:
+                fetch(inp.url, inp.source, limits, cancelled=ctx.stopping)
+            except DiskFullError:
+                raise  # the run stops (see Orchestrator._process); this input resumes next run
+            except PipelineError as exc:
+                if ctx.stopping():  # cut short by the stop, not the input's fault
+                    return False
+                inp.error, inp.failed_stage = str(exc), "fetch"
+                log.error("%s: %s", inp.id, exc)
+    return True
+
+
+def select(ctx: RunContext, chunk: list[InputState], index: int, needed: Needs) -> list[InputState]:
+    """The chunk's live inputs that run stage ``index``; the others are marked as reusing its artifact, and
+    one whose input a fast path went without is skipped."""
+    spec = ctx.specs[index]
+    previous = ctx.specs[index - 1] if index else None
+    alive = [inp for inp in chunk if inp.alive]
+    todo = [
+        inp
+        for inp in alive
+        if needed[inp.id][spec.name] and not _skipped_with_input(inp, spec, previous, ctx.specs)
+    ]
+    for inp in alive:
+        if not needed[inp.id][spec.name]:
+            inp.stages[spec.name] = REUSED
+    return todo
+
+
+def warm_next(ctx: RunContext, number: int, index: int, chunk: list[InputState], needed: Needs):
+    """With ``prefetch``, start the next stage's child (it imports, then waits for its request) when a live
+    input needs it. Returns the warm child, or None."""
+    following = ctx.specs[index + 1] if index + 1 < len(ctx.specs) else None
+    if not (ctx.settings.prefetch and following):
+        return None
+    if not any(needed[inp.id][following.name] for inp in chunk if inp.alive):
+        return None
+    return ctx.runner.warm_up(following, number)
+
+
+def run_stage(
+    ctx: RunContext, number: int, spec: StageSpec, index: int, todo: list[InputState], warm
+) -> dict[str, ItemOutcome]:
+    """Stage ``spec`` over ``todo`` in one child (``warm``, if one was started for it): each input's
+    outcome by id; the stage run is kept for the report."""
+    previous = ctx.specs[index - 1] if index else None
+    ctx.progress.stage_started(number, spec.name, len(todo))
+    items = [work_item(spec, inp, previous) for inp in todo]
+    outcomes, stage_run = ctx.runner.run(
+        spec,
+        items,
+        reuse=not ctx.settings.force,
+        chunk=number,
+        on_item=lambda stage, result, n=number: ctx.progress.item_finished(stage, result, chunk=n),
+        warm=warm,
+    )
+    ctx.stage_runs.append(stage_run)
+    return outcomes
+
+
+def record(
+    ctx: RunContext, spec: StageSpec, todo: list[InputState], outcomes: dict[str, ItemOutcome]
+) -> None:
+    """Each input's outcome of ``spec`` into its run state (interrupted, skipped by the fast path, failed,
+    or done with the model that ran) and into the journal."""
+    for inp in todo:
+        o = outcomes[inp.id]
+        status = (
+            "reused"
+            if o.reused
+            else "interrupted"
+            if o.interrupted
+            else "ok"
+            if o.ok
+            else "skipped"
+            if o.skipped
+            else "failed"
+        )
+        inp.stages[spec.name] = ItemStage(
+            status=status, seconds=o.seconds, batch_size=o.batch_size, retries=o.retries, error=o.error
+        )
+        inp.worked |= status == "ok"
+        if o.interrupted:
+            inp.interrupted = True
+        elif o.skipped:
+            _skip(inp, spec, ctx.specs, o.error)
+        elif not o.ok:
+            inp.error, inp.failed_stage = o.error, spec.name
+        elif not o.reused:
+            _stamp_model(inp, spec, ctx.specs)
+        ctx.journal.record(inp.id, spec.name, status, fingerprint=inp.fingerprints[spec.name], error=o.error)
+
+
+def finish_inputs(
+    ctx: RunContext,
+    number: int,
+    chunk: list[InputState],
+    done: set[str],
+    labels: dict[str, dict[str, tuple[str, str]]],
+) -> None:
+    """The chunk's live inputs not complete by the journal finished (outputs written), each recorded in
+    the journal with what a rerun needs to reuse it; the progress told of every input not interrupted."""
+    for inp in chunk:
+        if inp.alive and inp.id not in done:
+            noted = len(inp.notes)
+            finish(ctx.settings, inp, labels.get(inp.id))
+            ctx.journal.record(
+                inp.id,
+                "outputs",
+                "ok" if inp.complete else "failed",
+                fingerprint=ctx.resume.outputs_fingerprint(inp),
+                error=inp.error,
+                **(completion(inp, ctx.specs, inp.notes[noted:]) if inp.complete else {}),
+            )
+        if not inp.interrupted:
+            ctx.progress.input_finished(inp.complete, inp.duration_s or 0.0)
+    ctx.progress.chunk_finished(number)
+
+
+def _skip(inp: InputState, spec: StageSpec, specs: list[StageSpec], reason: str | None) -> None:
+    """Fast path: ``inp`` goes on without ``spec``'s artifact; later fingerprints say so, so a rerun redoes them."""
+    inp.skipped.add(spec.kind)
+    inp.notes.append(f"no speakers from {spec.name}: {reason}")
+    chain_fingerprints(inp, specs)
+
+
+def _skipped_with_input(
+    inp: InputState, spec: StageSpec, previous: StageSpec | None, specs: list[StageSpec]
+) -> bool:
+    """A stage that needs an artifact the fast path went without (enrollment without diarization) is skipped too."""
+    missing = [k for k in input_keys(spec, previous) if k in inp.skipped and k not in spec.optional_inputs]
+    if missing:
+        inp.stages[spec.name] = ItemStage(status="skipped", error=f"no {missing[0]} artifact (fast path)")
+        inp.skipped.add(spec.kind)
+        chain_fingerprints(inp, specs)
+    return bool(missing)
+
+
+def _stamp_model(inp: InputState, spec: StageSpec, specs: list[StageSpec]) -> None:
+    """A stage that ran another model than resolved (it fell back): its artifact's fingerprint and the
+    ones after it are made from the model that ran, so a later run that can have the asked-for model
+    redoes this stage and what depends on it, and one that cannot keeps them."""
+    if spec.name not in ("diarization", "embeddings"):
+        return
+    path = inp.artifact(spec.kind)
+    try:
+        artifact = load_artifact(path, spec.output)
+    except PipelineError:
+        return
+    ran = actual_model(spec.name, artifact, spec.model)
+    if ran == spec.model:
+        return
+    log.warning("%s: %s ran %s, not %s", inp.id, spec.name, ran, spec.model)
+    inp.models[spec.name] = ran
+    chain_fingerprints(inp, specs)
+    save_model(artifact.model_copy(update={"fingerprint": inp.fingerprints[spec.name]}), path)

@@ -1,0 +1,137 @@
+"""The run report from hand-made run states; pipeline langid's tables; the model substitution lines."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from contracts import DiarizationArtifact, EmbeddingsArtifact, TranscriptArtifact
+from contracts.artifacts import LanguageId, LanguageScore
+from contracts.errors import DiskFullError
+from contracts.report import ItemStage
+from orchestrator import Settings, layout
+from orchestrator.run.plan import Input
+from orchestrator.run.report import (
+    LANGID_COLUMNS,
+    build_report,
+    disk_line,
+    model_substitutions,
+    write_langid_tables,
+)
+from orchestrator.run.state import InputState
+
+
+def _state(tmp_path: Path, item_id: str, **run) -> InputState:
+    state = InputState(Input(id=item_id, source=tmp_path / f"{item_id}.wav", directory=tmp_path / item_id))
+    for name, value in run.items():
+        setattr(state, name, value)
+    return state
+
+
+def _report(tmp_path, inputs, wall_s=10.0, **settings):
+    settings = Settings(_env_file=None, output_dir=tmp_path, chunk_size=2, **settings)
+    return build_report(settings, "run-1", datetime.now(UTC), wall_s, tmp_path, inputs, [], ["repo/x"])
+
+
+def test_counts_audio_and_throughput_come_from_the_run_states(tmp_path):
+    inputs = [
+        _state(
+            tmp_path, "a", complete=True, worked=True, duration_s=30.0, outputs={"srt": "a/transcript.srt"}
+        ),
+        _state(tmp_path, "b", complete=True, duration_s=50.0),  # reused: counted as audio, not as work
+        _state(tmp_path, "c", complete=True, worked=True, duration_s=20.0, damage="decoded 20.0 s of 60.0 s"),
+        _state(tmp_path, "d", error="decoding failed", failed_stage="audio", duration_s=99.0),
+        _state(tmp_path, "e", interrupted=True, stages={"audio": ItemStage(status="interrupted")}),
+    ]
+    report = _report(tmp_path, inputs)
+    assert (report.ok, report.partial, report.failed, report.interrupted) == (2, 1, 1, 1)
+    assert [i.status for i in report.inputs] == ["ok", "ok", "partial", "failed", "interrupted"]
+    assert report.chunks == 3 and report.chunk_size == 2
+    assert report.audio_s == 100.0, "the audio of complete inputs only"
+    assert report.throughput == 5.0, "audio this run worked on (a and c), per second of wall time"
+    assert report.inputs[2].error == "damaged source: decoded 20.0 s of 60.0 s"
+    assert report.inputs[3].failed_stage == "audio"
+    assert report.inputs[4].stages["audio"].status == "interrupted"
+    assert report.downloads == ["repo/x"]
+
+
+def test_nothing_worked_on_has_no_throughput(tmp_path):
+    assert _report(tmp_path, [_state(tmp_path, "a", complete=True, duration_s=3.0)]).throughput is None
+    assert _report(tmp_path, [], wall_s=0.0).throughput is None
+
+
+def test_substitutions_are_listed_once_and_the_output_url_without_its_password(tmp_path):
+    line = "embeddings: asked for 'multilingual' ..."
+    inputs = [_state(tmp_path, n, complete=True, substitutions=[line]) for n in ("a", "b")]
+    report = _report(tmp_path, inputs, output_url="sftp://alice:secret@host/out")
+    assert report.substitutions == [line]
+    assert report.settings["output_url"] == "sftp://alice:***@host/out"
+
+
+def test_langid_tables_have_one_row_per_input(tmp_path):
+    found = LanguageId(
+        status="detected",
+        language="fr",
+        probability=0.91,
+        top=[LanguageScore(language="fr", probability=0.91), LanguageScore(language="it", probability=0.05)],
+        speech_s=12.5,
+    )
+    inputs = [
+        _state(tmp_path, "a", complete=True, language=found),
+        _state(tmp_path, "b", error="reading the language failed: no asr.json", failed_stage="outputs"),
+    ]
+    csv_path, json_path = write_langid_tables(_report(tmp_path, inputs), tmp_path)
+    assert (csv_path, json_path) == (
+        layout.path(tmp_path, layout.LANGID_CSV),
+        layout.path(tmp_path, layout.LANGID_JSON),
+    )
+    rows = list(csv.DictReader(csv_path.open(encoding="utf-8")))
+    assert tuple(rows[0]) == LANGID_COLUMNS
+    assert rows[0] | {"source": ""} == {
+        "input": "a",
+        "source": "",
+        "status": "detected",
+        "language": "fr",
+        "probability": "0.91",
+        "speech_s": "12.5",
+        "top": "fr:0.910 it:0.050",
+        "reason": "",
+    }
+    assert (rows[1]["status"], rows[1]["language"], rows[1]["reason"]) == (
+        "failed",
+        "",
+        "reading the language failed: no asr.json",
+    )
+    assert [r["input"] for r in json.loads(json_path.read_text())] == ["a", "b"]
+
+
+def test_each_model_not_used_is_one_line_saying_how_to_get_it():
+    transcript = TranscriptArtifact.model_construct(
+        diarization=True, aligned=False, alignment_note="no aligner"
+    )
+    embeddings = EmbeddingsArtifact.model_construct(
+        fallback_reason="hub   unreachable", profile="multilingual", requested_model="e5"
+    )
+    diarization = DiarizationArtifact.model_construct(
+        fallback_reason="x" * 300, requested_model="pyannote/community-1", model="embedded"
+    )
+    lines = model_substitutions(transcript, embeddings, diarization)
+    assert [line.split(":")[0] for line in lines] == ["embeddings", "diarization", "alignment"]
+    assert "used the embedded all-MiniLM-L6-v2: hub unreachable To use it" in lines[0]
+    assert "x" * 97 + "..." in lines[1] and "x" * 98 not in lines[1], "a long reason is cut"
+    assert "no word timing (no aligner)" in lines[2]
+    nothing = EmbeddingsArtifact.model_construct(fallback_reason=None)
+    aligned = TranscriptArtifact.model_construct(diarization=True, aligned=True)
+    assert model_substitutions(aligned, nothing, None) == []
+
+
+def test_a_full_disk_is_one_line_with_what_failed_and_the_space_left(tmp_path):
+    line = disk_line(OSError(errno.ENOSPC, "No space left on device", "out/a/transcript.json"), tmp_path)
+    assert line.startswith("No space left on device: out/a/transcript.json; ")
+    assert f"MiB free on {tmp_path}; free some space and run the same command again" in line
+    assert disk_line(DiskFullError("writing   x\nneeds 5 MiB"), tmp_path).startswith(
+        "writing x needs 5 MiB; "
+    )
