@@ -1,4 +1,4 @@
-"""The HTTP API (issue 6): OpenAI-compatible embeddings, jobs, health and metrics. FastAPI on uvicorn.
+"""The HTTP API: OpenAI-compatible embeddings, jobs, transcriptions, health and metrics. FastAPI on uvicorn.
 
     from orchestrator.api.server import create_app, serve
     serve(Settings(input_roots=["/data/videos"]))          # what `pipeline serve` does
@@ -6,26 +6,24 @@
 The server is a parent process like the CLI: it never imports a model
 library. Embeddings are computed in spawned worker children
 (``orchestrator.api.workers``), jobs run through the :class:`Orchestrator` in one
-background thread (``orchestrator.api.jobs``). Every error is an OpenAI-style
-``{"error": {"message", "type", "param", "code"}}`` without a stack trace.
+background thread (``orchestrator.api.jobs``). Every request passes the ASGI guard
+first (``orchestrator.api.guard``); transcriptions are answered in OpenAI's formats by
+``orchestrator.api.transcriptions``. Every error is an OpenAI-style
+``{"error": {"message", "type", "param", "code"}}`` without a stack trace
+(``orchestrator.api.errors``). This module creates the app and holds the routes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
-import ipaddress
 import json
 import logging
-import math
-import os
 import random
 import shutil
 import socket
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,13 +31,11 @@ from pathlib import Path
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
-from fastapi.security.utils import get_authorization_scheme_param
+from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts import EmbeddingsArtifact, TranscriptArtifact, load_artifact, load_model
 from contracts.api import (
-    EMBEDDED_MODEL_NAMES,
     FINISHED,
     PROFILES,
     TRANSCRIPTION_FORMATS,
@@ -47,7 +43,6 @@ from contracts.api import (
     EmbeddingRequest,
     EmbeddingResponse,
     EmbeddingUsage,
-    ErrorDetail,
     ErrorResponse,
     Health,
     JobInput,
@@ -55,17 +50,16 @@ from contracts.api import (
     JobRecord,
     JobRequest,
     JobResult,
-    Transcription,
-    TranscriptionSegment,
-    TranscriptionUsage,
     TranscriptionVerbose,
-    TranscriptionWord,
 )
 from contracts.errors import ApiError, ArtifactError
 from contracts.report import RunReport
-from orchestrator.api.admission import LoopLag, drain_retry, refusal
+from orchestrator.api.admission import LoopLag, refusal
+from orchestrator.api.errors import error_response
+from orchestrator.api.guard import TRANSCRIPTIONS, Guard
 from orchestrator.api.jobs import UPLOAD_DIR, JobQueue
 from orchestrator.api.metrics import CONTENT_TYPE, Metrics, ScrapeCollector
+from orchestrator.api.transcriptions import form_text, model_name, save_upload, transcription_answer
 from orchestrator.api.workers import EmbeddingPool
 from orchestrator.gpu.nvml import NvmlReader
 from orchestrator.run.hub import resolve_hub
@@ -74,265 +68,8 @@ from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "conflict_error",
-    413: "request_too_large",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "server_error",
-    504: "timeout_error",
-}
 #: documented error responses (OpenAPI)
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 413, 429, 503)}
-TRANSCRIPTIONS = "/v1/audio/transcriptions"
-_ROUTES = ("/v1/embeddings", "/v1/jobs", TRANSCRIPTIONS, "/health", "/metrics", "/openapi.json", "/docs")
-#: room for the multipart framing and the form's other fields around an upload
-FORM_OVERHEAD = 64 * 1024
-#: paths answered without a token (liveness probes: status only, the detail needs the token)
-OPEN_PATHS = frozenset({"/health"})
-#: Host names a loopback server without a token answers (anything else may be DNS rebinding from a browser)
-LOOPBACK_NAMES = frozenset({"localhost"})
-
-
-def host_name(header: str) -> str:
-    """The name part of a Host header: ``[::1]:8000`` -> ``::1``, ``localhost:80`` -> ``localhost``."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
-
-
-def is_loopback_host(header: str) -> bool:
-    name = host_name(header).rstrip(".")
-    if name in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def error_body(
-    status: int, message: str, type: str | None = None, param: str | None = None, code: str | None = None
-) -> bytes:
-    detail = ErrorDetail(
-        message=message, type=type or _TYPES.get(status, "server_error"), param=param, code=code
-    )
-    return ErrorResponse(error=detail).model_dump_json().encode()
-
-
-def _error(
-    status: int,
-    message: str,
-    type: str | None = None,
-    param: str | None = None,
-    code: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> Response:
-    return Response(
-        error_body(status, message, type, param, code),
-        status_code=status,
-        media_type="application/json",
-        headers=headers,
-    )
-
-
-def route_of(path: str) -> str:
-    """A bounded label for metrics: the route template, not the raw path."""
-    if path.startswith("/v1/jobs/"):
-        return "/v1/jobs/{id}/result" if path.endswith("/result") else "/v1/jobs/{id}"
-    return path if path in _ROUTES else "other"
-
-
-class Guard:
-    """ASGI middleware: Host check, bearer token, concurrency limit, request body limit, request metrics.
-
-    Without a token on a loopback address, only Host headers naming loopback are answered (403
-    otherwise): a web page the user visits cannot reach the API through DNS rebinding. Requests beyond
-    ``max_concurrent_requests`` in flight are answered 429 before their body is read. Whether the
-    request carried the token is left in ``scope["state"]["authorized"]`` (``/health`` shows its
-    detail only then).
-
-    The token is checked here rather than with a route dependency (``fastapi.security.HTTPBearer``)
-    because it must also cover ``/openapi.json``, ``/docs`` and unknown paths, and come before the
-    body is read (so an unauthenticated client cannot make the server buffer a large body); the
-    header is parsed with FastAPI's own helper.
-    """
-
-    def __init__(
-        self,
-        app,
-        settings: Settings,
-        metrics: Metrics,
-        admit_upload: Callable[[], ApiError | None] | None = None,
-        drain_s: Callable[[], float] | None = None,
-    ) -> None:
-        self.app = app
-        self.upload_limit = settings.max_upload_bytes + FORM_OVERHEAD
-        #: transcriptions are admitted (or refused, 429) before their upload is read
-        self.admit_upload = admit_upload
-        token = settings.api_token.get_secret_value() if settings.api_token else ""
-        self.expected = token.encode() if token else None
-        self.max_body = settings.max_body_bytes
-        self.metrics = metrics
-        self.check_host = self.expected is None and settings.is_loopback()
-        self.max_in_flight = settings.max_concurrent_requests
-        self.retry_after = str(settings.retry_after_s)
-        self.floor_s = settings.retry_after_s
-        #: seconds until the queued work is done: the in-flight limit's Retry-After (not a fixed second,
-        #: which brings every refused client back at once: a retry storm that takes the event loop)
-        self.drain_s = drain_s
-        self.in_flight = 0
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status_seen = {"status": 500}
-
-        async def counting_send(message) -> None:
-            if message["type"] == "http.response.start":
-                status_seen["status"] = message["status"]
-            await send(message)
-
-        try:
-            await self._guarded(scope, receive, counting_send)
-        finally:
-            self.metrics.requests.labels(
-                route=route_of(scope["path"]), method=scope["method"], status=str(status_seen["status"])
-            ).inc()
-
-    async def _guarded(self, scope, receive, send) -> None:
-        headers = dict(scope.get("headers") or [])
-        if self.check_host and not is_loopback_host(headers.get(b"host", b"").decode("latin-1")):
-            log.warning(
-                "refused a request with Host %r: this server without a token answers loopback names only",
-                headers.get(b"host", b"").decode("latin-1")[:100],
-            )
-            await _error(
-                403,
-                "this server answers only Host headers naming loopback (localhost, 127.0.0.1, [::1]) "
-                "unless it has a token",
-                type="permission_error",
-                code="host_not_allowed",
-                headers={"Connection": "close"},
-            )(scope, receive, send)
-            return
-        authorized = self.expected is None
-        if not authorized:
-            scheme, given = get_authorization_scheme_param(
-                headers.get(b"authorization", b"").decode("latin-1")
-            )
-            authorized = scheme.lower() == "bearer" and hmac.compare_digest(
-                given.encode("latin-1"), self.expected
-            )
-        if not authorized and scope["path"] not in OPEN_PATHS:
-            await _error(
-                401,
-                "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )(scope, receive, send)
-            return
-        scope.setdefault("state", {})["authorized"] = authorized
-        scope["state"]["arrived"] = time.monotonic()
-        if scope["path"] in OPEN_PATHS:
-            await self._body(scope, receive, send)
-            return
-        if self.in_flight >= self.max_in_flight:
-            self.metrics.rejected.labels(reason="concurrency").inc()
-            retry = drain_retry(self.drain_s() if self.drain_s else 0.0, self.floor_s, random.random())
-            await _error(
-                429,
-                f"too many requests in flight (more than {self.max_in_flight}); retry in {retry}s",
-                code="too_many_requests",
-                headers={"Retry-After": str(retry)},
-            )(scope, receive, send)
-            return
-        self.in_flight += 1
-        try:
-            await self._body(scope, receive, send)
-        finally:
-            self.in_flight -= 1
-
-    async def _body(self, scope, receive, send) -> None:
-        headers = dict(scope.get("headers") or [])
-        declared = headers.get(b"content-length")
-        upload = scope["path"] == TRANSCRIPTIONS and scope["method"] == "POST"
-        limit = self.upload_limit if upload else self.max_body
-        if upload and self.admit_upload is not None:
-            refused = self.admit_upload()
-            if refused is not None:
-                self.metrics.rejected.labels(reason="expected_wait").inc()
-                await _error(
-                    429,
-                    refused.message,
-                    code=refused.code,
-                    headers={
-                        "Retry-After": str(refused.retry_after or self.retry_after),
-                        "Connection": "close",
-                    },
-                )(scope, receive, send)
-                return
-        if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await self._too_large(scope, receive, send, limit)
-            return
-        # streamed to the form parser (it spools to disk), never held whole
-        if upload and declared is not None:
-            await self.app(scope, _bounded(receive, int(declared)), send)
-            return
-        body, more, size = [], True, 0
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await self._too_large(scope, receive, send, limit)
-                return
-            body.append(chunk)
-            more = message.get("more_body", False)
-        whole = b"".join(body)
-        delivered = False
-
-        async def replay():
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": whole, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _too_large(self, scope, receive, send, limit: int) -> None:
-        await _error(
-            413,
-            f"request body larger than {limit} bytes",
-            code="body_too_large",
-            headers={"Connection": "close"},
-        )(scope, receive, send)
-
-
-def _bounded(receive, declared: int):
-    """``receive`` that ends the request (a disconnect) when more than ``declared`` bytes arrive."""
-    seen = 0
-
-    async def bounded():
-        nonlocal seen
-        message = await receive()
-        if message["type"] == "http.request":
-            seen += len(message.get("body", b""))
-            if seen > declared:
-                return {"type": "http.disconnect"}
-        return message
-
-    return bounded
 
 
 def check_embedding_request(body: EmbeddingRequest, settings: Settings) -> tuple[str, list[str]]:
@@ -437,15 +174,6 @@ def embedding_response(vectors, tokens: list[int], model: str, encoding_format: 
     )
 
 
-def model_name(model: str) -> str:
-    """A model as answers name it: a hub id, never a path on the server (the embedding worker's
-    ``public_name`` does the same child-side)."""
-    for directory, name in EMBEDDED_MODEL_NAMES.items():
-        if model.rstrip("/").endswith(directory):
-            return name
-    return Path(model).name if Path(model).is_absolute() else model
-
-
 def _input_result(record: JobRecord, item: JobInput, done, include_vectors: bool) -> JobInputResult:
     """One input's result, read back from its validated artifacts (its vectors only when asked)."""
     import numpy as np
@@ -511,98 +239,6 @@ def job_result_chunks(record: JobRecord, include_vectors: bool) -> Iterator[byte
     yield b"]}"
 
 
-def compression_ratio(text: str) -> float:
-    """Whisper's ``compression_ratio``: bytes of the text over bytes of its zlib compression."""
-    data = text.encode("utf-8")
-    return len(data) / len(zlib.compress(data)) if data else 0.0
-
-
-def transcription_answer(record: JobRecord, response_format: str, granularities: list[str]) -> Response:
-    """A finished transcription job as OpenAI answers it; 400 with the input's reason when it failed."""
-    item = record.inputs[0] if record.inputs else None
-    if item is None or item.status not in ("ok", "partial"):
-        why = (item.error if item else None) or record.error or "the audio could not be transcribed"
-        raise ApiError(400, why, type="invalid_request_error", param="file", code="invalid_audio")
-    directory = Path(record.output_dir) / item.id
-    if response_format in ("srt", "vtt"):
-        return PlainTextResponse(
-            (directory / f"transcript.{response_format}").read_text(encoding="utf-8"),
-            media_type="text/plain; charset=utf-8",
-        )
-    transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
-    text = " ".join(seg.text.strip() for seg in transcript.segments if seg.text.strip())
-    usage = TranscriptionUsage(seconds=round(transcript.duration_s, 3))
-    if response_format == "text":
-        return PlainTextResponse(text + "\n", media_type="text/plain; charset=utf-8")
-    if response_format == "json":
-        return Response(
-            Transcription(text=text, usage=usage).model_dump_json(), media_type="application/json"
-        )
-    segments, words, speakers = [], [], []
-    for seg in transcript.segments:
-        timed = [w for w in seg.words or [] if w.start is not None and w.end is not None]
-        scores = [w.score for w in seg.words or [] if w.score is not None and w.score > 0]
-        segments.append(
-            TranscriptionSegment(
-                id=len(segments),
-                start=seg.start,
-                end=seg.end,
-                text=seg.text,
-                speaker=seg.speaker,
-                avg_logprob=math.log(sum(scores) / len(scores)) if scores else 0.0,
-                compression_ratio=compression_ratio(seg.text),
-            )
-        )
-        words.extend(
-            TranscriptionWord(word=w.word, start=w.start, end=w.end, speaker=w.speaker or seg.speaker)
-            for w in timed
-        )
-        for name in [seg.speaker, *(w.speaker for w in seg.words or [])]:
-            if name and name not in speakers:
-                speakers.append(name)
-    verbose = TranscriptionVerbose(
-        language=transcript.language,
-        duration=transcript.duration_s,
-        text=text,
-        usage=usage,
-        segments=segments if not granularities or "segment" in granularities else None,
-        words=words if "word" in granularities else None,
-        speakers=speakers,
-        model=model_name(transcript.model),
-    )
-    return Response(verbose.model_dump_json(exclude_none=True), media_type="application/json")
-
-
-def _form_text(form, name: str) -> str | None:
-    value = form.get(name)
-    if value is None or isinstance(value, str):
-        return value or None
-    raise ApiError(400, f"'{name}' must be a text field", param=name, code="invalid_request")
-
-
-async def save_upload(upload, directory: Path, limit: int) -> None:
-    """Copy the uploaded file into ``directory`` as ``audio<suffix>`` (the suffix only when it is a plain
-    one); 413 beyond ``limit`` bytes."""
-    suffix = os.path.splitext(upload.filename or "")[1].lower()
-    suffix = suffix if suffix[1:].isalnum() and suffix.isascii() and len(suffix) <= 8 else ""
-    directory.mkdir(parents=True, exist_ok=True)
-    size = 0
-    with open(directory / f"audio{suffix}", "wb") as out:
-        while chunk := await upload.read(1 << 20):
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(
-                    413,
-                    f"the audio file is larger than {limit} bytes (PIPELINE_MAX_UPLOAD_BYTES)",
-                    type="request_too_large",
-                    param="file",
-                    code="file_too_large",
-                )
-            await asyncio.to_thread(out.write, chunk)
-    if size == 0:
-        raise ApiError(400, "the audio file is empty", param="file", code="invalid_audio")
-
-
 def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI:
     """The FastAPI application; raises :class:`SettingsError` for a non-loopback host without a token, and
     :class:`OutputBusyError` when another server owns ``server_dir``."""
@@ -656,11 +292,11 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
     app.state.loop_lag = loop_lag
 
     @app.exception_handler(ApiError)
-    async def _api_error(request, exc: ApiError):
+    async def _apierror_response(request, exc: ApiError):
         headers = (
             {"Retry-After": str(exc.retry_after or settings.retry_after_s)} if exc.status == 429 else None
         )
-        return _error(
+        return error_response(
             exc.status,
             exc.message,
             exc.type if exc.type != "server_error" or exc.status >= 500 else None,
@@ -670,9 +306,9 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request, exc: StarletteHTTPException):
+    async def _httperror_response(request, exc: StarletteHTTPException):
         message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        return _error(exc.status_code, message, headers=getattr(exc, "headers", None))
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
@@ -680,9 +316,9 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
-            return _error(400, "the request body is not valid JSON", code="invalid_json")
+            return error_response(400, "the request body is not valid JSON", code="invalid_json")
         if loc and loc[0] == "input" and request.url.path == "/v1/embeddings":
-            return _error(
+            return error_response(
                 400,
                 "'input' must be a string or a list of strings (token arrays are not supported)",
                 param="input",
@@ -690,14 +326,16 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
             )
         param = ".".join(loc) or None
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-        return _error(
+        return error_response(
             400, f"{param or 'body'}: {first.get('msg')}{more}", param=param, code="invalid_request"
         )
 
     @app.exception_handler(Exception)
     async def _unexpected(request, exc: Exception):
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return _error(500, "internal server error (details are in the server's log)", code="internal_error")
+        return error_response(
+            500, "internal server error (details are in the server's log)", code="internal_error"
+        )
 
     @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERRORS)
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
@@ -827,14 +465,14 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         upload = form.get("file")
         if upload is None or isinstance(upload, str):
             raise ApiError(400, "'file' must be an uploaded audio file", param="file", code="missing_file")
-        if not _form_text(form, "model"):
+        if not form_text(form, "model"):
             raise ApiError(
                 400,
                 "'model' is required (any name: this server transcribes with its ASR_MODEL)",
                 param="model",
                 code="missing_model",
             )
-        response_format = _form_text(form, "response_format") or "json"
+        response_format = form_text(form, "response_format") or "json"
         if response_format not in TRANSCRIPTION_FORMATS:
             raise ApiError(
                 400,
@@ -857,7 +495,7 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
                 param="timestamp_granularities",
                 code="invalid_request",
             )
-        language, prompt = _form_text(form, "language"), _form_text(form, "prompt")
+        language, prompt = form_text(form, "language"), form_text(form, "prompt")
         try:
             settings.replace(asr_language=language)
         except ValueError as exc:

@@ -26,6 +26,11 @@ worker the same way; its texts are retried one request at a time, so the text
 that hangs fails alone. Any other failure of a micro-batch is bisected until
 the failing texts are found: only their requests fail (400 when other texts
 encode, 500 when nothing does, which is a fault of the server).
+
+The child process itself is wrapped by :mod:`orchestrator.api.worker_process`; how the queue's head is
+cut into micro-batches, how tokens are estimated and what a micro-batch costs is the pure policy of
+:mod:`orchestrator.api.batching`. This module holds the requests, the queue, the thread and what
+follows a failure.
 """
 
 from __future__ import annotations
@@ -43,119 +48,28 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-from multiprocess.connection import wait as wait_for
 
 from contracts.api import WorkerHealth
 from contracts.errors import ApiError
-from contracts.worker import (
-    FROM_WORKER,
-    TO_WORKER,
-    Embedded,
-    EmbedTask,
-    Ready,
-    StartFailed,
-    StopWorker,
-    TaskFailed,
-    WorkerConfig,
-)
+from contracts.worker import Embedded, EmbedTask, TaskFailed, WorkerConfig
 from orchestrator.api.admission import Lateness, Slots, Throughput, refusal
+from orchestrator.api.batching import (
+    WINDOW_TEXTS,
+    BatchCost,
+    estimate_tokens,
+    head_batch,
+    learn_chars_per_token,
+)
 from orchestrator.api.metrics import Metrics
+from orchestrator.api.worker_process import WORKER_MODULE, WorkerDied, WorkerProcess
 from orchestrator.process.outcome import Outcome, outcome_of
-from orchestrator.process.toolkit import CONTEXT, FileFollower, LogRelay, spawn, stop
 from orchestrator.run.outcome import OOM_ADVICE, next_step
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-WORKER_MODULE = "stages.embedding_worker"
 #: a text is retried on a fresh worker this many times after its worker was killed
 MAX_CRASH_RETRIES = 1
-
-
-class WorkerDied(Exception):  # noqa: N818 - an event the pool handles itself, never raised to a caller
-    """The worker process ended while the server waited for it (or was killed for taking too long)."""
-
-    def __init__(self, exitcode: int | None, message: str | None = None, timed_out: bool = False) -> None:
-        self.exitcode = exitcode
-        self.message = message
-        self.timed_out = timed_out
-        super().__init__(message or f"worker exited with {exitcode}")
-
-
-class _Process:
-    """One worker child and its end of the pipe."""
-
-    def __init__(self, config: WorkerConfig, log_path: Path) -> None:
-        self.config = config
-        self.log_path = log_path
-        parent_conn, child_conn = CONTEXT.Pipe(duplex=True)
-        self.conn = parent_conn
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.touch()
-        self.follow = FileFollower(log_path, LogRelay(config.name))
-        # the server never imports the worker's model code: the child does
-        self.proc = spawn(
-            f"{WORKER_MODULE}:main", (child_conn, config.model_dump_json(), str(log_path)), name=config.name
-        )
-        child_conn.close()
-        self.follow.start()
-        self.ready: Ready | None = None
-        self.batches = 0
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid
-
-    def wait_ready(self, timeout: float) -> Ready:
-        message = self._receive(timeout)
-        if isinstance(message, StartFailed):
-            self.proc.join(30)
-            raise WorkerDied(self.proc.exitcode, message.message)
-        if not isinstance(message, Ready):
-            raise WorkerDied(None, f"expected Ready, got {type(message).__name__}")
-        self.ready = message
-        return message
-
-    def call(self, task: EmbedTask, timeout: float | None = None) -> Embedded | TaskFailed:
-        try:
-            self.conn.send(TO_WORKER.dump_python(task))
-        except OSError:  # it died before the task reached it: its end of the pipe is closed
-            self.proc.join(5)
-            raise WorkerDied(self.proc.exitcode) from None
-        reply = self._receive(timeout, f"micro-batch of {len(task.texts)} not done within {timeout}s")
-        if not isinstance(reply, (Embedded, TaskFailed)) or reply.task_id != task.task_id:
-            raise WorkerDied(None, f"unexpected reply {type(reply).__name__} to task {task.task_id}")
-        return reply
-
-    def _receive(self, timeout: float | None, late: str | None = None):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = wait_for([self.conn, self.proc.sentinel], timeout=left)
-            if self.conn in ready:
-                try:
-                    return FROM_WORKER.validate_python(self.conn.recv())
-                except (EOFError, OSError):
-                    pass  # died mid-message: fall through to the exit status
-            if self.conn in ready or self.proc.sentinel in ready:
-                self.proc.join(5)
-                raise WorkerDied(self.proc.exitcode)
-            if deadline is not None and time.monotonic() >= deadline:
-                self.stop(grace_s=0)
-                raise WorkerDied(
-                    self.proc.exitcode, late or f"model not loaded within {timeout:.0f}s", timed_out=True
-                )
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        if self.proc.exitcode is None and grace_s > 0:
-            try:
-                self.conn.send(TO_WORKER.dump_python(StopWorker()))
-            except (OSError, ValueError):
-                pass
-            self.proc.join(grace_s)
-        stop(self.proc, grace_s=2.0)
-        self.conn.close()
-        self.follow.stop()
 
 
 class _Request:
@@ -232,46 +146,6 @@ class _Part:
         return self.request.texts[self.start : self.start + self.count]
 
 
-#: most queued texts one cut looks at (the cut is quadratic in them, under the queue's lock: ~3 ms at 256)
-WINDOW_TEXTS = 256
-
-
-class BatchCost:
-    """Seconds of a micro-batch as ``a + b x padded tokens``, fitted (least squares, recent batches weigh
-    more) on the worker's micro-batches as the parent sees them (pipe and tokenizer included).
-    :meth:`overhead_tokens` (``a / b``) is what one more micro-batch costs in padded tokens: small on a
-    CPU, where compute grows with every token, large on a GPU, where a batch's fixed cost dominates."""
-
-    #: before enough micro-batches were seen (or when the fit makes no sense)
-    DEFAULT_OVERHEAD = 32.0
-    DECAY = 0.97
-
-    def __init__(self) -> None:
-        self.w = self.x = self.y = self.xx = self.xy = 0.0
-        self.seen = 0
-
-    def observe(self, padded_tokens: int, seconds: float) -> None:
-        d = self.DECAY
-        self.w = d * self.w + 1
-        self.x = d * self.x + padded_tokens
-        self.y = d * self.y + seconds
-        self.xx = d * self.xx + padded_tokens * padded_tokens
-        self.xy = d * self.xy + padded_tokens * seconds
-        self.seen += 1
-
-    def overhead_tokens(self) -> float:
-        if self.seen < 8:
-            return self.DEFAULT_OVERHEAD
-        mx, my = self.x / self.w, self.y / self.w
-        var = self.xx / self.w - mx * mx
-        if var <= 1e-9 * max(1.0, mx * mx):
-            return self.DEFAULT_OVERHEAD
-        slope = (self.xy / self.w - mx * my) / var
-        if slope <= 0:
-            return self.DEFAULT_OVERHEAD
-        return min(4096.0, max(1.0, (my - slope * mx) / slope))
-
-
 @dataclass(frozen=True)
 class EmbedResult:
     vectors: np.ndarray
@@ -328,7 +202,7 @@ class ProfileWorker:
         self._busy = False
         self._cond = threading.Condition()
         self._closing = False
-        self._worker: _Process | None = None
+        self._worker: WorkerProcess | None = None
         self._last_active = time.monotonic()
         self._task_ids = itertools.count()
         self._starts = 0
@@ -491,8 +365,7 @@ class ProfileWorker:
 
     def tokens(self, chars: int) -> int:
         """Estimated tokens of a text of ``chars`` characters, special tokens included, after truncation."""
-        estimate = 2 + int(chars / self.chars_per_token + 0.999)
-        return min(estimate, self.max_tokens) if self.max_tokens else estimate
+        return estimate_tokens(chars, self.chars_per_token, self.max_tokens)
 
     def _choose(self) -> list[_Part]:
         """The next micro-batch (under ``self._cond``): the oldest text's run in the cheapest cut of the
@@ -524,50 +397,23 @@ class ProfileWorker:
         return batch
 
     def _group(self, head: _Part, pool: list[_Part]) -> list[_Part]:
-        """The micro-batch of ``head`` (first) in the cheapest cut of ``[head] + pool`` into batches.
-
-        The candidates are sorted by estimated tokens and cut into runs of neighbours, each run a
-        micro-batch costing ``overhead`` plus its padded tokens (texts x its longest text's tokens),
-        within the text cap and the padded-token budget; dynamic programming finds the cut of least
-        total cost, and the run holding the head is sent now (the oldest text is always served next,
-        the others are cut again with whatever arrives meanwhile). Long texts so travel together
-        instead of padding a batch of short ones to their length."""
-        ranked = sorted(((self.tokens(p.chars), p) for p in [head, *pool]), key=lambda pair: pair[0])
-        cost_of = [tokens for tokens, _ in ranked]
-        units = [p for _, p in ranked]
-        counts = [p.count for p in units]
-        overhead, budget = self.cost.overhead_tokens(), self.settings.embed_max_batch_tokens
-        n = len(units)
-        best = [0.0] + [float("inf")] * n
-        cut = [0] * (n + 1)
-        for j in range(1, n + 1):
-            texts = 0
-            for i in range(j - 1, -1, -1):  # the run units[i:j], whose longest is units[j - 1]
-                texts += counts[i]
-                if i < j - 1 and (texts > self.cap or texts * cost_of[j - 1] > budget):
-                    break
-                cost = best[i] + overhead + texts * cost_of[j - 1]
-                if cost < best[j]:
-                    best[j], cut[j] = cost, i
-        j = n
-        while j:
-            i = cut[j]
-            run = units[i:j]
-            if any(p is head for p in run):
-                return [head, *(p for p in run if p is not head)]
-            j = i
-        return [head]  # not reached: the head is in one of the runs
+        """The micro-batch of ``head`` (first) in the cheapest cut of ``[head] + pool`` into batches of
+        similar length (:func:`orchestrator.api.batching.head_batch`)."""
+        candidates = [head, *pool]
+        return head_batch(
+            head,
+            pool,
+            tokens=[self.tokens(p.chars) for p in candidates],
+            counts=[p.count for p in candidates],
+            cap=self.cap,
+            budget=self.settings.embed_max_batch_tokens,
+            overhead=self.cost.overhead_tokens(),
+        )
 
     def _learn(self, parts: list[_Part], tokens: list[int]) -> None:
         """Update the characters-per-token ratio from the worker's exact counts (texts not truncated)."""
         lengths = [n for part in parts for n in part.request.lengths[part.start : part.start + part.count]]
-        chars = counted = 0
-        for length, count in zip(lengths, tokens):
-            if self.max_tokens is None or count < self.max_tokens:
-                chars += length
-                counted += max(1, count - 2)
-        if counted:
-            self.chars_per_token = 0.8 * self.chars_per_token + 0.2 * (chars / counted)
+        self.chars_per_token = learn_chars_per_token(self.chars_per_token, lengths, tokens, self.max_tokens)
 
     def _requeue(self, parts: list[_Part]) -> None:
         with self._cond:
@@ -686,7 +532,7 @@ class ProfileWorker:
             return False
         return isinstance(reply, Embedded)
 
-    def _deliver(self, parts: list[_Part], reply: Embedded, worker: _Process) -> None:
+    def _deliver(self, parts: list[_Part], reply: Embedded, worker: WorkerProcess) -> None:
         rows = np.frombuffer(reply.vectors, dtype="<f4").reshape(reply.count, reply.dimension)
         model = worker.ready.model if worker.ready else self.profile
         worker.batches += 1
@@ -796,7 +642,7 @@ class ProfileWorker:
         for part in parts:
             part.request.fail(error)
 
-    def _ensure_worker(self) -> _Process:
+    def _ensure_worker(self) -> WorkerProcess:
         if self._worker is not None and self._worker.proc.exitcode is not None:  # died while idle
             log.error(
                 "%s: worker pid %s died while idle (exit code %s); starting a new one",
@@ -815,7 +661,7 @@ class ProfileWorker:
             / "workers"
             / f"{self.name}-{stamp}-{os.getpid()}-{self._starts}.log"
         )
-        worker = _Process(self.config, log_path)
+        worker = WorkerProcess(self.config, log_path)
         self.metrics.worker_starts.labels(profile=self.profile).inc()
         log.info("%s: starting worker pid %s (log %s)", self.name, worker.pid, log_path)
         try:
@@ -848,7 +694,7 @@ class ProfileWorker:
         if worker is not None:
             self._stop_process(worker, reason)
 
-    def _stop_process(self, worker: _Process, reason: str) -> None:
+    def _stop_process(self, worker: WorkerProcess, reason: str) -> None:
         log.info("%s: stopping worker pid %s (%s)", self.name, worker.pid, reason)
         worker.stop()
         self.cap = self.settings.embed_max_batch  # a fresh worker starts from the configured cap again

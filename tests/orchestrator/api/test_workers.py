@@ -1,5 +1,6 @@
 """Embedding workers without HTTP: a real out-of-memory in a real worker child is recovered by halving;
-micro-batches are cut by length and padded tokens; a micro-batch's cost is learnt."""
+idle workers stop and busy ones are recycled; micro-batches are cut by length and padded tokens (the
+policy alone: test_batching.py)."""
 
 from __future__ import annotations
 
@@ -159,24 +160,3 @@ def test_long_texts_get_micro_batches_of_their_own_within_the_token_budget(tmp_p
         )
     finally:
         pool.close()
-
-
-def test_batch_cost_learns_the_per_batch_overhead_in_tokens():
-    from orchestrator.api.workers import BatchCost
-
-    cost = BatchCost()
-    assert cost.overhead_tokens() == BatchCost.DEFAULT_OVERHEAD, "too few micro-batches seen to fit anything"
-    # a GPU-like worker: 20 ms per micro-batch, plus 10 us per padded token -> overhead of 2000 tokens
-    for padded in (64, 512, 2048, 8192, 300, 4000, 100, 6000, 1200, 9000):
-        cost.observe(padded, 0.020 + 0.00001 * padded)
-    assert cost.overhead_tokens() == pytest.approx(2000, rel=1e-6)
-    # a CPU-like worker: 2 ms per batch, 1 ms per token -> 2 tokens
-    cpu = BatchCost()
-    for padded in (64, 512, 2048, 300, 100, 1200, 700, 90, 30, 4000):
-        cpu.observe(padded, 0.002 + 0.001 * padded)
-    assert cpu.overhead_tokens() == pytest.approx(2, rel=1e-6)
-    # nonsense (cost falling with size) falls back to the default
-    odd = BatchCost()
-    for padded in range(100, 1100, 100):
-        odd.observe(padded, 1.0 / padded)
-    assert odd.overhead_tokens() == BatchCost.DEFAULT_OVERHEAD

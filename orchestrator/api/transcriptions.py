@@ -1,0 +1,127 @@
+"""``/v1/audio/transcriptions`` outside its route: the form's text fields, the upload saved to disk, and a
+finished job answered in OpenAI's formats (json, text, srt, vtt, verbose_json). :func:`model_name` also
+names the models of job results (``orchestrator.api.server``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import zlib
+from pathlib import Path
+
+from fastapi.responses import PlainTextResponse, Response
+
+from contracts import TranscriptArtifact, load_artifact
+from contracts.api import (
+    EMBEDDED_MODEL_NAMES,
+    JobRecord,
+    Transcription,
+    TranscriptionSegment,
+    TranscriptionUsage,
+    TranscriptionVerbose,
+    TranscriptionWord,
+)
+from contracts.errors import ApiError
+
+
+def model_name(model: str) -> str:
+    """A model as answers name it: a hub id, never a path on the server (the embedding worker's
+    ``public_name`` does the same child-side)."""
+    for directory, name in EMBEDDED_MODEL_NAMES.items():
+        if model.rstrip("/").endswith(directory):
+            return name
+    return Path(model).name if Path(model).is_absolute() else model
+
+
+def compression_ratio(text: str) -> float:
+    """Whisper's ``compression_ratio``: bytes of the text over bytes of its zlib compression."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def transcription_answer(record: JobRecord, response_format: str, granularities: list[str]) -> Response:
+    """A finished transcription job as OpenAI answers it; 400 with the input's reason when it failed."""
+    item = record.inputs[0] if record.inputs else None
+    if item is None or item.status not in ("ok", "partial"):
+        why = (item.error if item else None) or record.error or "the audio could not be transcribed"
+        raise ApiError(400, why, type="invalid_request_error", param="file", code="invalid_audio")
+    directory = Path(record.output_dir) / item.id
+    if response_format in ("srt", "vtt"):
+        return PlainTextResponse(
+            (directory / f"transcript.{response_format}").read_text(encoding="utf-8"),
+            media_type="text/plain; charset=utf-8",
+        )
+    transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
+    text = " ".join(seg.text.strip() for seg in transcript.segments if seg.text.strip())
+    usage = TranscriptionUsage(seconds=round(transcript.duration_s, 3))
+    if response_format == "text":
+        return PlainTextResponse(text + "\n", media_type="text/plain; charset=utf-8")
+    if response_format == "json":
+        return Response(
+            Transcription(text=text, usage=usage).model_dump_json(), media_type="application/json"
+        )
+    segments, words, speakers = [], [], []
+    for seg in transcript.segments:
+        timed = [w for w in seg.words or [] if w.start is not None and w.end is not None]
+        scores = [w.score for w in seg.words or [] if w.score is not None and w.score > 0]
+        segments.append(
+            TranscriptionSegment(
+                id=len(segments),
+                start=seg.start,
+                end=seg.end,
+                text=seg.text,
+                speaker=seg.speaker,
+                avg_logprob=math.log(sum(scores) / len(scores)) if scores else 0.0,
+                compression_ratio=compression_ratio(seg.text),
+            )
+        )
+        words.extend(
+            TranscriptionWord(word=w.word, start=w.start, end=w.end, speaker=w.speaker or seg.speaker)
+            for w in timed
+        )
+        for name in [seg.speaker, *(w.speaker for w in seg.words or [])]:
+            if name and name not in speakers:
+                speakers.append(name)
+    verbose = TranscriptionVerbose(
+        language=transcript.language,
+        duration=transcript.duration_s,
+        text=text,
+        usage=usage,
+        segments=segments if not granularities or "segment" in granularities else None,
+        words=words if "word" in granularities else None,
+        speakers=speakers,
+        model=model_name(transcript.model),
+    )
+    return Response(verbose.model_dump_json(exclude_none=True), media_type="application/json")
+
+
+def form_text(form, name: str) -> str | None:
+    value = form.get(name)
+    if value is None or isinstance(value, str):
+        return value or None
+    raise ApiError(400, f"'{name}' must be a text field", param=name, code="invalid_request")
+
+
+async def save_upload(upload, directory: Path, limit: int) -> None:
+    """Copy the uploaded file into ``directory`` as ``audio<suffix>`` (the suffix only when it is a plain
+    one); 413 beyond ``limit`` bytes."""
+    suffix = os.path.splitext(upload.filename or "")[1].lower()
+    suffix = suffix if suffix[1:].isalnum() and suffix.isascii() and len(suffix) <= 8 else ""
+    directory.mkdir(parents=True, exist_ok=True)
+    size = 0
+    with open(directory / f"audio{suffix}", "wb") as out:
+        while chunk := await upload.read(1 << 20):
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(
+                    413,
+                    f"the audio file is larger than {limit} bytes (PIPELINE_MAX_UPLOAD_BYTES)",
+                    type="request_too_large",
+                    param="file",
+                    code="file_too_large",
+                )
+            await asyncio.to_thread(out.write, chunk)
+    if size == 0:
+        raise ApiError(400, "the audio file is empty", param="file", code="invalid_audio")
