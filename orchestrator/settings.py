@@ -474,7 +474,7 @@ class EmbeddingServerOptions(SettingsGroup):
     #: how long the oldest waiting text may wait for the micro-batch to fill (latency budget)
     embed_max_wait_ms: float = Field(5.0, ge=0)
     #: padded tokens (texts x the longest one's tokens) a micro-batch may hold besides ``embed_max_batch`` texts;
-    #: queued texts are sorted by length and cut into micro-batches of least padding (orchestrator.api.workers)
+    #: queued texts are sorted by length and cut into micro-batches of least padding (orchestrator.api.batching)
     embed_max_batch_tokens: int = Field(8192, ge=1)
     #: texts that may wait in one profile's queue; a request that would go beyond is answered 429 (Retry-After)
     embed_max_queued_texts: int = Field(8192, ge=1)
