@@ -27,7 +27,7 @@ from orchestrator.registry import StageSpec
 from orchestrator.run.finish import Corpus, finish, place_speakers
 from orchestrator.run.journal import Journal
 from orchestrator.run.models import actual_model
-from orchestrator.run.needs import REUSED, Resume, completion, needs, work_item
+from orchestrator.run.needs import REUSED, Resume, completion, stages_needed, work_item
 from orchestrator.run.plan import chain_fingerprints, input_keys
 from orchestrator.run.progress import Progress
 from orchestrator.run.remote import FetchLimits, fetch
@@ -98,13 +98,9 @@ def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
 
 def plan_chunk(ctx: RunContext, chunk: list[InputState]) -> tuple[set[str], Needs]:
     """The inputs the journal saw completed (reused from it alone), and the stages each input needs."""
-    done = {inp.id for inp in chunk if ctx.resume.complete(inp, ctx.specs)}
-    needed = {
-        inp.id: dict.fromkeys((s.name for s in ctx.specs), False)
-        if inp.id in done
-        else needs(inp, ctx.specs, ctx.settings.force)
-        for inp in chunk
-    }
+    needed = {inp.id: stages_needed(ctx.resume, inp, ctx.specs, ctx.settings.force) for inp in chunk}
+    # nothing of a chunk is finished before its stages run: a complete input is one the journal completed
+    done = {inp.id for inp in chunk if inp.complete}
     return done, needed
 
 

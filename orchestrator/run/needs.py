@@ -89,6 +89,20 @@ def needs(
     return needed
 
 
+def stages_needed(
+    resume: Resume,
+    inp: InputState,
+    specs: list[StageSpec],
+    force: bool,
+    reasons: dict[str, str] | None = None,
+) -> dict[str, bool]:
+    """:func:`needs`, or no stage at all for an input the journal saw completed (``resume.complete``, which
+    then marks it complete)."""
+    if resume.complete(inp, specs):
+        return dict.fromkeys((s.name for s in specs), False)
+    return needs(inp, specs, force, reasons)
+
+
 class Resume:
     """The journal's completed inputs for one run (or dry run): the outputs fingerprint an input must have
     to be reused from the journal alone, and what the journal keeps of an input it completes."""
@@ -215,11 +229,7 @@ def dry_run(settings: Settings, specs: list[StageSpec], paths: list[str | Path],
     for inp in inputs:
         chain_fingerprints(inp, specs)
         reasons: dict[str, str] = {}
-        needed = (
-            dict.fromkeys((s.name for s in specs), False)
-            if resume.complete(inp, specs)
-            else needs(inp, specs, settings.force, reasons)
-        )
+        needed = stages_needed(resume, inp, specs, settings.force, reasons)
         complete += not any(needed.values())
         for spec in specs:
             if needed[spec.name]:

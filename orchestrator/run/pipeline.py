@@ -230,7 +230,7 @@ class Orchestrator:
         index = "html" in self.settings.export_formats and (
             ctx.resume.fast_resumed < len(inputs) or not layout.path(out, layout.INDEX).exists()
         )
-        self.report_error = None
+        self.report_error = None  # not the last run's, should writing the report raise
         self.report_error = save_report(self.settings, report, out, run_dir, write_index if index else None)
         progress.finish(report)
         log.info(
