@@ -156,6 +156,10 @@ class TranscriptArtifact(Provenance, Artifact):
     segments: list[Segment]
     compute_type: str
     batch_size: int = Field(ge=1)
+    #: what ran Whisper: "ctranslate2" or "torch" (None: not recorded, written before the runtime was)
+    runtime: str | None = None
+    #: why that runtime ran where the settings said "auto" and it was not CTranslate2
+    runtime_note: str | None = None
     #: word-level alignment ran (``aligner`` names it); False: segment timestamps only
     aligned: bool = False
     duration_s: float = Field(ge=0)

@@ -83,6 +83,9 @@ class AsrSettings(StageSettings):
     #: Whisper's repetition guard (stages/speech.py): a window's text compressing better than this is a
     #: decoder loop, decoded again; None: off
     compression_ratio_threshold: float | None
+    #: what runs Whisper: "ctranslate2", "torch" (transformers) or "auto" (resolved in the child, which can see
+    #: whether CTranslate2 can use the device)
+    runtime: Literal["auto", "ctranslate2", "torch"] = "auto"
 
 
 class DiarizationSettings(StageSettings):

@@ -180,6 +180,7 @@ STAGES: tuple[StageDef, ...] = (
             chunk_size=s.asr_chunk_size,
             word_timestamps=s.align,
             prompt=s.asr_prompt,
+            runtime=s.asr_runtime,
         ),
         batch_size=lambda s: s.asr_batch_size,
         needs=ASR_NEEDS,

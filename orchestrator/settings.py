@@ -190,6 +190,10 @@ class AsrOptions(SettingsGroup):
     #: that share a language into one Whisper window, 1 s of silence apart, and split the words back by time
     #: (bench/asr_packing.py: 48 clips of 4-10 s decode in about half the time)
     asr_join_inputs: bool = True
+    #: what runs Whisper: "ctranslate2" (whisperX / faster-whisper), "torch" (transformers, SDPA attention,
+    #: float16 on CUDA: for machines CTranslate2 cannot use, such as CUDA 13 drivers), or "auto": CTranslate2
+    #: where it can use the device, torch where it cannot (the transcript and the log say which ran, and why)
+    asr_runtime: Literal["auto", "ctranslate2", "torch"] = "auto"
 
 
 class AlignmentOptions(SettingsGroup):

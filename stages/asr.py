@@ -86,6 +86,22 @@ def default_compute_type(device: str) -> str:
     return "float16" if device.startswith("cuda") else "int8"
 
 
+#: Whisper's audio: 16 kHz, 30 s windows, 10 ms mel frames
+SAMPLE_RATE = 16_000
+N_SAMPLES = SAMPLE_RATE * 30
+HOP_LENGTH = 160
+N_FRAMES = N_SAMPLES // HOP_LENGTH
+CTRANSLATE2, TORCH = "ctranslate2", "torch"
+
+
+def torch_compute_type(compute_type: str, device: str) -> str:
+    """The torch dtype for a CTranslate2 compute type: float16 on CUDA and float32 on the CPU unless float32 or
+    bfloat16 is asked for (torch has no int8 Whisper here: int8 types take the device's float type)."""
+    if compute_type in ("float32", "bfloat16", "float16"):
+        return compute_type if device.startswith("cuda") or compute_type == "float32" else "float32"
+    return "float16" if device.startswith("cuda") else "float32"
+
+
 class AsrStage(TorchStage):
     name = "asr"
     input = AudioArtifact
@@ -96,25 +112,48 @@ class AsrStage(TorchStage):
     packs_items = True
 
     def import_libraries(self) -> None:
-        global \
-            ctranslate2, \
-            np, \
-            torch, \
-            whisperx_asr, \
-            whisperx_audio, \
-            Tokenizer, \
-            ctranslate2_storage, \
-            timed_words, \
-            WORD_TIMING
-        import ctranslate2
+        global np, torch, timed_words, WORD_TIMING
         import numpy as np
         import torch
-        import whisperx.asr as whisperx_asr
-        import whisperx.audio as whisperx_audio
-        from faster_whisper.tokenizer import Tokenizer
-        from faster_whisper.transcribe import get_ctranslate2_storage as ctranslate2_storage
 
         from stages.whisper_align import WORD_TIMING, timed_words
+
+        #: why CTranslate2's libraries could not be imported (None: they were, or the torch runtime was asked)
+        self.ctranslate2_missing: str | None = None
+        settings = getattr(self, "settings", None)  # None: imported ahead of the request
+        runtime = settings.runtime if settings is not None else "auto"
+        if runtime == TORCH:
+            return
+        try:
+            _import_ctranslate2()
+        except ImportError as exc:
+            if runtime == CTRANSLATE2:
+                raise
+            self.ctranslate2_missing = f"{type(exc).__name__}: {exc}"
+
+    def choose_runtime(self, device: str) -> tuple[str, str | None]:
+        """(the runtime to run Whisper on, why it is torch where "auto" was asked)."""
+        asked = self.settings.runtime
+        if asked != "auto":
+            return asked, None
+        if self.ctranslate2_missing:
+            return (
+                TORCH,
+                f"CTranslate2 cannot be imported ({self.ctranslate2_missing}): Whisper runs on torch",
+            )
+        if device.startswith("cuda"):
+            try:
+                count = ctranslate2.get_cuda_device_count()
+            except Exception as exc:  # noqa: BLE001 - the answer is "not usable", with the reason
+                return (
+                    TORCH,
+                    f"CTranslate2 cannot query CUDA ({type(exc).__name__}: {exc}): Whisper runs on torch",
+                )
+            if count < 1:
+                return TORCH, (
+                    "CTranslate2 sees no CUDA device (it has no build for CUDA 13 drivers): Whisper runs on torch"
+                )
+        return CTRANSLATE2, None
 
     def load(self, request: StageRequest, device: str) -> str:
         settings: AsrSettings = self.settings
@@ -124,6 +163,67 @@ class AsrStage(TorchStage):
         compute_type = settings.compute_type
         if compute_type == "auto":
             compute_type = default_compute_type(device)
+        self.runtime, self.runtime_note = self.choose_runtime(device)
+        if self.runtime_note:
+            log.warning("asr: %s", self.runtime_note)
+        if self.runtime == TORCH:
+            compute_type = torch_compute_type(settings.compute_type, device)
+            path, english_only = self._load_torch(path, english_only, device, compute_type)
+            language = settings.language or ("en" if english_only else None)
+        else:
+            self._load_ctranslate2(path, device, compute_type, language)
+        self.requested = requested
+        self.model_name = path
+        self.language = language
+        self.forced = settings.language
+        self.compute_type = compute_type
+        self._tokenizers: dict = {}
+        self.join = settings.join_inputs and not settings.identify_only
+        if self.join and request is not None and request.attempt > 1:
+            # a respawned child (the last one died or ran out of memory) decodes each input's windows apart: a
+            # poison input that kills the child is then in flight alone, and fails alone (culprit isolation)
+            log.info("asr: attempt %d: no joined windows", request.attempt)
+            self.join = False
+        pack = settings.pack_inputs
+        # "auto": on CUDA, and wherever windows are joined (on the CPU too: a batch of 12 joined windows decoded
+        # in 4.9 s, one at a time in 9.3 s, and the VAD of the inputs runs together instead of between decodes)
+        self.pack = (device.startswith("cuda") or self.join) if pack == "auto" else pack
+        self.word_timing = settings.word_timestamps and not settings.identify_only
+        return f"{path} ({self.runtime}, {compute_type})"
+
+    def _load_torch(self, path: str, english_only: bool, device: str, compute_type: str) -> tuple[str, bool]:
+        """Whisper through transformers (stages/whisper_torch.py); a CTranslate2 directory (the embedded models)
+        is converted once into the weights folder. Returns (what was loaded, English-only?)."""
+        from stages.whisper_convert import torch_whisper_dir
+        from stages.whisper_torch import Options, TorchPipeline, TorchWhisper
+
+        settings: AsrSettings = self.settings
+        try:
+            if (Path(path) / "model.bin").is_file():  # CTranslate2's files
+                from stages.weights import DEFAULT_DIR
+
+                cache = Path(settings.weights_dir) if settings.weights_dir else DEFAULT_DIR
+                path = str(torch_whisper_dir(Path(path), cache))
+            whisper = TorchWhisper(path, device, compute_type, local_files_only=not settings.allow_hub)
+        except Exception as exc:
+            if is_oom(exc):
+                raise
+            raise ModelUnavailableError(
+                f"cannot load ASR model {settings.model!r} on torch ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:200]}); use a transformers Whisper directory or name, a "
+                "CTranslate2 directory, the embedded model, or allow the hub"
+            ) from exc
+        options = Options(
+            initial_prompt=settings.prompt, compression_ratio_threshold=settings.compression_ratio_threshold
+        )
+        self.model = TorchPipeline(whisper, options, device)
+        if self.model.vad_note:
+            log.warning("asr: %s", self.model.vad_note)
+        return path, english_only or not whisper.is_multilingual
+
+    def _load_ctranslate2(self, path: str, device: str, compute_type: str, language: str | None) -> None:
+        settings: AsrSettings = self.settings
+        requested = settings.model
         dev, _, index = device.partition(":")
         try:
             self.model = whisperx_asr.load_model(
@@ -147,24 +247,6 @@ class AsrStage(TorchStage):
                 f"cannot load ASR model {requested!r} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
                 "use a local CTranslate2 directory, the embedded model, or allow the hub"
             ) from exc
-        self.requested = requested
-        self.model_name = path
-        self.language = language
-        self.forced = settings.language
-        self.compute_type = compute_type
-        self._tokenizers: dict = {}
-        self.join = settings.join_inputs and not settings.identify_only
-        if self.join and request is not None and request.attempt > 1:
-            # a respawned child (the last one died or ran out of memory) decodes each input's windows apart: a
-            # poison input that kills the child is then in flight alone, and fails alone (culprit isolation)
-            log.info("asr: attempt %d: no joined windows", request.attempt)
-            self.join = False
-        pack = settings.pack_inputs
-        # "auto": on CUDA, and wherever windows are joined (on the CPU too: a batch of 12 joined windows decoded
-        # in 4.9 s, one at a time in 9.3 s, and the VAD of the inputs runs together instead of between decodes)
-        self.pack = (device.startswith("cuda") or self.join) if pack == "auto" else pack
-        self.word_timing = settings.word_timestamps and not settings.identify_only
-        return path
 
     def process(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> TranscriptArtifact:
         for _, outcome in self.process_packed(iter([(item, audio)]), request):
@@ -219,7 +301,7 @@ class AsrStage(TorchStage):
         job = _Input(item, audio, windows, language or "unknown", language_id=language_id, speech=windows)
         if self.settings.identify_only:  # pipeline langid: no transcription
             job.windows, job.texts, job.logprobs, job.no_speech, job.words = [], [], [], [], []
-        rate = whisperx_audio.SAMPLE_RATE
+        rate = SAMPLE_RATE
         # each window's samples, copied: the input's whole audio is not held while its last window waits to share
         job.pieces = [samples[int(start * rate) : int(end * rate)].copy() for start, end in job.windows]
         return job
@@ -308,7 +390,8 @@ class AsrStage(TorchStage):
         options = self.model.options
         limit = options.compression_ratio_threshold
         if temperature > 0:
-            ctranslate2.set_random_seed(0)
+            if self.runtime == CTRANSLATE2:
+                ctranslate2.set_random_seed(0)  # (the torch runtime seeds each sampling decode itself)
             search = {
                 "beam_size": 1,
                 "num_hypotheses": max(1, options.best_of or 1),
@@ -317,16 +400,7 @@ class AsrStage(TorchStage):
             }
         else:
             search = {"beam_size": options.beam_size, "patience": options.patience}
-        n_mels = model.feat_kwargs.get("feature_size") or 80
-        features = []
-        for window in batch:
-            audio = _joined_samples(window)[: whisperx_audio.N_SAMPLES]
-            features.append(
-                whisperx_audio.log_mel_spectrogram(
-                    audio, n_mels=n_mels, padding=whisperx_audio.N_SAMPLES - audio.shape[0]
-                )
-            )
-        encoded = model.model.encode(ctranslate2_storage(torch.stack(features)), to_cpu=False)
+        encoded = self._encode([_joined_samples(window)[:N_SAMPLES] for window in batch])
         languages = [window.parts[0][0].language for window in batch]
         prompts = [self._prompt(language) for language in languages]
         results = model.model.generate(
@@ -443,7 +517,7 @@ class AsrStage(TorchStage):
         other windows of the batch keep theirs. (A joined window without words is decoded again, input by
         input: see :meth:`_generate`.)"""
         model = self.model.model.model
-        rate = whisperx_audio.SAMPLE_RATE
+        rate = SAMPLE_RATE
         out: dict[int, list | None] = {}
         rows = list(rows)
         for language in dict.fromkeys(languages[k] for k in rows):
@@ -451,17 +525,9 @@ class AsrStage(TorchStage):
             if not chosen:
                 continue
             try:
-                features = encoded if len(chosen) == len(batch) else _rows(encoded, chosen)
+                features = encoded if len(chosen) == len(batch) else self._rows(encoded, chosen)
                 tokenizer = self._tokenizer(language)
-                frames = [
-                    max(
-                        1,
-                        min(
-                            whisperx_audio.N_FRAMES, int(batch[k].length * rate) // whisperx_audio.HOP_LENGTH
-                        ),
-                    )
-                    for k in chosen
-                ]
+                frames = [max(1, min(N_FRAMES, int(batch[k].length * rate) // HOP_LENGTH)) for k in chosen]
                 results = model.align(features, tokenizer.sot_sequence, [texts[k] for k in chosen], frames)
             except Exception as exc:
                 if is_oom(exc):
@@ -480,7 +546,31 @@ class AsrStage(TorchStage):
                     job.words[i] = _in_input_time(out[k], job.windows[i][0])
         return out
 
+    def _encode(self, pieces: list):
+        """The encoder output of these windows' samples (each at most 30 s), on the model's device."""
+        whisper = self.model.model
+        if self.runtime == TORCH:
+            return whisper.encode(whisper.features(pieces))
+        n_mels = whisper.feat_kwargs.get("feature_size") or 80
+        features = [
+            whisperx_audio.log_mel_spectrogram(audio, n_mels=n_mels, padding=N_SAMPLES - audio.shape[0])
+            for audio in pieces
+        ]
+        return whisper.model.encode(ctranslate2_storage(torch.stack(features)), to_cpu=False)
+
+    def _rows(self, encoded, rows: list[int]):
+        """The encoder output of the windows ``rows`` of a batch, on the same device."""
+        if self.runtime == TORCH:
+            return encoded[rows]
+        if encoded.device == "cuda":
+            tensor = torch.as_tensor(encoded, device=f"cuda:{encoded.device_index}")
+        else:
+            tensor = torch.as_tensor(np.asarray(encoded))
+        return ctranslate2_storage(tensor[rows].contiguous())
+
     def _tokenizer(self, language: str):
+        if language not in self._tokenizers and self.runtime == TORCH:
+            self._tokenizers[language] = self.model.model.tokenizer(language)
         if language not in self._tokenizers:
             model = self.model.model
             self._tokenizers[language] = Tokenizer(
@@ -546,6 +636,8 @@ class AsrStage(TorchStage):
             segments=segments,
             aligner=f"{WORD_TIMING}:{self.requested}" if self.word_timing else None,
             compute_type=self.compute_type,
+            runtime=self.runtime,
+            runtime_note=self.runtime_note,
             **self.provenance(),
             aligned=False,
             duration_s=audio.duration_s,
@@ -632,23 +724,24 @@ def _joined_samples(window: Joined):
     if len(window.parts) == 1:
         job, i = window.parts[0]
         return job.pieces[i]
-    gap = np.zeros(int(round(window.gap_s * whisperx_audio.SAMPLE_RATE)), dtype=np.float32)
+    gap = np.zeros(int(round(window.gap_s * SAMPLE_RATE)), dtype=np.float32)
     pieces = []
     for job, i in window.parts:
         piece = job.pieces[i]
         # the layout's offsets are in seconds: each piece takes exactly its window's length in samples
-        want = int(round((job.windows[i][1] - job.windows[i][0]) * whisperx_audio.SAMPLE_RATE))
+        want = int(round((job.windows[i][1] - job.windows[i][0]) * SAMPLE_RATE))
         pieces += [gap, np.pad(piece[:want], (0, max(0, want - piece.shape[0])))]
     return np.concatenate(pieces[1:]).astype(np.float32, copy=False)
 
 
-def _rows(encoded, rows: list[int]):
-    """The encoder output of the windows ``rows`` of a batch, as a new StorageView on the same device."""
-    if encoded.device == "cuda":
-        tensor = torch.as_tensor(encoded, device=f"cuda:{encoded.device_index}")
-    else:
-        tensor = torch.as_tensor(np.asarray(encoded))
-    return ctranslate2_storage(tensor[rows].contiguous())
+def _import_ctranslate2() -> None:
+    """whisperX, faster-whisper and CTranslate2: the CTranslate2 runtime's libraries."""
+    global ctranslate2, whisperx_asr, whisperx_audio, Tokenizer, ctranslate2_storage
+    import ctranslate2
+    import whisperx.asr as whisperx_asr
+    import whisperx.audio as whisperx_audio
+    from faster_whisper.tokenizer import Tokenizer
+    from faster_whisper.transcribe import get_ctranslate2_storage as ctranslate2_storage
 
 
 STAGE = AsrStage()

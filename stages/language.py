@@ -34,7 +34,11 @@ TOP = 3
 
 
 def speech_windows(pipeline, samples, chunk_size: int | None = None) -> list[tuple[float, float]]:
-    """(start, end) seconds of the speech windows whisperX's VAD finds in ``samples`` (merged to ``chunk_size``)."""
+    """(start, end) seconds of the speech windows whisperX's VAD finds in ``samples`` (merged to ``chunk_size``);
+    a pipeline without whisperX's VAD (the torch runtime where whisperX is not installed) gives its own."""
+    own = getattr(pipeline, "speech_windows", None)
+    if own is not None:
+        return own(samples, chunk_size or 30)
     from whisperx.vads import Pyannote, Vad
 
     if isinstance(pipeline.vad_model, Vad):
@@ -117,7 +121,6 @@ def identify(
 ) -> LanguageId:
     """Identify the language of ``samples`` (16 kHz mono float32) from its VAD ``windows`` (seconds)."""
     import numpy as np
-    from whisperx.audio import N_SAMPLES, log_mel_spectrogram
 
     speech_s = float(sum(max(0.0, end - start) for start, end in windows))
     whisper = pipeline.model  # faster-whisper WhisperModel; .model is the CTranslate2 Whisper
@@ -132,12 +135,18 @@ def identify(
     if speech_s < min_speech_s:
         return decide([], speech_s, 0, allowed, min_speech_s, min_probability)
     chosen = spread(windows, max_windows)
-    n_mels = whisper.feat_kwargs.get("feature_size") or 80
-    features = []
-    for start, end in chosen:
-        clip = samples[int(start * SAMPLE_RATE) : int(end * SAMPLE_RATE)][:N_SAMPLES]
-        features.append(log_mel_spectrogram(clip, n_mels=n_mels, padding=N_SAMPLES - clip.shape[0]))
-    batch = np.stack([np.asarray(f, dtype=np.float32) for f in features])
+    clips = [
+        samples[int(start * SAMPLE_RATE) : int(end * SAMPLE_RATE)][: SAMPLE_RATE * 30]
+        for start, end in chosen
+    ]
+    if hasattr(whisper, "features"):  # the torch runtime: its own log-mel, on its device
+        batch = whisper.features(clips)
+    else:
+        from whisperx.audio import N_SAMPLES, log_mel_spectrogram
+
+        n_mels = whisper.feat_kwargs.get("feature_size") or 80
+        features = [log_mel_spectrogram(c, n_mels=n_mels, padding=N_SAMPLES - c.shape[0]) for c in clips]
+        batch = np.stack([np.asarray(f, dtype=np.float32) for f in features])
     results = whisper.model.detect_language(whisper.encode(batch))
     scored = []
     for (start, end), pairs in zip(chosen, results, strict=True):

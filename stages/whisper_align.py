@@ -11,7 +11,8 @@ similar length whose encoder input ends 1 s after the longest segment: CTranslat
 encoder takes inputs shorter than 30 s (tiny.en, int8, 2 CPU cores: 0.24 s for 30 s,
 0.055 s for 15 s), and the word times stay within a frame or two of the padded ones.
 
-Used by the alignment stage (child side); imports ctranslate2 and faster_whisper.
+Used by the alignment stage (child side), which imports ctranslate2 and faster_whisper; the ASR stage's
+torch runtime uses :func:`timed_words` alone.
 """
 
 from __future__ import annotations
@@ -20,11 +21,7 @@ import logging
 import os
 from pathlib import Path
 
-import ctranslate2
 import numpy as np
-import tokenizers
-from faster_whisper.feature_extractor import FeatureExtractor
-from faster_whisper.tokenizer import Tokenizer
 
 from contracts import Segment, Word
 
@@ -53,6 +50,12 @@ def model_directory(model: str) -> str:
 
 class WhisperAligner:
     def __init__(self, model: str, language: str, device: str, compute_type: str):
+        import ctranslate2
+        import tokenizers
+        from faster_whisper.feature_extractor import FeatureExtractor
+        from faster_whisper.tokenizer import Tokenizer
+
+        self._storage = ctranslate2.StorageView.from_array
         path = model_directory(model)
         dev, _, index = device.partition(":")
         self.model = ctranslate2.models.Whisper(
@@ -98,7 +101,7 @@ class WhisperAligner:
             mels.append(self.features(piece, padding=width)[:, : width // HOP])
             frames.append(max(1, len(piece) // HOP))
             tokens.append(self.tokenizer.encode(" " + seg.text.strip()))
-        features = ctranslate2.StorageView.from_array(np.ascontiguousarray(np.stack(mels).astype(np.float32)))
+        features = self._storage(np.ascontiguousarray(np.stack(mels).astype(np.float32)))
         results = self.model.align(features, self.tokenizer.sot_sequence, tokens, frames)
         return [self._words(seg, toks, res) for seg, toks, res in zip(batch, tokens, results)]
 
