@@ -195,7 +195,7 @@ class AsrStage(TorchStage):
         """Whisper through transformers (stages/whisper_torch.py); a CTranslate2 directory (the embedded models)
         is converted once into the weights folder. Returns (what was loaded, English-only?)."""
         from stages.whisper_convert import torch_whisper_dir
-        from stages.whisper_torch import Options, TorchPipeline, TorchWhisper
+        from stages.whisper_torch import HUB_NAMES, Options, TorchPipeline, TorchWhisper
 
         settings: AsrSettings = self.settings
         try:
@@ -204,6 +204,10 @@ class AsrStage(TorchStage):
 
                 cache = Path(settings.weights_dir) if settings.weights_dir else DEFAULT_DIR
                 path = str(torch_whisper_dir(Path(path), cache))
+            elif not Path(
+                path
+            ).exists():  # a name: faster-whisper's short names are transformers checkpoints too
+                path = HUB_NAMES.get(path, path)
             whisper = TorchWhisper(path, device, compute_type, local_files_only=not settings.allow_hub)
         except Exception as exc:
             if is_oom(exc):

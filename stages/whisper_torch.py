@@ -40,6 +40,23 @@ N_FRAMES = N_SAMPLES // HOP_LENGTH
 _PUNCTUATION = '"#()*+/:;<=>@[\\]^_`{|}~「」『』'
 
 
+#: faster-whisper's short model names and the transformers checkpoints of the same models on the hub
+HUB_NAMES = {
+    **{
+        size: f"openai/whisper-{size}" for size in ("tiny", "base", "small", "medium", "large-v1", "large-v2")
+    },
+    **{f"{size}.en": f"openai/whisper-{size}.en" for size in ("tiny", "base", "small", "medium")},
+    "large": "openai/whisper-large-v3",
+    "large-v3": "openai/whisper-large-v3",
+    "large-v3-turbo": "openai/whisper-large-v3-turbo",
+    "turbo": "openai/whisper-large-v3-turbo",
+    "distil-large-v2": "distil-whisper/distil-large-v2",
+    "distil-large-v3": "distil-whisper/distil-large-v3",
+    "distil-medium.en": "distil-whisper/distil-medium.en",
+    "distil-small.en": "distil-whisper/distil-small.en",
+}
+
+
 # -- results, shaped as CTranslate2's -----------------------------------------------------------------------
 
 
@@ -213,13 +230,27 @@ def _load(path: str, device: torch.device, dtype: torch.dtype, local_files_only:
 class TorchWhisper:
     """A transformers Whisper speaking the part of CTranslate2's ``Whisper`` the ASR stage uses."""
 
-    def __init__(self, path: str, device: str = "cpu", dtype: str = "auto", local_files_only: bool = True):
+    def __init__(
+        self,
+        path: str,
+        device: str = "cpu",
+        dtype: str = "auto",
+        local_files_only: bool = True,
+        model=None,
+        tokenizer_path: str | None = None,
+    ):
+        """Load ``path`` (a transformers Whisper directory or hub name); ``model``: an already built
+        ``WhisperForConditionalGeneration`` instead (a shape with random weights, for throughput), with the
+        ``tokenizer.json`` of ``tokenizer_path``."""
         self.device = torch.device(device)
         if dtype == "auto":
             dtype = "float16" if self.device.type == "cuda" else "float32"
         self.dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
         self.compute_type = dtype
-        self.model = _load(path, self.device, self.dtype, local_files_only)
+        self.model = model.to(self.device, self.dtype).eval() if model is not None else None
+        if self.model is None:
+            self.model = _load(path, self.device, self.dtype, local_files_only)
+        path = tokenizer_path or path
         config = self.model.config
         self.config = config
         self.n_mels = config.num_mel_bins
