@@ -352,7 +352,9 @@ class TorchWhisper:
             logits, attentions = _forward_all(self, memory, tokens, self.alignment_heads)
             start = len(start_sequence)
             probs = torch.softmax(logits[0, start : start + len(text)].float(), dim=-1)
-            text_probs = probs[torch.arange(len(text)), torch.as_tensor(text, device=probs.device)].tolist()
+            text_probs = probs[
+                torch.arange(len(text), device=probs.device), torch.as_tensor(text, device=probs.device)
+            ].tolist()
             keep = max(1, min(attentions.shape[-1], n_frames // 2))
             weights = attentions[:, :, :keep].float().softmax(dim=-1)
             std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
@@ -561,7 +563,10 @@ class _Search:
         logits, _ = _step(w, prompt, 0, cache, cross)
         sot_at = [p.index(self.sot) if self.sot in p else 0 for p in self.prompts]
         no_speech = torch.softmax(
-            logits[::width][torch.arange(batch), torch.as_tensor(sot_at)].float(), dim=-1
+            logits[::width][
+                torch.arange(batch, device=device), torch.as_tensor(sot_at, device=device)
+            ].float(),
+            dim=-1,
         )[:, self.no_speech].tolist()
         last = logits[:, -1].float()
         vocab = last.shape[-1]
