@@ -154,6 +154,10 @@ class MemorySettings(StageSettings):
     every_item: bool = False
     #: allow TF32 matmuls / cuDNN on GPUs that have it (compute capability >= 8.0)
     tf32: bool = True
+    #: most of its GPU's memory the child's torch allocator may take, as a fraction of the card
+    #: (``torch.cuda.set_per_process_memory_fraction``, applied before the model loads); beyond it an
+    #: allocation fails as out of memory. None: no cap. Ignored (logged) by a child that runs on the CPU
+    gpu_memory_fraction: float | None = Field(None, gt=0, le=1)
 
     @model_validator(mode="after")
     def _warning_above_notice(self) -> MemorySettings:

@@ -374,6 +374,10 @@ class GpuMemoryOptions(SettingsGroup):
     memory_every_item: bool = _MEMORY["every_item"].default
     #: allow TF32 matmuls / cuDNN on GPUs that have it (Ampere and newer)
     tf32: bool = _MEMORY["tf32"].default
+    #: cap on what each stage child's torch allocator may take of its GPU, as a fraction of the card's memory
+    #: (0 < f <= 1; ``torch.cuda.set_per_process_memory_fraction`` before the model loads): beyond it the child
+    #: runs out of memory and is retried with half the batch. None (or "off"): no cap. Ignored on the CPU
+    gpu_memory_fraction: float | None = Field(_MEMORY["gpu_memory_fraction"].default, gt=0, le=1)
     #: watch children on the GPU through NVML (a no-op without NVML)
     gpu_monitor: bool = True
     #: refuse to start a stage when its GPU has less free memory than the stage needs
@@ -618,7 +622,7 @@ class Settings(*reversed(GROUPS), BaseSettings):
     def _blank_is_none(cls, value: str | None) -> str | None:
         return value or None
 
-    @field_validator("asr_compression_ratio_threshold", mode="before")
+    @field_validator("asr_compression_ratio_threshold", "gpu_memory_fraction", mode="before")
     @classmethod
     def _off_is_none(cls, value):
         return (
@@ -645,6 +649,7 @@ class Settings(*reversed(GROUPS), BaseSettings):
             warning_pct=self.memory_warning_pct,
             every_item=self.memory_every_item,
             tf32=self.tf32,
+            gpu_memory_fraction=self.gpu_memory_fraction,
         )
 
     def replace(self, **changes) -> Settings:

@@ -109,7 +109,8 @@ class Stage(ABC):
         device = self.resolve_device(request.device)
         self.batch_size = request.batch_size
         self.device = device
-        memory = MemoryCheckpoints(self.name, device, request)  # TF32 where supported; memory checkpoints
+        # TF32 where supported, the GPU memory cap (gpu_memory_fraction), memory checkpoints
+        memory = MemoryCheckpoints(self.name, device, request)
         memory.check("before model load")
         model = self.load(request, device)
         if model is not None:

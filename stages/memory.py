@@ -247,6 +247,45 @@ def configure_cuda(device: str, tf32: bool) -> bool:
     return enabled
 
 
+#: the fraction this process was told to ignore (it runs on the CPU), once said
+_fraction_ignored: float | None = None
+
+
+def limit_gpu_memory(device: str, fraction: float | None) -> float | None:
+    """Cap this process's torch allocator on ``device`` at ``fraction`` of the card's memory (beyond it an
+    allocation raises torch's ``OutOfMemoryError``, which :func:`is_oom` knows); return the fraction applied.
+
+    None when there is nothing to cap: no ``fraction``, or the stage does not run torch on a CUDA device
+    (the CPU, or a stage without torch), which is logged once per process. Call it before the model loads.
+    Memory that other libraries allocate themselves (CTranslate2) is not under the cap.
+    """
+    global _fraction_ignored
+    if fraction is None:
+        return None
+    torch = cuda_torch(device)
+    if torch is None:
+        if _fraction_ignored is None:
+            _fraction_ignored = fraction
+            log.info(
+                "gpu_memory_fraction %g ignored: this child does not run torch on a CUDA device (device %s)",
+                fraction,
+                device,
+            )
+        return None
+    dev = torch.device(device)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    total = torch.cuda.get_device_properties(index).total_memory / MIB
+    log.info(
+        "GPU memory cap: this child's torch allocator may take %g of cuda:%d, %s of %s",
+        fraction,
+        index,
+        _gb(fraction * total),
+        _gb(total),
+    )
+    return fraction
+
+
 class MemoryCheckpoints:
     """The checkpoints of one stage child: logged, kept for the StageResult, appended to the performance log."""
 
@@ -259,6 +298,8 @@ class MemoryCheckpoints:
         self.taken: list[MemoryCheckpoint] = []
         self._perf_failed = False
         self.tf32 = configure_cuda(device, self.options.tf32)
+        #: the cap on this child's GPU memory, as applied (None: none)
+        self.fraction = limit_gpu_memory(device, self.options.gpu_memory_fraction)
 
     def check(self, point: str) -> MemoryCheckpoint:
         checkpoint = read_checkpoint(point, self.device)

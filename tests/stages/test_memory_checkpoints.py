@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+import stages.memory
 from contracts import StageRequest, WorkItem
 from contracts.perf import PERF_LOG_ENV, MemoryCheckpoint, read_events
 from contracts.stage_settings import MemorySettings
 from contracts.units import GIB_MIB as GIB
 from orchestrator.settings import Settings
-from stages.memory import format_checkpoint, pressure
+from stages.memory import format_checkpoint, limit_gpu_memory, pressure
 from tests.conftest import MEDIA, ROOT
 from tests.fixtures.stages import PICKY
 
@@ -83,7 +84,7 @@ def test_thresholds_come_from_the_settings_and_the_seed_env_names(monkeypatch):
         MemorySettings(notice_pct=90, warning_pct=80)
 
 
-def _request(tmp_path, env, items=("a", "b"), every_item=False) -> StageRequest:
+def _request(tmp_path, env, items=("a", "b"), every_item=False, fraction=None) -> StageRequest:
     return StageRequest(
         request_id="picky-1",
         stage="picky",
@@ -92,7 +93,7 @@ def _request(tmp_path, env, items=("a", "b"), every_item=False) -> StageRequest:
         device="cpu",
         env=env,
         result_path=str(tmp_path / "result.json"),
-        memory=MemorySettings(every_item=every_item),
+        memory=MemorySettings(every_item=every_item, gpu_memory_fraction=fraction),
         items=[
             WorkItem(
                 id=i, inputs={"source": "good"}, output=str(tmp_path / i / "note.json"), fingerprint="fp"
@@ -128,6 +129,58 @@ def test_without_the_setting_there_is_no_per_item_checkpoint_and_no_perf_log(tmp
     result = PICKY.run(_request(tmp_path, {}))
     assert [c.point for c in result.checkpoints] == ["before model load", "model loaded", "before exit"]
     assert not list(tmp_path.rglob("*.jsonl"))
+
+
+def test_a_gpu_memory_fraction_on_the_cpu_is_ignored_and_said_once(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(stages.memory, "_fraction_ignored", None)
+    caplog.set_level(logging.INFO, logger="stages.memory")
+    # When a stage child capped at 0.3 of its GPU runs on the CPU, twice in the same process
+    first = PICKY.run(_request(tmp_path / "1", {}, fraction=0.3))
+    second = PICKY.run(_request(tmp_path / "2", {}, fraction=0.3))
+    # Then it works as without the cap, and says once that the cap does not apply
+    assert all(i.ok for i in first.items + second.items)
+    said = [r.getMessage() for r in caplog.records if "gpu_memory_fraction" in r.getMessage()]
+    assert said == [
+        "gpu_memory_fraction 0.3 ignored: this child does not run torch on a CUDA device (device cpu)"
+    ]
+
+
+class _FakeCuda:
+    """torch.cuda as limit_gpu_memory uses it, on a 80 GiB card (records what it was asked)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[float, int]] = []
+
+    def is_available(self) -> bool:
+        return True
+
+    def current_device(self) -> int:
+        return 0
+
+    def set_per_process_memory_fraction(self, fraction: float, index: int) -> None:
+        self.asked.append((fraction, index))
+
+    def get_device_properties(self, index: int):
+        return type("Props", (), {"total_memory": 80 * 1024**3})()
+
+
+def test_on_cuda_the_fraction_is_applied_to_the_childs_device(monkeypatch, caplog):
+    import types
+
+    class _Device:
+        def __init__(self, name: str) -> None:
+            self.index = int(name.split(":")[1]) if ":" in name else None
+
+    fake = types.SimpleNamespace(cuda=_FakeCuda(), device=_Device)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    caplog.set_level(logging.INFO, logger="stages.memory")
+    assert limit_gpu_memory("cuda", 0.25) == 0.25
+    assert limit_gpu_memory("cuda:1", 0.5) == 0.5
+    assert limit_gpu_memory("cuda:1", None) is None
+    assert fake.cuda.asked == [(0.25, 0), (0.5, 1)]
+    assert "GPU memory cap: this child's torch allocator may take 0.25 of cuda:0, 20.00GB of 80.00GB" in [
+        r.getMessage() for r in caplog.records
+    ]
 
 
 AUDIO_CHILD = """
@@ -194,3 +247,32 @@ def test_on_a_gpu_checkpoints_see_a_real_allocation_and_the_peak(tmp_path):
     assert before.kind == after.kind == "gpu"
     assert after.allocated_mb - before.allocated_mb >= 512
     assert result.peak_vram_mb >= 512
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_on_a_gpu_an_allocation_beyond_the_fraction_is_an_out_of_memory(tmp_path):
+    import torch
+
+    from stages.memory import is_oom
+    from tests.fixtures.stages_gpu import TENSOR
+
+    TENSOR.import_libraries()
+    total_mib = torch.cuda.get_device_properties(0).total_memory / 2**20
+    # Given a child capped at 1 GiB that allocates 2 GiB
+    request = StageRequest(
+        request_id="t",
+        stage="tensor",
+        module="tests.fixtures.stages_tensor",
+        batch_size=1,
+        device="cuda",
+        result_path=str(tmp_path / "r.json"),
+        memory=MemorySettings(gpu_memory_fraction=1024 / total_mib),
+        items=[
+            WorkItem(id="a", inputs={"source": "2048"}, output=str(tmp_path / "a.json"), fingerprint="fp")
+        ],
+    )
+    # Then the allocation fails as out of memory, which the parent answers with half the batch
+    with pytest.raises(BaseException) as caught:
+        TENSOR.run(request)
+    assert is_oom(caught.value)

@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from contracts import WorkItem, load_model
+from contracts.stage_settings import MemorySettings
 from orchestrator.process.executor import LocalExecutor
 from orchestrator.process.hooks import default_hooks
 from orchestrator.process.pidfiles import ChildRegistry
@@ -86,7 +87,13 @@ def test_a_real_child_sees_the_gpu_environment(tmp_path, monkeypatch):
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "PIPELINE_MEMORY_NOTICE_PCT": None,
-        "memory": {"notice_pct": 50.0, "warning_pct": 85.0, "every_item": False, "tf32": True},
+        "memory": {
+            "notice_pct": 50.0,
+            "warning_pct": 85.0,
+            "every_item": False,
+            "tf32": True,
+            "gpu_memory_fraction": None,
+        },
         # and its malloc keeps what it frees (glibc here)
         "heap": "keep",
     }
@@ -95,3 +102,36 @@ def test_a_real_child_sees_the_gpu_environment(tmp_path, monkeypatch):
 def test_a_child_keeps_the_c_librarys_heap_defaults_when_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_CHILD_HEAP", "system")
     assert _probe(tmp_path, Settings())["heap"] == "system"
+
+
+def test_the_gpu_memory_fraction_reaches_a_real_child_typed(tmp_path, monkeypatch):
+    # Given the cap set through its environment name
+    monkeypatch.setenv("PIPELINE_GPU_MEMORY_FRACTION", "0.25")
+    settings = Settings()
+    # When a real child is started as the runner starts stage children
+    seen = _probe(tmp_path, settings)
+    # Then the child's request carries the fraction in its memory options (not as an environment variable)
+    assert seen["memory"]["gpu_memory_fraction"] == 0.25
+    assert "PIPELINE_GPU_MEMORY_FRACTION" not in settings.child_env()
+
+
+@pytest.mark.parametrize("value", ["0", "-0.5", "1.5", "half"])
+def test_an_invalid_gpu_memory_fraction_is_refused_naming_the_setting(monkeypatch, value):
+    monkeypatch.setenv("PIPELINE_GPU_MEMORY_FRACTION", value)
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    error = caught.value.errors()[0]
+    # what the CLI prints: "invalid setting gpu_memory_fraction: Input should be ..."
+    assert error["loc"] == ("gpu_memory_fraction",)
+    assert error["msg"].startswith("Input should be")
+
+
+def test_no_gpu_memory_fraction_means_no_cap_and_the_child_contract_refuses_a_bad_one(monkeypatch):
+    monkeypatch.delenv("PIPELINE_GPU_MEMORY_FRACTION", raising=False)
+    assert Settings().memory().gpu_memory_fraction is None
+    monkeypatch.setenv("PIPELINE_GPU_MEMORY_FRACTION", "off")
+    assert Settings().gpu_memory_fraction is None
+    assert Settings(gpu_memory_fraction=1).memory().gpu_memory_fraction == 1.0
+    # a request written by hand is checked again on the child's side
+    with pytest.raises(ValidationError, match="gpu_memory_fraction"):
+        MemorySettings(gpu_memory_fraction=2)
