@@ -275,12 +275,20 @@ def _duration(path: Path) -> float:
 
 
 def _report_summary(report) -> dict:
+    """Per stage: attempts (batch size, outcome), seconds, and the GPU figures each child recorded."""
     try:
         data = report.model_dump(mode="json")
     except AttributeError:
         return {"repr": repr(report)[:500]}
-    keep = {k: data[k] for k in ("counts", "outcome", "failed", "stages") if k in data}
-    return keep or {k: data[k] for k in list(data)[:8]}
+    keep = ("batch_size", "outcome", "ok", "failed", "wall_s", "load_s", "compute_s", "peak_vram_mb")
+    keep += ("gpu_process_peak_mib", "gpu_tree_after_mib", "pid")
+    out = {"failed": data.get("failed")}
+    for stage in data.get("stages") or []:
+        out[f"{stage['stage']}-{stage.get('chunk')}"] = [
+            {k: (round(v, 2) if isinstance(v, float) else v) for k, v in a.items() if k in keep}
+            for a in stage.get("attempts") or []
+        ]
+    return out
 
 
 def run(ctx: Context) -> dict:
@@ -298,11 +306,12 @@ def run(ctx: Context) -> dict:
         }
         ctx.write("asr", result)
         return result
+    # the pipeline first, while this process has no CUDA context of its own
     parts = [
-        ("base_alone", lambda: base_alone(ctx, files, base_dir)),
-        ("large_v3_shape", lambda: large_v3_shape(ctx, files, base_dir)),
         ("pipeline", lambda: pipeline(ctx, files, base_dir, embedding_model)),
         ("one_process", lambda: one_process(ctx, files, base_dir, embedding_model)),
+        ("base_alone", lambda: base_alone(ctx, files, base_dir)),
+        ("large_v3_shape", lambda: large_v3_shape(ctx, files, base_dir)),
     ]
     for name, part in parts:
         if ctx.left() < 30:

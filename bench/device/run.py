@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import subprocess
 import sys
 import time
 import traceback
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/device-run"))
     parser.add_argument("--budget", type=float, default=420.0, help="seconds for the whole run (default 420)")
     parser.add_argument("--only", nargs="*", default=SECTIONS, choices=SECTIONS)
+    parser.add_argument("--section", choices=SECTIONS, help=argparse.SUPPRESS)  # one section, in this process
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     ctx = Context(
@@ -49,24 +51,75 @@ def main(argv: list[str] | None = None) -> int:
         budget_s=args.budget,
     )
     ctx.work.mkdir(parents=True, exist_ok=True)
+    if args.section:
+        return _one(ctx, args.section)
+    # each section in a process of its own: a section that touches CUDA in-process (the ASR alone, plain
+    # sentence-transformers) leaves no context behind for the next one's "0 MiB held by our process tree"
     summary: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sections": {}}
+    summary["models"] = _models(ctx)
+    started_all = time.monotonic()
     for name in args.only:
         started = time.perf_counter()
-        print(f"== {name} ({ctx.left():.0f} s left)", flush=True)
+        left = args.budget - (time.monotonic() - started_all)
+        print(f"== {name} ({left:.0f} s left)", flush=True)
+        if left < 20:
+            summary["sections"][name] = {"status": "skipped: out of time"}
+            continue
+        command = [sys.executable, str(Path(__file__).resolve()), "--section", name, "--out", str(ctx.out)]
+        command += ["--device", ctx.device, "--weights", str(ctx.weights), "--work", str(ctx.work)]
+        command += ["--budget", str(left)] + (["--quick"] if ctx.quick else [])
         try:
-            result = import_module(f"bench.device.{name}").run(ctx)
-            status = "ok"
-        except Exception as exc:  # noqa: BLE001 - a section that breaks is recorded; the next one runs
-            result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
-            ctx.write(name, result)
-            status = "error"
+            code = subprocess.run(command, timeout=left + 30).returncode
+            status = "ok" if code == 0 else f"exit {code}"
+        except subprocess.TimeoutExpired:
+            status = "timed out"
         summary["sections"][name] = {"status": status, "s": round(time.perf_counter() - started, 1)}
         print(f"== {name}: {status} in {summary['sections'][name]['s']} s", flush=True)
-        print(json.dumps(result, default=str)[:1500], flush=True)
+        ctx.write("summary", summary)
     ctx.write("summary", summary)
     (ctx.out / "device-run.md").write_text(table(ctx.out))
     print(table(ctx.out))
     return 0
+
+
+def _one(ctx: Context, name: str) -> int:
+    try:
+        result = import_module(f"bench.device.{name}").run(ctx)
+    except Exception as exc:  # noqa: BLE001 - a section that breaks is recorded; the next one runs
+        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+        ctx.write(name, result)
+        print(json.dumps(result, default=str)[:3000], flush=True)
+        return 1
+    print(json.dumps(result, default=str)[:1500], flush=True)
+    return 0
+
+
+def _models(ctx: Context) -> dict:
+    """The speed profile's shape (bge-small-en-v1.5, random weights) where the pipeline runs look for it, built
+    in a child process so that this one never makes a CUDA context."""
+    dest = ctx.weights / "bge-small"
+    command = [
+        sys.executable,
+        "-m",
+        "bench.device.models",
+        "build",
+        "speed",
+        str(dest),
+        "--device",
+        ctx.device,
+    ]
+    if ctx.quick:
+        command += ["--layers", "2"]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"bge-small": "timed out"}
+    return {
+        "bge-small": done.returncode,
+        "s": round(time.perf_counter() - started, 1),
+        "tail": done.stderr[-500:],
+    }
 
 
 def table(out: Path) -> str:
