@@ -79,9 +79,9 @@ LEVEL_LIMIT_S = 120.0
 # -- the texts -------------------------------------------------------------------------------------------
 
 
-def _sentences() -> list[str]:
-    """English sentences of ordinary length: the prose of Python's own help topics (``pydoc_data``, in
-    every CPython), without code; a fixed word list when that module is missing."""
+def _sentences() -> tuple[list[str], str]:
+    """English sentences of ordinary length, and where they come from: the prose of Python's own help
+    topics (``pydoc_data``, in every CPython), without code; a fixed word list when that module is missing."""
     try:
         from pydoc_data.topics import topics
     except ImportError:
@@ -93,20 +93,21 @@ def _sentences() -> list[str]:
         if 4 <= len(s.split()) <= 60 and s[:1].isupper() and not re.search(r"[{}\[\]=<>|\\]|\*\*|::|>>>", s)
     ]
     if len(sentences) >= 500:
-        return sentences
+        return sentences, "pydoc_data.topics sentences"
     words = (
         "the meeting starts at nine and we will go over the budget before the release next week so please "
         "bring your notes about the quarterly numbers and the customer calls we had since the last review"
     ).split()
     rng = random.Random(1)
-    return [
+    made = [
         " ".join(rng.choice(words) for _ in range(rng.randint(5, 30))).capitalize() + "." for _ in range(2000)
     ]
+    return made, "random sentences of a fixed word list (no pydoc_data)"
 
 
 def make_texts(count: int, seed: int = 0) -> list[str]:
     """``count`` transcript-like segments: 85 % one sentence, 15 % two to four (long segments)."""
-    pool = _sentences()
+    pool, _ = _sentences()
     rng = random.Random(seed)
     return [
         " ".join(rng.choice(pool) for _ in range(1 if rng.random() < 0.85 else rng.randint(2, 4)))
@@ -126,6 +127,7 @@ def run(ctx: Context, profiles: tuple[str, ...] = PROFILES) -> dict:
         "batch_size": BATCH,
         "segments_per_transcript": SEGMENTS,
         "api_request_texts": API_REQUEST_TEXTS,
+        "text_source": _sentences()[1],
         "versions": _versions(),
         "profiles": {},
     }
@@ -192,7 +194,8 @@ def _error(exc: BaseException) -> str:
 def _versions() -> dict:
     """Installed versions, read without importing (this process imports no torch)."""
     out = {"python": sys.version.split()[0]}
-    for name in ("torch", "transformers", "sentence-transformers", "tokenizers", "numpy", "httpx", "uvicorn"):
+    names = ("torch", "transformers", "sentence-transformers", "tokenizers", "numpy", "httpx")
+    for name in (*names, "fastapi", "uvicorn", "uvloop", "httptools"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -518,7 +521,25 @@ def _api(ctx: Context, entry: dict, texts: list[str], work: Path) -> dict:
         "EMBEDDING_FALLBACK": "false",
     }
     server_log = work / "server.log"
-    out: dict = {"texts": len(texts), "encoding_format": "base64", "levels": []}
+    from orchestrator.settings import Settings
+
+    defaults = Settings()
+    out: dict = {
+        "texts": len(texts),
+        "encoding_format": "base64",
+        # the server runs with these (not overridden here): its micro-batching and its event loop
+        "server_settings": {
+            name: getattr(defaults, name)
+            for name in (
+                "embed_max_batch",
+                "embed_max_wait_ms",
+                "embed_max_batch_tokens",
+                "api_loop",
+                "api_http",
+            )
+        },
+        "levels": [],
+    }
     with open(server_log, "w") as sink:
         server = subprocess.Popen(
             [
