@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 
 from bench.device.common import KIT, Context  # noqa: E402 - after the repository root is on sys.path
 
-SECTIONS = ["env", "asr", "embeddings", "memory"]
+SECTIONS = ["env", "memory", "asr", "embeddings"]
 
 
 def main(argv: list[str] | None = None) -> int:
