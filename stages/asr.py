@@ -131,11 +131,15 @@ class AsrStage(TorchStage):
                 raise
             self.ctranslate2_missing = f"{type(exc).__name__}: {exc}"
 
-    def choose_runtime(self, device: str) -> tuple[str, str | None]:
-        """(the runtime to run Whisper on, why it is torch where "auto" was asked)."""
+    def choose_runtime(self, device: str, path: str = "") -> tuple[str, str | None]:
+        """(the runtime to run Whisper on, why it is torch where "auto" was asked). A CTranslate2 that reports
+        the GPU may still be unable to run on it (a CUDA 12 build beside CUDA 13 libraries): :meth:`load` then
+        tries one encode and falls back (:meth:`_ctranslate2_runs`)."""
         asked = self.settings.runtime
         if asked != "auto":
             return asked, None
+        if is_transformers_whisper(path):
+            return TORCH, "the model is a transformers Whisper directory: Whisper runs on torch"
         if self.ctranslate2_missing:
             return (
                 TORCH,
@@ -163,15 +167,24 @@ class AsrStage(TorchStage):
         compute_type = settings.compute_type
         if compute_type == "auto":
             compute_type = default_compute_type(device)
-        self.runtime, self.runtime_note = self.choose_runtime(device)
+        self.runtime, self.runtime_note = self.choose_runtime(device, path)
+        if self.runtime == CTRANSLATE2:
+            self._load_ctranslate2(path, device, compute_type, language)
+            problem = self._ctranslate2_runs(device) if settings.runtime == "auto" else None
+            if problem:
+                self.model = None
+                self.runtime = TORCH
+                self.runtime_note = (
+                    f"CTranslate2 sees the GPU but cannot run on it ({problem}): Whisper runs on torch"
+                )
         if self.runtime_note:
             log.warning("asr: %s", self.runtime_note)
         if self.runtime == TORCH:
             compute_type = torch_compute_type(settings.compute_type, device)
             path, english_only = self._load_torch(path, english_only, device, compute_type)
-            language = settings.language or ("en" if english_only else None)
-        else:
-            self._load_ctranslate2(path, device, compute_type, language)
+        if not self.model.model.model.is_multilingual:  # English-only whatever its name says
+            english_only = True
+        language = settings.language or ("en" if english_only else None)
         self.requested = requested
         self.model_name = path
         self.language = language
@@ -190,6 +203,24 @@ class AsrStage(TorchStage):
         self.pack = (device.startswith("cuda") or self.join) if pack == "auto" else pack
         self.word_timing = settings.word_timestamps and not settings.identify_only
         return f"{path} ({self.runtime}, {compute_type})"
+
+    def _ctranslate2_runs(self, device: str) -> str | None:
+        """None where the loaded CTranslate2 model can encode on ``device``, else why not: one 30 s window of
+        silence (milliseconds on a GPU). CTranslate2 4.x is built for CUDA 12: beside CUDA 13 libraries only, it
+        counts the GPU, loads the model, and fails at the first operation ("Library libcublas.so.12 is not found
+        or cannot be loaded")."""
+        if not device.startswith("cuda"):
+            return None
+        whisper = self.model.model
+        n_mels = whisper.feat_kwargs.get("feature_size") or 80
+        try:
+            silence = np.zeros((1, n_mels, N_FRAMES), dtype=np.float32)
+            whisper.model.encode(ctranslate2.StorageView.from_array(silence), to_cpu=True)
+        except Exception as exc:  # the reason is the answer; torch takes over
+            if is_oom(exc):
+                raise
+            return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        return None
 
     def _load_torch(self, path: str, english_only: bool, device: str, compute_type: str) -> tuple[str, bool]:
         """Whisper through transformers (stages/whisper_torch.py); a CTranslate2 directory (the embedded models)
@@ -736,6 +767,14 @@ def _joined_samples(window: Joined):
         want = int(round((job.windows[i][1] - job.windows[i][0]) * SAMPLE_RATE))
         pieces += [gap, np.pad(piece[:want], (0, max(0, want - piece.shape[0])))]
     return np.concatenate(pieces[1:]).astype(np.float32, copy=False)
+
+
+def is_transformers_whisper(path: str) -> bool:
+    """``path`` is a local transformers Whisper directory (weights for torch, not CTranslate2's ``model.bin``)."""
+    folder = Path(path) if path else None
+    if folder is None or not folder.is_dir() or (folder / "model.bin").is_file():
+        return False
+    return any((folder / name).is_file() for name in ("model.safetensors", "pytorch_model.bin"))
 
 
 def _import_ctranslate2() -> None:

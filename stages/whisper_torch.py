@@ -599,12 +599,14 @@ class _Search:
             else:
                 total = (scores[:, None] + logprobs).view(batch, width * vocab)
                 top_scores, top_index = total.topk(2 * width, dim=-1)
-                origin_in = top_index // vocab
-                tokens_all = top_index % vocab
+                # one copy to the host per step (not one per window): the choice below is plain Python
+                scores_l = top_scores.tolist()
+                origin_l = (top_index // vocab).tolist()
+                tokens_l = (top_index % vocab).tolist()
                 pick_rows, pick_tokens, pick_scores = [], [], []
                 for b in range(batch):
                     kept = 0
-                    candidates = zip(top_scores[b].tolist(), origin_in[b].tolist(), tokens_all[b].tolist())
+                    candidates = zip(scores_l[b], origin_l[b], tokens_l[b])
                     for rank, (s, o, t) in enumerate(candidates):
                         if s == float("-inf"):
                             break

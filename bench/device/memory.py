@@ -340,7 +340,9 @@ def _start_ballast(device: str, stderr) -> subprocess.Popen:
     that the GPU guard counts it among the *other* processes on the GPU, as another user's job would be; its
     stdin and stdout stay our pipes."""
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
-    env |= {"PYTHONPATH": str(ROOT), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    # the carried packages (/tmp/site on the device machine) stay on the path, the repository first
+    path = [str(ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    env |= {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     shell = subprocess.Popen(
         [
             "/bin/sh",
@@ -630,10 +632,14 @@ def _settings(ctx: Context, out: Path, **fields):
         "refused_start_wait_s": 0.0,  # a refused start fails now instead of waiting up to 15 minutes
         "allow_hub": False,  # offline: the models resolve the same way when seeding and when running
     }
-    if (ctx.weights / "whisper-base").is_dir():
-        base["weights_dir"] = ctx.weights
-    if "asr_runtime" in Settings.model_fields:  # the torch runtime: whisperX / CTranslate2 are not everywhere
-        base["asr_runtime"] = "torch"
+    # the ASR model that travelled: whisper-base converted for torch, else the tiny random CTranslate2 Whisper;
+    # "auto" then has to find out which runtime can use the device (CTranslate2 sees the GPU there but has no
+    # CUDA 12 libraries to run on it)
+    for name in ("whisper-base-transformers", "ct2-whisper-tiny-random"):
+        if any((ctx.weights / name / f).is_file() for f in ("model.safetensors", "model.bin")):
+            base["asr_model"] = str(ctx.weights / name)
+            break
+    base["asr_runtime"] = "auto"
     return Settings(**(base | fields))
 
 

@@ -304,7 +304,9 @@ def build_tiny_ct2(dest: Path) -> Path:
     shutil.rmtree(hf, ignore_errors=True)
     WhisperForConditionalGeneration(config).save_pretrained(hf)
     tokenizer.save_pretrained(hf)
-    ctranslate2.converters.TransformersConverter(str(hf)).convert(
+    # with its tokenizer.json beside model.bin, as faster-whisper / whisperX (and the torch runtime's
+    # conversion) read it, so the pipeline can load this model offline too
+    ctranslate2.converters.TransformersConverter(str(hf), copy_files=["tokenizer.json"]).convert(
         str(dest), quantization="float16", force=True
     )
     shutil.rmtree(hf)
