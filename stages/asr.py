@@ -143,7 +143,8 @@ class AsrStage(TorchStage):
         if self.ctranslate2_missing:
             return (
                 TORCH,
-                f"CTranslate2 cannot be imported ({self.ctranslate2_missing}): Whisper runs on torch",
+                "the CTranslate2 runtime's libraries (whisperX, faster-whisper, CTranslate2) cannot be imported "
+                f"({self.ctranslate2_missing}): Whisper runs on torch",
             )
         if device.startswith("cuda"):
             try:

@@ -482,8 +482,8 @@ def _generation_fields(
         "max_initial_timestamp_index": 50,
         "return_timestamps": False,
         "is_multilingual": multilingual,
-        "suppress_tokens": list(ct2_config.get("suppress_ids", [])),
-        "begin_suppress_tokens": list(ct2_config.get("suppress_ids_begin", [220, eot])),
+        "suppress_tokens": list(ct2_config.get("suppress_ids") or []),
+        "begin_suppress_tokens": list(ct2_config.get("suppress_ids_begin") or [220, eot]),
         # CTranslate2's converter falls back to the last half of the decoder layers, every head
         "alignment_heads": [list(pair) for pair in ct2_config.get("alignment_heads") or []]
         or [
