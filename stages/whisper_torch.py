@@ -571,8 +571,9 @@ class _Search:
         last = logits[:, -1].float()
         vocab = last.shape[-1]
         mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+        # only the suppressed tokens, as CTranslate2 does: the log-probabilities (and so the scores, which the
+        # stage's thresholds read) are over the whole vocabulary; the stage keeps only the text tokens
         mask[[t for t in self.suppress if t < vocab]] = True
-        mask[self.eot + 1 :] = True  # special tokens and timestamps: the text is decoded without timestamps
         begin_mask = mask.clone()
         begin_mask[[t for t in self.suppress_blank if t < vocab]] = True
         generator = torch.Generator(device=device).manual_seed(0) if self.sampling else None
