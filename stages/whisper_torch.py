@@ -352,7 +352,8 @@ class TorchWhisper:
             memory = encoded[row : row + 1]
             logits, attentions = _forward_all(self, memory, tokens, self.alignment_heads)
             start = len(start_sequence)
-            probs = torch.softmax(logits[0, start : start + len(text)].float(), dim=-1)
+            # each text token's probability among the text tokens (those before end-of-text), as CTranslate2's
+            probs = torch.softmax(logits[0, start : start + len(text), :eot].float(), dim=-1)
             text_probs = probs[
                 torch.arange(len(text), device=probs.device), torch.as_tensor(text, device=probs.device)
             ].tolist()
