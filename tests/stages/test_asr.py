@@ -150,6 +150,30 @@ def test_a_failing_word_timing_leaves_the_transcript_standing(tmp_path, audio_js
     assert transcript.segments and all(s.words is None for s in transcript.segments)
 
 
+#: a prompt in lower case without punctuation: Whisper writes what follows it in the same style
+LOWER_CASE_PROMPT = (
+    "hello and welcome i am going to talk about the fox and the dog and the sea shells and a shop"
+)
+
+
+def test_the_initial_prompt_reaches_the_decoder(tmp_path, audio_json):
+    """ASR_PROMPT is Whisper's initial prompt, the text before every window: a prompt in lower case without
+    punctuation gives a transcript in lower case without punctuation (unprompted: "... the sea shore. Please
+    call Stella ...")."""
+    check_initial_prompt(tmp_path, audio_json)
+
+
+def check_initial_prompt(tmp_path, audio_json, **settings) -> TranscriptArtifact:
+    """The assertions of the test above, with the stage's ``settings`` besides; returns the transcript."""
+    result = AsrStage().run(_request(tmp_path, audio_json, prompt=LOWER_CASE_PROMPT, **settings))
+    assert result.items[0].ok, result.items[0].error
+    transcript = load_artifact(tmp_path / "transcript.json", TranscriptArtifact)
+    text = " ".join(s.text for s in transcript.segments)
+    assert wer(SPEECH_TEXT, text) < MAX_WER, text
+    assert text == text.lower() and not set(".,?!") & set(text), text
+    return transcript
+
+
 def test_unavailable_model_is_a_clear_error_offline(tmp_path, audio_json, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelUnavailableError, match="cannot load ASR model 'no-such-model'"):
