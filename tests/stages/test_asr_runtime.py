@@ -1,8 +1,9 @@
 """Which runtime the ASR stage runs Whisper on, and in what precision torch runs it: no model is loaded.
 
 ``ASR_RUNTIME=auto`` runs CTranslate2 where it can use the device and torch where it cannot (CTranslate2 not
-importable, or a CUDA device CTranslate2 reports none of), with the reason kept for the transcript and the log.
-We have no GPU whose driver CTranslate2 cannot use, so its CUDA device count is faked.
+importable, or a CUDA device CTranslate2 reports none of) or where the model is a transformers directory, with
+the reason kept for the transcript and the log. We have no GPU whose driver CTranslate2 cannot use, so its CUDA
+device count is faked (the trial encode that catches a GPU it counts but cannot run on needs such a GPU).
 """
 
 from __future__ import annotations
@@ -77,6 +78,17 @@ def test_auto_runs_torch_where_ctranslate2_cannot_be_imported_and_says_why(witho
     runtime, why = _stage("auto").choose_runtime(device)
     assert runtime == "torch"
     assert why.startswith("CTranslate2 cannot be imported (ModuleNotFoundError: ") and "ctranslate2" in why
+
+
+def test_auto_runs_torch_for_a_transformers_whisper_directory(ctranslate2, tmp_path):
+    # Given a directory of transformers weights (no CTranslate2 model.bin), on a CPU CTranslate2 could use
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    runtime, why = _stage("auto").choose_runtime("cpu", str(tmp_path))
+    assert runtime == "torch" and "transformers Whisper directory" in why
+    # a CTranslate2 directory, or a model name, stays on CTranslate2
+    (tmp_path / "model.bin").write_bytes(b"")
+    assert _stage("auto").choose_runtime("cpu", str(tmp_path)) == ("ctranslate2", None)
+    assert _stage("auto").choose_runtime("cpu", "distil-large-v3") == ("ctranslate2", None)
 
 
 def test_an_asked_runtime_is_kept(ctranslate2, monkeypatch):
