@@ -616,9 +616,12 @@ class AsrStage(TorchStage):
 
     def _prompt(self, language: str) -> list[int]:
         options = self.model.options
+        tokenizer = self._tokenizer(language)
+        # the initial prompt (ASR_PROMPT) as the text before every window, as whisperX's pipeline gives it
+        previous = tokenizer.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
         return self.model.model.get_prompt(
-            self._tokenizer(language),
-            [],
+            tokenizer,
+            previous,
             without_timestamps=options.without_timestamps,
             prefix=options.prefix,
             hotwords=options.hotwords,

@@ -300,7 +300,8 @@ class TorchWhisper:
         """Decode each encoded window after its prompt: beam search (``beam_size`` > 1), greedy, or sampling at
         ``sampling_temperature`` (``sampling_topk`` 0: from the whole distribution) keeping the best of
         ``num_hypotheses``. Scores are as CTranslate2 gives them: the sum of the token log-probabilities
-        (end-of-text included) over the text length to the power ``length_penalty``."""
+        (end-of-text included) over the text length to the power ``length_penalty``; and as in CTranslate2, at
+        most ``max_length // 2`` tokens are generated."""
         suppress = set(self.suppress_ids if suppress_tokens is None or -1 in suppress_tokens else [])
         suppress |= {t for t in (suppress_tokens or []) if t >= 0}
         results: list[GenerationResult | None] = [None] * len(prompts)
@@ -351,7 +352,8 @@ class TorchWhisper:
             memory = encoded[row : row + 1]
             logits, attentions = _forward_all(self, memory, tokens, self.alignment_heads)
             start = len(start_sequence)
-            probs = torch.softmax(logits[0, start : start + len(text)].float(), dim=-1)
+            # each text token's probability among the text tokens (those before end-of-text), as CTranslate2's
+            probs = torch.softmax(logits[0, start : start + len(text), :eot].float(), dim=-1)
             text_probs = probs[
                 torch.arange(len(text), device=probs.device), torch.as_tensor(text, device=probs.device)
             ].tolist()
@@ -539,7 +541,7 @@ class _Search:
         self.topk = topk
         self.patience = patience
         self.length_penalty = length_penalty
-        self.max_length = min(max_length, whisper.max_positions)
+        self.max_length = max_length
         self.suppress = suppress
         self.suppress_blank = suppress_blank
         self.repetition_penalty = repetition_penalty
@@ -558,7 +560,11 @@ class _Search:
             (k.repeat_interleave(width, 0), v.repeat_interleave(width, 0))
             for k, v in _cross_kv(w, self.memory)
         ]
-        cache = _new_cache(w, rows, self.max_length, self.memory)
+        # CTranslate2's length rule: at most half of ``max_length`` new tokens, and no more than the prompt leaves
+        # (its decoding starts at the prompt's last token); here also no more than the decoder has positions for
+        limit = min(self.max_length, w.max_positions) - prompt_len + 1
+        max_new = max(1, min(self.max_length // 2, limit))
+        cache = _new_cache(w, rows, prompt_len + max_new, self.memory)
         prompt = torch.as_tensor(self.prompts, device=device).repeat_interleave(width, 0)
         logits, _ = _step(w, prompt, 0, cache, cross)
         sot_at = [p.index(self.sot) if self.sot in p else 0 for p in self.prompts]
@@ -571,8 +577,9 @@ class _Search:
         last = logits[:, -1].float()
         vocab = last.shape[-1]
         mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+        # only the suppressed tokens, as CTranslate2 does: the log-probabilities (and so the scores, which the
+        # stage's thresholds read) are over the whole vocabulary; the stage keeps only the text tokens
         mask[[t for t in self.suppress if t < vocab]] = True
-        mask[self.eot + 1 :] = True  # special tokens and timestamps: the text is decoded without timestamps
         begin_mask = mask.clone()
         begin_mask[[t for t in self.suppress_blank if t < vocab]] = True
         generator = torch.Generator(device=device).manual_seed(0) if self.sampling else None
@@ -647,7 +654,7 @@ class _Search:
                     done[b] = len(finished[b]) >= width or bool(
                         torch.isinf(scores.view(batch, width)[b]).all()
                     )
-            if all(done) or prompt_len + length >= self.max_length:
+            if all(done) or length >= max_new:
                 break
             if not self.sampling and width > 1:  # the cache follows the chosen hypotheses
                 for keys, values, n in cache:  # (only the filled part moves)
@@ -658,7 +665,8 @@ class _Search:
             step += 1
         results = []
         for b in range(batch):
-            if not finished[b]:  # max length reached: the live hypotheses as they stand
+            # the length ran out before enough hypotheses ended: the live ones compete with those that ended
+            if not done[b]:
                 for r in range(b * width, (b + 1) * width):
                     if scores[r] != float("-inf"):
                         seq = [t for t in sequences[r].tolist() if t != self.eot]

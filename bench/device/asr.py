@@ -189,7 +189,8 @@ def large_v3_shape(ctx: Context, files: list[Path], tokenizer_dir: Path) -> dict
     tokenizer = TorchWhisperModel(whisper).tokenizer("en")
     prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
     windows = _windows(files)
-    fixed = {"suppress_tokens": [tokenizer.eot], "max_length": len(prompt) + FIXED_TOKENS}
+    # end-of-text suppressed; at most max_length // 2 new tokens (CTranslate2's rule, which generate follows)
+    fixed = {"suppress_tokens": [tokenizer.eot], "max_length": 2 * FIXED_TOKENS}
     _throughput(whisper, prompt, windows[:2], 2, ctx.device, **fixed)  # warm-up
     out = {
         "config": shape,

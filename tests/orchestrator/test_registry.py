@@ -75,3 +75,20 @@ def test_settings_that_do_not_validate_are_refused_in_the_parent():
     # no defaults: a setting the builder forgot is an error, not a silent default
     with pytest.raises(ValueError):
         AsrSettings(model="embedded", language=None, compute_type="int8", allow_hub=False)
+
+
+def test_asr_runtime_reaches_the_asr_child_and_its_fingerprint(monkeypatch):
+    def asr_settings() -> AsrSettings:
+        spec = next(s for s in Orchestrator(Settings()).stage_specs() if s.name == "asr")
+        # what the runner sends the child (StageRequest.settings), read as the child reads it
+        return AsrSettings.model_validate(spec.settings.model_dump(mode="json"))
+
+    # Given ASR_RUNTIME=torch in the environment, When a run builds its stages, Then the ASR child is told
+    monkeypatch.setenv("ASR_RUNTIME", "torch")
+    torch = asr_settings()
+    assert torch.runtime == "torch"
+    monkeypatch.delenv("ASR_RUNTIME")
+    auto = asr_settings()
+    assert auto.runtime == "auto"
+    # and the runtime is part of what the artifacts are fingerprinted by: switching it transcribes again
+    assert torch.identity() != auto.identity() and torch.identity()["runtime"] == "torch"

@@ -150,6 +150,30 @@ def test_a_failing_word_timing_leaves_the_transcript_standing(tmp_path, audio_js
     assert transcript.segments and all(s.words is None for s in transcript.segments)
 
 
+#: a prompt in lower case without punctuation: Whisper writes what follows it in the same style
+LOWER_CASE_PROMPT = (
+    "hello and welcome i am going to talk about the fox and the dog and the sea shells and a shop"
+)
+
+
+def test_the_initial_prompt_reaches_the_decoder(tmp_path, audio_json):
+    """ASR_PROMPT is Whisper's initial prompt, the text before every window: a prompt in lower case without
+    punctuation gives a transcript in lower case without punctuation (unprompted: "... the sea shore. Please
+    call Stella ...")."""
+    check_initial_prompt(tmp_path, audio_json)
+
+
+def check_initial_prompt(tmp_path, audio_json, **settings) -> TranscriptArtifact:
+    """The assertions of the test above, with the stage's ``settings`` besides; returns the transcript."""
+    result = AsrStage().run(_request(tmp_path, audio_json, prompt=LOWER_CASE_PROMPT, **settings))
+    assert result.items[0].ok, result.items[0].error
+    transcript = load_artifact(tmp_path / "transcript.json", TranscriptArtifact)
+    text = " ".join(s.text for s in transcript.segments)
+    assert wer(SPEECH_TEXT, text) < MAX_WER, text
+    assert text == text.lower() and not set(".,?!") & set(text), text
+    return transcript
+
+
 def test_unavailable_model_is_a_clear_error_offline(tmp_path, audio_json, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelUnavailableError, match="cannot load ASR model 'no-such-model'"):
@@ -461,13 +485,17 @@ def _run_clips(tmp, audio: dict, attempt: int = 1, **settings):
     return _run_stage(tmp, audio, 4, settings, attempt=attempt)
 
 
+def run_alone_and_joined(tmp, distinct_clips, **settings):
+    """The eleven clips decoded each alone, then in joined windows (the stage's ``settings`` besides)."""
+    audio, _ = distinct_clips
+    return _run_clips(tmp / "alone", audio, join_inputs=False, **settings), _run_clips(
+        tmp / "joined", audio, join_inputs=True, **settings
+    )
+
+
 @pytest.fixture(scope="module")
 def alone_and_joined(tmp_path_factory, distinct_clips):
-    audio, _ = distinct_clips
-    tmp = tmp_path_factory.mktemp("joining")
-    return _run_clips(tmp / "alone", audio, join_inputs=False), _run_clips(
-        tmp / "joined", audio, join_inputs=True
-    )
+    return run_alone_and_joined(tmp_path_factory.mktemp("joining"), distinct_clips)
 
 
 def test_joined_windows_give_every_word_to_its_own_input_in_its_own_time(distinct_clips, alone_and_joined):
@@ -475,6 +503,11 @@ def test_joined_windows_give_every_word_to_its_own_input_in_its_own_time(distinc
     input's own sentences (none is only in another input's), the segments are the input's own windows as when it
     is decoded alone, the words are timed inside the input's own audio, where decoding it alone puts them, and the
     word error rate is that of one input at a time."""
+    check_joined_windows(distinct_clips, alone_and_joined)
+
+
+def check_joined_windows(distinct_clips, alone_and_joined) -> None:
+    """The assertions of the test above, for the clips decoded alone and joined on either runtime."""
     import jiwer
 
     audio, texts = distinct_clips
@@ -580,17 +613,24 @@ def test_a_window_that_repeats_itself_is_decoded_again_at_rising_temperatures_re
     0.2, 0.4 ... 1.0 and keeps the least looped, else likeliest, decode (stages.speech.better_loop): the
     transcript stays as good as the greedy one, its words are timed for the text kept, and a second run gives the
     same text (the sampling is seeded)."""
+    check_repetition_guard(tmp_path, audio_json, caplog)
+
+
+def check_repetition_guard(tmp_path, audio_json, caplog, **settings) -> TranscriptArtifact:
+    """The assertions of the test above, with the stage's ``settings`` besides (e.g. its runtime); returns the
+    transcript decoded with the guard on."""
 
     def run(name, threshold):
         (tmp_path / name).mkdir()
-        result = AsrStage().run(_request(tmp_path / name, audio_json, compression_ratio_threshold=threshold))
+        request = _request(tmp_path / name, audio_json, compression_ratio_threshold=threshold, **settings)
+        result = AsrStage().run(request)
         assert result.items[0].ok, result.items[0].error
-        return load_artifact(tmp_path / name / "transcript.json", TranscriptArtifact).segments
+        return load_artifact(tmp_path / name / "transcript.json", TranscriptArtifact)
 
-    greedy = run("greedy", None)
+    greedy = run("greedy", None).segments
     with caplog.at_level("WARNING", logger="stages.asr"):
-        first = run("first", 1.01)
-    again = run("again", 1.01)
+        guarded = run("first", 1.01)
+    first, again = guarded.segments, run("again", 1.01).segments
     said = caplog.text
     for temperature in ("0.2", "0.4", "0.6", "0.8", "1.0"):
         assert f"decoding it again at {temperature}" in said, said
@@ -603,3 +643,4 @@ def test_a_window_that_repeats_itself_is_decoded_again_at_rising_temperatures_re
     for mine in first:
         assert mine.words and " ".join(w.word for w in mine.words) == mine.text
     assert [s.text for s in again] == [s.text for s in first]
+    return guarded
