@@ -202,8 +202,8 @@ def test_torch_is_within_two_points_of_default_ctranslate2_over_all_inputs(engli
 def test_auto_without_ctranslate2_runs_torch_and_says_why(english):
     runs, said = english
     notes = {t.runtime_note for t in runs[TORCH].values()}
-    assert len(notes) == 1 and "CTranslate2 cannot be imported (ModuleNotFoundError" in notes.pop()
-    assert any("CTranslate2 cannot be imported" in line for line in said), said
+    assert len(notes) == 1 and "CTranslate2) cannot be imported (ModuleNotFoundError" in notes.pop()
+    assert any("CTranslate2) cannot be imported" in line for line in said), said
     assert all(t.runtime_note is None for t in runs[CT2_FLOAT32].values())
 
 
