@@ -171,6 +171,8 @@ class RunPlan(Strict):
     inputs: int = Field(ge=0)
     #: sources given more than once (each one input)
     duplicates: int = Field(default=0, ge=0)
+    #: folders the walk of the inputs left out: the pipeline's own output folders
+    skipped: list[str] = Field(default_factory=list)
     #: inputs whose every stage is current
     complete: int = Field(default=0, ge=0)
     stages: list[StagePlan] = Field(default_factory=list)

@@ -11,6 +11,7 @@ input's folder or named here.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 #: the run report (also kept per run in ``.runs/<run>/``)
@@ -55,6 +56,17 @@ FORMATS: dict[str, str] = {
 #: the compressed copy of an input's audio the transcript page plays (written by the audio stage as
 #: ``.work/listen.ogg``, moved beside the transcript when the input finishes)
 LISTEN = "audio.ogg"
+
+
+#: what marks a folder as an output folder of the pipeline (any run's, whatever ``--output`` named it): every
+#: run makes ``.runs/<run>/`` before it walks its inputs, and writes the index; the input walk never
+#: takes a file below such a folder (``orchestrator.run.plan.iter_media``)
+MARKERS: tuple[str, ...] = (RUNS, IDS)
+
+
+def is_output(directory: str | Path) -> bool:
+    """Whether ``directory`` is the root of an output folder (holds one of :data:`MARKERS`)."""
+    return any(os.path.lexists(os.path.join(directory, name)) for name in MARKERS)
 
 
 def reserved(name: str) -> bool:

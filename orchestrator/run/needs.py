@@ -218,7 +218,8 @@ def dry_run(settings: Settings, specs: list[StageSpec], paths: list[str | Path],
     """What a run of ``paths`` would do, stage by stage, with the reasons (``clock``: when planning began,
     on ``time.monotonic``). Starts no child, writes nothing."""
     out = Path(settings.output_dir)
-    inputs = [InputState(inp) for inp in plan_inputs(paths, out, dry=True)]
+    skipped: list[str] = []
+    inputs = [InputState(inp) for inp in plan_inputs(paths, out, dry=True, skipped=skipped)]
     journal = layout.path(out, layout.JOURNAL)
     resume = Resume(
         settings, {} if settings.force or not journal.exists() else Journal(journal, "plan").completed()
@@ -251,6 +252,7 @@ def dry_run(settings: Settings, specs: list[StageSpec], paths: list[str | Path],
         output_dir=str(out),
         inputs=len(inputs),
         duplicates=duplicates,
+        skipped=skipped,
         complete=complete,
         stages=stages,
         seconds=time.monotonic() - clock,

@@ -62,11 +62,17 @@ class Found:
     parts: tuple[str, ...]
 
 
-def find_inputs(paths: list[str | Path]) -> list[Found]:
+def find_inputs(
+    paths: list[str | Path], output: Path | None = None, skipped: list[str] | None = None
+) -> list[Found]:
     """Files stay as given (missing ones too: they fail alone later); directories give their media files in
     sorted order, each with its path relative to the directory. A directory without media stays itself, to
-    fail alone with that reason. fsspec URLs (strings) are expanded the same way and stay URLs."""
+    fail alone with that reason. fsspec URLs (strings) are expanded the same way and stay URLs.
+
+    A directory's walk never enters this run's ``output`` folder nor any other output folder
+    (:func:`iter_media`): each such folder is named once, in ``skipped`` when given, else in a warning."""
     out: list[Found] = []
+    passed: list[Path] = []
     for raw in paths:
         if is_url(raw):
             url = str(raw)
@@ -82,7 +88,7 @@ def find_inputs(paths: list[str | Path]) -> list[Found]:
             continue
         path = Path(raw)
         if path.is_dir():
-            files = _media_under(path)
+            files = _media_under(path, output, passed)
             name = path.absolute().resolve().name if path.name in ("", ".", "..") else path.name
             if not files:
                 out.append(Found(path, (name or "input",)))
@@ -91,13 +97,30 @@ def find_inputs(paths: list[str | Path]) -> list[Found]:
                 out.append(Found(file, (name or "input", *rel.parent.parts, rel.stem)))
         else:
             out.append(Found(path, (path.stem,)))
+    names = list(dict.fromkeys(shown(p) for p in passed))
+    if skipped is not None:
+        skipped.extend(names)
+    for name in names if skipped is None else ():
+        log.warning("skipped %s: the pipeline's output, not an input", name)
     return out
 
 
-def iter_media(root: Path) -> Iterator[Path]:
+def iter_media(root: Path, out: Path | None = None, skipped: list[Path] | None = None) -> Iterator[Path]:
     """Media-named files below ``root`` as the walk meets them (folders in sorted order); linked folders
-    are followed once (no loops). A caller may stop early (the API's bounded walk)."""
+    are followed once (no loops). A caller may stop early (the API's bounded walk).
+
+    No file the pipeline wrote is taken: the walk does not enter this run's output folder ``out`` nor any
+    output folder (:func:`orchestrator.layout.is_output`: an earlier run's, whatever it was named), each
+    added to ``skipped``. Where ``root`` is in or is an output folder (``--output`` above the inputs), the
+    folders of that folder's inputs (its index) and its run-level folders are left out; a ``root`` inside
+    an input's folder is skipped whole."""
     seen: set[tuple[int, int]] = set()
+    own = _identity(out) if out is not None else None
+    home, ids = _output_around(root)
+    if home is not None and _within(os.path.relpath(os.path.abspath(root), home), ids):
+        if skipped is not None:
+            skipped.append(root)
+        return
     for directory, dirs, files in os.walk(root, followlinks=True):
         try:
             st = os.stat(directory)
@@ -108,14 +131,53 @@ def iter_media(root: Path) -> Iterator[Path]:
             dirs[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))
-        dirs.sort()
         base = Path(directory)
+        keep = []
+        for name in sorted(dirs):
+            sub = base / name
+            if home is not None:
+                rel = os.path.relpath(os.path.abspath(sub), home)
+                if rel in ids or (os.sep not in rel and name in layout.RUN_LEVEL):
+                    continue  # an input's folder (or .runs) of the output folder the walk is in
+            if layout.is_output(sub) or (own is not None and _identity(sub) == own):
+                if skipped is not None:
+                    skipped.append(sub)
+                continue
+            keep.append(name)
+        dirs[:] = keep
         yield from (base / f for f in files if os.path.splitext(f)[1].lower() in MEDIA_SUFFIXES)
 
 
-def _media_under(root: Path) -> list[Path]:
-    """Media files below ``root`` in sorted order."""
-    return [p for p in sorted(iter_media(root)) if p.is_file()]
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _output_around(root: Path) -> tuple[str | None, set[str]]:
+    """The output folder ``root`` is or sits in (nearest first), with its inputs' folders (relative to it,
+    from its index); ``(None, set())`` when there is none."""
+    path = os.path.abspath(root)
+    while True:
+        if layout.is_output(path):
+            return path, {item_id.replace("/", os.sep) for item_id in load_ids(Path(path)).values()}
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None, set()
+        path = parent
+
+
+def _within(rel: str, ids: set[str]) -> bool:
+    """Whether ``rel`` (a path relative to an output folder) is one of its inputs' folders or inside one."""
+    parts = rel.split(os.sep)
+    return any(os.sep.join(parts[:n]) in ids for n in range(1, len(parts) + 1))
+
+
+def _media_under(root: Path, out: Path | None = None, skipped: list[Path] | None = None) -> list[Path]:
+    """Media files below ``root`` in sorted order (see :func:`iter_media`)."""
+    return [p for p in sorted(iter_media(root, out, skipped)) if p.is_file()]
 
 
 def expand_inputs(paths: list[str | Path]) -> list[Path | str]:
@@ -272,10 +334,13 @@ class Input:
         return self.directory / f"{kind}.json"
 
 
-def plan_inputs(paths: list[str | Path], out: Path, dry: bool = False) -> list[Input]:
+def plan_inputs(
+    paths: list[str | Path], out: Path, dry: bool = False, skipped: list[str] | None = None
+) -> list[Input]:
     """The run's inputs, one per distinct source, with ids (the index updated on disk unless ``dry``) and
-    notes for sources given more than once."""
-    found = find_inputs(paths)
+    notes for sources given more than once. The walk leaves out the pipeline's own output folders
+    (:func:`find_inputs`: named in ``skipped`` when given, else in a warning)."""
+    found = find_inputs(paths, out, skipped)
     unique: dict[tuple, Found] = {}
     also: dict[tuple, list[str]] = {}
     for item in found:

@@ -249,6 +249,7 @@ def plan_lines(plan: RunPlan) -> list[str]:
         f"{plan.inputs:,} input(s){dup}: {plan.complete:,} complete, {plan.inputs - plan.complete:,} with work "
         f"to do; planned in {plan.seconds:.1f} s; output {plan.output_dir}"
     ]
+    lines += [f"skipped {name}: the pipeline's output, not an input" for name in plan.skipped]
     for stage in plan.stages:
         model = f" [{stage.model}]" if stage.model else ""
         lines.append(f"{stage.stage}{model}: {stage.reuse:,} to reuse, {stage.redo:,} to redo")

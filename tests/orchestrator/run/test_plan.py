@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -111,6 +112,39 @@ def test_odd_directory_arguments_name_their_inputs(tmp_path, monkeypatch):
     monkeypatch.chdir(corpus)
     ids = assign_ids(find_inputs(["."]))
     assert ids == ["corpus/hidden/y", "corpus/caf_/z", "corpus/x"]
+
+
+def test_the_walk_leaves_out_every_output_folder_and_names_each_once(tmp_path, monkeypatch):
+    # Given a folder of talks holding this run's output, an earlier run's under another name, and a
+    # folder whose name looks like output but is not one (no marker)
+    talks = _corpus(
+        tmp_path / "talks",
+        ["talk.wav", "out/talks/talk/audio.ogg", "old/talks/talk/audio.ogg", "results/x.wav"],
+    )
+    (talks / "old" / layout.RUNS).mkdir()
+    monkeypatch.chdir(talks)
+    skipped: list[str] = []
+    # When it is planned from inside, twice (the first run made ./out an output folder)
+    first = plan_inputs(["."], tmp_path / "talks" / "out", skipped=skipped)
+    again = plan_inputs([".", "."], tmp_path / "talks" / "out", skipped=skipped)
+    # Then only the talks are inputs, and each output folder is named once per plan
+    assert [i.id for i in first] == [i.id for i in again] == ["talks/results/x", "talks/talk"]
+    assert skipped == ["old", "out"] * 2
+    # and a walk that starts in an input's folder of an output folder takes nothing
+    assert [f.source for f in find_inputs(["out/talks"])] == [Path("out/talks")]
+
+
+def test_an_output_folder_that_is_the_input_folder_keeps_its_inputs_and_not_its_outputs(tmp_path):
+    # Given `process talks --output talks` run once: the inputs' folders and .runs sit among the talks
+    talks = _corpus(tmp_path / "talks", ["talk.wav", "b/talk.wav"])
+    first = plan_inputs([talks], talks)
+    (talks / layout.RUNS / "run").mkdir(parents=True)
+    for inp in first:
+        (inp.directory / "audio.ogg").parent.mkdir(parents=True, exist_ok=True)
+        (inp.directory / "audio.ogg").write_bytes(b"x")
+    # When it is planned again, Then the same inputs, none of the pipeline's files
+    assert [i.source for i in plan_inputs([talks], talks)] == [talks / "b" / "talk.wav", talks / "talk.wav"]
+    assert [i.id for i in first] == ["talks/b/talk", "talks/talk"]
 
 
 @pytest.mark.slow
