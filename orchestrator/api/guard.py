@@ -2,7 +2,8 @@
 
 Host check (a loopback server without a token answers loopback names only), bearer token, the in-flight
 limit (429 with a Retry-After from the queue's drain time), the body limit (413; uploads to
-``/v1/audio/transcriptions`` admitted by expected wait first, then streamed), and the request metrics.
+``/v1/audio/transcriptions`` admitted by expected wait first, then streamed to the form parser whatever
+their transfer encoding), and the request metrics.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 
 #: the route whose uploads the guard admits by expected wait and streams instead of buffering
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
+#: the key in a request's ``scope["state"]`` of its admitted upload's reservation: the function that stops
+#: counting the upload as work ahead (the route calls it once the job is queued, the guard at the end)
+UPLOAD_RESERVED = "upload_reserved"
 #: the routes named in the request metrics (anything else is "other")
 ROUTES = ("/v1/embeddings", "/v1/jobs", TRANSCRIPTIONS, "/health", "/metrics", "/openapi.json", "/docs")
 #: room for the multipart framing and the form's other fields around an upload
@@ -81,12 +85,13 @@ class Guard:
         app,
         settings: Settings,
         metrics: Metrics,
-        admit_upload: Callable[[], ApiError | None] | None = None,
+        admit_upload: Callable[[dict], ApiError | None] | None = None,
         drain_s: Callable[[], float] | None = None,
     ) -> None:
         self.app = app
         self.upload_limit = settings.max_upload_bytes + FORM_OVERHEAD
-        #: transcriptions are admitted (or refused, 429) before their upload is read
+        #: transcriptions are admitted (or refused, 429) before their upload is read; an admitted one
+        #: leaves in the request's state the function that ends its reservation (called here at the end)
         self.admit_upload = admit_upload
         token = settings.api_token.get_secret_value() if settings.api_token else ""
         self.expected = token.encode() if token else None
@@ -178,7 +183,8 @@ class Guard:
         upload = scope["path"] == TRANSCRIPTIONS and scope["method"] == "POST"
         limit = self.upload_limit if upload else self.max_body
         if upload and self.admit_upload is not None:
-            refused = self.admit_upload()
+            state = scope.setdefault("state", {})
+            refused = self.admit_upload(state)
             if refused is not None:
                 self.metrics.rejected.labels(reason="expected_wait").inc()
                 await error_response(
@@ -194,9 +200,14 @@ class Guard:
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await self._too_large(scope, receive, send, limit)
             return
-        # streamed to the form parser (it spools to disk), never held whole
-        if upload and declared is not None:
-            await self.app(scope, _bounded(receive, int(declared)), send)
+        # streamed to the form parser (it spools to disk), never held whole, with or without a length
+        if upload:
+            try:
+                await self.app(scope, _bounded(receive, declared, limit), send)
+            finally:
+                release = scope.get("state", {}).get(UPLOAD_RESERVED)
+                if release is not None:
+                    release()  # an upload given up before it was queued no longer counts as work ahead
             return
         body, more, size = [], True, 0
         while more:
@@ -231,8 +242,9 @@ class Guard:
         )(scope, receive, send)
 
 
-def _bounded(receive, declared: int):
-    """``receive`` that ends the request (a disconnect) when more than ``declared`` bytes arrive."""
+def _bounded(receive, declared: bytes | None, limit: int):
+    """``receive`` that ends the request (a disconnect) when more than the ``declared`` length arrives,
+    and raises a 413 :class:`ApiError` when a body without a declared length grows past ``limit``."""
     seen = 0
 
     async def bounded():
@@ -240,8 +252,15 @@ def _bounded(receive, declared: int):
         message = await receive()
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
-            if seen > declared:
+            if declared is not None and seen > int(declared):
                 return {"type": "http.disconnect"}
+            if seen > limit:
+                raise ApiError(
+                    413,
+                    f"request body larger than {limit} bytes",
+                    type="request_too_large",
+                    code="body_too_large",
+                )
         return message
 
     return bounded

@@ -224,6 +224,8 @@ class JobQueue:
         self.clock = JobClock(settings.transcription_prior_s)
         #: callbacks per job, called (from the job thread) with the record once it is finished
         self._watchers: dict[str, list] = {}
+        #: transcriptions admitted whose upload is still arriving (not queued yet): work ahead all the same
+        self.arriving = 0
 
     # -- the state folder's owner -------------------------------------------------
     def claim(self) -> None:
@@ -319,10 +321,12 @@ class JobQueue:
         return self._running
 
     def expected_wait_s(self) -> float:
-        """Seconds until a job queued now would start: the inputs of the jobs ahead times the seconds per
-        input measured (:class:`JobClock`), less what the running job has done already."""
+        """Seconds until a job queued now would start: the inputs of the jobs ahead (and the uploads
+        admitted but still arriving, one input each) times the seconds per input measured
+        (:class:`JobClock`), less what the running job has done already."""
         with self._cond:
             ahead = sum(len(self._records[j].inputs) or 1 for j in self._queue if j in self._records)
+            ahead += self.arriving
             running = self._records.get(self._running) if self._running else None
         per_input = self.clock.per_input_s
         wait = ahead * per_input
@@ -400,6 +404,22 @@ class JobQueue:
         return self._enqueue(
             files, kind="transcription", job_id=directory.parent.name, language=language, prompt=prompt
         )
+
+    def upload_arriving(self):
+        """Count one admitted upload as work ahead until it is queued (or given up): returns the function
+        that stops counting it (idempotent)."""
+        with self._cond:
+            self.arriving += 1
+        counted = True
+
+        def release() -> None:
+            nonlocal counted
+            with self._cond:
+                if counted:
+                    counted = False
+                    self.arriving -= 1
+
+        return release
 
     def new_id(self) -> str:
         return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
@@ -488,8 +508,10 @@ class JobQueue:
         log.info("job %s: deleted with its outputs", job_id)
 
     def delete(self, job_id: str) -> None:
-        """Remove a finished job now (what a transcription does once answered)."""
-        if self.get(job_id).status in FINISHED:
+        """Remove a finished job now (what a transcription does once answered); nothing when it is gone
+        already (a cancelled queued job is deleted by :meth:`cancel`)."""
+        record = self._records.get(job_id)
+        if record is not None and record.status in FINISHED:
             self._delete(job_id)
 
     def expire(self) -> int:

@@ -56,11 +56,12 @@ from contracts.errors import ApiError, ArtifactError
 from contracts.report import RunReport
 from orchestrator.api.admission import LoopLag, refusal
 from orchestrator.api.errors import error_response
-from orchestrator.api.guard import TRANSCRIPTIONS, Guard
+from orchestrator.api.guard import TRANSCRIPTIONS, UPLOAD_RESERVED, Guard
 from orchestrator.api.jobs import UPLOAD_DIR, JobQueue
 from orchestrator.api.metrics import CONTENT_TYPE, Metrics, ScrapeCollector
-from orchestrator.api.transcriptions import form_text, model_name, save_upload, transcription_answer
+from orchestrator.api.transcriptions import form_text, model_name, redact, save_upload, transcription_answer
 from orchestrator.api.workers import EmbeddingPool
+from orchestrator.corpus.captions import CaptionRules
 from orchestrator.gpu.nvml import NvmlReader
 from orchestrator.run.hub import resolve_hub
 from orchestrator.run.pipeline import REPORT_NAME
@@ -254,6 +255,8 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
     )
 
     loop_lag = LoopLag()
+    #: the server's own folders as answers name them (never the path itself)
+    private = {str(Path(settings.server_dir)): "the server's state folder"}
 
     async def watch_loop(tick_s: float = 0.1) -> None:
         """How late the event loop runs this timer: admission counts it as work ahead of every request."""
@@ -298,7 +301,7 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         )
         return error_response(
             exc.status,
-            exc.message,
+            redact(exc.message, private),
             exc.type if exc.type != "server_error" or exc.status >= 500 else None,
             exc.param,
             exc.code,
@@ -417,11 +420,18 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
             media_type="application/json",
         )
 
-    def admit_upload() -> ApiError | None:
-        """A transcription that could not finish within PIPELINE_TRANSCRIPTION_TIMEOUT_S is refused now."""
+    def admit_upload(state: dict | None = None) -> ApiError | None:
+        """A transcription that could not finish within PIPELINE_TRANSCRIPTION_TIMEOUT_S is refused now.
+        An admitted one counts as work ahead of the next from now on, while its upload arrives: its
+        reservation (a function ending it, called once the job is queued, or by the guard when the
+        request ends) is left in ``state``, and a request already holding one is not admitted twice."""
+        if state is not None and state.get(UPLOAD_RESERVED) is not None:
+            return None
         ahead, own = jobs.expected_wait_s(), jobs.clock.per_input_s
         retry = refusal(ahead, own, settings.transcription_timeout_s, spread=random.random())
         if retry is None:
+            if state is not None:
+                state[UPLOAD_RESERVED] = jobs.upload_arriving()
             return None
         return ApiError(
             429,
@@ -441,7 +451,8 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
     async def transcriptions(request: Request) -> Response:
         """OpenAI's audio transcription (multipart: ``file``, ``model``, ``language``, ``prompt``,
         ``response_format``, ``timestamp_granularities[]``), run as a job through the isolated stages."""
-        refused = admit_upload()
+        state = request.scope.setdefault("state", {})
+        refused = admit_upload(state)
         if refused is not None:
             # decided before the upload is parsed or stored; it is still read and dropped (bounded by the
             # body limit): a response sent over an unread body makes the client's TCP see a reset, not the 429
@@ -450,6 +461,8 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
             raise refused
         try:
             form = await request.form(max_files=1, max_fields=32)
+        except ApiError:
+            raise  # the guard's body limit, reached while a chunked upload arrived
         except Exception as exc:  # noqa: BLE001 - python-multipart / starlette: a malformed form
             raise ApiError(
                 400,
@@ -508,11 +521,19 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         job_id = jobs.new_id()
         folder = jobs.directory / job_id
         try:
-            await save_upload(upload, folder / UPLOAD_DIR, settings.max_upload_bytes)
+            saved = await save_upload(upload, folder / UPLOAD_DIR, settings.max_upload_bytes)
             record = await asyncio.to_thread(jobs.submit_upload, folder / UPLOAD_DIR, language, prompt)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, folder, True)
             raise
+        finally:  # queued now (or given up): the queue counts it, no longer the arriving uploads
+            release = request.scope.get("state", {}).get(UPLOAD_RESERVED)
+            if release is not None:
+                release()
+        shown = {
+            str(saved): Path(upload.filename or "").name or "the uploaded file",
+            str(folder): "the job's folder",
+        }
         loop = asyncio.get_running_loop()
         finished: asyncio.Future = loop.create_future()
 
@@ -529,8 +550,11 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
             )
             if finished not in ready:
                 await asyncio.to_thread(jobs.cancel, record.id, True)
-                if gone in ready:
-                    raise ApiError(499, "client closed the request", code="client_closed")
+                if gone in ready:  # nobody reads an answer: none is made (uvicorn drops what is sent)
+                    log.info("transcription %s: the client disconnected; the job was cancelled", record.id)
+                    metrics.rejected.labels(reason="disconnect").inc()
+                    return Response(status_code=499)
+                metrics.rejected.labels(reason="deadline").inc()
                 raise ApiError(
                     504,
                     f"the transcription was not done within {settings.transcription_timeout_s:g}s "
@@ -539,7 +563,10 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
                     code="deadline_exceeded",
                 )
             final = finished.result()
-            return await asyncio.to_thread(transcription_answer, final, response_format, granularities)
+            rules = CaptionRules.from_settings(settings)
+            return await asyncio.to_thread(
+                transcription_answer, final, response_format, granularities, rules, shown
+            )
         finally:
             gone.cancel()
             await asyncio.to_thread(jobs.delete, record.id)

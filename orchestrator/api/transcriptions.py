@@ -1,6 +1,8 @@
 """``/v1/audio/transcriptions`` outside its route: the form's text fields, the upload saved to disk, and a
-finished job answered in OpenAI's formats (json, text, srt, vtt, verbose_json). :func:`model_name` also
-names the models of job results (``orchestrator.api.server``).
+finished job answered in OpenAI's formats (json, text, srt, vtt, verbose_json), each made from the job's
+``transcript.json`` (subtitles with the corpus renderers, whatever ``PIPELINE_FORMATS`` wrote).
+:func:`model_name` also names the models of job results (``orchestrator.api.server``); :func:`redact`
+keeps the server's folders out of answers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ from contracts.api import (
     TranscriptionWord,
 )
 from contracts.errors import ApiError
+from orchestrator.corpus.captions import CaptionRules
+from orchestrator.corpus.export import load_sources
+from orchestrator.corpus.outputs import to_srt, to_vtt
+
+#: the subtitle renderers answers use (the corpus's own: the same cues as ``pipeline process`` writes)
+SUBTITLES = {"srt": to_srt, "vtt": to_vtt}
 
 
 def model_name(model: str) -> str:
@@ -35,24 +43,44 @@ def model_name(model: str) -> str:
     return Path(model).name if Path(model).is_absolute() else model
 
 
+def redact(text: str, replacements: dict[str, str]) -> str:
+    """``text`` with each folder of ``replacements`` (and its resolved form) replaced by what the client
+    may see: a name it sent, or a neutral word. Longer folders first, so a job's folder is replaced
+    before the state folder holding it."""
+    pairs: dict[str, str] = {}
+    for folder, shown in replacements.items():
+        for form in {str(folder), os.path.realpath(folder)}:
+            if form and form != os.sep:
+                pairs.setdefault(form, shown)
+    for folder in sorted(pairs, key=len, reverse=True):
+        text = text.replace(folder, pairs[folder])
+    return text
+
+
 def compression_ratio(text: str) -> float:
     """Whisper's ``compression_ratio``: bytes of the text over bytes of its zlib compression."""
     data = text.encode("utf-8")
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
-def transcription_answer(record: JobRecord, response_format: str, granularities: list[str]) -> Response:
-    """A finished transcription job as OpenAI answers it; 400 with the input's reason when it failed."""
+def transcription_answer(
+    record: JobRecord,
+    response_format: str,
+    granularities: list[str],
+    rules: CaptionRules | None = None,
+    shown: dict[str, str] | None = None,
+) -> Response:
+    """A finished transcription job as OpenAI answers it; 400 with the input's reason when it failed, the
+    server's folders in it replaced as ``shown`` says (:func:`redact`). Subtitles follow ``rules``."""
     item = record.inputs[0] if record.inputs else None
     if item is None or item.status not in ("ok", "partial"):
         why = (item.error if item else None) or record.error or "the audio could not be transcribed"
+        why = redact(why, shown or {})
         raise ApiError(400, why, type="invalid_request_error", param="file", code="invalid_audio")
     directory = Path(record.output_dir) / item.id
-    if response_format in ("srt", "vtt"):
-        return PlainTextResponse(
-            (directory / f"transcript.{response_format}").read_text(encoding="utf-8"),
-            media_type="text/plain; charset=utf-8",
-        )
+    if response_format in SUBTITLES:
+        src = load_sources(directory, item.id, rules or CaptionRules())
+        return PlainTextResponse(SUBTITLES[response_format](src), media_type="text/plain; charset=utf-8")
     transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
     text = " ".join(seg.text.strip() for seg in transcript.segments if seg.text.strip())
     usage = TranscriptionUsage(seconds=round(transcript.duration_s, 3))
@@ -104,14 +132,15 @@ def form_text(form, name: str) -> str | None:
     raise ApiError(400, f"'{name}' must be a text field", param=name, code="invalid_request")
 
 
-async def save_upload(upload, directory: Path, limit: int) -> None:
+async def save_upload(upload, directory: Path, limit: int) -> Path:
     """Copy the uploaded file into ``directory`` as ``audio<suffix>`` (the suffix only when it is a plain
-    one); 413 beyond ``limit`` bytes."""
+    one) and return its path; 413 beyond ``limit`` bytes."""
     suffix = os.path.splitext(upload.filename or "")[1].lower()
     suffix = suffix if suffix[1:].isalnum() and suffix.isascii() and len(suffix) <= 8 else ""
     directory.mkdir(parents=True, exist_ok=True)
     size = 0
-    with open(directory / f"audio{suffix}", "wb") as out:
+    path = directory / f"audio{suffix}"
+    with open(path, "wb") as out:
         while chunk := await upload.read(1 << 20):
             size += len(chunk)
             if size > limit:
@@ -125,3 +154,4 @@ async def save_upload(upload, directory: Path, limit: int) -> None:
             await asyncio.to_thread(out.write, chunk)
     if size == 0:
         raise ApiError(400, "the audio file is empty", param="file", code="invalid_audio")
+    return path

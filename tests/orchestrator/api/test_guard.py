@@ -182,7 +182,7 @@ def test_past_the_in_flight_limit_429_with_a_retry_after_from_the_drain_time():
 
 def test_an_upload_refused_by_expected_wait_is_answered_before_its_body_is_read():
     refused = ApiError(429, "the queue would not answer in time", code="expected_wait", retry_after=7)
-    guard, metrics = _guard(admit_upload=lambda: refused)
+    guard, metrics = _guard(admit_upload=lambda state: refused)
     status, headers, body = asyncio.run(
         _request(guard, path=TRANSCRIPTIONS, headers={"Content-Length": "10"})
     )
@@ -192,7 +192,7 @@ def test_an_upload_refused_by_expected_wait_is_answered_before_its_body_is_read(
 
 
 def test_an_admitted_upload_is_streamed_and_ends_where_its_declared_length_does():
-    guard, _ = _guard(admit_upload=lambda: None, max_body_bytes=1024)
+    guard, _ = _guard(admit_upload=lambda state: None, max_body_bytes=1024)
     # beyond the JSON body limit but within the upload limit: streamed through, not buffered
     status, _, body = asyncio.run(
         _request(
