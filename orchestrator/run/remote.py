@@ -107,6 +107,9 @@ def _split(url: str) -> tuple[str, str | None, str, str, str]:
         port = authority.rpartition(":")[2]
         at = tail.find("@", end)
         if at != -1 and port and not port.isdigit():
+            # the host is what follows the last "@" before the next "/" (the password may hold "@" too)
+            host_end = min((i for i in (tail.find(c, at) for c in "/?#") if i != -1), default=len(tail))
+            at = tail.rindex("@", at, host_end)
             userinfo, tail = tail[:at], tail[at + 1 :]
     tail, _, fragment = tail.partition("#")
     rest, _, query = tail.partition("?")
