@@ -219,9 +219,17 @@ def test_the_remote_limits_are_settings():
 
 
 @pytest.mark.slow
-def test_url_inputs_that_stall_or_are_too_large_fail_alone_and_the_run_goes_on(bad_server, tmp_path):
+def test_url_inputs_that_stall_or_are_too_large_fail_alone_and_the_run_goes_on(
+    bad_server, silent_server, tmp_path
+):
     local = clips(tmp_path / "clips", 1, seconds=2.5)[0]
-    sources = [str(local), f"{bad_server}/stall.wav", f"{bad_server}/big.wav", f"{bad_server}/chunked.wav"]
+    sources = [
+        str(local),
+        f"{bad_server}/stall.wav",
+        f"{bad_server}/big.wav",
+        f"{bad_server}/chunked.wav",
+        f"{silent_server}/silent.wav",  # accepts, never answers: planning gives up on it in seconds
+    ]
     out = tmp_path / "out"
     done = subprocess.run(
         [
@@ -253,16 +261,21 @@ def test_url_inputs_that_stall_or_are_too_large_fail_alone_and_the_run_goes_on(b
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads((out / "run-report.json").read_text())
     inputs = {i["source"]: i for i in report["inputs"]}
-    assert (report["ok"], report["failed"]) == (1, 3)
+    assert (report["ok"], report["failed"]) == (1, 4)
+    # planning gave up on the silent server within the timeouts, in one line that names them
+    said = [line for line in done.stderr.splitlines() if "silent.wav" in line and "PIPELINE_REMOTE_" in line]
+    assert said and "timed out" in said[0], done.stderr[-3000:]
     assert inputs[str(local)]["status"] == "ok" and "-->" in (out / "clip000" / "transcript.srt").read_text()
     # each URL failed alone, at the fetch, with a one-line reason
     expected = {
         "stall.wav": ("stalled", "timed out"),
         "big.wav": ("larger than the limit of 1.0 MB",),
         "chunked.wav": ("larger than the limit of 1.0 MB",),
+        "silent.wav": ("stalled", "timed out"),
     }
     for name, words in expected.items():
-        failed = inputs[f"{bad_server}/{name}"]
+        base = silent_server if name == "silent.wav" else bad_server
+        failed = inputs[f"{base}/{name}"]
         assert failed["failed_stage"] == "fetch" and "\n" not in failed["error"], failed
         assert any(word in failed["error"] for word in words), failed["error"]
     # nothing half-written anywhere
@@ -523,7 +536,7 @@ def test_redact_hides_any_password_and_every_signing_parameter():
 
 
 def test_a_urls_identity_leaves_out_credentials_wherever_they_sit():
-    from orchestrator.run.remote import configure, without_credentials
+    from orchestrator.run.remote import without_credentials
 
     aws = "https://b.s3.amazonaws.com/a.wav?X-Amz-Algorithm=A&X-Amz-Date=1&X-Amz-Signature=s&X-Amz-Expires=9"
     gcs = "https://storage.googleapis.com/b/a.wav?X-Goog-Algorithm=A&X-Goog-Credential=c&X-Goog-Signature=s"
@@ -534,6 +547,8 @@ def test_a_urls_identity_leaves_out_credentials_wherever_they_sit():
     assert without_credentials("https://h/a.wav?versionId=3&token=t") == "https://h/a.wav?versionId=3"
     assert without_credentials("https://h/stream.wav?st=30") == "https://h/stream.wav?st=30"
     # the setting adds names (a trailing "*": a prefix)
+    from orchestrator.run.remote import configure
+
     try:
         configure(Settings(remote_secret_params=["SessionId", "x-my-*"]))
         url = "https://h/a.wav?sessionid=1&X-My-Sig=2&x=3"
@@ -602,50 +617,48 @@ def silent_server():
         conn.close()
 
 
-def test_planning_a_url_that_never_answers_gives_up_within_the_remote_timeouts(silent_server, memfs, caplog):
+@pytest.fixture
+def remote_defaults():
+    """Planning's remote settings back to the defaults after the test (a run's settings stay set)."""
+    yield
+    from orchestrator.run import remote
+
+    remote.configure(Settings())
+
+
+def test_planning_a_url_that_never_answers_gives_up_within_the_remote_timeouts(
+    silent_server, memfs, caplog, tmp_path, remote_defaults
+):
     from orchestrator.run.needs import dry_run
-    from orchestrator.run.plan import chain_fingerprints, plan_inputs
-    from orchestrator.run.remote import configure
-    from orchestrator.run.state import InputState
 
     memfs.pipe("/in/good.wav", b"RIFF....")
-    settings = Settings(remote_connect_timeout_s=1, remote_read_timeout_s=1)
-    configure(settings)
-    orch = Orchestrator(settings.replace(speakers=False, embedding_profile="embedded", device="cpu"))
-    specs = orch.stage_specs()
+    settings = Settings(
+        remote_connect_timeout_s=1,
+        remote_read_timeout_s=1,
+        output_dir=tmp_path / "out",
+        speakers=False,
+        embedding_profile="embedded",
+        device="cpu",
+    )
+    specs = Orchestrator(settings).stage_specs()
     result: dict = {}
+    sources = [f"{silent_server}/a.wav", "memory://in/good.wav"]
 
     def plan() -> None:  # in a thread: a plan that hangs fails this test in seconds, not minutes
-        planned = plan_inputs(
-            [f"{silent_server}/a.wav", "memory://in/good.wav"], orch.settings.output_dir, dry=True
-        )
-        inputs = [InputState(i) for i in planned]
-        for inp in inputs:
-            chain_fingerprints(inp, specs)
-        result["inputs"] = inputs
+        result["plan"] = dry_run(settings, specs, sources, time.monotonic())
 
-    try:
-        began = time.monotonic()
-        worker = threading.Thread(target=plan, daemon=True)
-        worker.start()
-        worker.join(15)
-        took = time.monotonic() - began
-        assert not worker.is_alive(), "planning did not give up"
-        assert took < 6, took  # one timeout (connect + read), not three calls of 60 s
-        hung, good = result["inputs"]
-        first = specs[0].name
-        assert hung.fingerprints[first] and good.fingerprints[first]
-        # one line says why, naming the settings
-        lines = [r.getMessage() for r in caplog.records if silent_server in r.getMessage()]
-        assert lines and all("\n" not in line for line in lines)
-        assert any("PIPELINE_REMOTE_CONNECT_TIMEOUT_S" in line for line in lines), lines
-        # a dry run (what `pipeline plan` shows) is bounded the same way
-        configure(Settings())
-        began = time.monotonic()
-        plan_ = dry_run(orch.settings, specs, [f"{silent_server}/b.wav", "memory://in/good.wav"], began)
-        assert time.monotonic() - began < 6 and plan_.inputs == 2
-    finally:
-        configure(Settings())
+    began = time.monotonic()
+    worker = threading.Thread(target=plan, daemon=True)
+    worker.start()
+    worker.join(15)
+    took = time.monotonic() - began
+    assert not worker.is_alive(), "planning did not give up"
+    assert took < 6, took  # one timeout (connect + read), not three calls of 60 s
+    assert result["plan"].inputs == 2  # the other input is planned
+    # one line says why, naming the settings
+    lines = [r.getMessage() for r in caplog.records if silent_server in r.getMessage()]
+    assert lines and all("\n" not in line for line in lines)
+    assert any("PIPELINE_REMOTE_CONNECT_TIMEOUT_S" in line for line in lines), lines
 
 
 def test_a_presigned_s3_url_under_a_new_signature_is_the_same_input_and_is_fetched_whole(s3, tmp_path):
