@@ -124,6 +124,10 @@ class InputOptions(SettingsGroup):
     remote_deadline_floor_s: float = Field(600.0, gt=0)
     #: ... plus this many seconds per MB of its size (1.0: at least 1 MB/s on average), then it fails
     remote_deadline_per_mb_s: float = Field(1.0, ge=0)
+    #: more query parameters that sign or authenticate a URL (env: comma-separated; case-insensitive; a name
+    #: ending in "*" is a prefix), beside the built-in list (AWS, GCS, Azure SAS, token, key, ...): never in
+    #: a URL input's id, index entry or fingerprint, shown as "***", still sent when fetching
+    remote_secret_params: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
 
 class DeviceOptions(SettingsGroup):
@@ -574,6 +578,13 @@ class Settings(*reversed(GROUPS), BaseSettings):
         if unknown:
             raise ValueError(f"unknown format {unknown[0]!r} (one of {', '.join(FORMATS)})")
         return names
+
+    @field_validator("remote_secret_params", mode="before")
+    @classmethod
+    def _secret_params(cls, value):
+        if isinstance(value, str):
+            value = value.split(",")
+        return [str(v).strip() for v in value or [] if str(v).strip()]
 
     @field_validator("input_roots", "read_roots", mode="before")
     @classmethod

@@ -19,6 +19,7 @@ from orchestrator.registry import StageSpec
 from orchestrator.run.journal import Completed, Journal
 from orchestrator.run.models import model_label, same_model
 from orchestrator.run.plan import chain_fingerprints, input_keys, plan_inputs
+from orchestrator.run.remote import configure as configure_remote
 from orchestrator.run.remote import without_credentials
 from orchestrator.run.runner import artifact_state
 from orchestrator.run.state import InputState
@@ -218,6 +219,7 @@ def dry_run(settings: Settings, specs: list[StageSpec], paths: list[str | Path],
     """What a run of ``paths`` would do, stage by stage, with the reasons (``clock``: when planning began,
     on ``time.monotonic``). Starts no child, writes nothing."""
     out = Path(settings.output_dir)
+    configure_remote(settings)  # planning's calls to URLs use these timeouts
     skipped: list[str] = []
     inputs = [InputState(inp) for inp in plan_inputs(paths, out, dry=True, skipped=skipped)]
     journal = layout.path(out, layout.JOURNAL)

@@ -43,6 +43,7 @@ from orchestrator.run.models import resolve_models
 from orchestrator.run.needs import OUTPUTS_VERSION, Resume, dry_run
 from orchestrator.run.plan import chain_fingerprints, plan_inputs
 from orchestrator.run.progress import LogProgress, Progress
+from orchestrator.run.remote import configure as configure_remote
 from orchestrator.run.remote import staging_dir
 from orchestrator.run.report import REPORT_NAME, build_report, disk_line, save_report
 from orchestrator.run.runner import StageRunner
@@ -61,6 +62,7 @@ class Orchestrator:
 
     def __init__(self, settings: Settings | None = None, executor: Executor | None = None) -> None:
         self.settings = settings or Settings()
+        configure_remote(self.settings)  # the output URL's identity leaves out the secret parameters set here
         if self.settings.output_url:  # build locally (shared storage), upload each finished input
             local = staging_dir(self.settings.output_url, self.settings.staging_dir)
             self.settings = self.settings.replace(output_dir=local)
@@ -162,6 +164,7 @@ class Orchestrator:
         specs = self.stage_specs()
         try:  # nothing has run yet: a full disk here is a usage error (exit 2), with the reason
             run_dir.mkdir(parents=True, exist_ok=True)
+            configure_remote(self.settings)  # planning's calls to URLs use this run's timeouts
             inputs = [InputState(inp) for inp in plan_inputs(paths, out)]
         except (OSError, DiskFullError) as exc:
             if is_disk_full(exc):

@@ -10,7 +10,9 @@ checked free. The output directory's index (``.ids.json``: source -> id) wins
 over all of this, so folders made by earlier versions keep their ids.
 
 The same source given twice (listed twice, or a folder and a file in it) is one
-input, with a note. Remote sources are known by their URL without credentials.
+input, with a note. Remote sources are known by their URL without credentials
+(no user name or password, no signing or authenticating query parameter): the
+same object under a new pre-signed URL keeps its id.
 """
 
 from __future__ import annotations
@@ -291,12 +293,22 @@ def load_ids(out: Path) -> dict[str, str]:
         key, item_id = str(key), str(item_id)
         if is_url(key):
             key = without_credentials(key)
+        if key in clean:  # the same source under two signatures (earlier versions): the first id holds
+            continue
         if item_id.lower() in owners:
             log.warning("index: %s shared id %r with another source; it gets a new one", redact(key), item_id)
             continue
         owners.add(item_id.lower())
         clean[key] = item_id
     return clean
+
+
+def _stored(out: Path) -> dict | None:
+    """The index file as it is (None: none, or unreadable)."""
+    try:
+        return json.loads(layout.path(out, layout.IDS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def save_ids(out: Path, index: dict[str, str]) -> None:
@@ -353,10 +365,8 @@ def plan_inputs(
     kept = list(unique.values())
     ids = assign_ids(kept, index)
     new = {source_key(f.source): i for f, i in zip(kept, ids)}
-    if not dry and (
-        any(index.get(k) != v for k, v in new.items()) or not layout.path(out, layout.IDS).exists()
-    ):
-        save_ids(out, index | new)
+    if not dry and (any(index.get(k) != v for k, v in new.items()) or _stored(out) != index):
+        save_ids(out, index | new)  # also when the file held what load_ids drops (an earlier signed URL)
     inputs = []
     for (same, item), item_id in zip(unique.items(), ids):
         inp = _input(item_id, item.source, out, dry)

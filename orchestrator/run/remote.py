@@ -21,11 +21,12 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus
 
 from contracts.errors import DiskFullError, InputError
 from contracts.io import is_disk_full
@@ -40,16 +41,218 @@ def is_url(value: str | Path) -> bool:
     return bool(sep) and scheme.replace("+", "").replace("-", "").isalnum() and not isinstance(value, Path)
 
 
+#: query parameters that sign or authenticate a URL (names compared in lower case), never part of its
+#: identity nor shown: AWS SigV2/SigV4, GCS, CloudFront, Azure SAS and the generic tokens and keys.
+#: ``PIPELINE_REMOTE_SECRET_PARAMS`` adds names
+SECRET_PARAMS = frozenset(
+    {
+        # AWS SigV2 (SigV4's X-Amz-* are every "x-amz-" name) and GCS V2 (V4: every "x-goog-" name)
+        "awsaccesskeyid",
+        "googleaccessid",
+        "signature",
+        # Azure SAS (its other fields count when "sig" is there: SIGNED_WITH)
+        "sig",
+        # generic
+        "token",
+        "access_token",
+        "id_token",
+        "refresh_token",
+        "auth",
+        "auth_token",
+        "authorization",
+        "key",
+        "api_key",
+        "apikey",
+        "api-key",
+        "x-api-key",
+        "password",
+        "passwd",
+        "secret",
+        "client_secret",
+        "credential",
+        "credentials",
+        "session_token",
+        "security_token",
+    }
+)
+#: query parameters whose names start so are secret (AWS SigV4's and GCS V4's signing fields)
+SECRET_PREFIXES = ("x-amz-", "x-goog-")
+#: fields of a signature that change with each signing, secret when their signature is in the query too
+#: (alone, ``st=30`` or ``expires=...`` may be what the URL is about)
+SIGNED_WITH = {
+    "sig": frozenset(
+        "sv ss srt sp se st spr sr si sip sdd skoid sktid skt ske sks skv saoid suoid scid ses".split()
+    ),
+    "signature": frozenset({"expires", "policy", "key-pair-id"}),
+}
+
+#: names added by the ``remote_secret_params`` setting (lower case; one ending in "*" is a prefix)
+_extra_secret: frozenset[str] = frozenset()
+
+
+def _split(url: str) -> tuple[str, str | None, str, str, str]:
+    """``(scheme, userinfo or None, host and path, query, fragment)`` of ``proto://user:pw@host/path?q#f``.
+
+    The userinfo ends at the authority's last ``@``, so a password may hold ``@`` and ``:``; one that holds
+    ``/`` (which should be written ``%2F``) is found too: an authority ``user:pa`` whose "port" is no number
+    runs to the next ``@``."""
+    scheme, _, tail = url.partition("://")
+    end = min((i for i in (tail.find(c) for c in "/?#") if i != -1), default=len(tail))
+    authority = tail[:end]
+    userinfo = None
+    if "@" in authority:
+        at = authority.rindex("@")
+        userinfo, tail = tail[:at], tail[at + 1 :]
+    elif ":" in authority and not authority.startswith("["):
+        port = authority.rpartition(":")[2]
+        at = tail.find("@", end)
+        if at != -1 and port and not port.isdigit():
+            # the host is what follows the last "@" before the next "/" (the password may hold "@" too)
+            host_end = min((i for i in (tail.find(c, at) for c in "/?#") if i != -1), default=len(tail))
+            at = tail.rindex("@", at, host_end)
+            userinfo, tail = tail[:at], tail[at + 1 :]
+    tail, _, fragment = tail.partition("#")
+    rest, _, query = tail.partition("?")
+    return scheme, userinfo, rest, query, fragment
+
+
+def _secret_names(query: str) -> set[str]:
+    """The names of ``query``'s parameters (``a=1&b=2``) that are credentials."""
+    names = [unquote_plus(part.partition("=")[0]).lower() for part in query.split("&") if part]
+    secret = {
+        n
+        for n in names
+        if n in SECRET_PARAMS
+        or n.startswith(SECRET_PREFIXES)
+        or n in _extra_secret
+        or any(p.endswith("*") and n.startswith(p[:-1]) for p in _extra_secret)
+    }
+    for signature, fields in SIGNED_WITH.items():
+        if signature in secret:
+            secret.update(n for n in names if n in fields)
+    return secret
+
+
+def _rebuild(url: str, password: str | None, value: str | None) -> str:
+    """``url`` with its password shown as ``password`` (None: no userinfo at all) and each secret query
+    parameter's value as ``value`` (None: the parameter left out)."""
+    if "://" not in url:
+        return url
+    scheme, userinfo, rest, query, fragment = _split(url)
+    head = f"{scheme}://"
+    if userinfo is not None and password is not None:
+        user, colon, _ = userinfo.partition(":")
+        head += f"{user}:{password}@" if colon else f"{user}@"
+    if query:
+        secret = _secret_names(query)
+        kept = []
+        for part in query.split("&"):
+            name = part.partition("=")[0]
+            if unquote_plus(name).lower() not in secret:
+                kept.append(part)
+            elif value is not None:
+                kept.append(f"{name}={value}")
+        query = "&".join(kept)
+    return head + rest + (f"?{query}" if query else "") + (f"#{fragment}" if fragment else "")
+
+
 def redact(url: str) -> str:
-    """The URL with any password replaced (``sftp://user:***@host/...``): for logs, errors and reports."""
-    return re.sub(r"^([a-zA-Z][\w+.-]*://[^/@:]*):[^/@]*@", r"\1:***@", url)
+    """The URL as logs, errors and reports show it: its password and the values of its signing or
+    authenticating query parameters as ``***`` (``sftp://user:***@host/x``, ``https://h/a.wav?X-Amz-Signature=***``)."""
+    try:
+        return _rebuild(url, "***", "***")
+    except Exception:  # noqa: BLE001 - never let a log line fail; show nothing of it rather than a secret
+        return url.partition("://")[0] + "://***"
 
 
 def without_credentials(url: str) -> str:
-    """The URL with no user name or password (``sftp://alice:secret@host/x`` -> ``sftp://host/x``): what
-    identifies a remote source across runs, in ids, the index, the journal and fingerprints. A password
-    change is not a new source."""
-    return re.sub(r"^([a-zA-Z][\w+.-]*://)[^/@]*@", r"\1", url)
+    """The URL with no user name, password or signing / authenticating query parameter
+    (``sftp://alice:secret@host/x`` -> ``sftp://host/x``; ``https://h/a.wav?X-Amz-Signature=...`` ->
+    ``https://h/a.wav``): what identifies a remote source across runs, in ids, the index, the journal
+    and fingerprints. A password change or a new signature is not a new source."""
+    return _rebuild(url, None, None)
+
+
+#: a URL inside free text (a library's log line, an error)
+_URL_IN_TEXT = re.compile(r"[a-zA-Z][\w+.-]*://[^\s'\"<>]+")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every URL in it redacted, and any ``?name=value`` or ``&name=value`` of a secret query
+    parameter (a query string quoted without its URL) as ``name=***``."""
+    text = _URL_IN_TEXT.sub(lambda m: redact(m.group(0)), text)
+    return re.sub(
+        r"(?<=[?&])([\w.-]+)=([^&\s'\"]+)",
+        lambda m: f"{m.group(1)}=***" if m.group(2) != "***" and _secret_names(m.group(1)) else m.group(0),
+        text,
+    )
+
+
+class RedactFilter(logging.Filter):
+    """Rewrites a log record's message with :func:`redact_text` (the libraries we call log URLs, with their
+    passwords and signatures, at debug level)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is the logging module's to report
+            return True
+        clean = redact_text(message)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        return True
+
+
+#: the loggers of the libraries the URL inputs go through (a logger's filter does not see its children's
+#: records: their known children are listed; the CLI's handlers redact every record too)
+LIBRARY_LOGGERS = (
+    "fsspec",
+    "fsspec.http",
+    "fsspec.asyn",
+    "fsspec.spec",
+    "fsspec.cached",
+    "s3fs",
+    "sshfs",
+    "asyncssh",
+    "asyncssh.sftp",
+    "aiohttp",
+    "aiohttp.client",
+    "aiohttp.internal",
+    "httpx",
+    "httpcore",
+    "httpcore.connection",
+    "httpcore.http11",
+    "botocore",
+    "botocore.endpoint",
+    "botocore.auth",
+    "botocore.hooks",
+    "botocore.httpsession",
+    "botocore.parsers",
+    "botocore.retryhandler",
+    "aiobotocore",
+    "urllib3",
+    "urllib3.connectionpool",
+)
+_FILTER = RedactFilter()
+
+
+def redact_logs(handlers: list[logging.Handler] | None = None) -> None:
+    """Redact the library loggers' records (and every record of ``handlers``); idempotent."""
+    for target in [*(logging.getLogger(n) for n in LIBRARY_LOGGERS), *(handlers or [])]:
+        if _FILTER not in target.filters:
+            target.addFilter(_FILTER)
+
+
+redact_logs()
+
+
+def configure(settings) -> None:
+    """Take a run's ``remote_*`` settings: the timeouts of planning's own calls (listing, size and etag) and
+    the extra secret query parameters. Planning a URL that timed out is forgotten."""
+    global _PLANNING, _extra_secret
+    _PLANNING = FetchLimits.from_settings(settings)
+    _extra_secret = frozenset(n.strip().lower() for n in settings.remote_secret_params if n.strip())
+    _timed_out.clear()
 
 
 def _fs(url: str):
@@ -65,18 +268,95 @@ def _line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300]
 
 
+#: URLs (without credentials) whose planning call timed out, and when: their other calls are not made
+#: again (a host that never answers costs one timeout per plan, not one per call)
+_timed_out: dict[str, float] = {}
+#: how long a timed-out URL is not asked again
+_TIMED_OUT_KEEP_S = 300.0
+
+
+class PlanningTimeoutError(TimeoutError):
+    """A planning call (listing a URL, its size and version) did not end within the remote timeouts
+    (``again``: an earlier call about the URL did not, and this one was not made)."""
+
+    def __init__(self, reason: str, again: bool = False) -> None:
+        super().__init__(reason)
+        self.again = again
+
+
+def _planning_limit_s() -> float:
+    """The longest a planning call may take: the connect timeout and the read timeout."""
+    return _PLANNING.connect_timeout_s + _PLANNING.read_timeout_s
+
+
+def _planning_call(url: str, call: Callable[[], object]):
+    """``call()`` (one planning call about ``url``), given up after :func:`_planning_limit_s`: the protocol's
+    own timeouts bound each request, and this bounds the whole call (retries, a HEAD then a GET, a protocol
+    with no read timeout). A call given up goes on in a daemon thread until its protocol ends it."""
+    key = without_credentials(url)
+    since = _timed_out.get(key)
+    if since is not None and time.monotonic() - since < _TIMED_OUT_KEEP_S:
+        raise PlanningTimeoutError(_timeout_reason(), again=True)
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append((True, call()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            box.append((False, exc))
+
+    worker = threading.Thread(target=run, name="plan-url", daemon=True)
+    worker.start()
+    worker.join(_planning_limit_s())
+    if not box:
+        _timed_out[key] = time.monotonic()
+        raise PlanningTimeoutError(_timeout_reason())
+    ok, value = box[0]
+    if ok:
+        return value
+    if _is_timeout(value):
+        _timed_out[key] = time.monotonic()
+        raise PlanningTimeoutError(_timeout_reason()) from None
+    raise value
+
+
+def _is_timeout(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or one it was raised from is a timeout (fsspec's http gives a FileNotFoundError)."""
+    while exc is not None:
+        if isinstance(exc, TimeoutError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _timeout_reason() -> str:
+    return (
+        f"timed out: no answer within {_PLANNING.connect_timeout_s:g} s to connect and "
+        f"{_PLANNING.read_timeout_s:g} s to read (PIPELINE_REMOTE_CONNECT_TIMEOUT_S / _READ_TIMEOUT_S)"
+    )
+
+
 def expand_url(url: str, suffixes: frozenset[str]) -> list[str]:
-    """A URL of a file stays as it is (a missing one fails alone later); a "directory" gives its media files."""
-    try:
+    """A URL of a file stays as it is (a missing one fails alone later); a "directory" gives its media files.
+    Bounded by the remote timeouts: a host that does not answer leaves the URL as it is, with a warning."""
+
+    def listing() -> list[str] | None:
         fs, path = _fs(url)
         if not fs.isdir(path):
-            return [url]
+            return None
         found = sorted(p for p in fs.find(path) if PurePosixPath(p).suffix.lower() in suffixes)
+        return [path, *found]
+
+    try:
+        result = _planning_call(url, listing)
     except InputError:
         return [url]
     except Exception as exc:  # noqa: BLE001 - listing failed: the URL stays as it is and fails alone
         log.warning("cannot list %s: %s", redact(url), _line(exc))
         return [url]
+    if result is None:
+        return [url]
+    path, *found = result
     # keep the URL's own prefix (host, port, user of sftp://; bucket of s3://) for each file below it
     base, root = url.split("?", 1)[0].rstrip("/"), path.rstrip("/")
     return [base + p[len(root) :] for p in found if p.startswith(root)] or [url]
@@ -92,11 +372,13 @@ def url_stem(url: str) -> str:
 
 
 def url_identity(url: str) -> str:
-    """What the first stage's fingerprint hangs on: the URL and its size and version (etag/mtime)."""
+    """What the first stage's fingerprint hangs on: the URL without credentials and its size and version
+    (etag/mtime). Bounded by the remote timeouts; an unreadable URL says so (its fetch will say why)."""
     try:
-        fs, path = _fs(url)
-        info = fs.info(path)
+        info = _planning_call(url, lambda: _info(url))
     except Exception as exc:  # noqa: BLE001 - unreadable now: the first stage will say why
+        if isinstance(exc, PlanningTimeoutError) and not exc.again:
+            log.warning("cannot read %s: %s", redact(url), _line(exc))
         return f"unreadable:{without_credentials(url)}:{type(exc).__name__}"
     version = next(
         (
@@ -107,6 +389,11 @@ def url_identity(url: str) -> str:
         "",
     )
     return f"{without_credentials(url)}:{info.get('size')}:{version}"
+
+
+def _info(url: str) -> dict:
+    fs, path = _fs(url)
+    return fs.info(path)
 
 
 def url_suffix(url: str) -> str:
@@ -224,12 +511,24 @@ def _full(directory: Path) -> bool:
 
 
 def _without_password(text: str, url: str) -> str:
-    """``text`` (a protocol's error, which may quote the URL) with the URL's password as ``***``."""
+    """``text`` (a protocol's error, which may quote the URL) with the URL's password and the values of its
+    secret query parameters as ``***``, and any URL in it redacted."""
+    secrets = set()
     try:
-        password = urlsplit(url).password
+        _, userinfo, _, query, _ = _split(url)
     except ValueError:
-        password = None
-    return text.replace(password, "***") if password else text
+        userinfo, query = None, ""
+    if userinfo and ":" in userinfo:
+        password = userinfo.partition(":")[2]
+        secrets.update({password, unquote_plus(password)})
+    names = _secret_names(query)
+    for part in query.split("&"):
+        name, _, value = part.partition("=")
+        if unquote_plus(name).lower() in names and value:
+            secrets.update({value, unquote_plus(value)})
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return redact_text(text)
 
 
 def _protocol(url: str) -> str:

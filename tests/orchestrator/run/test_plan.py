@@ -199,3 +199,34 @@ def test_ids_do_not_depend_on_the_order_the_sources_are_given_in(tmp_path):
         forward[tmp_path / "odd" / "Talk.wav"] == "Talk"
         and forward[tmp_path / "odd" / "talk.wav"] == "talk-2"
     )
+
+
+#: a pre-signed URL (AWS SigV4) of one object on a host that refuses at once, under two signatures
+_SIGNED = (
+    "https://127.0.0.1:1/bucket/talks/talk.wav?versionId=7&X-Amz-Algorithm=AWS4-HMAC-SHA256"
+    "&X-Amz-Credential=AKIAEXAMPLE%2F20260101%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Date=20260101T000000Z"
+    "&X-Amz-Expires=3600&X-Amz-SignedHeaders=host&X-Amz-Security-Token=SESSIONTOKEN&X-Amz-Signature={}"
+)
+
+
+def test_a_new_signature_of_the_same_object_keeps_its_id_and_no_signature_is_stored(tmp_path):
+    out = tmp_path / "out"
+    [first] = plan_inputs([_SIGNED.format("aaaasig1")], out)
+    index = (out / layout.IDS).read_text()
+    assert not any(secret in index for secret in ("aaaasig1", "SESSIONTOKEN", "AKIAEXAMPLE", "X-Amz"))
+    assert "versionId=7" in index  # what tells objects apart stays
+    assert "aaaasig1" not in first.shown and "SESSIONTOKEN" not in first.shown
+    assert "X-Amz-Signature=***" in first.shown
+    [again] = plan_inputs([_SIGNED.format("bbbbsig2")], out)
+    assert again.id == first.id == "talk"  # not talk-2
+    assert again.url == _SIGNED.format("bbbbsig2")  # what is fetched still carries its signature
+    # the same object given under two signatures in one run is one input
+    assert len(plan_inputs([_SIGNED.format("c"), _SIGNED.format("d")], out)) == 1
+
+
+def test_an_earlier_index_with_signed_urls_keeps_the_first_id_and_loses_the_signatures(tmp_path):
+    out = tmp_path / "out"
+    save_ids(out, {_SIGNED.format("aaaasig1"): "talk", _SIGNED.format("bbbbsig2"): "talk-2"})
+    [inp] = plan_inputs([_SIGNED.format("ccccsig3")], out)
+    assert inp.id == "talk"
+    assert "sig1" not in (out / layout.IDS).read_text()

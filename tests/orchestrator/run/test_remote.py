@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -217,9 +219,17 @@ def test_the_remote_limits_are_settings():
 
 
 @pytest.mark.slow
-def test_url_inputs_that_stall_or_are_too_large_fail_alone_and_the_run_goes_on(bad_server, tmp_path):
+def test_url_inputs_that_stall_or_are_too_large_fail_alone_and_the_run_goes_on(
+    bad_server, silent_server, tmp_path
+):
     local = clips(tmp_path / "clips", 1, seconds=2.5)[0]
-    sources = [str(local), f"{bad_server}/stall.wav", f"{bad_server}/big.wav", f"{bad_server}/chunked.wav"]
+    sources = [
+        str(local),
+        f"{bad_server}/stall.wav",
+        f"{bad_server}/big.wav",
+        f"{bad_server}/chunked.wav",
+        f"{silent_server}/silent.wav",  # accepts, never answers: planning gives up on it in seconds
+    ]
     out = tmp_path / "out"
     done = subprocess.run(
         [
@@ -251,16 +261,21 @@ def test_url_inputs_that_stall_or_are_too_large_fail_alone_and_the_run_goes_on(b
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads((out / "run-report.json").read_text())
     inputs = {i["source"]: i for i in report["inputs"]}
-    assert (report["ok"], report["failed"]) == (1, 3)
+    assert (report["ok"], report["failed"]) == (1, 4)
+    # planning gave up on the silent server within the timeouts, in one line that names them
+    said = [line for line in done.stderr.splitlines() if "silent.wav" in line and "PIPELINE_REMOTE_" in line]
+    assert said and "timed out" in said[0], done.stderr[-3000:]
     assert inputs[str(local)]["status"] == "ok" and "-->" in (out / "clip000" / "transcript.srt").read_text()
     # each URL failed alone, at the fetch, with a one-line reason
     expected = {
         "stall.wav": ("stalled", "timed out"),
         "big.wav": ("larger than the limit of 1.0 MB",),
         "chunked.wav": ("larger than the limit of 1.0 MB",),
+        "silent.wav": ("stalled", "timed out"),
     }
     for name, words in expected.items():
-        failed = inputs[f"{bad_server}/{name}"]
+        base = silent_server if name == "silent.wav" else bad_server
+        failed = inputs[f"{base}/{name}"]
         assert failed["failed_stage"] == "fetch" and "\n" not in failed["error"], failed
         assert any(word in failed["error"] for word in words), failed["error"]
     # nothing half-written anywhere
@@ -500,3 +515,193 @@ def test_sftp_inputs_and_outputs_through_the_cli(sftp_root, tmp_path):
     rerun = json.loads((out / "run-report.json").read_text())
     assert [i["id"] for i in rerun["inputs"]] == ["in/clip000"]
     assert all(s["attempts"] == [] for s in rerun["stages"]), "a new password redoes nothing"
+
+
+# -- credentials: never in an identity, an id or anything shown ---------------------------------------------
+
+
+def test_redact_hides_any_password_and_every_signing_parameter():
+    # a password holding "@", ":" or "/" (the last should be %2F; it is still not shown)
+    assert redact("sftp://alice:p@ss@host/x") == "sftp://alice:***@host/x"
+    assert redact("sftp://alice:p:s@s@host:22/x.wav") == "sftp://alice:***@host:22/x.wav"
+    assert redact("sftp://alice:p/s@s@host/x.wav") == "sftp://alice:***@host/x.wav"
+    assert redact("sftp://alice:p%40ss@host/x") == "sftp://alice:***@host/x"
+    # an address of IPv6 or a path with "@" is not a password
+    assert redact("http://[::1]/a@b.wav") == "http://[::1]/a@b.wav"
+    assert redact("s3://b/users/a@b.com/x.wav") == "s3://b/users/a@b.com/x.wav"
+    signed = "https://h/a.wav?versionId=3&X-Amz-Credential=AKIA%2Fx&X-Amz-Signature=abc&token=t#f"
+    assert (
+        redact(signed) == "https://h/a.wav?versionId=3&X-Amz-Credential=***&X-Amz-Signature=***&token=***#f"
+    )
+
+
+def test_a_urls_identity_leaves_out_credentials_wherever_they_sit():
+    from orchestrator.run.remote import without_credentials
+
+    aws = "https://b.s3.amazonaws.com/a.wav?X-Amz-Algorithm=A&X-Amz-Date=1&X-Amz-Signature=s&X-Amz-Expires=9"
+    gcs = "https://storage.googleapis.com/b/a.wav?X-Goog-Algorithm=A&X-Goog-Credential=c&X-Goog-Signature=s"
+    azure = "https://acct.blob.core.windows.net/c/a.wav?sv=2022-11-02&st=1&se=2&sr=b&sp=r&sig=XYZ%3D"
+    for url in (aws, gcs, azure, "https://u:p@h/a.wav?access_token=x&api_key=y&key=z"):
+        assert "?" not in without_credentials(url) and "@" not in without_credentials(url), url
+    # what tells objects apart stays; Azure's "st" alone (no "sig") is not a credential
+    assert without_credentials("https://h/a.wav?versionId=3&token=t") == "https://h/a.wav?versionId=3"
+    assert without_credentials("https://h/stream.wav?st=30") == "https://h/stream.wav?st=30"
+    # the setting adds names (a trailing "*": a prefix)
+    from orchestrator.run.remote import configure
+
+    try:
+        configure(Settings(remote_secret_params=["SessionId", "x-my-*"]))
+        url = "https://h/a.wav?sessionid=1&X-My-Sig=2&x=3"
+        assert without_credentials(url) == "https://h/a.wav?x=3"
+        assert redact(url) == "https://h/a.wav?sessionid=***&X-My-Sig=***&x=3"
+    finally:
+        configure(Settings())
+    assert without_credentials(url) == url
+
+
+def test_fetch_errors_do_not_quote_the_signature(memfs, tmp_path):
+    with pytest.raises(InputError) as err:  # the protocol's own error quotes the path, query and all
+        fetch("memory://in/gone.wav?token=s3cr3tvalue", tmp_path / "w" / "gone.wav", LIMITS)
+    assert "s3cr3tvalue" not in str(err.value) and "token=***" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["fsspec.http", "botocore.endpoint", "aiohttp.client", "httpx", "s3fs"])
+def test_the_libraries_debug_logs_are_redacted(caplog, name):
+    caplog.set_level(logging.DEBUG)
+    logging.getLogger(name).debug("open %s", "sftp://alice:p@ss@host/x?X-Amz-Signature=abc")
+    logging.getLogger(name).debug("GET https://h/a.wav?token=abc")
+    assert "p@ss" not in caplog.text and "abc" not in caplog.text
+    assert "sftp://alice:***@host/x?X-Amz-Signature=***" in caplog.text
+
+
+def test_the_clis_log_lines_are_redacted_whatever_logger_says_them(capsys):
+    from orchestrator.cli import VERBOSE, setup_logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        setup_logging(VERBOSE)
+        logging.getLogger("some.library.deep.child").warning("connecting to %s", "sftp://u:p@ss@host/x")
+        err = capsys.readouterr().err
+        assert "sftp://u:***@host/x" in err and "p@ss" not in err
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+# -- planning a URL is bounded by the remote timeouts ---------------------------------------------------
+
+
+@pytest.fixture
+def silent_server():
+    """A real TCP server on 127.0.0.1 that accepts every connection and never answers; its base URL."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    listener.close()
+    for conn in held:
+        conn.close()
+
+
+@pytest.fixture
+def remote_defaults():
+    """Planning's remote settings back to the defaults after the test (a run's settings stay set)."""
+    yield
+    from orchestrator.run import remote
+
+    remote.configure(Settings())
+
+
+def test_planning_a_url_that_never_answers_gives_up_within_the_remote_timeouts(
+    silent_server, memfs, caplog, tmp_path, remote_defaults
+):
+    from orchestrator.run.needs import dry_run
+
+    memfs.pipe("/in/good.wav", b"RIFF....")
+    settings = Settings(
+        remote_connect_timeout_s=1,
+        remote_read_timeout_s=1,
+        output_dir=tmp_path / "out",
+        speakers=False,
+        embedding_profile="embedded",
+        device="cpu",
+    )
+    specs = Orchestrator(settings).stage_specs()
+    result: dict = {}
+    sources = [f"{silent_server}/a.wav", "memory://in/good.wav"]
+
+    def plan() -> None:  # in a thread: a plan that hangs fails this test in seconds, not minutes
+        result["plan"] = dry_run(settings, specs, sources, time.monotonic())
+
+    began = time.monotonic()
+    worker = threading.Thread(target=plan, daemon=True)
+    worker.start()
+    worker.join(15)
+    took = time.monotonic() - began
+    assert not worker.is_alive(), "planning did not give up"
+    assert took < 6, took  # one timeout (connect + read), not three calls of 60 s
+    assert result["plan"].inputs == 2  # the other input is planned
+    # one line says why, naming the settings
+    lines = [r.getMessage() for r in caplog.records if silent_server in r.getMessage()]
+    assert lines and all("\n" not in line for line in lines)
+    assert any("PIPELINE_REMOTE_CONNECT_TIMEOUT_S" in line for line in lines), lines
+
+
+def test_a_presigned_s3_url_under_a_new_signature_is_the_same_input_and_is_fetched_whole(s3, tmp_path):
+    """moto's S3 server: two pre-signed URLs of one object plan to one id and one fingerprint (a rerun
+    reuses the work), nothing stored or shown holds the signature, and the fetch sends it. SigV4
+    (X-Amz-*) and SigV2 (AWSAccessKeyId, Signature, Expires)."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    import boto3
+    from botocore.config import Config
+
+    from orchestrator.run.plan import chain_fingerprints, plan_inputs
+    from orchestrator.run.state import InputState
+
+    fs, env = s3
+    fs.pipe("media/talk.wav", b"RIFF" + bytes(5000))
+    specs = Orchestrator(Settings(speakers=False, embedding_profile="embedded", device="cpu")).stage_specs()
+    for signing in ("s3v4", "s3"):
+        client = boto3.client(
+            "s3",
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            region_name="us-east-1",
+            config=Config(signature_version=signing),
+        )
+        first, second = (
+            client.generate_presigned_url(
+                "get_object", Params={"Bucket": "media", "Key": "talk.wav"}, ExpiresIn=expires
+            )
+            for expires in (600, 900)
+        )
+        secrets = {v for url in (first, second) for _, v in parse_qsl(urlsplit(url).query)} - {"host"}
+        assert first != second and secrets
+        out = tmp_path / signing
+        planned = []
+        for url in (first, second):
+            [inp] = [InputState(i) for i in plan_inputs([url], out)]
+            chain_fingerprints(inp, specs)
+            planned.append(inp)
+            stored = (out / ".ids.json").read_text() + inp.shown + json.dumps(inp.fingerprints)
+            assert not [v for v in secrets if v in stored], stored
+        assert planned[0].id == planned[1].id == "talk"
+        assert planned[0].fingerprints == planned[1].fingerprints  # the first stage's work is reused
+        assert not planned[0].fingerprints[specs[0].name].startswith("unreadable")
+        # the full URL, signature and all, is what is fetched
+        got = fetch(second, tmp_path / signing / "w" / "source.wav", LIMITS)
+        assert got.read_bytes() == b"RIFF" + bytes(5000)
