@@ -302,7 +302,7 @@ def several_audio(tmp_path_factory, media):
     return {name: tmp / f"{name}.audio.json" for name in sources}
 
 
-def _run_stage(
+def run_asr_stage(
     tmp, audio: dict, batch_size: int, settings: dict, extra: list[WorkItem] = (), attempt: int = 1
 ):
     """The ASR stage in this process over ``audio`` (+ ``extra`` items after the first two); its result, the
@@ -333,7 +333,9 @@ def _run_stage(
 
 
 def _run_several(tmp, audio: dict, batch_size: int, pack: bool, extra: list[WorkItem] = ()):
-    return _run_stage(tmp, audio, batch_size, dict(pack_inputs=pack, chunk_size=6, join_inputs=False), extra)
+    return run_asr_stage(
+        tmp, audio, batch_size, dict(pack_inputs=pack, chunk_size=6, join_inputs=False), extra
+    )
 
 
 def test_packed_batches_give_the_same_transcripts_as_one_input_at_a_time(tmp_path, several_audio):
@@ -482,7 +484,7 @@ def distinct_clips(tmp_path_factory, media):
 
 def _run_clips(tmp, audio: dict, attempt: int = 1, **settings):
     (tmp).mkdir()
-    return _run_stage(tmp, audio, 4, settings, attempt=attempt)
+    return run_asr_stage(tmp, audio, 4, settings, attempt=attempt)
 
 
 def run_alone_and_joined(tmp, distinct_clips, **settings):

@@ -25,12 +25,12 @@ from contracts import StageRequest, TranscriptArtifact, WorkItem
 from stages.audio import STAGE as AUDIO
 from tests.conftest import DIALOGUE_TEXT, MEDIA, SPEECH_TEXT, normalise, stage_settings, wer
 from tests.stages.test_asr import (
-    _run_stage,
     check_initial_prompt,
     check_joined_windows,
     check_repetition_guard,
     distinct_clips,  # noqa: F401 - the eleven clips' fixture, used by the joined-windows test here
     run_alone_and_joined,
+    run_asr_stage,
 )
 
 pytestmark = pytest.mark.slow
@@ -86,7 +86,7 @@ def _transcribe(tmp: Path, audio: dict[str, Path], **settings) -> dict[str, Tran
     """Every input through one run of the stage (one model load); each decoded alone (no joined windows, so a
     difference is the runtime's)."""
     tmp.mkdir()
-    result, transcripts, _ = _run_stage(tmp, audio, 4, {"join_inputs": False, **settings})
+    result, transcripts, _ = run_asr_stage(tmp, audio, 4, {"join_inputs": False, **settings})
     assert all(r.ok for r in result.items), result.items
     return transcripts
 
