@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from contracts import AudioArtifact, StageRequest, TranscriptArtifact, WorkItem, load_artifact
@@ -270,16 +272,8 @@ def test_no_fragment_after_a_chunk_boundary_and_no_words_from_silence_or_noise(t
 # -- cross-input packing ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def several_audio(tmp_path_factory, media):
-    """Decoded audio of four inputs of different lengths (the speech clip twice, two dialogues)."""
-    tmp = tmp_path_factory.mktemp("several")
-    sources = {
-        "speech": media / "speech.wav",
-        "dialogue": media / "speakers" / "host_guest.mp4",
-        "speech2": media / "speech.mp4",
-        "stranger": media / "speakers" / "host_stranger.mp4",
-    }
+def decode_audio(tmp: Path, sources: dict[str, Path]) -> dict[str, Path]:
+    """The audio stage over ``sources`` (name -> media file) in this process: name -> its ``audio.json``."""
     items = [
         WorkItem(
             id=name, inputs={"source": str(path)}, output=str(tmp / f"{name}.audio.json"), fingerprint="fp"
@@ -300,6 +294,20 @@ def several_audio(tmp_path_factory, media):
     )
     assert all(r.ok for r in result.items), result.items
     return {name: tmp / f"{name}.audio.json" for name in sources}
+
+
+@pytest.fixture(scope="module")
+def several_audio(tmp_path_factory, media):
+    """Decoded audio of four inputs of different lengths (the speech clip twice, two dialogues)."""
+    return decode_audio(
+        tmp_path_factory.mktemp("several"),
+        {
+            "speech": media / "speech.wav",
+            "dialogue": media / "speakers" / "host_guest.mp4",
+            "speech2": media / "speech.mp4",
+            "stranger": media / "speakers" / "host_stranger.mp4",
+        },
+    )
 
 
 def run_asr_stage(

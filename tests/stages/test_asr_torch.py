@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from contracts import StageRequest, TranscriptArtifact, WorkItem
-from stages.audio import STAGE as AUDIO
-from tests.conftest import DIALOGUE_TEXT, MEDIA, SPEECH_TEXT, normalise, stage_settings, wer
+from contracts import TranscriptArtifact
+from tests.conftest import DIALOGUE_TEXT, MEDIA, SPEECH_TEXT, normalise, wer
 from tests.stages.test_asr import (
     check_initial_prompt,
     check_joined_windows,
     check_repetition_guard,
+    decode_audio,
     distinct_clips,  # noqa: F401 - the eleven clips' fixture, used by the joined-windows test here
     run_alone_and_joined,
     run_asr_stage,
@@ -60,28 +60,6 @@ def reference_text(name: str) -> str:
     return " ".join(line.split(maxsplit=5)[5] for line in lines if line.strip())
 
 
-def _decode_audio(tmp: Path, sources: dict[str, Path]) -> dict[str, Path]:
-    AUDIO.import_libraries()
-    result = AUDIO.run(
-        StageRequest(
-            request_id="a",
-            stage="audio",
-            module="stages.audio",
-            batch_size=1,
-            result_path=str(tmp / "r.json"),
-            settings=stage_settings("audio"),
-            items=[
-                WorkItem(
-                    id=k, inputs={"source": str(v)}, output=str(tmp / f"{k}.audio.json"), fingerprint="fp"
-                )
-                for k, v in sources.items()
-            ],
-        )
-    )
-    assert all(r.ok for r in result.items), result.items
-    return {k: tmp / f"{k}.audio.json" for k in sources}
-
-
 def _transcribe(tmp: Path, audio: dict[str, Path], **settings) -> dict[str, TranscriptArtifact]:
     """Every input through one run of the stage (one model load); each decoded alone (no joined windows, so a
     difference is the runtime's)."""
@@ -102,7 +80,7 @@ class _Records(logging.Handler):
 
 @pytest.fixture(scope="module")
 def english_audio(tmp_path_factory):
-    return _decode_audio(tmp_path_factory.mktemp("english-audio"), ENGLISH)
+    return decode_audio(tmp_path_factory.mktemp("english-audio"), ENGLISH)
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +193,7 @@ def languages(tmp_path_factory):
     """whisper-base on the four language clips, by run: identification only at CTranslate2's default (int8),
     transcripts in float32 on both runtimes (each window decoded after its own language's tokens)."""
     tmp = tmp_path_factory.mktemp("languages")
-    audio = _decode_audio(tmp, {lang: MEDIA / "languages" / f"{lang}.ogg" for lang in LANGUAGES})
+    audio = decode_audio(tmp, {lang: MEDIA / "languages" / f"{lang}.ogg" for lang in LANGUAGES})
     base = {"model": "whisper-base"}
     return {
         CT2: _transcribe(tmp / CT2, audio, runtime="ctranslate2", identify_only=True, **base),
