@@ -658,7 +658,11 @@ def _too_large(limits: FetchLimits) -> str:
 def _failure(exc: BaseException, limits: FetchLimits) -> str:
     """One line for a protocol's failure; a protocol's own timeout says which setting it was."""
     what = f"{type(exc).__name__}: {_line(exc)}" if _line(exc) else type(exc).__name__
-    if isinstance(exc, TimeoutError):
+    cause, seen = exc, 0
+    while cause is not None and not isinstance(cause, TimeoutError) and seen < 10:
+        # fsspec's http file system answers a HEAD that timed out with FileNotFoundError from the timeout
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    if isinstance(cause, TimeoutError):
         return (
             f"timed out: no connection within {limits.connect_timeout_s:g} s or no data for "
             f"{limits.read_timeout_s:g} s (PIPELINE_REMOTE_CONNECT_TIMEOUT_S / _READ_TIMEOUT_S): {what}"
