@@ -399,39 +399,36 @@ def _check_decoder_flags(model: Ct2Model) -> str:
     return _ACTIVATIONS[int(activation)]
 
 
+def _map_self_attention_and_ffn(sd: _StateDict, ct2: str, hf: str) -> None:
+    """What an encoder and a decoder layer share: self-attention (CTranslate2 fuses q, k and v) and the FFN."""
+    sd.layer_norm(f"{ct2}/self_attention/layer_norm", f"{hf}.self_attn_layer_norm")
+    sd.fused(
+        f"{ct2}/self_attention/linear_0", [f"{hf}.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")]
+    )
+    sd.linear(f"{ct2}/self_attention/linear_1", f"{hf}.self_attn.out_proj")
+    sd.layer_norm(f"{ct2}/ffn/layer_norm", f"{hf}.final_layer_norm")
+    sd.linear(f"{ct2}/ffn/linear_0", f"{hf}.fc1")
+    sd.linear(f"{ct2}/ffn/linear_1", f"{hf}.fc2")
+
+
 def _map_state_dict(model: Ct2Model, sd: _StateDict, encoder_layers: int, decoder_layers: int) -> bool:
     """Fill ``sd`` with every weight; return whether the output projection is the embeddings (tied)."""
     sd.linear("encoder/conv1", "model.encoder.conv1")
     sd.linear("encoder/conv2", "model.encoder.conv2")
     sd.put("model.encoder.embed_positions.weight", sd.read("encoder/position_encodings/encodings"))
     for i in range(encoder_layers):
-        ct2, hf = f"encoder/layer_{i}", f"model.encoder.layers.{i}"
-        sd.layer_norm(f"{ct2}/self_attention/layer_norm", f"{hf}.self_attn_layer_norm")
-        sd.fused(
-            f"{ct2}/self_attention/linear_0", [f"{hf}.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")]
-        )
-        sd.linear(f"{ct2}/self_attention/linear_1", f"{hf}.self_attn.out_proj")
-        sd.layer_norm(f"{ct2}/ffn/layer_norm", f"{hf}.final_layer_norm")
-        sd.linear(f"{ct2}/ffn/linear_0", f"{hf}.fc1")
-        sd.linear(f"{ct2}/ffn/linear_1", f"{hf}.fc2")
+        _map_self_attention_and_ffn(sd, f"encoder/layer_{i}", f"model.encoder.layers.{i}")
     sd.layer_norm("encoder/layer_norm", "model.encoder.layer_norm")
 
     sd.put("model.decoder.embed_tokens.weight", sd.read("decoder/embeddings/weight"))
     sd.put("model.decoder.embed_positions.weight", sd.read("decoder/position_encodings/encodings"))
     for i in range(decoder_layers):
         ct2, hf = f"decoder/layer_{i}", f"model.decoder.layers.{i}"
-        sd.layer_norm(f"{ct2}/self_attention/layer_norm", f"{hf}.self_attn_layer_norm")
-        sd.fused(
-            f"{ct2}/self_attention/linear_0", [f"{hf}.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")]
-        )
-        sd.linear(f"{ct2}/self_attention/linear_1", f"{hf}.self_attn.out_proj")
+        _map_self_attention_and_ffn(sd, ct2, hf)
         sd.layer_norm(f"{ct2}/attention/layer_norm", f"{hf}.encoder_attn_layer_norm")
         sd.linear(f"{ct2}/attention/linear_0", f"{hf}.encoder_attn.q_proj")
         sd.fused(f"{ct2}/attention/linear_1", [f"{hf}.encoder_attn.{p}" for p in ("k_proj", "v_proj")])
         sd.linear(f"{ct2}/attention/linear_2", f"{hf}.encoder_attn.out_proj")
-        sd.layer_norm(f"{ct2}/ffn/layer_norm", f"{hf}.final_layer_norm")
-        sd.linear(f"{ct2}/ffn/linear_0", f"{hf}.fc1")
-        sd.linear(f"{ct2}/ffn/linear_1", f"{hf}.fc2")
     sd.layer_norm("decoder/layer_norm", "model.decoder.layer_norm")
 
     projection = model.aliases.get("decoder/projection/weight", "decoder/projection/weight")

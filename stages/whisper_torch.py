@@ -163,10 +163,11 @@ class WhisperTokenizer:
         for subword, toks in zip(subwords, subword_tokens):
             special = toks[0] >= self.eot
             with_space = subword.startswith(" ")
-            punctuation = subword.strip() in _PUNCTUATION or all(
-                unicodedata.category(c).startswith("P") for c in subword.strip()
+            stripped = subword.strip()
+            punctuation = bool(stripped) and (
+                stripped in _PUNCTUATION or all(unicodedata.category(c).startswith("P") for c in stripped)
             )
-            if special or with_space or (punctuation and not subword.strip() == "") or not words:
+            if special or with_space or punctuation or not words:
                 words.append(subword)
                 word_tokens.append(list(toks))
             else:
@@ -384,17 +385,11 @@ class TorchWhisper:
         probs = torch.softmax(logits[:, -1, ids].float(), dim=-1).cpu().numpy()
         return [sorted(zip(names, map(float, row)), key=lambda pair: -pair[1]) for row in probs]
 
-    def rows(self, encoded: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        return encoded[rows]
-
     def _token_id(self, text: str) -> int:
-        found = self._tokens().token_to_id(text)
+        found = self._tokenizer.token_to_id(text)
         if found is None:
             raise ValueError(f"the tokenizer has no token {text!r}")
         return found
-
-    def _tokens(self):
-        return self._tokenizer
 
 
 def _tokenizer_file(path: str, local_files_only: bool):
@@ -545,7 +540,7 @@ class _Search:
         self.suppress = suppress
         self.suppress_blank = suppress_blank
         self.repetition_penalty = repetition_penalty
-        tokens = whisper._tokens()
+        tokens = whisper._tokenizer
         self.eot = tokens.token_to_id("<|endoftext|>")
         self.sot = tokens.token_to_id("<|startoftranscript|>")
         no_speech = tokens.token_to_id("<|nospeech|>")
