@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,8 @@ pytestmark = pytest.mark.slow
 
 BGE = "BAAI/bge-small-en-v1.5"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
+#: a torch home with no wav2vec2 aligner in it (whatever this machine's own holds)
+NO_TORCH_HOME = Path(tempfile.gettempdir()) / "isostage-tests-no-torch-home"
 
 
 def _pipeline(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -37,7 +40,7 @@ def _pipeline(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "ASR_MODEL": "embedded", **(env or {})},
+        env={**os.environ, "ASR_MODEL": "embedded", "TORCH_HOME": str(NO_TORCH_HOME), **(env or {})},
     )
 
 
@@ -101,7 +104,7 @@ def test_the_model_that_can_now_be_had_redoes_exactly_its_stage(done, tmp_path):
     plan = _plan(args, env=env)
     assert f"embeddings: 2 to redo: model all-MiniLM-L6-v2 (embedded) -> {BGE}@{REVISION}" in plan
     assert re.search(r"^asr \[whisper tiny\.en .*\]: 2 to reuse, 0 to redo$", plan, re.M), plan
-    assert re.search(r"^alignment: 2 to reuse, 0 to redo$", plan, re.M), plan
+    assert re.search(r"^alignment \[aligner by language\]: 2 to reuse, 0 to redo$", plan, re.M), plan
 
 
 def test_a_fallback_is_stamped_as_such_and_never_mixed(done, tmp_path):
@@ -159,3 +162,19 @@ def test_artifacts_and_pages_name_models_without_machine_paths(done):
                 name
             )
         assert "Transcribed by whisper tiny.en (embedded)" in (out / item / "transcript.html").read_text()
+
+
+def test_the_aligner_is_in_the_fingerprint_and_the_one_that_can_now_be_had_redoes_alignment(done, tmp_path):
+    """The transcripts were timed by Whisper's cross-attention (no wav2vec2 aligner on disk). With the English
+    wav2vec2 checkpoint in torch hub's folder (where a run with the hub would have put it), the alignment and
+    what follows are redone, and ASR is kept; without it nothing is (the first test's plan)."""
+    _, _, args = done
+    checkpoints = tmp_path / "torch" / "hub" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "wav2vec2_fairseq_base_ls960_asr_ls960.pth").write_bytes(b"stand-in")
+    plan = _plan(args, env={"TORCH_HOME": str(tmp_path / "torch")})
+    assert "alignment: 2 to redo: model whisper-cross-attention -> wav2vec2:WAV2VEC2_ASR_BASE_960H" in plan, (
+        plan
+    )
+    assert "embeddings: 2 to redo: its input (transcript) is redone" in plan, plan
+    assert re.search(r"^asr \[.*\]: 2 to reuse, 0 to redo$", plan, re.M), plan
