@@ -8,6 +8,7 @@ import errno
 import html
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -279,3 +280,31 @@ def test_export_on_a_full_disk_stops_in_one_line_with_exit_5(processed, small_di
     done = cli("export", str(out), "-f", "all")  # space again: the same command finishes
     assert done.returncode == 0, done.stderr
     assert "1 inputs, 11 files" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_run_after_export_keeps_the_exported_files(tmp_path):
+    """process, export with other caption settings, process again: the second run finds the input complete
+    from the journal and keeps the exported captions (before, it wrote every file again with its own)."""
+    from tests.conftest import MEDIA
+
+    out = tmp_path / "out"
+    env = {"ASR_MODEL": "embedded", "PIPELINE_ALLOW_HUB": "false", "EMBEDDING_PROFILE": "embedded"}
+    wav = str(MEDIA / "speech.wav")
+    run = ("process", wav, wav, "--output", str(out), "--no-speakers")  # given twice: a note on its page
+    first = cli(*run, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    srt_file, page = out / "speech" / "transcript.srt", out / "speech" / "transcript.html"
+    before, notes = srt_file.read_text(), re.findall(r"<li>([^<]*)</li>", page.read_text())
+    assert any(n.startswith("given 2 times") for n in notes), notes
+    done = cli("export", str(out), "-f", "srt,html", env={**env, "CAPTION_LINE_CHARS": "24"})
+    assert done.returncode == 0, done.stderr
+    assert re.findall(r"<li>([^<]*)</li>", page.read_text()) == notes  # the page keeps the run's notes
+    exported, stat = srt_file.read_text(), srt_file.stat()
+    text = [x for x in exported.splitlines() if x and "-->" not in x and not x.isdigit()]
+    assert exported != before and max(map(len, text)) <= 24
+    again = cli(*run, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert srt_file.read_text() == exported and srt_file.stat().st_mtime_ns == stat.st_mtime_ns
+    report = json.loads((out / "run-report.json").read_text())
+    assert all(s["status"] == "reused" for s in report["inputs"][0]["stages"].values()), report["inputs"]
