@@ -413,7 +413,9 @@ def export(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every file.")] = False,
 ) -> None:
     """Write the files of each input again from its stored artifacts, with the current caption settings
-    (CAPTION_*) and speaker names; starts no model child. Then OUT/index.html."""
+    (CAPTION_*), speaker names and the run's notes; starts no model child. Then OUT/index.html. What it
+    writes is recorded in the journal: the next `process` keeps it. Exit 1: an input failed or
+    speakers.json is damaged; 5: a disk is full (rerun to finish)."""
     from orchestrator.corpus.export import export as run_export
     from orchestrator.layout import FORMATS
 

@@ -532,11 +532,11 @@ def _profiles(directory: Path) -> list[tuple[Path, VoiceProfile]]:
     return found
 
 
-def _own_profile(out: Path, speaker: CorpusSpeaker, profile: VoiceProfile) -> bool:
-    """``profile`` was written by ``speakers name`` for this corpus speaker of this output folder (not
-    enrolled from clips, nor another folder's speaker)."""
+def _own_profile(out: Path, corpus: CorpusSpeakers, speaker: CorpusSpeaker, profile: VoiceProfile) -> bool:
+    """``profile`` was written by ``speakers name`` for this corpus speaker of this output folder (or one
+    merged into it), not enrolled from clips, nor another folder's speaker."""
     root = out.resolve()
-    return profile.item_id == speaker.id and all(
+    return corpus.merged.get(profile.item_id, profile.item_id) == speaker.id and all(
         Path(c.path.split("#", 1)[0]).is_relative_to(root) for c in profile.clips
     )
 
@@ -571,7 +571,7 @@ def name(settings, out: Path, sid: str, new_name: str, profile: bool = True, for
             directory = Path(settings.profiles_dir)
             path = directory / f"{profile_file_name(new_name)}.json"
             existing = _profiles(directory)
-            own = [p for p, prof in existing if _own_profile(out, speaker, prof)]
+            own = [p for p, prof in existing if _own_profile(out, corpus, speaker, prof)]
             others = [
                 (p, prof)
                 for p, prof in existing
