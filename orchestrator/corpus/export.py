@@ -231,7 +231,9 @@ def export(settings, formats: list[str], only: list[str] | None = None) -> Expor
                     result.failed[item_id] = "no transcript.json (not processed yet, or it failed)"
                 continue
             done = completed.pop(item_id, None)
-            event = done.event() if done else {}
+            # its last completed run, unless a later one failed (that run's state is not this event's)
+            last_ok = (events.get(item_id) or {}).get("status") == "ok"
+            event = done.event() if done and last_ok else {}
             try:
                 src = load_sources(
                     directory, item_id, rules, page_notes(event.get("summary")), corpus=labels.get(item_id)

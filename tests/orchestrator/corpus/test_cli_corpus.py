@@ -228,6 +228,14 @@ def test_export_records_what_it_wrote_so_the_next_run_keeps_it(processed):
     assert set(event["summary"]["outputs"]) == {"transcript.srt", "transcript.txt"}
     assert {k: event["summary"][k] for k in NOTES} == NOTES
 
+    # a later run that failed at its outputs: export does not make it look complete
+    failed = {"item": "talk", "stage": "outputs", "status": "failed", "fingerprint": "other", "error": "x"}
+    with (processed / layout.JOURNAL).open("a") as journal:
+        journal.write(json.dumps(failed) + "\n")
+    lines = (processed / layout.JOURNAL).read_text()
+    assert cli("export", str(processed), "-f", "srt").returncode == 0
+    assert (processed / layout.JOURNAL).read_text() == lines
+
 
 def test_export_answers_a_damaged_corpus_file_in_one_line(processed):
     (processed / "speakers.json").write_text('{"kind": "corpus_speakers", "speakers": [')
