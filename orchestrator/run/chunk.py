@@ -217,7 +217,6 @@ def finish_inputs(
     the journal with what a rerun needs to reuse it; the progress told of every input not interrupted."""
     for inp in chunk:
         if inp.alive and inp.id not in done:
-            noted = len(inp.notes)
             finish(ctx.settings, inp, labels.get(inp.id))
             ctx.journal.record(
                 inp.id,
@@ -225,7 +224,7 @@ def finish_inputs(
                 "ok" if inp.complete else "failed",
                 fingerprint=ctx.resume.outputs_fingerprint(inp),
                 error=inp.error,
-                **(completion(inp, ctx.specs, inp.notes[noted:]) if inp.complete else {}),
+                **(completion(inp, ctx.specs) if inp.complete else {}),
             )
         if not inp.interrupted:
             ctx.progress.input_finished(inp.complete, inp.duration_s or 0.0)

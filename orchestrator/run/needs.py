@@ -193,9 +193,12 @@ class Resume:
         return cache[key]
 
 
-def completion(inp: InputState, specs: list[StageSpec], notes: list[str]) -> dict:
+def completion(inp: InputState, specs: list[StageSpec]) -> dict:
     """What the journal keeps of a completed input so that a rerun can reuse it without reading its
-    artifacts: each kept file's size and modification time, and what the report shows."""
+    artifacts: each kept file's size and modification time, and what the report shows; and every note its
+    page shows, so that ``pipeline export`` writes them again (the plan's apart: a rerun has its own)."""
+    plan_notes = len(inp.plan.notes)
+    notes = inp.notes[plan_notes:]
     files = {}
     for path in [*(inp.artifact(s.kind) for s in specs if s.keep), *map(Path, inp.outputs.values())]:
         try:
@@ -212,6 +215,8 @@ def completion(inp: InputState, specs: list[StageSpec], notes: list[str]) -> dic
         "damage": inp.damage,
         "language": inp.language.model_dump(mode="json") if inp.language else None,
     }
+    if plan_notes:
+        summary["plan_notes"] = list(inp.plan.notes)
     return {"files": files, "summary": summary}
 
 

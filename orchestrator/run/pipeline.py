@@ -123,11 +123,12 @@ class Orchestrator:
 
         return cluster(self.settings, Path(self.settings.output_dir))
 
-    def name_speaker(self, speaker: str, name: str):
-        """Name corpus speaker ``speaker`` in every file, and write its voice profile into ``profiles_dir``."""
+    def name_speaker(self, speaker: str, name: str, force: bool = False):
+        """Name corpus speaker ``speaker`` in every file, and write its voice profile into ``profiles_dir``
+        (another profile of that name is replaced only with ``force``)."""
         from orchestrator.corpus.speakers import name as run_name
 
-        return run_name(self.settings, Path(self.settings.output_dir), speaker, name)
+        return run_name(self.settings, Path(self.settings.output_dir), speaker, name, force=force)
 
     def merge_speakers(self, keep: str, other: str):
         """``other``'s inputs become ``keep``'s (``pipeline speakers merge``)."""
