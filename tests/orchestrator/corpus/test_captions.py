@@ -81,8 +81,9 @@ def test_rules_from_settings_turn_frames_into_seconds():
         caption_min_gap_frames=3,
         caption_fps=30.0,
         caption_max_pause_s=2.0,
+        caption_lead_s=0.25,
     )
-    assert CaptionRules.from_settings(settings) == CaptionRules(37, 3, 1.0, 6.0, 20.0, 0.1, 2.0)
+    assert CaptionRules.from_settings(settings) == CaptionRules(37, 3, 1.0, 6.0, 20.0, 0.1, 2.0, 0.25)
 
 
 def test_the_real_settings_give_the_default_rules():
@@ -204,9 +205,10 @@ def test_cues_prefer_to_end_at_a_sentence_end():
 
 
 def test_a_cue_never_holds_two_speakers_and_the_next_one_keeps_the_gap():
-    host = _segment(0, [("Hello,", 0.0, 0.4), ("welcome.", 0.4, 1.0)], speaker="Host")
+    # Given a host whose words leave time enough to read them before the guest speaks
+    host = _segment(0, [("Hello,", 0.0, 0.5), ("welcome.", 0.5, 1.3)], speaker="Host")
     guest = _segment(
-        1, [("Thanks", 1.0, 1.4), ("for", 1.4, 1.6), ("having", 1.6, 1.9), ("me.", 1.9, 2.2)], "Guest"
+        1, [("Thanks", 1.38, 1.8), ("for", 1.8, 2.0), ("having", 2.0, 2.3), ("me.", 2.3, 2.6)], "Guest"
     )
     out = cues(_transcript([host, guest]))
     assert [c.speaker for c in out] == ["Host", "Guest"]
@@ -227,7 +229,8 @@ def test_overlapping_speech_moves_the_next_cue_instead_of_overlapping():
     b = _segment(1, [("Me", 0.5, 1.0), ("too.", 1.0, 1.5)], speaker="B")
     out = cues(_transcript([a, b]))
     _check_rules(out)
-    assert {c.speaker for c in out} == {"A", "B"}
+    # B's words, said over A's, leave A's cue no time: one two-speaker cue, a dash per speaker line
+    assert [(c.speaker, c.text) for c in out] == [("A + B", "- Talking over.\n- Me too.")]
 
 
 def test_words_without_times_share_the_segment_time_by_their_length():
