@@ -37,6 +37,7 @@ from pathlib import Path
 from contracts import ItemResult, load_model, save_model
 from contracts.api import FINISHED, JOB_ID, CancelAsked, JobInput, JobRecord, JobReport
 from contracts.errors import ApiError, ArtifactError, PipelineError
+from contracts.jsonl import repair_tail
 from contracts.report import RunReport
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.pipeline import Orchestrator
@@ -399,6 +400,7 @@ class JobQueue:
         path = self.directory / job_id / PROGRESS_FILE
         if not path.exists():
             return
+        repair_tail(path)  # a line torn by a kill ends here: the job's next line starts a line of its own
         for number, text in enumerate(path.read_text().splitlines(), 1):
             try:
                 self._apply(job_id, json.loads(text))
