@@ -3,15 +3,18 @@
 The rules (``CaptionRules``, from the ``caption_*`` settings) follow common broadcast guidelines:
 at most 42 characters a line and 2 lines, at most 17 characters a second (20 for a faster profile),
 0.833 s to 7 s on screen, 2 frames at 25 fps between cues. Cues end at sentence ends and speaker
-changes in preference to anywhere else, a cue never holds two speakers, and a cue is never on screen
-over a pause longer than ``max_pause_s``. Chinese, Japanese and Korean get their own line length and
-reading speed (:data:`SCRIPT_LIMITS`), and Chinese and Japanese words are joined without spaces.
+changes in preference to anywhere else, a cue holds one speaker (two only in a rapid exchange: a dash
+per speaker line), and a cue is never on screen over a pause longer than ``max_pause_s``. Chinese,
+Japanese and Korean get their own line length and reading speed (:data:`SCRIPT_LIMITS`), and Chinese
+and Japanese words are joined without spaces.
 
 How: the words of each block (one speaker, no long pause inside) are cut into cues by dynamic
 programming over the cut points (hard: the text fits the lines, the words fit ``max_s``; costs: a cut
 that is not at a sentence end, reading speed above the limit, a cue shorter than the minimum), each
 cue's text is broken into balanced lines, and its time on screen is stretched towards what reading
-needs, within the next cue's start less the gap, ``max_pause_s`` after its last word and ``max_s``.
+needs, within the next cue's start less the gap, ``max_pause_s`` after its last word, ``max_s`` and the
+end of the audio. A cue still too short or too fast to read joins a neighbour or appears earlier
+(:func:`cues`); one that cannot is :attr:`Cue.tight`, counted in one note of the run (:func:`tight_note`).
 """
 
 from __future__ import annotations
@@ -274,7 +277,9 @@ def _joined(a: _Draft, b: _Draft, rules: CaptionRules, space: bool) -> _Draft | 
     if a.dash or b.dash or b.end - a.start > rules.max_s or b.start - a.end > rules.max_pause_s:
         return None
     sa, sb = _speakers(a.speaker), _speakers(b.speaker)
-    if sa == sb or (sa and sb and set(sa) & set(sb)):
+    if sa != sb and not (sa and sb):  # a labelled cue and an unlabelled one: no cue says who spoke
+        return None
+    if sa == sb or set(sa) & set(sb):
         speaker = " + ".join(dict.fromkeys(sa + sb)) or None
         text = _join([a.text, b.text], space)
         words = ([label(speaker)] if speaker else []) + (text.split(" ") if space else [text])

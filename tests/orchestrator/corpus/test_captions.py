@@ -325,3 +325,11 @@ def test_the_last_cue_ends_with_the_audio():
     t = _transcript([_segment(0, [("Goodbye.", 9.5, 9.9)])]).model_copy(update={"duration_s": 10.0})
     (cue,) = cues(t)
     assert cue.end == 10.0 and cue.start <= 9.5
+
+
+def test_a_labelled_cue_and_an_unlabelled_one_are_not_joined():
+    a = _segment(0, [("Neither", 9.84, 10.0), ("did", 10.0, 10.1), ("I.", 10.1, 10.2)], speaker="S0001")
+    b = _segment(1, [("Okay,", 10.25, 10.6)])
+    out = cues(_transcript([a, b]))
+    assert [c.speaker for c in out] == ["S0001", None]
+    assert not any(c.text.startswith("- ") for c in out)
