@@ -115,6 +115,12 @@ class JobReport(Strict):
     throughput: float | None = None
 
 
+class CancelAsked(Strict):
+    """A running job's cancel, kept beside its record until the job has stopped (a restart honours it)."""
+
+    delete_outputs: bool = False
+
+
 class JobRecord(Strict):
     """A job's state, kept as ``<server_dir>/jobs/<id>/job.json`` (so the queue survives a restart)."""
 

@@ -224,7 +224,8 @@ class CaptionOptions(SettingsGroup):
     caption_lines: int = Field(2, ge=1, le=4)
     #: seconds a cue stays on screen at most ...
     caption_max_s: float = Field(7.0, gt=0, le=60)
-    #: ... and at least (20 frames at 24 fps), unless the next cue starts sooner
+    #: ... and at least (20 frames at 24 fps; not above ``caption_max_s``), unless the words come faster:
+    #: see ``caption_lead_s`` and the run's notes
     caption_min_s: float = Field(0.833, ge=0, le=10)
     #: reading speed: characters a second at most (17: broadcast adult; 20: a faster profile)
     caption_max_cps: float = Field(17.0, gt=0, le=100)
@@ -235,6 +236,9 @@ class CaptionOptions(SettingsGroup):
     #: a pause in speech longer than this ends a cue, and no cue stays on screen longer than this after its
     #: last word: a caption never stays up over a long silence
     caption_max_pause_s: float = Field(1.5, gt=0, le=30)
+    #: seconds a cue may appear before its first word, where the silence allows it and it is otherwise too
+    #: short or too fast to read (a rapid exchange); cues that still are: counted in the run's notes
+    caption_lead_s: float = Field(0.5, ge=0, le=5)
 
 
 class SpeakerOptions(SettingsGroup):
@@ -462,6 +466,9 @@ class JobOptions(SettingsGroup):
     job_max_queued: int = Field(100, ge=1)
     #: finished jobs (and their outputs) are deleted this many seconds after they finished (0: kept forever)
     job_retention_s: float = Field(7 * 24 * 3600.0, ge=0)
+    #: finished transcriptions nobody collected (the server stopped, or the answer failed, before it was
+    #: sent) are deleted this many seconds after they finished (0: kept forever); one answered goes at once
+    transcription_retention_s: float = Field(3600.0, ge=0)
     #: largest audio file POST /v1/audio/transcriptions accepts (OpenAI's limit is 25 MB); 413 above
     max_upload_bytes: int = Field(25 * 1024 * 1024, ge=1024)
     #: seconds a transcription request may take end to end (queue + run); one that cannot is refused at once (429)
@@ -626,6 +633,16 @@ class Settings(*reversed(GROUPS), BaseSettings):
         low = info.data.get("min_speakers")
         if value is not None and low is not None and value < low:
             raise ValueError(f"must not be below min_speakers ({low})")
+        return value
+
+    @field_validator("caption_min_s")
+    @classmethod
+    def _min_below_max(cls, value: float, info) -> float:
+        high = info.data.get("caption_max_s")
+        if high is not None and value > high:
+            raise ValueError(
+                f"CAPTION_MIN_SECONDS ({value:g}) must not be above CAPTION_MAX_SECONDS ({high:g})"
+            )
         return value
 
     @field_validator("asr_language")

@@ -247,6 +247,35 @@ def test_progress_is_appended_not_rewritten_and_reading_a_job_takes_no_lock(tmp_
         again.close()
 
 
+def test_a_progress_line_torn_by_a_kill_does_not_swallow_the_next_one(tmp_path):
+    from orchestrator.api.jobs import PROGRESS_FILE, JobQueue
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.wav").write_bytes(b"x")
+    settings = Settings(server_dir=tmp_path / "server", input_roots=[root])
+    queue = JobQueue(settings)
+    job = queue.submit([str(root / "a.wav")])
+    progress = tmp_path / "server" / "jobs" / job.id / PROGRESS_FILE
+    # Given a server killed mid-line
+    queue._item(job.id, job.inputs[0].id, "audio", "ok", None)
+    with open(progress, "a") as fh:
+        fh.write('{"item": "a", "stage": "as')
+    # When the next server starts and the job appends again
+    again = JobQueue(settings)
+    try:
+        with again._cond:  # the runner thread waits: the test plays the job thread
+            again.start()
+            again._item(job.id, job.inputs[0].id, "asr", "ok", None)
+            # Then the torn line stands alone and the new one reads back whole
+            lines = progress.read_text().splitlines()
+            assert lines[-1].startswith('{"item"') and '"stage": "asr"' in lines[-1]
+            assert lines[-2].endswith('"as')
+            assert again.get(job.id).inputs[0].stages == {"audio": "ok", "asr": "ok"}
+    finally:
+        again.close()
+
+
 def test_get_job_answers_while_the_job_lock_is_held(tmp_path, roots):
     root, _ = roots
     server = start_in_thread(Settings(server_dir=tmp_path / "server", port=0, input_roots=[root]))
