@@ -167,6 +167,19 @@ def process(
         str | None,
         typer.Option(help="Languages identification may choose from, e.g. en,de,es [env ASR_LANGUAGES]."),
     ] = None,
+    prompt: Annotated[
+        str | None,
+        typer.Option(help="Whisper's initial prompt: vocabulary, spelling, style [env ASR_PROMPT]."),
+    ] = None,
+    hotwords: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Names and terms for every input, comma-separated; each folder's vocabulary.txt and each "
+                "<input>.vocabulary.txt add theirs [env ASR_HOTWORDS]."
+            )
+        ),
+    ] = None,
     asr_batch_size: Annotated[
         str | None, typer.Option(help="A number or auto [env ASR_BATCH_SIZE, default 16].")
     ] = None,
@@ -265,6 +278,8 @@ def process(
         "asr_model": asr_model,
         "asr_language": language,
         "asr_languages": languages,
+        "asr_prompt": prompt,
+        "asr_hotwords": hotwords,
         "asr_batch_size": asr_batch_size,
         "embedding_profile": embedding_profile,
         "embedding_batch_size": embedding_batch_size,
