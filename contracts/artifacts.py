@@ -213,6 +213,9 @@ class TranscriptArtifact(Provenance, Artifact):
     language_id: LanguageId | None = None
     #: the vocabulary decoded with (run prompt and hotwords, folder and input files; None: none)
     vocabulary: VocabularyUse | None = None
+    #: the English translation (``translate``, inputs not in English): one segment per decoded window, in
+    #: the input's time, without words; the final transcript gives each its window's main speaker
+    translation: list[Segment] | None = None
 
     @model_validator(mode="after")
     def _ids(self) -> TranscriptArtifact:

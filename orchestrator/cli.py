@@ -171,6 +171,16 @@ def process(
         str | None,
         typer.Option(help="Whisper's initial prompt: vocabulary, spelling, style [env ASR_PROMPT]."),
     ] = None,
+    translate: Annotated[
+        bool,
+        typer.Option(
+            "--translate",
+            help=(
+                "Also translate every input not in English into English: transcript.en.* beside the "
+                "original (needs a multilingual model) [env ASR_TRANSLATE]."
+            ),
+        ),
+    ] = False,
     hotwords: Annotated[
         str | None,
         typer.Option(
@@ -280,6 +290,7 @@ def process(
         "asr_languages": languages,
         "asr_prompt": prompt,
         "asr_hotwords": hotwords,
+        "asr_translate": translate or None,
         "asr_batch_size": asr_batch_size,
         "embedding_profile": embedding_profile,
         "embedding_batch_size": embedding_batch_size,

@@ -186,6 +186,7 @@ STAGES: tuple[StageDef, ...] = (
             word_timestamps=s.align,
             prompt=s.asr_prompt,
             hotwords=s.asr_hotwords,
+            translate=s.asr_translate and not s.langid_only,
             runtime=s.asr_runtime,
         ),
         batch_size=lambda s: s.asr_batch_size,

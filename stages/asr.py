@@ -203,6 +203,12 @@ class AsrStage(TorchStage):
         # in 4.9 s, one at a time in 9.3 s, and the VAD of the inputs runs together instead of between decodes)
         self.pack = (device.startswith("cuda") or self.join) if pack == "auto" else pack
         self.word_timing = settings.word_timestamps and not settings.identify_only
+        self.translate = settings.translate and not settings.identify_only
+        if self.translate and english_only:
+            raise ModelUnavailableError(
+                f"translation needs a multilingual Whisper: ASR model {requested!r} is English-only "
+                "(use whisper-base or another multilingual model, or leave --translate off)"
+            )
         return f"{path} ({self.runtime}, {compute_type})"
 
     def _ctranslate2_runs(self, device: str) -> str | None:
@@ -306,7 +312,13 @@ class AsrStage(TorchStage):
                 yield item, self._outcome(job)
                 continue
             # windows share only with inputs of the same language decoded after the same vocabulary
-            key = (job.language, tuple(job.context)) if self.join and job.language != "unknown" else None
+            # (an input to translate as well is decoded alone: each of its windows is translated over the
+            # encoder output of its transcription)
+            key = (
+                (job.language, tuple(job.context))
+                if self.join and job.language != "unknown" and not job.translate
+                else None
+            )
             for i, (start, end) in enumerate(job.windows):
                 ready.extend(joiner.add((job, i), end - start, key))
             while ready and (len(ready) >= self.batch_size or not self.pack):
@@ -335,6 +347,8 @@ class AsrStage(TorchStage):
             job.windows, job.texts, job.logprobs, job.no_speech, job.words = [], [], [], [], []
         else:
             job.vocabulary, job.context = self._vocabulary(item, job.language)
+            job.translate = self.translate and job.language not in ("en", "unknown")
+            job.translations = [None] * len(job.windows)
         rate = SAMPLE_RATE
         # each window's samples, copied: the input's whole audio is not held while its last window waits to share
         job.pieces = [samples[int(start * rate) : int(end * rate)].copy() for start, end in job.windows]
@@ -450,6 +464,8 @@ class AsrStage(TorchStage):
             return_scores=True,
             return_no_speech_prob=True,
         )
+        if temperature == 0:  # the windows of inputs to translate too, over the same encoder output
+            self._translate(batch, encoded, search)
         # text tokens are decoded alike in every language: the first window's tokenizer serves the batch
         tokenizer = self._tokenizer(languages[0])
         texts, scores, kept, looped = [], [], [], []
@@ -537,6 +553,34 @@ class AsrStage(TorchStage):
             if still and hotter:
                 self._generate_alone(still, hotter[0])
 
+    def _translate(self, batch: list[Joined], encoded, search: dict) -> None:
+        """Whisper's translate task over the encoder output of the windows (each of one input: such inputs
+        are not joined) whose input is to be translated: English text for each, after the same vocabulary."""
+        rows = [
+            k for k, window in enumerate(batch) if window.parts[0][0].translate and len(window.parts) == 1
+        ]
+        if not rows:
+            return
+        model = self.model.model
+        options = self.model.options
+        features = encoded if len(rows) == len(batch) else self._rows(encoded, rows)
+        results = model.model.generate(
+            features,
+            [self._prompt(batch[k].parts[0][0], task="translate") for k in rows],
+            **search,
+            length_penalty=options.length_penalty,
+            max_length=model.max_length,
+            suppress_blank=options.suppress_blank,
+            suppress_tokens=options.suppress_tokens,
+            no_repeat_ngram_size=options.no_repeat_ngram_size,
+            repetition_penalty=options.repetition_penalty,
+        )
+        tokenizer = self._tokenizer("en")
+        for k, result in zip(rows, results):
+            job, i = batch[k].parts[0]
+            ids = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
+            job.translations[i] = tokenizer.tokenizer.decode(ids).strip()
+
     def _time_words(
         self, batch: list[Joined], encoded, texts: list[list[int]], languages: list[str], rows
     ) -> dict[int, list | None]:
@@ -602,23 +646,24 @@ class AsrStage(TorchStage):
             tensor = torch.as_tensor(np.asarray(encoded))
         return ctranslate2_storage(tensor[rows].contiguous())
 
-    def _tokenizer(self, language: str):
-        if language not in self._tokenizers and self.runtime == TORCH:
-            self._tokenizers[language] = self.model.model.tokenizer(language)
-        if language not in self._tokenizers:
+    def _tokenizer(self, language: str, task: str = "transcribe"):
+        key = (language, task)
+        if key not in self._tokenizers and self.runtime == TORCH:
+            self._tokenizers[key] = self.model.model.tokenizer(language, task=task)
+        if key not in self._tokenizers:
             model = self.model.model
-            self._tokenizers[language] = Tokenizer(
-                model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language=language
+            self._tokenizers[key] = Tokenizer(
+                model.hf_tokenizer, model.model.is_multilingual, task=task, language=language
             )
-        return self._tokenizers[language]
+        return self._tokenizers[key]
 
-    def _prompt(self, job: _Input) -> list[int]:
+    def _prompt(self, job: _Input, task: str = "transcribe") -> list[int]:
         """The decoder's prompt for a window of ``job``: its vocabulary as the text before the window (after
         ``<|startofprev|>``, where faster-whisper puts ``initial_prompt`` and ``hotwords``; the same tokens on
         both runtimes), then the start sequence of its language."""
         options = self.model.options
         return self.model.model.get_prompt(
-            self._tokenizer(job.language),
+            self._tokenizer(job.language, task),
             job.context,
             without_timestamps=options.without_timestamps,
             prefix=options.prefix,
@@ -668,9 +713,10 @@ class AsrStage(TorchStage):
 
     def _artifact(self, job: _Input) -> TranscriptArtifact:
         segments, silent = [], 0
+        translation: list[Segment] | None = [] if job.translate else None
         options = self.model.options
-        for (start, end), raw, logprob, no_speech, words in zip(
-            job.windows, job.texts, job.logprobs, job.no_speech, job.words
+        for (start, end), raw, logprob, no_speech, words, english in zip(
+            job.windows, job.texts, job.logprobs, job.no_speech, job.words, job.translations or job.texts
         ):
             text = (raw or "").strip()
             if not text:
@@ -699,6 +745,9 @@ class AsrStage(TorchStage):
                     words=words or None,
                 )
             )
+            if translation is not None and english:
+                span = {"start": segments[-1].start, "end": segments[-1].end}
+                translation.append(Segment(id=len(translation), text=english, **span))
         audio = job.audio
         return TranscriptArtifact(
             item_id=job.item.id,
@@ -726,6 +775,7 @@ class AsrStage(TorchStage):
             dropped_segments=silent,
             language_id=job.language_id,
             vocabulary=job.vocabulary,
+            translation=translation,
         )
 
     def close(self) -> None:
@@ -756,6 +806,9 @@ class _Input:
     #: the vocabulary decoded before every window, and its tokens
     vocabulary: VocabularyUse | None = None
     context: list[int] = field(default_factory=list)
+    #: decoded with the translate task too (not English), and each window's English text
+    translate: bool = False
+    translations: list[str | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.texts = [None] * len(self.windows)
