@@ -312,13 +312,7 @@ class AsrStage(TorchStage):
                 yield item, self._outcome(job)
                 continue
             # windows share only with inputs of the same language decoded after the same vocabulary
-            # (an input to translate as well is decoded alone: each of its windows is translated over the
-            # encoder output of its transcription)
-            key = (
-                (job.language, tuple(job.context))
-                if self.join and job.language != "unknown" and not job.translate
-                else None
-            )
+            key = (job.language, tuple(job.context)) if self.join and job.language != "unknown" else None
             for i, (start, end) in enumerate(job.windows):
                 ready.extend(joiner.add((job, i), end - start, key))
             while ready and (len(ready) >= self.batch_size or not self.pack):
@@ -554,11 +548,11 @@ class AsrStage(TorchStage):
                 self._generate_alone(still, hotter[0])
 
     def _translate(self, batch: list[Joined], encoded, search: dict) -> None:
-        """Whisper's translate task over the encoder output of the windows (each of one input: such inputs
-        are not joined) whose input is to be translated: English text for each, after the same vocabulary."""
-        rows = [
-            k for k, window in enumerate(batch) if window.parts[0][0].translate and len(window.parts) == 1
-        ]
+        """Whisper's translate task over the encoder output of the windows whose inputs are to be translated:
+        English text for each input window, after the same vocabulary. A joined window's English is split
+        back to its inputs by its words' times (the decoder's cross-attention, as for the transcription);
+        where that fails, its input windows are encoded and translated alone."""
+        rows = [k for k, window in enumerate(batch) if window.parts[0][0].translate]
         if not rows:
             return
         model = self.model.model
@@ -575,11 +569,40 @@ class AsrStage(TorchStage):
             no_repeat_ngram_size=options.no_repeat_ngram_size,
             repetition_penalty=options.repetition_penalty,
         )
-        tokenizer = self._tokenizer("en")
+        english = self._tokenizer("en")
+        joined: list[tuple[int, list[int]]] = []
         for k, result in zip(rows, results):
+            ids = [t for t in result.sequences_ids[0] if t < english.eot]
+            if len(batch[k].parts) > 1:
+                joined.append((k, ids))
+                continue
             job, i = batch[k].parts[0]
-            ids = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
-            job.translations[i] = tokenizer.tokenizer.decode(ids).strip()
+            job.translations[i] = english.tokenizer.decode(ids).strip()
+        alone: list[tuple[_Input, int]] = []
+        for k, ids in joined:
+            window = batch[k]
+            try:
+                tokenizer = self._tokenizer(window.parts[0][0].language, "translate")
+                frames = [max(1, min(N_FRAMES, int(window.length * SAMPLE_RATE) // HOP_LENGTH))]
+                timing = model.model.align(self._rows(encoded, [k]), tokenizer.sot_sequence, [ids], frames)
+                words = timed_words(tokenizer, ids, timing[0], 0.0, window.length) if ids else []
+            except Exception as exc:
+                if is_oom(exc):
+                    raise
+                log.warning(
+                    "asr: a joined window's translation could not be split (%s); translated alone", exc
+                )
+                alone.extend(window.parts)
+                continue
+            for (job, i), part in zip(window.parts, split_words(words, window.spans)):
+                job.translations[i] = " ".join(w.word.strip() for w in part if w.word.strip())
+        if alone:
+            windows = []
+            for job, i in alone:
+                window = Joined(None, JOIN_GAP_S)
+                window.add((job, i), job.windows[i][1] - job.windows[i][0])
+                windows.append(window)
+            self._translate(windows, self._encode([job.pieces[i] for job, i in alone]), search)
 
     def _time_words(
         self, batch: list[Joined], encoded, texts: list[list[int]], languages: list[str], rows

@@ -12,6 +12,8 @@ from tests.conftest import MEDIA, stage_settings
 from tests.stages.test_asr import decode_audio
 
 LANGUAGES = MEDIA / "languages"
+#: the inputs of each joined window decoded (``_run`` records them)
+JOINED: list[list[str]] = []
 #: English function words (none of them a word of German, Spanish or French)
 ENGLISH = {
     "the",
@@ -40,7 +42,15 @@ def _run(tmp, audio: dict, **settings) -> dict[str, TranscriptArtifact]:
         WorkItem(id=name, inputs={"audio": str(path)}, output=str(tmp / f"{name}.json"), fingerprint="fp")
         for name, path in audio.items()
     ]
-    result = AsrStage().run(
+    stage = AsrStage()
+    generate = stage._generate
+
+    def spy(batch, temperature=0.0):
+        JOINED.extend([job.item.id for job, _ in w.parts] for w in batch if len(w.parts) > 1)
+        return generate(batch, temperature)
+
+    stage._generate = spy
+    result = stage.run(
         StageRequest(
             request_id="r",
             stage="asr",
@@ -62,10 +72,14 @@ def _words(text: str) -> set[str]:
 
 @pytest.mark.slow
 def test_inputs_not_in_english_get_an_english_translation_and_keep_their_transcript(tmp_path):
-    audio = decode_audio(tmp_path, {lang: LANGUAGES / f"{lang}.ogg" for lang in ("de", "es", "fr", "en")})
+    # (the Spanish clip twice: the two share one joined window, whose English is split back by word times)
+    sources = {lang: LANGUAGES / f"{lang}.ogg" for lang in ("de", "es", "fr", "en")}
+    audio = decode_audio(tmp_path, {**sources, "es2": sources["es"]})
     (tmp_path / "plain").mkdir(), (tmp_path / "translated").mkdir()
     plain = _run(tmp_path / "plain", audio)
+    JOINED.clear()
     translated = _run(tmp_path / "translated", audio, translate=True)
+    assert ["es", "es2"] in JOINED, JOINED
     for lang in ("de", "es", "fr"):
         t = translated[lang]
         assert t.language == lang
@@ -77,8 +91,9 @@ def test_inputs_not_in_english_get_an_english_translation_and_keep_their_transcr
         original = " ".join(s.text for s in t.segments)
         assert not _words(original) & ENGLISH, (lang, original)
         assert [(s.start, s.end) for s in t.translation] == [(s.start, s.end) for s in t.segments]
-    spanish = " ".join(s.text for s in translated["es"].translation)
-    assert len(_words(spanish) & SPANISH) >= 4, spanish
+    for name in ("es", "es2"):  # each copy gets its own sentence's English, once
+        spanish = " ".join(s.text for s in translated[name].translation)
+        assert len(_words(spanish) & SPANISH) >= 4 and spanish.lower().count("morning") == 1, spanish
     # an English input is decoded once: no translation
     assert translated["en"].translation is None and plain["en"].translation is None
     assert [s.text for s in translated["en"].segments] == [s.text for s in plain["en"].segments]
