@@ -548,61 +548,48 @@ class AsrStage(TorchStage):
                 self._generate_alone(still, hotter[0])
 
     def _translate(self, batch: list[Joined], encoded, search: dict) -> None:
-        """Whisper's translate task over the encoder output of the windows whose inputs are to be translated:
-        English text for each input window, after the same vocabulary. A joined window's English is split
-        back to its inputs by its words' times (the decoder's cross-attention, as for the transcription);
-        where that fails, its input windows are encoded and translated alone."""
-        rows = [k for k, window in enumerate(batch) if window.parts[0][0].translate]
-        if not rows:
-            return
-        model = self.model.model
-        options = self.model.options
-        features = encoded if len(rows) == len(batch) else self._rows(encoded, rows)
-        results = model.model.generate(
-            features,
-            [self._prompt(batch[k].parts[0][0], task="translate") for k in rows],
-            **search,
-            length_penalty=options.length_penalty,
-            max_length=model.max_length,
-            suppress_blank=options.suppress_blank,
-            suppress_tokens=options.suppress_tokens,
-            no_repeat_ngram_size=options.no_repeat_ngram_size,
-            repetition_penalty=options.repetition_penalty,
-        )
-        english = self._tokenizer("en")
-        joined: list[tuple[int, list[int]]] = []
-        for k, result in zip(rows, results):
-            ids = [t for t in result.sequences_ids[0] if t < english.eot]
-            if len(batch[k].parts) > 1:
-                joined.append((k, ids))
-                continue
-            job, i = batch[k].parts[0]
-            job.translations[i] = english.tokenizer.decode(ids).strip()
-        alone: list[tuple[_Input, int]] = []
-        for k, ids in joined:
-            window = batch[k]
-            try:
-                tokenizer = self._tokenizer(window.parts[0][0].language, "translate")
-                frames = [max(1, min(N_FRAMES, int(window.length * SAMPLE_RATE) // HOP_LENGTH))]
-                timing = model.model.align(self._rows(encoded, [k]), tokenizer.sot_sequence, [ids], frames)
-                words = timed_words(tokenizer, ids, timing[0], 0.0, window.length) if ids else []
-            except Exception as exc:
-                if is_oom(exc):
-                    raise
-                log.warning(
-                    "asr: a joined window's translation could not be split (%s); translated alone", exc
-                )
-                alone.extend(window.parts)
-                continue
-            for (job, i), part in zip(window.parts, split_words(words, window.spans)):
-                job.translations[i] = " ".join(w.word.strip() for w in part if w.word.strip())
-        if alone:
+        """Whisper's translate task for the windows whose inputs are to be translated: English text for each
+        input window, after the same vocabulary, over the encoder output of its transcription. The input
+        windows of a joined window are encoded and translated each alone: the translate task over a joined
+        window may leave out an input's speech (seen with two copies of one clip), and its English cannot
+        then be split back faithfully."""
+        rows = [
+            k for k, window in enumerate(batch) if window.parts[0][0].translate and len(window.parts) == 1
+        ]
+        alone = [
+            part
+            for window in batch
+            if window.parts[0][0].translate and len(window.parts) > 1
+            for part in window.parts
+        ]
+        if rows:
+            model = self.model.model
+            options = self.model.options
+            features = encoded if len(rows) == len(batch) else self._rows(encoded, rows)
+            results = model.model.generate(
+                features,
+                [self._prompt(batch[k].parts[0][0], task="translate") for k in rows],
+                **search,
+                length_penalty=options.length_penalty,
+                max_length=model.max_length,
+                suppress_blank=options.suppress_blank,
+                suppress_tokens=options.suppress_tokens,
+                no_repeat_ngram_size=options.no_repeat_ngram_size,
+                repetition_penalty=options.repetition_penalty,
+            )
+            english = self._tokenizer("en")
+            for k, result in zip(rows, results):
+                job, i = batch[k].parts[0]
+                ids = [t for t in result.sequences_ids[0] if t < english.eot]
+                job.translations[i] = english.tokenizer.decode(ids).strip()
+        for first in range(0, len(alone), self.batch_size):
+            parts = alone[first : first + self.batch_size]
             windows = []
-            for job, i in alone:
+            for job, i in parts:
                 window = Joined(None, JOIN_GAP_S)
                 window.add((job, i), job.windows[i][1] - job.windows[i][0])
                 windows.append(window)
-            self._translate(windows, self._encode([job.pieces[i] for job, i in alone]), search)
+            self._translate(windows, self._encode([job.pieces[i] for job, i in parts]), search)
 
     def _time_words(
         self, batch: list[Joined], encoded, texts: list[list[int]], languages: list[str], rows

@@ -72,7 +72,7 @@ def _words(text: str) -> set[str]:
 
 @pytest.mark.slow
 def test_inputs_not_in_english_get_an_english_translation_and_keep_their_transcript(tmp_path):
-    # (the Spanish clip twice: the two share one joined window, whose English is split back by word times)
+    # (the Spanish clip twice: the two share one joined window to transcribe, and are translated each alone)
     sources = {lang: LANGUAGES / f"{lang}.ogg" for lang in ("de", "es", "fr", "en")}
     audio = decode_audio(tmp_path, {**sources, "es2": sources["es"]})
     (tmp_path / "plain").mkdir(), (tmp_path / "translated").mkdir()
@@ -114,3 +114,17 @@ def test_the_run_is_refused_before_it_starts_with_an_english_only_model(tmp_path
         with Orchestrator(settings) as orch:
             orch.plan([LANGUAGES / "de.ogg"])
     assert not (tmp_path / "out" / ".runs").exists() or not any((tmp_path / "out" / ".runs").iterdir())
+
+
+@pytest.mark.slow
+def test_translation_runs_on_the_torch_runtime_too(tmp_path):
+    """The same translate task on the torch runtime (stages/whisper_torch.py), joined inputs too."""
+    audio = decode_audio(tmp_path, {"es": LANGUAGES / "es.ogg", "es2": LANGUAGES / "es.ogg"})
+    JOINED.clear()
+    translated = _run(tmp_path, audio, translate=True, runtime="torch")
+    assert ["es", "es2"] in JOINED, JOINED
+    for name in ("es", "es2"):
+        assert translated[name].runtime == "torch"
+        spanish = " ".join(s.text for s in translated[name].translation)
+        # (float32 on torch decodes otherwise than int8: English of the sentence, each copy its own)
+        assert len(_words(spanish) & ENGLISH) >= 3 and spanish.lower().count("home") == 1, spanish
