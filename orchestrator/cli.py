@@ -167,6 +167,29 @@ def process(
         str | None,
         typer.Option(help="Languages identification may choose from, e.g. en,de,es [env ASR_LANGUAGES]."),
     ] = None,
+    prompt: Annotated[
+        str | None,
+        typer.Option(help="Whisper's initial prompt: vocabulary, spelling, style [env ASR_PROMPT]."),
+    ] = None,
+    translate: Annotated[
+        bool,
+        typer.Option(
+            "--translate",
+            help=(
+                "Also translate every input not in English into English: transcript.en.* beside the "
+                "original (needs a multilingual model) [env ASR_TRANSLATE]."
+            ),
+        ),
+    ] = False,
+    hotwords: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Names and terms for every input, comma-separated; each folder's vocabulary.txt and each "
+                "<input>.vocabulary.txt add theirs [env ASR_HOTWORDS]."
+            )
+        ),
+    ] = None,
     asr_batch_size: Annotated[
         str | None, typer.Option(help="A number or auto [env ASR_BATCH_SIZE, default 16].")
     ] = None,
@@ -265,6 +288,9 @@ def process(
         "asr_model": asr_model,
         "asr_language": language,
         "asr_languages": languages,
+        "asr_prompt": prompt,
+        "asr_hotwords": hotwords,
+        "asr_translate": translate or None,
         "asr_batch_size": asr_batch_size,
         "embedding_profile": embedding_profile,
         "embedding_batch_size": embedding_batch_size,

@@ -162,6 +162,13 @@ class AsrOptions(SettingsGroup):
     asr_language: str | None = None
     #: Whisper's initial prompt (vocabulary, spelling, style); the API's ``prompt`` of a transcription
     asr_prompt: str | None = None
+    #: names and terms Whisper should spell right in every input, comma-separated (after the prompt; each
+    #: folder's ``vocabulary.txt`` and each ``<input>.vocabulary.txt`` add theirs; a job's ``vocabulary``)
+    asr_hotwords: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: also translate every input whose language is not English into English (Whisper's translate task, in
+    #: the same ASR child): transcript.en.json, .en.srt, .en.vtt, .en.txt beside the original; needs a
+    #: multilingual model
+    asr_translate: bool = False
     #: Whisper's repetition guard: a decoded window whose text compresses better than this (a decoder loop,
     #: "tell her, tell her, ...") is decoded again, alone and then at rising temperatures; None (or "off"): off
     asr_compression_ratio_threshold: float | None = Field(2.4, gt=1.0)
@@ -656,6 +663,13 @@ class Settings(*reversed(GROUPS), BaseSettings):
         return (
             None if isinstance(value, str) and value.strip().lower() in ("", "off", "none", "null") else value
         )
+
+    @field_validator("asr_hotwords", mode="before")
+    @classmethod
+    def _terms(cls, value):
+        if isinstance(value, str):
+            value = value.replace("\n", ",").split(",")
+        return list(dict.fromkeys(str(v).strip() for v in value or [] if str(v).strip()))
 
     @field_validator("asr_languages", mode="before")
     @classmethod

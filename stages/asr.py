@@ -39,13 +39,13 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from contracts import Artifact, AudioArtifact, Segment, StageRequest, TranscriptArtifact, WorkItem
-from contracts.artifacts import LanguageId
+from contracts.artifacts import LanguageId, VocabularyUse
 from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import AsrSettings
 from stages import language as langid
@@ -203,6 +203,12 @@ class AsrStage(TorchStage):
         # in 4.9 s, one at a time in 9.3 s, and the VAD of the inputs runs together instead of between decodes)
         self.pack = (device.startswith("cuda") or self.join) if pack == "auto" else pack
         self.word_timing = settings.word_timestamps and not settings.identify_only
+        self.translate = settings.translate and not settings.identify_only
+        if self.translate and english_only:
+            raise ModelUnavailableError(
+                f"translation needs a multilingual Whisper: ASR model {requested!r} is English-only "
+                "(use whisper-base or another multilingual model, or leave --translate off)"
+            )
         return f"{path} ({self.runtime}, {compute_type})"
 
     def _ctranslate2_runs(self, device: str) -> str | None:
@@ -249,9 +255,7 @@ class AsrStage(TorchStage):
                 f"{' '.join(str(exc).split())[:200]}); use a transformers Whisper directory or name, a "
                 "CTranslate2 directory, the embedded model, or allow the hub"
             ) from exc
-        options = Options(
-            initial_prompt=settings.prompt, compression_ratio_threshold=settings.compression_ratio_threshold
-        )
+        options = Options(compression_ratio_threshold=settings.compression_ratio_threshold)
         self.model = TorchPipeline(whisper, options, device)
         if self.model.vad_note:
             log.warning("asr: %s", self.model.vad_note)
@@ -268,10 +272,7 @@ class AsrStage(TorchStage):
                 device_index=int(index or 0),
                 compute_type=compute_type,
                 language=language,
-                asr_options={
-                    "initial_prompt": settings.prompt,
-                    "compression_ratio_threshold": settings.compression_ratio_threshold,
-                },
+                asr_options={"compression_ratio_threshold": settings.compression_ratio_threshold},
                 vad_method="pyannote",  # its weights ship inside whisperx; "silero" needs torch.hub
                 local_files_only=not settings.allow_hub,
                 threads=os.cpu_count() or 1,
@@ -310,7 +311,8 @@ class AsrStage(TorchStage):
             if not job.windows:
                 yield item, self._outcome(job)
                 continue
-            key = job.language if self.join and job.language != "unknown" else None
+            # windows share only with inputs of the same language decoded after the same vocabulary
+            key = (job.language, tuple(job.context)) if self.join and job.language != "unknown" else None
             for i, (start, end) in enumerate(job.windows):
                 ready.extend(joiner.add((job, i), end - start, key))
             while ready and (len(ready) >= self.batch_size or not self.pack):
@@ -337,6 +339,10 @@ class AsrStage(TorchStage):
         job = _Input(item, audio, windows, language or "unknown", language_id=language_id, speech=windows)
         if self.settings.identify_only:  # pipeline langid: no transcription
             job.windows, job.texts, job.logprobs, job.no_speech, job.words = [], [], [], [], []
+        else:
+            job.vocabulary, job.context = self._vocabulary(item, job.language)
+            job.translate = self.translate and job.language not in ("en", "unknown")
+            job.translations = [None] * len(job.windows)
         rate = SAMPLE_RATE
         # each window's samples, copied: the input's whole audio is not held while its last window waits to share
         job.pieces = [samples[int(start * rate) : int(end * rate)].copy() for start, end in job.windows]
@@ -438,7 +444,7 @@ class AsrStage(TorchStage):
             search = {"beam_size": options.beam_size, "patience": options.patience}
         encoded = self._encode([_joined_samples(window)[:N_SAMPLES] for window in batch])
         languages = [window.parts[0][0].language for window in batch]
-        prompts = [self._prompt(language) for language in languages]
+        prompts = [self._prompt(window.parts[0][0]) for window in batch]
         results = model.model.generate(
             encoded,
             prompts,
@@ -452,6 +458,8 @@ class AsrStage(TorchStage):
             return_scores=True,
             return_no_speech_prob=True,
         )
+        if temperature == 0:  # the windows of inputs to translate too, over the same encoder output
+            self._translate(batch, encoded, search)
         # text tokens are decoded alike in every language: the first window's tokenizer serves the batch
         tokenizer = self._tokenizer(languages[0])
         texts, scores, kept, looped = [], [], [], []
@@ -539,6 +547,50 @@ class AsrStage(TorchStage):
             if still and hotter:
                 self._generate_alone(still, hotter[0])
 
+    def _translate(self, batch: list[Joined], encoded, search: dict) -> None:
+        """Whisper's translate task for the windows whose inputs are to be translated: English text for each
+        input window, after the same vocabulary, over the encoder output of its transcription. The input
+        windows of a joined window are encoded and translated each alone: the translate task over a joined
+        window may leave out an input's speech (seen with two copies of one clip), and its English cannot
+        then be split back faithfully."""
+        rows = [
+            k for k, window in enumerate(batch) if window.parts[0][0].translate and len(window.parts) == 1
+        ]
+        alone = [
+            part
+            for window in batch
+            if window.parts[0][0].translate and len(window.parts) > 1
+            for part in window.parts
+        ]
+        if rows:
+            model = self.model.model
+            options = self.model.options
+            features = encoded if len(rows) == len(batch) else self._rows(encoded, rows)
+            results = model.model.generate(
+                features,
+                [self._prompt(batch[k].parts[0][0], task="translate") for k in rows],
+                **search,
+                length_penalty=options.length_penalty,
+                max_length=model.max_length,
+                suppress_blank=options.suppress_blank,
+                suppress_tokens=options.suppress_tokens,
+                no_repeat_ngram_size=options.no_repeat_ngram_size,
+                repetition_penalty=options.repetition_penalty,
+            )
+            english = self._tokenizer("en")
+            for k, result in zip(rows, results):
+                job, i = batch[k].parts[0]
+                ids = [t for t in result.sequences_ids[0] if t < english.eot]
+                job.translations[i] = english.tokenizer.decode(ids).strip()
+        for first in range(0, len(alone), self.batch_size):
+            parts = alone[first : first + self.batch_size]
+            windows = []
+            for job, i in parts:
+                window = Joined(None, JOIN_GAP_S)
+                window.add((job, i), job.windows[i][1] - job.windows[i][0])
+                windows.append(window)
+            self._translate(windows, self._encode([job.pieces[i] for job, i in parts]), search)
+
     def _time_words(
         self, batch: list[Joined], encoded, texts: list[list[int]], languages: list[str], rows
     ) -> dict[int, list | None]:
@@ -604,28 +656,64 @@ class AsrStage(TorchStage):
             tensor = torch.as_tensor(np.asarray(encoded))
         return ctranslate2_storage(tensor[rows].contiguous())
 
-    def _tokenizer(self, language: str):
-        if language not in self._tokenizers and self.runtime == TORCH:
-            self._tokenizers[language] = self.model.model.tokenizer(language)
-        if language not in self._tokenizers:
+    def _tokenizer(self, language: str, task: str = "transcribe"):
+        key = (language, task)
+        if key not in self._tokenizers and self.runtime == TORCH:
+            self._tokenizers[key] = self.model.model.tokenizer(language, task=task)
+        if key not in self._tokenizers:
             model = self.model.model
-            self._tokenizers[language] = Tokenizer(
-                model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language=language
+            self._tokenizers[key] = Tokenizer(
+                model.hf_tokenizer, model.model.is_multilingual, task=task, language=language
             )
-        return self._tokenizers[language]
+        return self._tokenizers[key]
 
-    def _prompt(self, language: str) -> list[int]:
+    def _prompt(self, job: _Input, task: str = "transcribe") -> list[int]:
+        """The decoder's prompt for a window of ``job``: its vocabulary as the text before the window (after
+        ``<|startofprev|>``, where faster-whisper puts ``initial_prompt`` and ``hotwords``; the same tokens on
+        both runtimes), then the start sequence of its language."""
         options = self.model.options
-        tokenizer = self._tokenizer(language)
-        # the initial prompt (ASR_PROMPT) as the text before every window, as whisperX's pipeline gives it
-        previous = tokenizer.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
         return self.model.model.get_prompt(
-            tokenizer,
-            previous,
+            self._tokenizer(job.language, task),
+            job.context,
             without_timestamps=options.without_timestamps,
             prefix=options.prefix,
-            hotwords=options.hotwords,
         )
+
+    def _vocabulary(self, item: WorkItem, language: str) -> tuple[VocabularyUse | None, list[int]]:
+        """What ``item`` is decoded after: the run's prompt and hotwords, then its folder's and its own
+        vocabulary files (``item.vocabulary``), within Whisper's prompt budget; and its tokens."""
+        settings: AsrSettings = self.settings
+        prompt = (settings.prompt or "").strip() or None
+        terms = list(dict.fromkeys([*settings.hotwords, *(t for f in item.vocabulary for t in f.terms)]))
+        if prompt is None and not terms:
+            return None, []
+        tokenizer = self._tokenizer(language if language != "unknown" else "en")
+        budget = self.model.model.max_length // 2 - 1  # after <|startofprev|>: 224 tokens in all
+
+        def encode(text: str) -> list[int]:
+            return tokenizer.encode(" " + text) if text else []
+
+        text, left_out = fit_vocabulary(prompt, terms, lambda t: len(encode(t)), budget)
+        tokens = encode(text)
+        note = None
+        whole = len(encode(vocabulary_text(prompt, terms)))
+        if whole > budget:
+            entries = len(terms) + (prompt is not None)
+            note = (
+                f"vocabulary of {whole} tokens over Whisper's prompt budget ({budget} after <|startofprev|>): "
+                f"{left_out} of its {entries} entries left out, the most general first (run prompt, run "
+                "hotwords, folder, input)" + ("" if left_out else "; its last entry cut to its last words")
+            )
+            log.warning("asr: %s: %s", item.id, note)
+        use = VocabularyUse(
+            prompt=prompt,
+            hotwords=list(settings.hotwords),
+            files=list(item.vocabulary),
+            applied=text,
+            tokens=len(tokens),
+            note=note,
+        )
+        return use, tokens
 
     def _outcome(self, job: _Input) -> TranscriptArtifact | Exception:
         try:
@@ -635,9 +723,10 @@ class AsrStage(TorchStage):
 
     def _artifact(self, job: _Input) -> TranscriptArtifact:
         segments, silent = [], 0
+        translation: list[Segment] | None = [] if job.translate else None
         options = self.model.options
-        for (start, end), raw, logprob, no_speech, words in zip(
-            job.windows, job.texts, job.logprobs, job.no_speech, job.words
+        for (start, end), raw, logprob, no_speech, words, english in zip(
+            job.windows, job.texts, job.logprobs, job.no_speech, job.words, job.translations or job.texts
         ):
             text = (raw or "").strip()
             if not text:
@@ -666,6 +755,9 @@ class AsrStage(TorchStage):
                     words=words or None,
                 )
             )
+            if translation is not None and english:
+                span = {"start": segments[-1].start, "end": segments[-1].end}
+                translation.append(Segment(id=len(translation), text=english, **span))
         audio = job.audio
         return TranscriptArtifact(
             item_id=job.item.id,
@@ -692,6 +784,8 @@ class AsrStage(TorchStage):
             ),
             dropped_segments=silent,
             language_id=job.language_id,
+            vocabulary=job.vocabulary,
+            translation=translation,
         )
 
     def close(self) -> None:
@@ -719,6 +813,12 @@ class _Input:
     speech: list[tuple[float, float]] = field(default_factory=list)
     #: each window's float32 samples at 16 kHz
     pieces: list = field(default_factory=list)
+    #: the vocabulary decoded before every window, and its tokens
+    vocabulary: VocabularyUse | None = None
+    context: list[int] = field(default_factory=list)
+    #: decoded with the translate task too (not English), and each window's English text
+    translate: bool = False
+    translations: list[str | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.texts = [None] * len(self.windows)
@@ -729,6 +829,37 @@ class _Input:
     @property
     def done(self) -> bool:
         return all(text is not None for text in self.texts)
+
+
+def vocabulary_text(prompt: str | None, terms: list[str]) -> str:
+    """The text before every window: the prompt, then the names and terms, comma-separated."""
+    return " ".join(p for p in (prompt, ", ".join(terms)) if p)
+
+
+def fit_vocabulary(
+    prompt: str | None, terms: list[str], count: Callable[[str], int], budget: int
+) -> tuple[str, int]:
+    """The prompt and terms (general to specific) within ``budget`` tokens (``count`` counts a text's): the
+    most specific entries are kept, the most general left out first; an entry too long alone keeps its last
+    words. Returns (the text, how many entries were left out)."""
+    entries = ([prompt] if prompt else []) + list(terms)
+    kept: list[str] = []
+    for entry in reversed(entries):
+        candidate = [entry, *kept]
+        has_prompt = prompt is not None and len(candidate) == len(entries)
+        if count(vocabulary_text(candidate[0] if has_prompt else None, candidate[has_prompt:])) <= budget:
+            kept = candidate
+            continue
+        if not kept:  # the most specific entry alone is over the budget: its last words
+            words: list[str] = []
+            for word in reversed(entry.split()):
+                if count(" ".join([word, *words])) > budget:
+                    break
+                words.insert(0, word)
+            kept = [" ".join(words)] if words else []
+        break
+    has_prompt = prompt is not None and len(kept) == len(entries) and kept[0] == prompt
+    return vocabulary_text(kept[0] if has_prompt else None, kept[has_prompt:]), len(entries) - len(kept)
 
 
 def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:

@@ -407,7 +407,7 @@ class JobQueue:
             except (ValueError, KeyError, TypeError):
                 log.warning("job %s: ignoring line %d of %s (cut short?)", job_id, number, path)
 
-    def submit(self, paths: list[str]) -> JobRecord:
+    def submit(self, paths: list[str], vocabulary: list[str] | None = None) -> JobRecord:
         """Queue the files and directories ``paths`` names (see :func:`confine`); inputs that cannot be read
         fail alone when the job runs."""
         s = self.settings
@@ -424,7 +424,7 @@ class JobQueue:
         files = 0
         for path in confined:
             files += count_files(path, s.input_roots, s.job_max_files - files)
-        return self._enqueue(confined, kind="job")
+        return self._enqueue(confined, kind="job", vocabulary=list(vocabulary or []))
 
     def submit_upload(self, directory: Path, language: str | None, prompt: str | None) -> JobRecord:
         """Queue one uploaded file (``directory`` holds it, inside the job's own folder)."""
@@ -639,6 +639,7 @@ class JobQueue:
             read_roots=roots,
             **({"asr_language": record.language} if record.language else {}),
             **({"asr_prompt": record.prompt} if record.prompt else {}),
+            **({"asr_hotwords": record.vocabulary} if record.vocabulary else {}),
         )
         orchestrator = Orchestrator(settings)
         with self._cond:

@@ -23,7 +23,7 @@ from contracts.jsonl import iter_lines
 from orchestrator import layout
 from orchestrator.corpus.captions import CaptionRules
 from orchestrator.corpus.labels import corpus_labels, label_transcript, read_corpus
-from orchestrator.corpus.outputs import Sources, write_formats
+from orchestrator.corpus.outputs import TRANSLATED, Sources, translated_name, write_formats
 from orchestrator.corpus.page import index_page
 from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
@@ -67,19 +67,36 @@ def load_sources(
         except ValueError as exc:
             log.warning("%s: speaker names not read: %s", item_id, exc)
     corpus = corpus or {}
-    labelled = label_transcript(transcript, diarization.turns if diarization else None, names, corpus)
-    return Sources(
-        item_id=item_id,
-        transcript=labelled.transcript,
-        rules=rules,
-        diarization=diarization,
-        names=names,
-        corpus=corpus,
-        file_speakers=labelled.file_speakers,
-        corpus_speakers=labelled.corpus_speakers,
-        notes=list(notes or []),
-        audio=audio_href(directory, transcript),
+    turns = diarization.turns if diarization else None
+
+    def sources(track: TranscriptArtifact, languages: list[tuple[str, str | None]]) -> Sources:
+        labelled = label_transcript(track, turns, names, corpus)
+        return Sources(
+            item_id=item_id,
+            transcript=labelled.transcript,
+            rules=rules,
+            diarization=diarization,
+            names=names,
+            corpus=corpus,
+            file_speakers=labelled.file_speakers,
+            corpus_speakers=labelled.corpus_speakers,
+            notes=list(notes or []),
+            audio=audio_href(directory, transcript),
+            languages=languages,
+        )
+
+    if not transcript.translation:
+        return sources(transcript, [])
+    # the English translation (--translate): the same speakers, labels and caption rules; each page links
+    # to the other
+    page = layout.FORMATS["html"]
+    original = f"{transcript.language} (original)"
+    english = transcript.model_copy(
+        update={"segments": transcript.translation, "language": TRANSLATED, "translation": None}
     )
+    src = sources(transcript, [(original, None), ("English", translated_name(page))])
+    src.translation = sources(english, [(original, page), ("English", None)])
+    return src
 
 
 def page_notes(summary: dict | None) -> list[str]:

@@ -44,6 +44,7 @@ def work_item(spec: StageSpec, inp: InputState, previous: StageSpec | None) -> W
         output=str(inp.artifact(spec.kind)),
         fingerprint=inp.fingerprints[spec.name],
         source_version=inp.planned if previous is None and not inp.url else None,
+        vocabulary=list(inp.plan.vocabulary) if spec.vocabulary else [],
     )
 
 

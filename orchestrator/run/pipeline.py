@@ -39,7 +39,7 @@ from orchestrator.run.finish import write_index
 from orchestrator.run.hub import cached_repos, downloads, resolve_hub
 from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
-from orchestrator.run.models import resolve_models
+from orchestrator.run.models import english_only, resolve_models
 from orchestrator.run.needs import OUTPUTS_VERSION, Resume, dry_run
 from orchestrator.run.plan import chain_fingerprints, plan_inputs
 from orchestrator.run.progress import LogProgress, Progress
@@ -89,6 +89,13 @@ class Orchestrator:
         """The stages this run needs, from the registry (``auto`` settings resolved for the GPU at hand), each
         with the model it will run (``orchestrator.run.models``)."""
         specs = process_specs(resolve_auto(self.settings))
+        for spec in specs:  # refused before anything runs: an English-only Whisper cannot translate
+            if getattr(spec.settings, "translate", False) and english_only(spec.settings.model):
+                raise SettingsError(
+                    f"--translate needs a multilingual Whisper, and ASR model {spec.settings.model!r} is "
+                    "English-only: use ASR_MODEL=whisper-base (or another multilingual model), or leave "
+                    "--translate off"
+                )
         models = resolve_models(specs, bool(self.settings.hub))
         return [dataclasses.replace(spec, model=models.get(spec.name)) for spec in specs]
 

@@ -125,8 +125,9 @@ def test_a_job_survives_a_server_restart_and_its_result_has_the_transcript(tmp_p
     first = start_in_thread(settings)
     try:
         with Client(first.url) as api:
-            job = api.submit_job("speech.wav")
+            job = api.submit_job("speech.wav", vocabulary=["Stella"])
             assert job.status == "queued" and job.paths == [str((root / "speech.wav").resolve())]
+            assert job.vocabulary == ["Stella"]
             deadline = time.monotonic() + 300
             while api.job(job.id).stage != "asr" and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -158,6 +159,9 @@ def test_a_job_survives_a_server_restart_and_its_result_has_the_transcript(tmp_p
             result = api.result(job.id, embeddings=True)
             item = result.inputs[0]
             assert item.status == "ok" and item.transcript is not None
+            # the job's vocabulary took the run's hotwords' path: decoded before every window, recorded
+            use = item.transcript.vocabulary
+            assert use is not None and use.hotwords == ["Stella"] and use.applied == "Stella"
             assert wer(SPEECH_TEXT, item.text) <= MAX_WER, item.text
             assert item.embeddings.count == len(item.transcript.segments) == len(item.vectors)
             assert len(item.vectors[0]) == item.embeddings.dimension == 384
