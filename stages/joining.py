@@ -6,7 +6,17 @@ several inputs of the same language into one window of at most ``limit_s``
 seconds, with ``gap_s`` of silence between two of them, decodes it once, times
 its words by cross-attention, and gives each input the words that start in its
 own stretch (to the middle of the gaps), clamped inside it and shifted back to
-the input's own time. A word never crosses from one input into another.
+the input's own time.
+
+A word never crosses from one input into another: the decoder may skip an
+input's speech and say the next one's words early, or run the end of one
+sentence on into the gap, and cross-attention then times those words inside the
+wrong stretch. :func:`doubts` names each input whose share cannot be trusted: a
+word timed more than ``MARGIN_S`` outside its input's stretch (into the gap, where
+no one spoke), no word at all, or more or fewer words than its seconds of speech
+can hold (``MAX_WORDS_PER_S``, ``MIN_WORDS_PER_S``). Such an input and its
+neighbours in the window (the other side of any crossing) are decoded again
+alone, by the caller.
 
 :class:`Joiner` decides which windows share: first fit over a few open joined
 windows per language, in arrival order (what keeps an input's wait short);
@@ -22,8 +32,14 @@ from dataclasses import dataclass, field
 
 from contracts import Word
 
-#: seconds of silence between two inputs' speech in a joined window
-GAP_S = 1.0
+#: seconds of silence between two inputs' speech in a joined window (Whisper ends a sentence at a long silence)
+GAP_S = 1.5
+#: a word timed further than this outside its input's stretch (into the gap) is not placed with certainty
+MARGIN_S = 0.3
+#: an input's share of a joined window holding more words than this per second of its speech took a neighbour's
+MAX_WORDS_PER_S = 5.0
+#: ... and fewer than this per second beyond its first (a 4 s sentence of 3 words) lost some to a neighbour
+MIN_WORDS_PER_S = 1.0
 #: a joined window with less room than this left (after the gap) takes no more speech
 MIN_ROOM_S = 2.0
 #: joined windows per language open to more speech at once; the oldest is closed when one more is needed
@@ -136,4 +152,50 @@ def split_words(words: Sequence[Word], spans: Sequence[tuple[float, float]]) -> 
         begin = min(max(start, lo), hi)
         end = min(max(word.end if word.end is not None else begin, begin), hi)
         out[k].append(word.model_copy(update={"start": round(begin - lo, 3), "end": round(end - lo, 3)}))
+    return out
+
+
+def doubts(
+    words: Sequence[Word],
+    spans: Sequence[tuple[float, float]],
+    margin_s: float = MARGIN_S,
+    max_rate: float | None = MAX_WORDS_PER_S,
+    min_rate: float | None = MIN_WORDS_PER_S,
+) -> list[str | None]:
+    """For each part ``spans`` (as :func:`split_words` takes them) of a joined window whose ``words`` are timed in
+    window time: why its share of the words cannot be trusted, or None. ``max_rate``/``min_rate`` None: no word
+    count check that way (languages written without spaces count characters as words)."""
+    bounds = [(a_end + b_start) / 2 for (_, a_end), (b_start, _) in zip(spans, spans[1:])]
+    counts = [0] * len(spans)
+    out: list[str | None] = [None] * len(spans)
+    for word in words:
+        if word.start is None or word.end is None:
+            return ["a word without times"] * len(spans)
+        k = sum(1 for b in bounds if word.start >= b)
+        counts[k] += 1
+        lo, hi = spans[k]
+        if out[k] is None and (word.start < lo - margin_s or word.end > hi + margin_s):
+            out[k] = (
+                f"{word.word.strip()!r} at {word.start:.2f}-{word.end:.2f} s, outside {lo:.2f}-{hi:.2f} s"
+            )
+    for k, ((lo, hi), count) in enumerate(zip(spans, counts)):
+        seconds = hi - lo
+        if out[k] is not None:
+            continue
+        if count == 0:
+            out[k] = "no words"
+        elif max_rate is not None and count > max_rate * seconds + 1:
+            out[k] = f"{count} words in {seconds:.1f} s"
+        elif min_rate is not None and count < min_rate * (seconds - 1.0):
+            out[k] = f"only {count} word(s) in {seconds:.1f} s"
+    return out
+
+
+def doubted(reasons: Sequence[str | None]) -> set[int]:
+    """The parts to decode again alone: each part with a doubt and its neighbours (a word that crossed came from
+    or went to one of them)."""
+    out: set[int] = set()
+    for k, reason in enumerate(reasons):
+        if reason is not None:
+            out.update(j for j in (k - 1, k, k + 1) if 0 <= j < len(reasons))
     return out

@@ -438,6 +438,28 @@ ENROLL_TEXT = {
 }
 
 
+def decode_sources(tmp, sources: dict) -> dict:
+    """The audio stage over ``sources`` (name -> media file): name -> its audio.json."""
+    AUDIO.import_libraries()
+    items = [
+        WorkItem(id=k, inputs={"source": str(v)}, output=str(tmp / f"{k}.audio.json"), fingerprint="fp")
+        for k, v in sources.items()
+    ]
+    result = AUDIO.run(
+        StageRequest(
+            request_id="a",
+            stage="audio",
+            module="stages.audio",
+            batch_size=1,
+            result_path=str(tmp / "r.json"),
+            settings=stage_settings("audio"),
+            items=items,
+        )
+    )
+    assert all(r.ok for r in result.items), result.items
+    return {k: tmp / f"{k}.audio.json" for k in sources}
+
+
 @pytest.fixture(scope="module")
 def distinct_clips(tmp_path_factory, media):
     """Eleven short inputs (2-6 s), each with its own sentences: the eight turns of the two dialogues cut at their
@@ -450,23 +472,7 @@ def distinct_clips(tmp_path_factory, media):
     AUDIO.import_libraries()
 
     def decode(sources: dict) -> dict:
-        items = [
-            WorkItem(id=k, inputs={"source": str(v)}, output=str(tmp / f"{k}.audio.json"), fingerprint="fp")
-            for k, v in sources.items()
-        ]
-        result = AUDIO.run(
-            StageRequest(
-                request_id="a",
-                stage="audio",
-                module="stages.audio",
-                batch_size=1,
-                result_path=str(tmp / "r.json"),
-                settings=stage_settings("audio"),
-                items=items,
-            )
-        )
-        assert all(r.ok for r in result.items), result.items
-        return {k: tmp / f"{k}.audio.json" for k in sources}
+        return decode_sources(tmp, sources)
 
     sources, texts = {}, {}
     for dialogue, text in DIALOGUE_TEXT.items():
@@ -488,6 +494,36 @@ def distinct_clips(tmp_path_factory, media):
         DIALOGUE_TEXT["host_guest"]
     )
     return decode(sources), texts
+
+
+#: speech.wav's three sentences: where the silences between them are (seconds)
+SPEECH_SENTENCES = [(0.0, 3.25), (3.25, 5.96), (5.96, None)]
+
+
+@pytest.fixture(scope="module")
+def sentence_clips(tmp_path_factory, media, distinct_clips):
+    """Eight sentences of 2.5-5 s with known text, each its own input, in two kinds of voice: speech.wav cut at
+    the silences between its three sentences, languages/en.ogg, and four one-sentence clips of the dialogue
+    fixtures. Returns (audio.json by name, reference text by name)."""
+    import re
+
+    import numpy as np
+
+    tmp = tmp_path_factory.mktemp("sentences")
+    whole = decode_sources(tmp, {"speech": media / "speech.wav"})["speech"]
+    samples = np.load(whole.parent / load_artifact(whole, AudioArtifact).sidecar)
+    sentences = re.findall(r"[^.?!]+[.?!]", SPEECH_TEXT)
+    sources, texts = {}, {}
+    for n, ((start, end), text) in enumerate(zip(SPEECH_SENTENCES, sentences)):
+        piece = samples[int(start * 16000) : int(end * 16000) if end else None]
+        sources[f"speech_{n}"], texts[f"speech_{n}"] = _wav(tmp / f"speech_{n}.wav", piece), text.strip()
+    sources["en"] = media / "languages" / "en.ogg"
+    texts["en"] = (media / "languages" / "en.txt").read_text().strip()
+    audio = decode_sources(tmp, sources)
+    clips, truth = distinct_clips
+    for name in ["host_guest_2", "host_stranger_0", "host_enroll_1", "guest_enroll_1"]:
+        audio[name], texts[name] = clips[name], truth[name]
+    return audio, texts
 
 
 def _run_clips(tmp, audio: dict, attempt: int = 1, **settings):
@@ -564,6 +600,38 @@ def check_joined_windows(distinct_clips, alone_and_joined) -> None:
 
     assert total_wer(joined) <= total_wer(alone) + 0.03, (total_wer(joined), total_wer(alone))
     assert total_wer(joined) < MAX_WER
+
+
+def foreign_words(transcripts: dict, texts: dict, names: dict) -> dict:
+    """For each input (``names``: input -> its clip's name in ``texts``), the words of its transcript of five
+    letters or more that another clip's sentences hold and its own do not (checked against what was said)."""
+    vocab = {clip: set(normalise(text).split()) for clip, text in texts.items()}
+    out = {}
+    for name, transcript in transcripts.items():
+        own = vocab[names[name]]
+        # (words of five letters or more: a misheard "has" may come out as "from" anywhere)
+        others = {w for clip, v in vocab.items() if clip != names[name] for w in v if len(w) >= 5} - own
+        heard = normalise(" ".join(s.text for s in transcript.segments)).split()
+        if foreign := [w for w in heard if w in others]:
+            out[name] = (foreign, heard)
+    return out
+
+
+def test_many_short_clips_of_different_sentences_in_joined_windows_keep_their_own_words(
+    tmp_path, sentence_clips
+):
+    """Given 32 short inputs, eight clips of different sentences four times over in turn (two kinds of voice,
+    2.5-5 s, so that each joined window holds several sentences), when they are decoded in joined windows, then
+    no transcript holds a word of another clip's sentence that its own does not (by the truth, not a decode),
+    and none is empty."""
+    audio, texts = sentence_clips
+    names = {f"{clip}-{n}": clip for n in range(4) for clip in audio}
+    many = {name: audio[clip] for name, clip in names.items()}
+    result, joined, seen = _run_clips(tmp_path / "many", many, join_inputs=True)
+    assert all(r.ok for r in result.items)
+    assert any(len(ids) >= 3 for ids in seen), seen  # windows were shared
+    assert not foreign_words(joined, texts, names)
+    assert all(t.segments for t in joined.values()), [n for n, t in joined.items() if not t.segments]
 
 
 def test_a_joined_window_that_fails_is_decoded_input_by_input_and_only_the_culprit_fails(

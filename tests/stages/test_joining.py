@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contracts import Word
-from stages.joining import Joined, Joiner, split_words
+from stages.joining import Joined, Joiner, doubted, doubts, split_words
 
 
 def _parts(windows: list[Joined]) -> list[list[str]]:
@@ -42,7 +42,7 @@ def test_the_oldest_open_window_is_closed_when_too_many_are_open():
 
 
 def test_dropped_parts_close_up():
-    joiner = Joiner(30.0)
+    joiner = Joiner(30.0, gap_s=1.0)
     for name in "abc":
         joiner.add(name, 5.0, "en")
     joiner.keep(lambda part: part != "b")
@@ -66,3 +66,43 @@ def test_words_go_to_the_part_they_start_in_clamped_and_in_its_own_time():
     assert [(w.word, w.start, w.end) for w in second] == [("three", 0.0, 0.5), ("four", 0.4, 1.0)]
     assert [(w.word, w.start, w.end) for w in third] == [("five", 0.0, 0.8), ("six", 0.1, 2.0)]
     assert split_words([], spans) == [[], [], []]
+
+
+def _words(*timed: tuple[str, float, float]) -> list[Word]:
+    return [Word(word=w, start=a, end=b) for w, a, b in timed]
+
+
+def test_a_word_timed_into_the_gap_is_not_placed_with_certainty_and_its_neighbours_go_alone_too():
+    spans = [(0.0, 4.0), (5.5, 9.5), (11.0, 14.0), (15.5, 18.5)]  # four inputs, 1.5 s gaps
+    words = _words(
+        ("the", 0.1, 0.5), ("quick", 0.6, 1.2), ("brown", 1.3, 2.0), ("fox", 2.1, 3.9),
+        ("she", 5.6, 6.0), ("sells", 6.1, 7.0), ("sea", 7.1, 8.0), ("shells", 8.1, 10.2),  # 0.7 s into the gap
+        ("please", 11.1, 11.8), ("call", 11.9, 12.6), ("stella", 12.7, 13.9),
+        ("and", 15.6, 16.2), ("ask", 16.3, 17.0), ("her", 17.1, 18.4),
+    )  # fmt: skip
+    reasons = doubts(words, spans, margin_s=0.3)
+    assert reasons[0] is None and reasons[2] is None and reasons[3] is None
+    assert "shells" in reasons[1] and "outside" in reasons[1]
+    # the second input, and the inputs on either side of it (the word came from or went to one of them)
+    assert doubted(reasons) == {0, 1, 2}
+    assert doubts(words, spans, margin_s=1.0) == [None, None, None, None]  # within the margin: placed
+
+
+def test_a_share_without_words_or_with_more_or_fewer_than_its_speech_holds_is_doubted():
+    spans = [(0.0, 1.5), (3.0, 7.0), (8.5, 12.5)]
+    # the first 1.5 s take twelve words (a neighbour's sentence), the second none, the third 4 s only two
+    first = [(f"w{n}", 0.1 * n, 0.1 * n + 0.1) for n in range(12)]
+    words = _words(*first, ("late", 9.0, 9.5), ("word", 10.0, 10.5))
+    reasons = doubts(words, spans)
+    assert reasons[0] == "12 words in 1.5 s" and reasons[1] == "no words"
+    assert reasons[2] == "only 2 word(s) in 4.0 s"
+    # without the counts (languages written without spaces count characters as words): only the empty share
+    assert doubts(words, spans, max_rate=None, min_rate=None) == [None, "no words", None]
+    assert doubted([None, None, None]) == set()
+
+
+def test_the_stage_reads_the_join_group_keys_the_orchestrator_writes():
+    from orchestrator.run.groups import GROUP_KEY, MEMBERS_KEY
+    from stages import asr
+
+    assert (asr.GROUP_INPUT, asr.MEMBERS_INPUT) == (GROUP_KEY, MEMBERS_KEY)
