@@ -15,10 +15,16 @@ cut into speech windows by whisperX's VAD (at most ``chunk_size`` seconds each, 
 ``FasterWhisperPipeline.transcribe`` does). Whisper's encoder costs a full 30 s
 window however little speech it holds, so with ``join_inputs`` (the default) the
 short windows of inputs of the same language (short clips, the short tail of a
-long input) share one window of at most ``chunk_size`` seconds, 1 s of silence
+long input) share one window of at most ``chunk_size`` seconds, 2 s of silence
 apart (stages/joining.py); it is decoded and its words timed once, and each input
 gets the words that start in its own stretch, in its own time: a segment per
-input window, as when it is decoded alone. A joined window that cannot be split
+input window, as when it is decoded alone. An input whose share cannot be trusted
+(a word timed within reach of a neighbour's stretch, no word, more or fewer words
+than its speech holds: ``joining.doubts``) is decoded again alone, with its
+neighbours in the window. Only inputs of one join group share a window (the
+item's ``join_group`` input; orchestrator/run/groups.py), and the group's other
+members named in ``join_members`` that the request does not ask for are decoded
+with it all the same (never written), so a group is always laid out alike. A joined window that cannot be split
 (its words could not be timed) or that fails is decoded again input by input, so
 only the input that breaks it fails; a respawned child (``attempt`` > 1: the last
 one died) joins nothing, so an input that kills the child is blamed alone. An
@@ -59,7 +65,7 @@ from contracts.stage_settings import AsrSettings
 from stages import language as langid
 from stages.base import TorchStage
 from stages.joining import GAP_S as JOIN_GAP_S
-from stages.joining import MAX_WORDS_PER_S, MIN_WORDS_PER_S, Joined, Joiner, doubted, doubts, split_words
+from stages.joining import MAX_WORDS_PER_S, MIN_WORDS_PER_S, Joined, Joiner, doubts, split_words
 from stages.memory import is_oom
 from stages.speech import better_loop, clean_pieces, compression_ratio, repeats_itself, whisper_says_silence
 
@@ -576,14 +582,14 @@ class AsrStage(TorchStage):
                 max_rate=MAX_WORDS_PER_S if spaced else None,
                 min_rate=MIN_WORDS_PER_S if spaced else None,
             )
-            again = doubted(reasons)
+            again = {n for n, reason in enumerate(reasons) if reason is not None}
             for n in sorted(again):
                 job, i = window.parts[n]
                 log.info(
                     "asr: %s: %.2f-%.2f s decoded again alone (joined window: %s)",
                     job.item.id,
                     *job.windows[i],
-                    reasons[n] or "beside a doubtful neighbour",
+                    reasons[n],
                 )
                 redo.append(window.parts[n])
             unsure += bool(again)

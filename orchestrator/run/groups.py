@@ -9,7 +9,8 @@ speech of one group's inputs, always all of them:
 
 * inputs the output folder's ``.join-groups.json`` already places keep their group;
 * the others, in the run's planned order, form new groups of :data:`GROUP_SIZE`
-  consecutive inputs, recorded in that file before the first stage runs;
+  consecutive inputs (fewer where the chunk size is smaller: a chunk never holds
+  more inputs than asked for), recorded in that file before the first stage runs;
 * chunks are made of whole groups (:func:`whole_group_chunks`);
 * every ASR work item names its group's members and their audio, so a group of
   which only some inputs are left to do (a resumed run, a respawned child) is
@@ -37,8 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: inputs per join group (consecutive in the planned order; short clips of 3-5 s fill about two windows)
-GROUP_SIZE = 8
+#: inputs per join group (consecutive in the planned order): five clips of 3-5 s fill one 30 s window with
+#: their 2 s gaps, and 5 divides the usual chunk sizes (50, 25, 15, 10)
+GROUP_SIZE = 5
 #: work item input keys the ASR stage reads: the group's name, and its members as JSON [[id, audio path], ...]
 GROUP_KEY = "join_group"
 MEMBERS_KEY = "join_members"
@@ -72,14 +74,15 @@ def assign_groups(ids: Sequence[str], known: dict[str, str], size: int = GROUP_S
     return {i: known.get(i) or out[i] for i in ids}
 
 
-def plan_groups(out: Path, ids: Sequence[str], dry: bool = False) -> dict[str, str]:
-    """The run's inputs' groups, the new ones recorded in the output folder (unless ``dry``)."""
+def plan_groups(out: Path, ids: Sequence[str], size: int = GROUP_SIZE, dry: bool = False) -> dict[str, str]:
+    """The run's inputs' groups (new ones of up to ``size``), the new ones recorded in the output folder (unless
+    ``dry``)."""
     known = load_groups(out)
-    groups = assign_groups(ids, known)
+    groups = assign_groups(ids, known, size)
     if not dry and any(i not in known for i in ids):
         atomic_write_text(
             layout.path(out, layout.JOIN_GROUPS),
-            json.dumps({"size": GROUP_SIZE, "groups": known | groups}, ensure_ascii=True, sort_keys=True),
+            json.dumps({"groups": known | groups}, ensure_ascii=True, sort_keys=True),
         )
     return groups
 

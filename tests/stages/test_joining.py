@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contracts import Word
-from stages.joining import Joined, Joiner, doubted, doubts, split_words
+from stages.joining import Joined, Joiner, doubts, split_words
 
 
 def _parts(windows: list[Joined]) -> list[list[str]]:
@@ -72,33 +72,51 @@ def _words(*timed: tuple[str, float, float]) -> list[Word]:
     return [Word(word=w, start=a, end=b) for w, a, b in timed]
 
 
-def test_a_word_timed_into_the_gap_is_not_placed_with_certainty_and_its_neighbours_go_alone_too():
-    spans = [(0.0, 4.0), (5.5, 9.5), (11.0, 14.0), (15.5, 18.5)]  # four inputs, 1.5 s gaps
+def test_a_word_timed_across_the_middle_of_a_gap_doubts_both_inputs_of_that_boundary():
+    spans = [
+        (0.0, 3.5),
+        (5.5, 8.0),
+        (10.0, 13.0),
+        (15.0, 18.0),
+    ]  # four inputs, 2 s gaps: middles 4.5, 9.0, 14.0
     words = _words(
-        ("the", 0.1, 0.5), ("quick", 0.6, 1.2), ("brown", 1.3, 2.0), ("fox", 2.1, 3.9),
-        ("she", 5.6, 6.0), ("sells", 6.1, 7.0), ("sea", 7.1, 8.0), ("shells", 8.1, 10.2),  # 0.7 s into the gap
-        ("please", 11.1, 11.8), ("call", 11.9, 12.6), ("stella", 12.7, 13.9),
-        ("and", 15.6, 16.2), ("ask", 16.3, 17.0), ("her", 17.1, 18.4),
+        ("welcome", 0.1, 0.8), ("back", 0.9, 1.5), ("rivers", 1.6, 2.6), ("and", 2.64, 4.62),  # runs on
+        ("bridges", 4.62, 4.62), ("my", 5.6, 5.8), ("grandmother", 5.8, 6.6), ("kept", 6.6, 7.0), ("maps", 7.0, 8.4),
+        ("the", 10.1, 10.4), ("quick", 10.4, 11.0), ("brown", 11.0, 11.6), ("dog", 11.6, 13.5),  # 0.5 s on: fine
+        ("she", 15.1, 15.6), ("sells", 15.6, 16.4), ("sea", 16.4, 17.0), ("shells", 17.0, 17.9),
     )  # fmt: skip
-    reasons = doubts(words, spans, margin_s=0.3)
-    assert reasons[0] is None and reasons[2] is None and reasons[3] is None
-    assert "shells" in reasons[1] and "outside" in reasons[1]
-    # the second input, and the inputs on either side of it (the word came from or went to one of them)
-    assert doubted(reasons) == {0, 1, 2}
-    assert doubts(words, spans, margin_s=1.0) == [None, None, None, None]  # within the margin: placed
+    reasons = doubts(words, spans, margin_s=0.25)
+    # "and" reaches the first gap's middle (and "bridges" starts in that gap): the first two inputs go alone
+    assert "'and'" in reasons[0] and "middle of the gap" in reasons[0]
+    assert reasons[1] is not None and reasons[2] is None and reasons[3] is None
+    # a last word timed half a second into the silence after it is its own input's
+    assert doubts(words[9:], spans[2:], margin_s=0.25) == [None, None]
+    # "bridges" alone (no "and" before it): it starts in the gap before the second input's stretch
+    late = doubts(words[4:9], spans[:2], margin_s=0.25, min_rate=None)
+    assert all("'bridges' at 4.62-4.62 s starts in the gap before 5.50 s" == reason for reason in late), late
 
 
-def test_a_share_without_words_or_with_more_or_fewer_than_its_speech_holds_is_doubted():
-    spans = [(0.0, 1.5), (3.0, 7.0), (8.5, 12.5)]
+def test_a_share_without_words_or_with_more_or_fewer_than_its_speech_holds_is_doubted_with_its_neighbours():
+    spans = [(0.0, 1.5), (3.5, 7.5), (9.5, 13.5), (15.5, 17.5)]
     # the first 1.5 s take twelve words (a neighbour's sentence), the second none, the third 4 s only two
     first = [(f"w{n}", 0.1 * n, 0.1 * n + 0.1) for n in range(12)]
-    words = _words(*first, ("late", 9.0, 9.5), ("word", 10.0, 10.5))
+    words = _words(
+        *first, ("late", 10.0, 10.5), ("word", 11.0, 11.5), ("fine", 15.6, 16.0), ("end", 16.1, 17.0)
+    )
     reasons = doubts(words, spans)
     assert reasons[0] == "12 words in 1.5 s" and reasons[1] == "no words"
-    assert reasons[2] == "only 2 word(s) in 4.0 s"
-    # without the counts (languages written without spaces count characters as words): only the empty share
-    assert doubts(words, spans, max_rate=None, min_rate=None) == [None, "no words", None]
-    assert doubted([None, None, None]) == set()
+    assert (
+        reasons[2] == "only 2 word(s) in 4.0 s"
+        and reasons[3] == "beside a share with only 2 word(s) in 4.0 s"
+    )
+    # without the counts (languages written without spaces count characters as words): the empty share, beside it
+    assert doubts(words, spans, max_rate=None, min_rate=None) == [
+        "beside a share with no words",
+        "no words",
+        "beside a share with no words",
+        None,
+    ]
+    assert doubts(_words(("a", 0.1, 0.5), ("b", 0.6, 1.2)), [(0.0, 1.5)]) == [None]
 
 
 def test_the_stage_reads_the_join_group_keys_the_orchestrator_writes():

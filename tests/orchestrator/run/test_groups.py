@@ -34,6 +34,7 @@ def test_the_groups_are_recorded_once_and_read_back(tmp_path):
     groups = plan_groups(tmp_path, ids)
     assert load_groups(tmp_path) == groups and set(groups.values()) == {"g1"}
     stamp = layout.path(tmp_path, layout.JOIN_GROUPS).stat().st_mtime_ns
+    assert plan_groups(tmp_path / "other", ids, size=2, dry=True) == {"a": "g1", "b": "g1", "c": "g2"}
     assert plan_groups(tmp_path, ["c", "a"]) == {"c": "g1", "a": "g1"}  # nothing new: not written again
     assert layout.path(tmp_path, layout.JOIN_GROUPS).stat().st_mtime_ns == stamp
     assert plan_groups(tmp_path, ["z"], dry=True) == {"z": "g2"} and "z" not in load_groups(tmp_path)
