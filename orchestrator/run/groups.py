@@ -9,8 +9,8 @@ speech of one group's inputs, always all of them:
 
 * inputs the output folder's ``.join-groups.json`` already places keep their group;
 * the others, in the run's planned order, form new groups of :data:`GROUP_SIZE`
-  consecutive inputs (fewer where the chunk size is smaller: a chunk never holds
-  more inputs than asked for), recorded in that file before the first stage runs;
+  consecutive inputs (of the chunk size where that is smaller), recorded in that
+  file before the first stage runs;
 * chunks are made of whole groups (:func:`whole_group_chunks`);
 * every ASR work item names its group's members and their audio, so a group of
   which only some inputs are left to do (a resumed run, a respawned child) is
