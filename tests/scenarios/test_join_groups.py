@@ -106,15 +106,19 @@ def test_a_run_killed_during_asr_and_resumed_gives_the_same_transcripts(tmp_path
 
 
 def test_one_more_file_leaves_the_others_transcripts_as_they_were(tmp_path, inputs, reference):
-    # Given the reference output folder, When one more file lands between the others and everything is redone
+    # Given the reference output folder, When one more file lands between the others in the input folder and
+    # everything is redone
     out = tmp_path / "out"
     shutil.copytree(reference[0], out)
-    more = tmp_path / "clips"
-    shutil.copytree(inputs, more)
-    shutil.copy(inputs / "clip000.wav", more / "clip005b.wav")
-    run(out, more, 5, "--force")
+    extra = inputs / "clip005b.wav"
+    shutil.copy(inputs / "clip000.wav", extra)
+    try:
+        run(out, inputs, 5, "--force")
+    finally:
+        extra.unlink()
     # Then the twelve keep their groups and their transcripts byte for byte; the new one has a group of its own
     found = texts(out)
+    assert set(found) == {*reference[1], "clip005b"}
     assert {k: v for k, v in found.items() if k != "clip005b"} == reference[1]
     groups = json.loads((out / ".join-groups.json").read_text())["groups"]
     assert groups["clips/clip005b"] == "g4"
