@@ -365,7 +365,12 @@ class AsrStage(TorchStage):
                     seen.add(item.id)
                     yield item, audio, False  # the last input asked for comes before the partners after it
                 seen.add(member)
-                partner = WorkItem(id=member, inputs={"audio": path}, output="", fingerprint="partner")
+                partner = WorkItem(
+                    id=member,
+                    inputs={"audio": path, GROUP_INPUT: item.inputs.get(GROUP_INPUT, "")},
+                    output="",
+                    fingerprint="partner",
+                )
                 try:
                     upstream = load_artifact(path, AudioArtifact)
                 except Exception as exc:  # noqa: BLE001 - the group goes on without it, as each time it is left

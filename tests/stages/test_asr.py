@@ -634,6 +634,50 @@ def test_many_short_clips_of_different_sentences_in_joined_windows_keep_their_ow
     assert all(t.segments for t in joined.values()), [n for n, t in joined.items() if not t.segments]
 
 
+def test_a_join_group_with_only_some_inputs_asked_for_is_decoded_whole_and_only_those_are_written(
+    tmp_path, distinct_clips
+):
+    """Given a join group of five clips decoded whole, when a request asks for two of them only (a resumed run)
+    and names the group's members, then the other three are decoded beside them all the same (never written)
+    and the two get byte for byte the text and words they got the first time."""
+    import json
+
+    audio, _ = distinct_clips
+    names = ["host_guest_0", "host_enroll_1", "guest_enroll_1", "host_guest_2", "host_enroll_2"]
+    members = json.dumps([[n, str(audio[n])] for n in names])
+
+    def run(tmp, asked):
+        tmp.mkdir()
+        request = StageRequest(
+            request_id="r",
+            stage="asr",
+            module="stages.asr",
+            batch_size=4,
+            device="cpu",
+            settings=stage_settings("asr", join_inputs=True),
+            result_path=str(tmp / "res.json"),
+            items=[
+                WorkItem(
+                    id=n,
+                    inputs={"audio": str(audio[n]), "join_group": "g1", "join_members": members},
+                    output=str(tmp / f"{n}.json"),
+                    fingerprint="fp",
+                )
+                for n in asked
+            ],
+        )
+        result = AsrStage().run(request)
+        assert all(r.ok for r in result.items) and [r.id for r in result.items] == asked
+        assert sorted(p.name for p in tmp.glob("*.json") if p.name != "res.json") == sorted(
+            f"{n}.json" for n in asked
+        )
+        return {n: load_artifact(tmp / f"{n}.json", TranscriptArtifact).segments for n in asked}
+
+    whole = run(tmp_path / "whole", names)
+    some = run(tmp_path / "some", ["host_enroll_1", "host_guest_2"])
+    assert some == {n: whole[n] for n in some}
+
+
 def test_a_joined_window_that_fails_is_decoded_input_by_input_and_only_the_culprit_fails(
     tmp_path, distinct_clips, alone_and_joined, monkeypatch
 ):
