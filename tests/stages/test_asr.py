@@ -577,7 +577,9 @@ def check_joined_windows(distinct_clips, alone_and_joined) -> None:
             (s.start, s.end) for s in alone[name].segments
         ]
         for seg in transcript.segments:
-            assert " ".join(w.word for w in seg.words) == seg.text
+            # the words are the text (an input decoded again alone keeps the decoder's text, whose spacing the
+            # word split may not keep: "b**ch" as "b" "**ch" on torch)
+            assert "".join(w.word for w in seg.words).replace(" ", "") == seg.text.replace(" ", ""), seg.text
             assert all(
                 seg.start <= w.start <= w.end <= seg.end <= transcript.duration_s + 0.5 for w in seg.words
             ), (
