@@ -15,10 +15,16 @@ cut into speech windows by whisperX's VAD (at most ``chunk_size`` seconds each, 
 ``FasterWhisperPipeline.transcribe`` does). Whisper's encoder costs a full 30 s
 window however little speech it holds, so with ``join_inputs`` (the default) the
 short windows of inputs of the same language (short clips, the short tail of a
-long input) share one window of at most ``chunk_size`` seconds, 1 s of silence
+long input) share one window of at most ``chunk_size`` seconds, 2 s of silence
 apart (stages/joining.py); it is decoded and its words timed once, and each input
 gets the words that start in its own stretch, in its own time: a segment per
-input window, as when it is decoded alone. A joined window that cannot be split
+input window, as when it is decoded alone. An input whose share cannot be trusted
+(a word timed within reach of a neighbour's stretch, no word, more or fewer words
+than its speech holds: ``joining.doubts``) is decoded again alone, with its
+neighbours in the window. Only inputs of one join group share a window (the
+item's ``join_group`` input; orchestrator/run/groups.py), and the group's other
+members named in ``join_members`` that the request does not ask for are decoded
+with it all the same (never written), so a group is always laid out alike. A joined window that cannot be split
 (its words could not be timed) or that fails is decoded again input by input, so
 only the input that breaks it fails; a respawned child (``attempt`` > 1: the last
 one died) joins nothing, so an input that kills the child is blamed alone. An
@@ -44,18 +50,31 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from contracts import Artifact, AudioArtifact, Segment, StageRequest, TranscriptArtifact, WorkItem
-from contracts.artifacts import LanguageId, VocabularyUse
+from contracts import (
+    Artifact,
+    AudioArtifact,
+    Segment,
+    StageRequest,
+    TranscriptArtifact,
+    WorkItem,
+    load_artifact,
+)
+from contracts.artifacts import LanguageId, VocabularyFile, VocabularyUse
 from contracts.errors import ModelUnavailableError
 from contracts.stage_settings import AsrSettings
 from stages import language as langid
 from stages.base import TorchStage
 from stages.joining import GAP_S as JOIN_GAP_S
-from stages.joining import Joined, Joiner, split_words
+from stages.joining import MAX_WORDS_PER_S, MIN_WORDS_PER_S, Joined, Joiner, doubts, split_words
 from stages.memory import is_oom
 from stages.speech import better_loop, clean_pieces, compression_ratio, repeats_itself, whisper_says_silence
 
 log = logging.getLogger(__name__)
+
+#: work item inputs naming the item's join group and its members as JSON [[id, audio.json], ...] in the group's
+#: order (the orchestrator's ``orchestrator.run.groups.GROUP_KEY`` / ``MEMBERS_KEY``)
+GROUP_INPUT = "join_group"
+MEMBERS_INPUT = "join_members"
 
 #: languages whose words are not separated by spaces (faster-whisper's tokenizer splits their words by character)
 NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
@@ -300,19 +319,28 @@ class AsrStage(TorchStage):
         ready: deque[Joined] = deque()  # windows to decode, in the order they were completed
         joiner = Joiner(self.settings.chunk_size)
         self._joiner = joiner
-        for item, audio in entries:
+        asked = {item.id for item in request.items}
+        seen: set[str] = set()
+        for item, audio, partner in self._with_partners(entries, asked, seen):
             try:
-                job = self._prepare(item, audio, request)
+                job = self._prepare(item, audio, request, partner)
             except Exception as exc:
                 if is_oom(exc):
                     raise
-                yield item, exc
+                if not partner:
+                    yield item, exc
                 continue
             if not job.windows:
-                yield item, self._outcome(job)
+                if not partner:
+                    yield item, self._outcome(job)
                 continue
-            # windows share only with inputs of the same language decoded after the same vocabulary
-            key = (job.language, tuple(job.context)) if self.join and job.language != "unknown" else None
+            # windows join only within the input's join group (None: no group named; the stage's whole
+            # request), among inputs of the same language decoded after the same vocabulary
+            key = (
+                (job.language, item.inputs.get(GROUP_INPUT), tuple(job.context))
+                if self.join and job.language != "unknown"
+                else None
+            )
             for i, (start, end) in enumerate(job.windows):
                 ready.extend(joiner.add((job, i), end - start, key))
             while ready and (len(ready) >= self.batch_size or not self.pack):
@@ -321,9 +349,51 @@ class AsrStage(TorchStage):
         while ready:
             yield from self._decode(ready, request)
 
-    def _prepare(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> _Input:
+    def _with_partners(
+        self, entries: Iterator[tuple[WorkItem, Artifact | str]], asked: set[str], seen: set[str]
+    ) -> Iterator[tuple[WorkItem, Artifact | str, bool]]:
+        """``entries`` with, in their join group's order, the group's members not asked for (True: a partner,
+        decoded for its place in the group's windows and never written): a group of which only some inputs
+        are left to do is decoded whole, as it was the first time (orchestrator/run/groups.py)."""
+        for item, audio in entries:
+            members = _members(item) if self.join else []
+            ids = [member for member, _, _ in members]
+            at = ids.index(item.id) if item.id in ids else len(ids)
+            last = not any(member in asked for member in ids[at + 1 :])
+            for n, (member, path, vocabulary) in enumerate(members):
+                if n == at or member in asked or member in seen or (n > at and not last):
+                    continue
+                if n > at and item.id not in seen:
+                    seen.add(item.id)
+                    yield item, audio, False  # the last input asked for comes before the partners after it
+                seen.add(member)
+                partner = WorkItem(
+                    id=member,
+                    inputs={"audio": path, GROUP_INPUT: item.inputs.get(GROUP_INPUT, "")},
+                    vocabulary=vocabulary,
+                    output="",
+                    fingerprint="partner",
+                )
+                try:
+                    upstream = load_artifact(path, AudioArtifact)
+                except Exception as exc:  # noqa: BLE001 - the group goes on without it, as each time it is left
+                    log.info(
+                        "asr: join group partner %s has no audio (%s); its group goes on without it",
+                        member,
+                        exc,
+                    )
+                    continue
+                yield partner, upstream, True
+            if item.id not in seen:
+                seen.add(item.id)
+                yield item, audio, False
+
+    def _prepare(
+        self, item: WorkItem, audio: AudioArtifact, request: StageRequest, partner: bool = False
+    ) -> _Input:
         """Read ``item``'s samples, find its speech windows and its language."""
-        self.mark_in_flight(request, [item.id], audio.duration_s)
+        if not partner:
+            self.mark_in_flight(request, [item.id], audio.duration_s)
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
         windows = self._speech_windows(samples)
         language_id = self.identify(samples, windows)
@@ -337,11 +407,12 @@ class AsrStage(TorchStage):
                 samples
             )  # nothing measured: whisperX's own guess (first 30 s)
         job = _Input(item, audio, windows, language or "unknown", language_id=language_id, speech=windows)
+        job.partner = partner
         if self.settings.identify_only:  # pipeline langid: no transcription
             job.windows, job.texts, job.logprobs, job.no_speech, job.words = [], [], [], [], []
         else:
             job.vocabulary, job.context = self._vocabulary(item, job.language)
-            job.translate = self.translate and job.language not in ("en", "unknown")
+            job.translate = self.translate and not partner and job.language not in ("en", "unknown")
             job.translations = [None] * len(job.windows)
         rate = SAMPLE_RATE
         # each window's samples, copied: the input's whole audio is not held while its last window waits to share
@@ -373,7 +444,9 @@ class AsrStage(TorchStage):
             ready.extendleft(reversed([w for w in batch if not set(_jobs([w])) <= first]))
             batch = [w for w in batch if set(_jobs([w])) <= first]
         jobs = _jobs(batch)
-        self.mark_in_flight(request, [job.item.id for job in jobs], sum(sum(w.durations) for w in batch))
+        self.mark_in_flight(
+            request, [job.item.id for job in jobs if not job.partner], sum(sum(w.durations) for w in batch)
+        )
         try:
             self._generate(batch)
         except Exception as exc:
@@ -385,7 +458,7 @@ class AsrStage(TorchStage):
                 log.warning("asr: a batch of %d inputs failed (%s); decoding them one by one", len(jobs), exc)
                 failed = {}
                 for job in jobs:
-                    self.mark_in_flight(request, [job.item.id], None)
+                    self.mark_in_flight(request, [] if job.partner else [job.item.id], None)
                     try:
                         self._generate_alone([(j, i) for w in batch for j, i in w.parts if j is job])
                     except Exception as one:
@@ -394,7 +467,8 @@ class AsrStage(TorchStage):
                         failed[job] = one
             for job, exc in failed.items():
                 job.failed = True
-                yield job.item, exc
+                if not job.partner:
+                    yield job.item, exc
             if failed:
                 for window in ready:
                     window.keep(lambda part: part[0] not in failed)
@@ -403,7 +477,7 @@ class AsrStage(TorchStage):
                 ready.extend(kept)
                 self._joiner.keep(lambda part: part[0] not in failed)
         for job in jobs:
-            if not job.failed and job.done:
+            if not job.failed and job.done and not job.partner:
                 yield job.item, self._outcome(job)
 
     def _generate_alone(self, parts: list[tuple[_Input, int]], temperature: float = 0.0) -> None:
@@ -497,14 +571,15 @@ class AsrStage(TorchStage):
         timed = self._time_words(
             batch, encoded, texts, languages, rows=sorted(kept + joined) if self.word_timing else joined
         )
-        redo, unsplit, loops = [], 0, 0
+        redo, unsplit, loops, unsure = [], 0, 0, 0
         for k in joined:  # each input's words back to it: its text is its words
             window = batch[k]
             if texts[k] and timed.get(k) is None:  # no times to split by: its inputs' windows go alone
                 redo.extend(window.parts)
                 unsplit += 1
                 continue
-            sep = "" if self._tokenizer(languages[k]).language_code in NO_SPACE_LANGUAGES else " "
+            spaced = self._tokenizer(languages[k]).language_code not in NO_SPACE_LANGUAGES
+            sep = " " if spaced else ""
             split = [
                 (part, words, sep.join(w.word for w in words))
                 for part, words in zip(window.parts, split_words(timed.get(k) or [], window.spans))
@@ -513,7 +588,28 @@ class AsrStage(TorchStage):
                 redo.extend(window.parts)  # a loop also eats its neighbours' time: each input alone
                 loops += 1
                 continue
-            for (job, i), words, text in split:
+            # a word that may have crossed from one input to another: those inputs (and the lost or
+            # implausible shares) go alone; see stages/joining.py
+            reasons = doubts(
+                timed.get(k) or [],
+                window.spans,
+                max_rate=MAX_WORDS_PER_S if spaced else None,
+                min_rate=MIN_WORDS_PER_S if spaced else None,
+            )
+            again = {n for n, reason in enumerate(reasons) if reason is not None}
+            for n in sorted(again):
+                job, i = window.parts[n]
+                log.info(
+                    "asr: %s: %.2f-%.2f s decoded again alone (joined window: %s)",
+                    job.item.id,
+                    *job.windows[i],
+                    reasons[n],
+                )
+                redo.append(window.parts[n])
+            unsure += bool(again)
+            for n, ((job, i), words, text) in enumerate(split):
+                if n in again:
+                    continue
                 job.texts[i] = text
                 job.logprobs[i], job.no_speech[i] = scores[k]
                 job.words[i] = (
@@ -521,11 +617,13 @@ class AsrStage(TorchStage):
                 )
         if redo:
             log.warning(
-                "asr: %d joined window(s) could not be split by word times and %d repeated themselves "
-                "(compression ratio above %s); their %d input window(s) are decoded alone",
+                "asr: %d joined window(s) could not be split by word times, %d repeated themselves "
+                "(compression ratio above %s) and %d held words not placed with certainty; %d input window(s) "
+                "are decoded alone",
                 unsplit,
                 loops,
                 limit,
+                unsure,
                 len(redo),
             )
             self._generate_alone(redo, temperature)
@@ -819,6 +917,8 @@ class _Input:
     #: decoded with the translate task too (not English), and each window's English text
     translate: bool = False
     translations: list[str | None] = field(default_factory=list)
+    #: a join group's member not asked for: decoded for its place in the group's windows, never written
+    partner: bool = False
 
     def __post_init__(self) -> None:
         self.texts = [None] * len(self.windows)
@@ -882,6 +982,25 @@ def _in_input_time(words: list, start: float) -> list:
         w.model_copy(update={"start": round(start + w.start, 3), "end": round(start + w.end, 3)})
         for w in words
     ]
+
+
+def _members(item: WorkItem) -> list[tuple[str, str, list[VocabularyFile]]]:
+    """``item``'s join group: its members' ids, audio artifacts and vocabulary files, in the group's order
+    (none named: []). A member's vocabulary decides which windows it shares, as when it is asked for."""
+    import json
+
+    try:
+        return [
+            (
+                str(entry[0]),
+                str(entry[1]),
+                [VocabularyFile.model_validate(f) for f in (entry[2] if len(entry) > 2 else [])],
+            )
+            for entry in json.loads(item.inputs.get(MEMBERS_INPUT) or "[]")
+        ]
+    except (ValueError, TypeError, IndexError):
+        log.warning("asr: %s: unreadable join group members; decoded without its group", item.id)
+        return []
 
 
 def _jobs(windows: list[Joined]) -> list[_Input]:

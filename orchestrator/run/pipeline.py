@@ -36,6 +36,7 @@ from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import StageSpec, process_specs
 from orchestrator.run.chunk import RunContext, run_chunk
 from orchestrator.run.finish import write_index
+from orchestrator.run.groups import GROUP_SIZE, plan_groups, whole_group_chunks
 from orchestrator.run.hub import cached_repos, downloads, resolve_hub
 from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
@@ -174,6 +175,11 @@ class Orchestrator:
             run_dir.mkdir(parents=True, exist_ok=True)
             configure_remote(self.settings)  # planning's calls to URLs use this run's timeouts
             inputs = [InputState(inp) for inp in plan_inputs(paths, out)]
+            if self.settings.asr_join_inputs:  # join groups, fixed and recorded before anything runs
+                size = min(GROUP_SIZE, self.settings.chunk_size)
+                groups = plan_groups(out, [inp.id for inp in inputs], size)
+                for inp in inputs:
+                    inp.group = groups[inp.id]
         except (OSError, DiskFullError) as exc:
             if is_disk_full(exc):
                 raise SettingsError(
@@ -186,7 +192,9 @@ class Orchestrator:
         resume = Resume(self.settings, {} if self.settings.force else journal.completed())
         resumed = sum(resume.resumed(inp) for inp in inputs)
         size = self.settings.chunk_size
-        chunks = [inputs[i : i + size] for i in range(0, len(inputs), size)]
+        chunks = whole_group_chunks(
+            inputs, lambda inp: (inp.group, None) if inp.group else (None, inp.id), size
+        )
         log.info(
             "run %s: %d input(s) in %d chunk(s) of up to %d -> %s",
             run_id,

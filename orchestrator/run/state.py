@@ -44,6 +44,8 @@ class InputState:
     overlap_s: float | None = None
     #: stage -> the model that ran, where it was not the one the run resolved (a fallback)
     models: dict[str, str] = field(default_factory=dict)
+    #: the join group whose inputs may share a Whisper window with it (``orchestrator.run.groups``)
+    group: str | None = None
 
     def __post_init__(self) -> None:
         self.notes = [*self.plan.notes, *self.notes]
