@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from contracts import WorkItem
+from contracts.artifacts import VocabularyFile
 from orchestrator import layout
 from orchestrator.run.groups import (
     GROUP_KEY,
@@ -58,16 +59,28 @@ def test_chunks_hold_whole_groups_whatever_the_chunk_size():
     ]
 
 
-def test_work_items_name_their_group_and_all_its_members_audio(tmp_path):
-    states = [InputState(Input(id=i, source=tmp_path / f"{i}.wav", directory=tmp_path / i)) for i in "abc"]
+def test_work_items_name_their_group_and_all_its_members_audio_and_vocabulary(tmp_path):
+    terms = VocabularyFile(level="folder", path=str(tmp_path / "vocabulary.txt"), terms=["Okonkwo"])
+    states = [
+        InputState(
+            Input(
+                id=i,
+                source=tmp_path / f"{i}.wav",
+                directory=tmp_path / i,
+                vocabulary=(terms,) if i == "a" else (),
+            )
+        )
+        for i in "abc"
+    ]
     for state, group in zip(states, ["g1", "g1", "g2"]):
         state.group = group
     items = [WorkItem(id=s.id, inputs={"audio": "x"}, output="o", fingerprint="f") for s in states[1:]]
     out = with_groups(items, states[1:], states)  # "a" has nothing left to do: it is named all the same
+    # a member not asked for carries its vocabulary: it shares the windows it shared when it was asked for
     assert out[0].inputs[GROUP_KEY] == "g1" and json.loads(out[0].inputs[MEMBERS_KEY]) == [
-        ["a", str(tmp_path / "a" / ".work" / "audio.json")],
-        ["b", str(tmp_path / "b" / ".work" / "audio.json")],
+        ["a", str(tmp_path / "a" / ".work" / "audio.json"), [terms.model_dump(mode="json")]],
+        ["b", str(tmp_path / "b" / ".work" / "audio.json"), []],
     ]
-    assert out[1].inputs[GROUP_KEY] == "g2" and [m for m, _ in json.loads(out[1].inputs[MEMBERS_KEY])] == [
+    assert out[1].inputs[GROUP_KEY] == "g2" and [m[0] for m in json.loads(out[1].inputs[MEMBERS_KEY])] == [
         "c"
     ]
