@@ -1,0 +1,270 @@
+"""The Ray executor on a multi-node cluster on this machine (``ray.cluster_utils.Cluster``).
+
+Ray's own way to test multi-node behaviour: a head node and worker nodes, each
+a raylet of its own with the resources it declares, and a node removed on
+demand (a preempted spot instance). Here the head places no tasks (0 CPUs), two
+workers declare a custom ``decode`` resource and one declares a ``GPU`` (the
+stages still run on the CPU): stage tasks must land on the nodes that have what
+their stage asks for, the run report must name the node of every attempt, and
+the items of a node lost mid-task must be retried on another node without
+redoing the finished ones.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip(
+    "ray", reason="the ray group is not installed (uv sync --group ray); CI installs it"
+)
+
+import psutil  # noqa: E402 - after the importorskip of ray
+from ray.cluster_utils import Cluster  # noqa: E402 - after the importorskip of ray
+
+from contracts import StageRequest, WorkItem, load_model  # noqa: E402 - after the importorskip of ray
+from orchestrator import Settings  # noqa: E402 - after the importorskip of ray
+from orchestrator.registry import StageSpec  # noqa: E402 - after the importorskip of ray
+from orchestrator.run.runner import StageRunner  # noqa: E402 - after the importorskip of ray
+from orchestrator.scale.ray_executor import RayExecutor  # noqa: E402 - after the importorskip of ray
+from tests.conftest import ROOT, wait_for  # noqa: E402 - after the importorskip of ray
+from tests.fixtures.stages import FixtureSettings, NoteArtifact  # noqa: E402 - after the importorskip of ray
+
+#: what a decoding node declares; the stages that decode ask for one
+DECODE = {"decode": 1.0}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head node placing no tasks, two decoding nodes and one GPU node; started once for the module."""
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_USAGE_STATS_ENABLED")}
+    # every raylet and its workers inherit this process's environment: they import the project and the test
+    # stages from the worktree
+    os.environ["PYTHONPATH"] = str(ROOT)
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "include_dashboard": False,
+            # a lost node is known within seconds (default: about half a minute)
+            "_system_config": {
+                "health_check_initial_delay_ms": 0,
+                "health_check_period_ms": 500,
+                "health_check_failure_threshold": 4,
+            },
+        },
+    )
+    try:
+        nodes = {
+            "decode-1": cluster.add_node(num_cpus=1, resources=DECODE),
+            "decode-2": cluster.add_node(num_cpus=1, resources=DECODE),
+            "gpu": cluster.add_node(num_cpus=1, num_gpus=1),
+        }
+        cluster.wait_for_nodes()
+        yield cluster, nodes
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def settings(cluster, tmp_path_factory) -> Settings:
+    return Settings(
+        executor="ray",
+        ray_address=cluster[0].address,
+        device="cpu",
+        gpu_monitor=False,
+        pid_dir=tmp_path_factory.mktemp("pids"),
+        ray_placement_timeout_s=120,
+    )
+
+
+def _executor(settings: Settings, resources: dict[str, float], **changes) -> RayExecutor:
+    """An executor whose sleeper tasks ask for ``resources`` (as PIPELINE_RAY_STAGE_RESOURCES would)."""
+    return RayExecutor(settings.replace(ray_stage_resources={"sleeper": resources}, **changes))
+
+
+def _items(tmp_path: Path, ids: str) -> list[WorkItem]:
+    return [
+        WorkItem(id=k, inputs={"source": k}, output=str(tmp_path / k / "note.json"), fingerprint=f"fp-{k}")
+        for k in ids
+    ]
+
+
+def _sleeper(started: Path, release: Path, **settings) -> StageSpec:
+    return StageSpec(
+        "sleeper",
+        "tests.fixtures.stages_sleeper",
+        NoteArtifact,
+        batch_size=2,
+        settings=FixtureSettings(started=str(started), release=str(release), sleep_s=120, **settings),
+    )
+
+
+def _node_name(nodes: dict, node_id: str | None) -> str | None:
+    return next((name for name, node in nodes.items() if node.node_id == node_id), None)
+
+
+def test_stage_tasks_in_flight_at_once_each_run_on_a_node_with_what_it_asks(cluster, settings, tmp_path):
+    _, nodes = cluster
+    release = tmp_path / "release"
+    # Given two decoding chunks and one GPU chunk, each held in its task until all three have started
+    runs = {
+        "decode-a": (_executor(settings, DECODE), "ab"),
+        "decode-b": (_executor(settings, DECODE), "cd"),
+        "gpu": (_executor(settings, {"GPU": 1.0}), "e"),
+    }
+    reports: dict = {}
+
+    def run(name: str) -> None:
+        executor, ids = runs[name]
+        runner = StageRunner(executor, tmp_path / name, env={}, device="cpu", max_signal_retries=0)
+        reports[name] = runner.run(_sleeper(tmp_path / f"{name}.started", release), _items(tmp_path, ids))
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in runs]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(
+            lambda: all((tmp_path / f"{name}.started").exists() for name in runs),
+            timeout=300,
+            what="three tasks in flight",
+        )
+    finally:
+        release.touch()
+        for thread in threads:
+            thread.join(timeout=300)
+    # Then all three ran at once, each on its own node: the decoding ones on the two decoding nodes, the
+    # GPU one on the GPU node, and the report names the node of every attempt
+    placed = {}
+    for name, (outcomes, report) in reports.items():
+        assert all(o.ok for o in outcomes.values()), (name, outcomes)
+        (attempt,) = report.attempts
+        assert attempt.outcome == "ok" and attempt.node is not None
+        placed[name] = _node_name(nodes, attempt.node)
+    assert {placed["decode-a"], placed["decode-b"]} == {"decode-1", "decode-2"}, placed
+    assert placed["gpu"] == "gpu", placed
+    for executor, _ in runs.values():
+        executor.close()
+
+
+def test_a_stage_no_node_can_ever_place_fails_within_the_placement_timeout(cluster, settings, tmp_path):
+    # Given a stage asking for a resource no node declares, and 3 s to place it
+    executor = _executor(settings, {"CPU": 1.0, "tpu": 1.0}, ray_placement_timeout_s=3)
+    runner = StageRunner(executor, tmp_path / "run", env={}, device="cpu", max_signal_retries=0)
+    began = time.monotonic()
+    try:
+        outcomes, report = runner.run(
+            _sleeper(tmp_path / "started", tmp_path / "release"), _items(tmp_path, "ab")
+        )
+    finally:
+        executor.close()
+    # Then it is refused within seconds, naming what it asked for and what the cluster has
+    assert time.monotonic() - began < 60
+    assert [(a.outcome, a.node) for a in report.attempts] == [("refused", None)]
+    assert outcomes["a"].error == (
+        "sleeper was not started: not placed within 3 s: needs 1 CPU, 1 tpu, the cluster has 1 GPU, 3 CPU, "
+        "0 tpu; no node of the cluster has that much (PIPELINE_RAY_PLACEMENT_TIMEOUT_S; "
+        "PIPELINE_RAY_GPUS_PER_TASK / _CPUS_PER_TASK / _STAGE_RESOURCES)"
+    )
+    assert not (tmp_path / "started").exists()
+
+
+def _remove_the_node_holding_the_task(cluster, run_dir: Path, started: Path, release: Path, seen: dict):
+    """Once the task's child sleeps on its held item, remove the node the task runs on (no graceful stop),
+    wait for the child to die with it, then release the retry."""
+    cluster, nodes = cluster
+    wait_for(started.exists, timeout=300, what="the held item to start")
+    child = int(started.read_text())
+    node_id = (run_dir / "chunk001-sleeper-1.started").read_text().strip()
+    name = _node_name(nodes, node_id)
+    seen.update(node=node_id, name=name, child=child)
+    started.unlink()
+    cluster.remove_node(nodes[name], allow_graceful=False)
+    wait_for(
+        lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE,
+        timeout=60,
+        what="the lost node's stage child to die",
+    )
+    release.touch()
+
+
+def _replace_the_lost_node(cluster, seen: dict) -> None:
+    """A new decoding node joins, so the cluster keeps its shape for the next test (Ray starts a node from the
+    main thread only)."""
+    cluster, nodes = cluster
+    if seen.get("name"):
+        nodes[seen["name"]] = cluster.add_node(num_cpus=1, resources=DECODE)
+        cluster.wait_for_nodes()
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_task_has_its_unfinished_items_retried_on_another_node(cluster, settings, tmp_path):
+    executor = _executor(settings, DECODE)
+    run_dir, started, release = tmp_path / "run", tmp_path / "started", tmp_path / "release"
+    # Given a decoding chunk of two items: "a" finishes at once, "b" holds its task
+    spec = _sleeper(started, release, hold=["b"])
+    seen: dict = {}
+    remover = threading.Thread(
+        target=_remove_the_node_holding_the_task, args=(cluster, run_dir, started, release, seen)
+    )
+    remover.start()
+    try:
+        # When the node running the task is removed while it holds item b
+        runner = StageRunner(executor, run_dir, env={}, device="cpu", max_signal_retries=2)
+        outcomes, report = runner.run(spec, _items(tmp_path, "ab"))
+    finally:
+        release.touch()
+        remover.join(timeout=300)
+        executor.close()
+        _replace_the_lost_node(cluster, seen)
+    # Then the attempt on the lost node is reported killed, with that node, and b alone is retried on the other
+    # decoding node; a, finished before the loss, is not redone
+    assert seen["name"] in ("decode-1", "decode-2")
+    first, second = report.attempts
+    assert (first.outcome, first.signal, first.node) == ("killed", 9, seen["node"])
+    assert second.outcome == "ok" and second.node not in (None, seen["node"])
+    assert [i.id for i in load_model(run_dir / "chunk001-sleeper-2.request.json", StageRequest).items] == [
+        "b"
+    ]
+    assert outcomes["a"].ok and outcomes["a"].retries == 0
+    assert outcomes["b"].ok and outcomes["b"].retries == 1
+    notes = {k: load_model(tmp_path / k / "note.json", NoteArtifact) for k in "ab"}
+    assert notes["a"].pid == seen["child"] and notes["b"].pid != seen["child"]
+
+
+@pytest.mark.slow
+def test_a_node_lost_with_no_signal_retries_left_fails_its_unfinished_items_alone(
+    cluster, settings, tmp_path
+):
+    executor = _executor(settings, DECODE)
+    run_dir, started, release = tmp_path / "run", tmp_path / "started", tmp_path / "release"
+    seen: dict = {}
+    remover = threading.Thread(
+        target=_remove_the_node_holding_the_task, args=(cluster, run_dir, started, release, seen)
+    )
+    remover.start()
+    try:
+        # Given PIPELINE_MAX_SIGNAL_RETRIES=0, when the node holding item b is lost
+        runner = StageRunner(executor, run_dir, env={}, device="cpu", max_signal_retries=0)
+        outcomes, report = runner.run(_sleeper(started, release, hold=["b"]), _items(tmp_path, "ab"))
+    finally:
+        release.touch()
+        remover.join(timeout=300)
+        executor.close()
+        _replace_the_lost_node(cluster, seen)
+    # Then b fails alone, a stays done, and nothing was retried
+    assert [(a.outcome, a.node) for a in report.attempts] == [("killed", seen["node"])]
+    assert outcomes["a"].ok
+    assert not outcomes["b"].ok and "killed" in outcomes["b"].error, outcomes["b"].error
