@@ -12,7 +12,10 @@ redoing the finished ones.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -23,6 +26,7 @@ ray = pytest.importorskip(
     "ray", reason="the ray group is not installed (uv sync --group ray); CI installs it"
 )
 
+import numpy as np  # noqa: E402 - after the importorskip of ray
 import psutil  # noqa: E402 - after the importorskip of ray
 from ray.cluster_utils import Cluster  # noqa: E402 - after the importorskip of ray
 
@@ -32,6 +36,7 @@ from orchestrator.registry import StageSpec  # noqa: E402 - after the importorsk
 from orchestrator.run.runner import StageRunner  # noqa: E402 - after the importorskip of ray
 from orchestrator.scale.ray_executor import RayExecutor  # noqa: E402 - after the importorskip of ray
 from tests.conftest import ROOT, wait_for  # noqa: E402 - after the importorskip of ray
+from tests.fixtures.generate import clips  # noqa: E402 - after the importorskip of ray
 from tests.fixtures.stages import FixtureSettings, NoteArtifact  # noqa: E402 - after the importorskip of ray
 
 #: what a decoding node declares; the stages that decode ask for one
@@ -268,3 +273,90 @@ def test_a_node_lost_with_no_signal_retries_left_fails_its_unfinished_items_alon
     assert [(a.outcome, a.node) for a in report.attempts] == [("killed", seen["node"])]
     assert outcomes["a"].ok
     assert not outcomes["b"].ok and "killed" in outcomes["b"].error, outcomes["b"].error
+
+
+# -- the whole pipeline through the CLI, outputs in a bucket --------------------------------------------------
+
+#: decoding on the decoding nodes, the model stages on the GPU node (they still compute on the CPU here)
+STAGE_RESOURCES = {
+    "audio": {"CPU": 1.0, "decode": 1.0},
+    "asr": {"CPU": 1.0, "GPU": 1.0},
+    "alignment": {"CPU": 1.0, "GPU": 1.0},
+    "embeddings": {"CPU": 1.0, "GPU": 1.0},
+}
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A real S3 endpoint (moto's server) on 127.0.0.1: outputs no node keeps on its own disk."""
+    pytest.importorskip("s3fs", reason="the remote group is not installed (uv sync --group remote)")
+    import fsspec
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    fs.mkdir("media")
+    yield fs
+    server.stop()
+
+
+def _process(inputs: Path, output: str, *extra: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "orchestrator.cli", "process", str(inputs), "--output", output]
+    args += ["--no-speakers", "--embedding-profile", "embedded", "--device", "cpu", *extra]
+    # each input's words must not depend on its neighbours in a joined window: chunks differ between the runs
+    env = os.environ | {"ASR_JOIN_INPUTS": "false"} | env
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+
+
+@pytest.mark.slow
+def test_the_pipeline_across_nodes_gives_the_local_outputs_in_a_bucket(cluster, s3, tmp_path):
+    cluster, nodes = cluster
+    fs = s3
+    clips(tmp_path / "in", 8, seconds=2.0)
+    # Given 8 inputs in 4 chunks, 3 at a time, on the cluster: decoding asks for a decoding node, the model
+    # stages for a GPU, and the outputs go to a bucket
+    done = _process(
+        tmp_path / "in",
+        "s3://media/out",
+        *("--executor", "ray", "--ray-address", cluster.address),
+        *("--chunk-size", "2", "--parallel-chunks", "3"),
+        env={
+            "PIPELINE_RAY_STAGE_RESOURCES": json.dumps(STAGE_RESOURCES),
+            "PIPELINE_STAGING_DIR": str(tmp_path / "staging"),
+        },
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    fs.invalidate_cache()
+    report = json.loads(fs.cat("media/out/run-report.json"))
+    assert report["ok"] == 8 and report["chunks"] == 4
+    # Then the report names the node of every attempt, and each stage ran only where its resources are
+    where: dict[str, set] = {}
+    for run in report["stages"]:
+        for attempt in run["attempts"]:
+            assert attempt["outcome"] == "ok" and attempt["node"], attempt
+            where.setdefault(run["stage"], set()).add(_node_name(nodes, attempt["node"]))
+    assert where["audio"] == {"decode-1", "decode-2"}, where  # two chunks decoded at once, one per node
+    assert where["asr"] == where["alignment"] == where["embeddings"] == {"gpu"}, where
+    # and the outputs are the local executor's, in one chunk on this machine
+    local = tmp_path / "local"
+    done = _process(tmp_path / "in", str(local), "--chunk-size", "8", env={})
+    assert done.returncode == 0, done.stderr[-3000:]
+    transcripts = sorted(local.rglob("transcript.json"))
+    assert len(transcripts) == 8
+    for transcript in transcripts:
+        item = transcript.parent.relative_to(local)
+        ours = json.loads(fs.cat(f"media/out/{item}/transcript.json"))
+        theirs = json.loads(transcript.read_text())
+        assert [s["text"] for s in ours["segments"]] == [s["text"] for s in theirs["segments"]], item
+        with fs.open(f"media/out/{item}/embeddings.npy", "rb") as fh:
+            np.testing.assert_allclose(np.load(fh), np.load(transcript.parent / "embeddings.npy"), atol=1e-4)
