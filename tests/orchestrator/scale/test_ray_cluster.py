@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -360,3 +361,59 @@ def test_the_pipeline_across_nodes_gives_the_local_outputs_in_a_bucket(cluster, 
         assert [s["text"] for s in ours["segments"]] == [s["text"] for s in theirs["segments"]], item
         with fs.open(f"media/out/{item}/embeddings.npy", "rb") as fh:
             np.testing.assert_allclose(np.load(fh), np.load(transcript.parent / "embeddings.npy"), atol=1e-4)
+
+
+def _child_pid(log: Path) -> int | None:
+    """The stage child's pid, from the task's log line "... attempt N: pid P, ..." (None: not started yet)."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    for line in lines:
+        if ": pid " in line and "attempt" in line:
+            return int(line.split(": pid ")[1].split(",")[0])
+    return None
+
+
+@pytest.mark.slow
+def test_the_driver_killed_on_a_multi_node_cluster_resumes_with_nothing_redone(cluster, tmp_path):
+    cluster, _ = cluster
+    clips(tmp_path / "in", 4, seconds=2.0)
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "orchestrator.cli", "process", str(tmp_path / "in"), "--output", str(out)]
+    args += ["--no-speakers", "--embedding-profile", "embedded", "--device", "cpu", "--chunk-size", "2"]
+    args += ["--executor", "ray", "--ray-address", cluster.address, "--parallel-chunks", "1"]
+    env = os.environ | {"PIPELINE_RAY_STAGE_RESOURCES": json.dumps(STAGE_RESOURCES)}
+    # Given a run killed with SIGKILL once chunk 2's ASR child works on the GPU node
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env=env)
+    try:
+        runs = out / ".runs"
+        directory = wait_for(
+            lambda: next(iter(sorted(runs.glob("*"))), None) if runs.exists() else None,
+            timeout=500,
+            what="run directory",
+        )
+        child = wait_for(
+            lambda: _child_pid(directory / "chunk002-asr-1.log"), timeout=500, what="chunk 2's ASR"
+        )
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    wait_for(
+        lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE,
+        timeout=60,
+        what="the killed driver's stage child to die",
+    )
+    journal = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
+    complete = {e["item"] for e in journal if e["stage"] == "outputs" and e["status"] == "ok"}
+    assert complete == {"in/clip000", "in/clip001"}
+    # When the same command runs again
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Then it resumes: chunk 1's inputs are in no request of the second run, and all four are done
+    second = sorted((out / ".runs").glob("*"))[-1]
+    assert second != directory
+    for request in second.glob("*.request.json"):
+        ids = {item["id"] for item in json.loads(request.read_text())["items"]}
+        assert not ids & complete, request.name
+    report = json.loads((out / "run-report.json").read_text())
+    assert report["ok"] == 4 and "resuming: 2 of 4 input(s)" in done.stderr
+    assert all(a["node"] for run in report["stages"] for a in run["attempts"])
