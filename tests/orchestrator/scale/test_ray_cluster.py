@@ -3,7 +3,7 @@
 Ray's own way to test multi-node behaviour: a head node and worker nodes, each
 a raylet of its own with the resources it declares, and a node removed on
 demand (a preempted spot instance). Here the head places no tasks (0 CPUs), two
-workers declare a custom ``decode`` resource and one declares a ``GPU`` (the
+workers declare a custom ``decode`` resource and two declare a ``GPU`` each (the
 stages still run on the CPU): stage tasks must land on the nodes that have what
 their stage asks for, the run report must name the node of every attempt, and
 the items of a node lost mid-task must be retried on another node without
@@ -46,7 +46,7 @@ DECODE = {"decode": 1.0}
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head node placing no tasks, two decoding nodes and one GPU node; started once for the module."""
+    """A head node placing no tasks, two decoding nodes and two GPU nodes; started once for the module."""
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_USAGE_STATS_ENABLED")}
     # every raylet and its workers inherit this process's environment: they import the project and the test
     # stages from the worktree
@@ -69,7 +69,8 @@ def cluster():
         nodes = {
             "decode-1": cluster.add_node(num_cpus=1, resources=DECODE),
             "decode-2": cluster.add_node(num_cpus=1, resources=DECODE),
-            "gpu": cluster.add_node(num_cpus=1, num_gpus=1),
+            "gpu-1": cluster.add_node(num_cpus=1, num_gpus=1),
+            "gpu-2": cluster.add_node(num_cpus=1, num_gpus=1),
         }
         cluster.wait_for_nodes()
         yield cluster, nodes
@@ -160,7 +161,7 @@ def test_stage_tasks_in_flight_at_once_each_run_on_a_node_with_what_it_asks(clus
         assert attempt.outcome == "ok" and attempt.node is not None
         placed[name] = _node_name(nodes, attempt.node)
     assert {placed["decode-a"], placed["decode-b"]} == {"decode-1", "decode-2"}, placed
-    assert placed["gpu"] == "gpu", placed
+    assert placed["gpu"] in ("gpu-1", "gpu-2"), placed
     for executor, _ in runs.values():
         executor.close()
 
@@ -180,7 +181,7 @@ def test_a_stage_no_node_can_ever_place_fails_within_the_placement_timeout(clust
     assert time.monotonic() - began < 60
     assert [(a.outcome, a.node) for a in report.attempts] == [("refused", None)]
     assert outcomes["a"].error == (
-        "sleeper was not started: not placed within 3 s: needs 1 CPU, 1 tpu, the cluster has 1 GPU, 3 CPU, "
+        "sleeper was not started: not placed within 3 s: needs 1 CPU, 1 tpu, the cluster has 2 GPU, 4 CPU, "
         "0 tpu; no node of the cluster has that much (PIPELINE_RAY_PLACEMENT_TIMEOUT_S; "
         "PIPELINE_RAY_GPUS_PER_TASK / _CPUS_PER_TASK / _STAGE_RESOURCES)"
     )
@@ -347,7 +348,8 @@ def test_the_pipeline_across_nodes_gives_the_local_outputs_in_a_bucket(cluster, 
             assert attempt["outcome"] == "ok" and attempt["node"], attempt
             where.setdefault(run["stage"], set()).add(_node_name(nodes, attempt["node"]))
     assert where["audio"] == {"decode-1", "decode-2"}, where  # two chunks decoded at once, one per node
-    assert where["asr"] == where["alignment"] == where["embeddings"] == {"gpu"}, where
+    for stage in ("asr", "alignment", "embeddings"):
+        assert where[stage] and where[stage] <= {"gpu-1", "gpu-2"}, where
     # and the outputs are the local executor's, in one chunk on this machine
     local = tmp_path / "local"
     done = _process(tmp_path / "in", str(local), "--chunk-size", "8", env={})
@@ -417,3 +419,59 @@ def test_the_driver_killed_on_a_multi_node_cluster_resumes_with_nothing_redone(c
     report = json.loads((out / "run-report.json").read_text())
     assert report["ok"] == 4 and "resuming: 2 of 4 input(s)" in done.stderr
     assert all(a["node"] for run in report["stages"] for a in run["attempts"])
+
+
+@pytest.mark.slow
+def test_a_gpu_node_lost_mid_run_through_the_cli_has_its_chunk_retried_on_the_other(cluster, tmp_path):
+    cluster, nodes = cluster
+    clips(tmp_path / "in", 4, seconds=2.0)
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "orchestrator.cli", "process", str(tmp_path / "in"), "--output", str(out)]
+    args += ["--no-speakers", "--embedding-profile", "embedded", "--device", "cpu", "--chunk-size", "2"]
+    args += ["--executor", "ray", "--ray-address", cluster.address, "--parallel-chunks", "2"]
+    env = os.environ | {"PIPELINE_RAY_STAGE_RESOURCES": json.dumps(STAGE_RESOURCES)}
+    with open(tmp_path / "driver.log", "w") as log:
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env=env)
+    lost: dict = {}
+    try:
+        runs = out / ".runs"
+        directory = wait_for(
+            lambda: next(iter(sorted(runs.glob("*"))), None) if runs.exists() else None,
+            timeout=500,
+            what="run directory",
+        )
+
+        def first_asr_placed():
+            for marker in sorted(directory.glob("chunk*-asr-1.started")):
+                node = marker.read_text().strip()
+                if node:
+                    return marker.name.split("-")[0], node
+
+        # When the GPU node that the first ASR task was placed on goes away (no graceful stop)
+        chunk, node = wait_for(first_asr_placed, timeout=500, what="an ASR task placed")
+        lost.update(chunk=int(chunk.removeprefix("chunk")), node=node, name=_node_name(nodes, node))
+        cluster.remove_node(nodes[lost["name"]], allow_graceful=False)
+        returncode = proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        _replace_the_lost_node_with_a_gpu(cluster, nodes, lost.get("name"))
+    # Then the run completes: that chunk's ASR attempt is reported killed on the lost node, and the next one
+    # ran on the other GPU node; every input is done
+    assert returncode == 0, (tmp_path / "driver.log").read_text()[-3000:]
+    report = json.loads((out / "run-report.json").read_text())
+    assert report["ok"] == 4
+    (asr,) = [r for r in report["stages"] if r["stage"] == "asr" and r["chunk"] == lost["chunk"]]
+    first, second = asr["attempts"]
+    assert (first["outcome"], first["node"]) == ("killed", lost["node"])
+    assert second["outcome"] == "ok" and _node_name(nodes, second["node"]) in ("gpu-1", "gpu-2")
+    assert second["node"] != lost["node"]
+    retried = [i for i in report["inputs"] if i["stages"]["asr"]["retries"] == 1]
+    assert len(retried) == 2, report["inputs"]  # the lost chunk's two inputs, once each
+
+
+def _replace_the_lost_node_with_a_gpu(cluster, nodes: dict, name: str | None) -> None:
+    if name:
+        nodes[name] = cluster.add_node(num_cpus=1, num_gpus=1)
+        cluster.wait_for_nodes()
