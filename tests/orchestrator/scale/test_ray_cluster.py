@@ -421,15 +421,16 @@ def test_the_driver_killed_on_a_multi_node_cluster_resumes_with_nothing_redone(c
     assert all(a["node"] for run in report["stages"] for a in run["attempts"])
 
 
-@pytest.mark.slow
-def test_a_gpu_node_lost_mid_run_through_the_cli_has_its_chunk_retried_on_the_other(cluster, tmp_path):
+def _lose_the_first_asr_node(cluster, tmp_path: Path, env: dict[str, str]) -> tuple[int, dict, dict]:
+    """4 inputs in 2 chunks through the CLI; the GPU node that the first ASR task is placed on is removed (no
+    graceful stop) as soon as the task says where it runs. The exit code, the report and the lost node."""
     cluster, nodes = cluster
     clips(tmp_path / "in", 4, seconds=2.0)
     out = tmp_path / "out"
     args = [sys.executable, "-m", "orchestrator.cli", "process", str(tmp_path / "in"), "--output", str(out)]
     args += ["--no-speakers", "--embedding-profile", "embedded", "--device", "cpu", "--chunk-size", "2"]
     args += ["--executor", "ray", "--ray-address", cluster.address, "--parallel-chunks", "2"]
-    env = os.environ | {"PIPELINE_RAY_STAGE_RESOURCES": json.dumps(STAGE_RESOURCES)}
+    env = os.environ | {"PIPELINE_RAY_STAGE_RESOURCES": json.dumps(STAGE_RESOURCES)} | env
     with open(tmp_path / "driver.log", "w") as log:
         proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env=env)
     lost: dict = {}
@@ -447,7 +448,6 @@ def test_a_gpu_node_lost_mid_run_through_the_cli_has_its_chunk_retried_on_the_ot
                 if node:
                     return marker.name.split("-")[0], node
 
-        # When the GPU node that the first ASR task was placed on goes away (no graceful stop)
         chunk, node = wait_for(first_asr_placed, timeout=500, what="an ASR task placed")
         lost.update(chunk=int(chunk.removeprefix("chunk")), node=node, name=_node_name(nodes, node))
         cluster.remove_node(nodes[lost["name"]], allow_graceful=False)
@@ -456,22 +456,40 @@ def test_a_gpu_node_lost_mid_run_through_the_cli_has_its_chunk_retried_on_the_ot
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-        _replace_the_lost_node_with_a_gpu(cluster, nodes, lost.get("name"))
+        if lost.get("name"):  # a new GPU node joins: the cluster keeps its shape for the next test
+            nodes[lost["name"]] = cluster.add_node(num_cpus=1, num_gpus=1)
+            cluster.wait_for_nodes()
+    assert (out / "run-report.json").exists(), (tmp_path / "driver.log").read_text()[-3000:]
+    return returncode, json.loads((out / "run-report.json").read_text()), lost
+
+
+@pytest.mark.slow
+def test_a_gpu_node_lost_mid_run_through_the_cli_has_its_chunk_retried_on_the_other(cluster, tmp_path):
+    # When the GPU node running the first chunk's ASR goes away
+    returncode, report, lost = _lose_the_first_asr_node(cluster, tmp_path, {})
     # Then the run completes: that chunk's ASR attempt is reported killed on the lost node, and the next one
     # ran on the other GPU node; every input is done
-    assert returncode == 0, (tmp_path / "driver.log").read_text()[-3000:]
-    report = json.loads((out / "run-report.json").read_text())
+    assert returncode == 0
     assert report["ok"] == 4
     (asr,) = [r for r in report["stages"] if r["stage"] == "asr" and r["chunk"] == lost["chunk"]]
     first, second = asr["attempts"]
     assert (first["outcome"], first["node"]) == ("killed", lost["node"])
-    assert second["outcome"] == "ok" and _node_name(nodes, second["node"]) in ("gpu-1", "gpu-2")
+    assert second["outcome"] == "ok" and _node_name(cluster[1], second["node"]) in ("gpu-1", "gpu-2")
     assert second["node"] != lost["node"]
     retried = [i for i in report["inputs"] if i["stages"]["asr"]["retries"] == 1]
     assert len(retried) == 2, report["inputs"]  # the lost chunk's two inputs, once each
 
 
-def _replace_the_lost_node_with_a_gpu(cluster, nodes: dict, name: str | None) -> None:
-    if name:
-        nodes[name] = cluster.add_node(num_cpus=1, num_gpus=1)
-        cluster.wait_for_nodes()
+@pytest.mark.slow
+def test_a_gpu_node_lost_with_no_signal_retries_fails_its_chunk_alone_and_reports(cluster, tmp_path):
+    # Given PIPELINE_MAX_SIGNAL_RETRIES=0, when the GPU node running the first chunk's ASR goes away
+    returncode, report, lost = _lose_the_first_asr_node(
+        cluster, tmp_path, {"PIPELINE_MAX_SIGNAL_RETRIES": "0"}
+    )
+    # Then that chunk's two inputs fail, the other chunk's finish, and the run writes its report (exit 1)
+    assert returncode == 1
+    assert (report["ok"], report["failed"]) == (2, 2)
+    (asr,) = [r for r in report["stages"] if r["stage"] == "asr" and r["chunk"] == lost["chunk"]]
+    assert [(a["outcome"], a["node"]) for a in asr["attempts"]] == [("killed", lost["node"])]
+    failed = [i for i in report["inputs"] if i["status"] == "failed"]
+    assert {i["failed_stage"] for i in failed} == {"asr"}, failed
