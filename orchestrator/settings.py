@@ -345,6 +345,11 @@ class ExecutionOptions(SettingsGroup):
     ray_gpus_per_task: float = Field(1.0, gt=0, le=8)
     #: CPUs a stage's task reserves
     ray_cpus_per_task: float = Field(1.0, ge=0)
+    #: per stage, the Ray resources its tasks reserve instead of the two above (env: JSON), e.g.
+    #: ``{"asr": {"GPU": 1, "CPU": 4}, "audio": {"CPU": 2, "decode": 1}}``: "CPU" and "GPU" as Ray counts
+    #: them (a GPU given here is reserved even with ``--device cpu``), any other name a custom resource that
+    #: only some nodes declare (``ray start --resources '{"decode": 8}'``), so a stage runs only there
+    ray_stage_resources: dict[str, dict[str, Annotated[float, Field(ge=0)]]] = Field(default_factory=dict)
     #: CPUs of the one-run local cluster started when ``ray_address`` is None (None: all)
     ray_num_cpus: int | None = Field(None, ge=1)
     #: a stage task the cluster has not started this many seconds after it was submitted fails its items
