@@ -252,9 +252,9 @@ def asr(
     windows, prepare = [], []
     generate, prepare_one = stage._generate, stage._prepare
 
-    def counting(batch):  # the decoder windows, counted as they are decoded
+    def counting(batch, *args):  # the decoder windows, counted as they are decoded (redone alone too)
         windows.append(len(batch))
-        return generate(batch)
+        return generate(batch, *args)
 
     def timed(*args):
         t0 = time.perf_counter()

@@ -91,6 +91,9 @@ class JobRequest(BaseModel):
 
     #: absolute, or relative to the first input root
     paths: list[str] = Field(min_length=1, max_length=10_000)
+    #: names and terms Whisper should spell right in every input of the job (the run's hotwords, before each
+    #: input's vocabulary files)
+    vocabulary: list[str] = Field(default_factory=list, max_length=1_000)
 
 
 #: "cancelled": DELETE /v1/jobs/{id} stopped it before it finished
@@ -122,6 +125,12 @@ class JobReport(Strict):
     throughput: float | None = None
 
 
+class CancelAsked(Strict):
+    """A running job's cancel, kept beside its record until the job has stopped (a restart honours it)."""
+
+    delete_outputs: bool = False
+
+
 class JobRecord(Strict):
     """A job's state, kept as ``<server_dir>/jobs/<id>/job.json`` (so the queue survives a restart)."""
 
@@ -136,6 +145,8 @@ class JobRecord(Strict):
     #: the spoken language and Whisper's initial prompt (transcriptions; None: the server's settings)
     language: str | None = None
     prompt: str | None = None
+    #: the job's names and terms (``JobRequest.vocabulary``)
+    vocabulary: list[str] = Field(default_factory=list)
     output_dir: str
     created_at: datetime
     started_at: datetime | None = None

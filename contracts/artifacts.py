@@ -149,6 +149,31 @@ class LanguageId(Strict):
     reason: str | None = None
 
 
+class VocabularyFile(Strict):
+    """A vocabulary file the parent found for an input: names and terms, one a line."""
+
+    #: "folder": ``vocabulary.txt`` of the nearest folder above the input; "input": ``<input>.vocabulary.txt``
+    level: Literal["folder", "input"]
+    path: str
+    terms: list[str]
+
+
+class VocabularyUse(Strict):
+    """What an input's Whisper prompt (the text before every window) was made of, and what of it was applied.
+
+    Joined in this order: the run's initial prompt, the run's hotwords, the folder's terms, the input's terms;
+    over Whisper's prompt budget the most general entries are left out first (``note`` says which)."""
+
+    prompt: str | None = None
+    hotwords: list[str] = Field(default_factory=list)
+    files: list[VocabularyFile] = Field(default_factory=list)
+    #: the text decoded before every window (after the budget)
+    applied: str
+    #: its length in Whisper tokens
+    tokens: int = Field(ge=0)
+    note: str | None = None
+
+
 class TranscriptArtifact(Provenance, Artifact):
     kind: Literal["transcript"] = "transcript"
     source: str
@@ -186,6 +211,11 @@ class TranscriptArtifact(Provenance, Artifact):
     dropped_segments: int = Field(0, ge=0)
     #: language identification (None: artifacts written before it existed)
     language_id: LanguageId | None = None
+    #: the vocabulary decoded with (run prompt and hotwords, folder and input files; None: none)
+    vocabulary: VocabularyUse | None = None
+    #: the English translation (``translate``, inputs not in English): one segment per decoded window, in
+    #: the input's time, without words; the final transcript gives each its window's main speaker
+    translation: list[Segment] | None = None
 
     @model_validator(mode="after")
     def _ids(self) -> TranscriptArtifact:

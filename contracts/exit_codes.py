@@ -7,9 +7,11 @@ from enum import IntEnum
 
 class ExitCode(IntEnum):
     OK = 0
-    #: child: an unexpected Python error; CLI: at least one input failed
+    #: child: an unexpected Python error; CLI: at least one input failed, or a file of the output folder
+    #: is damaged or cannot be read or written (``export``, ``speakers``: one line says which)
     FAILED = 1
-    #: CLI: bad command line or settings
+    #: CLI: bad command line or settings (also: ``speakers name`` would replace another voice profile
+    #: without ``--force``)
     USAGE = 2
     #: child: out of memory (CUDA, cuDNN, CPU allocator, MemoryError)
     OOM = 3

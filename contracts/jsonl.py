@@ -1,8 +1,9 @@
 """JSON-lines files: one writer and one tolerant reader for every ``.jsonl`` of a run.
 
-Each record is appended with a single ``write`` on an ``O_APPEND`` descriptor,
-so processes appending to the same file (children and the parent, to the
-performance log) never interleave within a line. A writer killed mid-line
+Each record is appended with one ``write`` on an ``O_APPEND`` descriptor (written
+again from where a short write stopped, until the whole line is written), so
+processes appending to the same file (children and the parent, to the
+performance log) do not interleave within a line. A writer killed mid-line
 leaves a torn last line; :func:`read_lines` skips it (and any line that does
 not validate), so a reader never fails on what a crash left behind, and
 :func:`repair_tail` ends such a line before a new writer appends, so the torn
@@ -12,6 +13,7 @@ line never swallows the next record. A full disk is a
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -42,7 +44,7 @@ def append_line(
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, data)
+            write_all(fd, data)
             if fsync:
                 os.fsync(fd)
         finally:
@@ -53,6 +55,17 @@ def append_line(
                 f"no space left appending to {path.name} ({len(data)} bytes; {exc.strerror}) in {path.parent}"
             ) from None
         raise
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``: ``os.write`` may write less than asked (a signal, a pipe, a nearly
+    full disk), and a line cut short there would be torn although its writer lives on."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:  # nothing written and no error: the disk took no byte
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
 
 
 def repair_tail(path: str | Path) -> bool:

@@ -62,6 +62,8 @@ class Attempt(Strict):
     device: str | None = None
     peak_rss_mb: float | None = None
     pid: int | None = None
+    #: the Ray node the child ran on (its node id; the executor's log line names its host); None: this machine
+    node: str | None = None
     #: torch.cuda.max_memory_allocated of the child, MiB (None on the CPU)
     peak_vram_mb: float | None = None
     #: NVML, parent's view: the child's peak MiB on its GPU, and what our process tree held after it exited

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, JsonValue, model_validator
 
-from contracts.artifacts import Strict
+from contracts.artifacts import Strict, VocabularyFile
 from contracts.perf import MemoryCheckpoint
 from contracts.report import CpuUsage
 from contracts.stage_settings import MemorySettings
@@ -29,6 +29,8 @@ class WorkItem(Strict):
     fingerprint: str = Field(min_length=1)
     #: the source file as planned (first stage, local sources only)
     source_version: SourceVersion | None = None
+    #: the vocabulary files that apply to this input (the ASR stage's; nearest folder's, then the input's own)
+    vocabulary: list[VocabularyFile] = Field(default_factory=list)
 
 
 class StageRequest(Strict):

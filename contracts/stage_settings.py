@@ -77,6 +77,12 @@ class AsrSettings(StageSettings):
     join_inputs: bool = True
     #: Whisper's ``initial_prompt``: text that sets the vocabulary and style of the first window (None: none)
     prompt: str | None = None
+    #: names and terms for every input of the run, after the prompt and before each input's vocabulary files
+    #: (faster-whisper's ``hotwords``: words in the text before every window)
+    hotwords: list[str] = Field(default_factory=list)
+    #: every input whose language is not English is also decoded with Whisper's translate task (English text,
+    #: the transcript's ``translation``); needs a multilingual model
+    translate: bool = False
     #: time each window's words with the decoder's cross-attention as it is decoded (the alignment stage
     #: then runs no model unless a wav2vec2 aligner is on disk); off when alignment is off
     word_timestamps: bool = True

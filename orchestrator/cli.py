@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -167,6 +167,29 @@ def process(
         str | None,
         typer.Option(help="Languages identification may choose from, e.g. en,de,es [env ASR_LANGUAGES]."),
     ] = None,
+    prompt: Annotated[
+        str | None,
+        typer.Option(help="Whisper's initial prompt: vocabulary, spelling, style [env ASR_PROMPT]."),
+    ] = None,
+    translate: Annotated[
+        bool,
+        typer.Option(
+            "--translate",
+            help=(
+                "Also translate every input not in English into English: transcript.en.* beside the "
+                "original (needs a multilingual model) [env ASR_TRANSLATE]."
+            ),
+        ),
+    ] = False,
+    hotwords: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Names and terms for every input, comma-separated; each folder's vocabulary.txt and each "
+                "<input>.vocabulary.txt add theirs [env ASR_HOTWORDS]."
+            )
+        ),
+    ] = None,
     asr_batch_size: Annotated[
         str | None, typer.Option(help="A number or auto [env ASR_BATCH_SIZE, default 16].")
     ] = None,
@@ -265,6 +288,9 @@ def process(
         "asr_model": asr_model,
         "asr_language": language,
         "asr_languages": languages,
+        "asr_prompt": prompt,
+        "asr_hotwords": hotwords,
+        "asr_translate": translate or None,
         "asr_batch_size": asr_batch_size,
         "embedding_profile": embedding_profile,
         "embedding_batch_size": embedding_batch_size,
@@ -413,7 +439,9 @@ def export(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every file.")] = False,
 ) -> None:
     """Write the files of each input again from its stored artifacts, with the current caption settings
-    (CAPTION_*) and speaker names; starts no model child. Then OUT/index.html."""
+    (CAPTION_*), speaker names and the run's notes; starts no model child. Then OUT/index.html. What it
+    writes is recorded in the journal: the next `process` keeps it. Exit 1: an input failed or
+    speakers.json is damaged; 5: a disk is full (rerun to finish)."""
     from orchestrator.corpus.export import export as run_export
     from orchestrator.layout import FORMATS
 
@@ -425,13 +453,10 @@ def export(
         formats = ",".join(FORMATS)
     overrides = {"output_dir": output, "export_formats": formats, "wait_for_output": wait or None}
     settings = _settings(overrides)
-    from contracts.errors import SettingsError
-
     try:
         result = run_export(settings, settings.export_formats, inputs)
-    except SettingsError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(ExitCode.USAGE) from None
+    except Exception as exc:  # noqa: BLE001 - each ordinary failure is one line and its exit code
+        _fail(exc, output)
     for name in result.unknown:
         typer.echo(f"UNKNOWN {name}: not an input of {output}", err=True)
     for item_id, why in result.failed.items():
@@ -511,10 +536,31 @@ WaitOpt = Annotated[
 ]
 
 
-def _speakers_call(output: Path, verbose: bool, call, **overrides):
-    """Run ``call(settings, output)``; a usage error exits 2, another failure 1, both naming the reason."""
+def _fail(exc: Exception, output: Path) -> NoReturn:
+    """An ordinary failure of a command on an output folder as one line and its exit code: a usage error 2;
+    a full disk 5 (as `process` stops: what could not be written, the space left); a damaged file of the
+    folder, an unreadable or unwritable one 1. Anything else is a bug: its traceback is kept."""
     from contracts.errors import PipelineError, SettingsError
+    from contracts.io import is_disk_full
+    from orchestrator.run.report import disk_line
 
+    if isinstance(exc, SettingsError):
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    if is_disk_full(exc):
+        typer.echo(f"STOPPED disk full: {disk_line(exc, output)}", err=True)
+        raise typer.Exit(ExitCode.DISK_FULL) from None
+    if isinstance(exc, OSError):
+        typer.echo(f"error: {exc.strerror or exc}: {exc.filename or output}", err=True)
+        raise typer.Exit(ExitCode.FAILED) from None
+    if isinstance(exc, PipelineError):
+        typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        raise typer.Exit(ExitCode.FAILED) from None
+    raise exc
+
+
+def _speakers_call(output: Path, verbose: bool, call, **overrides):
+    """Run ``call(settings, output)``; a failure is one line and its exit code (:func:`_fail`)."""
     setup_logging(_verbosity(verbose))
     if not output.is_dir():
         typer.echo(f"error: {output} is not a directory", err=True)
@@ -522,12 +568,8 @@ def _speakers_call(output: Path, verbose: bool, call, **overrides):
     settings = _settings({"output_dir": output, **overrides})
     try:
         return settings, call(settings, output)
-    except SettingsError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(ExitCode.USAGE) from None
-    except PipelineError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(ExitCode.FAILED) from None
+    except Exception as exc:  # noqa: BLE001 - each ordinary failure is one line and its exit code
+        _fail(exc, output)
 
 
 @speakers_app.command("cluster")
@@ -593,19 +635,29 @@ def speakers_name(
             help="Where its voice profile is written [env PIPELINE_PROFILES_DIR, default ./profiles].",
         ),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Replace another voice profile of this name (an enrolled one, another folder's speaker's).",
+        ),
+    ] = False,
     wait: WaitOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Name a corpus speaker in every file of the folder at once (no model runs) and write its voice profile,
-    so that `process --profiles DIR` names that voice in new inputs too."""
+    so that `process --profiles DIR` names that voice in new inputs too. Another profile of that name is
+    replaced only with --force (else exit 2, naming it); the speaker's profile under a former name goes."""
     from orchestrator.corpus.speakers import name as run_name
 
     def call(settings, out):
         if settings.profiles_dir is None:
             settings = settings.replace(profiles_dir=Path("profiles"))
-        return run_name(settings, out, speaker, name)
+        return run_name(settings, out, speaker, name, force=force)
 
     _, named = _speakers_call(output, verbose, call, profiles_dir=profiles, wait_for_output=wait or None)
+    for path in named.replaced:
+        typer.echo(f"REPLACED voice profile {path}", err=True)
     typer.echo(
         f"{named.speaker.id} is {named.speaker.name}: {named.rewritten} inputs' files written again; "
         f"voice profile {named.profile}",

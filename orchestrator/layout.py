@@ -33,9 +33,12 @@ LANGID_JSON = "langid.json"
 INDEX = "index.html"
 #: corpus speakers: which input's speaker is which voice across the folder (``orchestrator.corpus.speakers``)
 SPEAKERS = "speakers.json"
+#: which inputs may share a Whisper window: input id -> join group, fixed when the folder first sees an input
+#: (``orchestrator.run.groups``)
+JOIN_GROUPS = ".join-groups.json"
 
 RUN_LEVEL: frozenset[str] = frozenset(
-    {REPORT, JOURNAL, IDS, LOCK, RUNS, PERF_LOGS, LANGID_CSV, LANGID_JSON, INDEX, SPEAKERS}
+    {REPORT, JOURNAL, IDS, LOCK, RUNS, PERF_LOGS, LANGID_CSV, LANGID_JSON, INDEX, SPEAKERS, JOIN_GROUPS}
 )
 
 

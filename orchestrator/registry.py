@@ -68,6 +68,8 @@ class StageSpec:
     #: the model this run will use, as ``orchestrator.run.models`` resolved it (None: no model, or not
     #: resolved): part of the fingerprint
     model: str | None = None
+    #: the stage reads each input's vocabulary files (``WorkItem.vocabulary``; part of its fingerprint)
+    vocabulary: bool = False
 
     @property
     def kind(self) -> str:
@@ -100,6 +102,8 @@ class StageDef:
     need_key: Callable[[StageSettings], str | None] = lambda settings: None
     #: bump when a change of the stage's code changes its artifacts: every input's artifact is then redone
     version: int = 1
+    #: the stage reads each input's vocabulary files
+    vocabulary: bool = False
 
     def spec(self, settings: Settings) -> StageSpec:
         return StageSpec(
@@ -115,6 +119,7 @@ class StageDef:
             skippable=self.skippable(settings),
             gpu=self.gpu,
             version=self.version,
+            vocabulary=self.vocabulary,
         )
 
     def need(self, settings: StageSettings) -> Need | None:
@@ -180,9 +185,12 @@ STAGES: tuple[StageDef, ...] = (
             chunk_size=s.asr_chunk_size,
             word_timestamps=s.align,
             prompt=s.asr_prompt,
+            hotwords=s.asr_hotwords,
+            translate=s.asr_translate and not s.langid_only,
             runtime=s.asr_runtime,
         ),
         batch_size=lambda s: s.asr_batch_size,
+        vocabulary=True,
         needs=ASR_NEEDS,
         need_key=lambda c: model_key(c.model),
     ),

@@ -162,6 +162,13 @@ class AsrOptions(SettingsGroup):
     asr_language: str | None = None
     #: Whisper's initial prompt (vocabulary, spelling, style); the API's ``prompt`` of a transcription
     asr_prompt: str | None = None
+    #: names and terms Whisper should spell right in every input, comma-separated (after the prompt; each
+    #: folder's ``vocabulary.txt`` and each ``<input>.vocabulary.txt`` add theirs; a job's ``vocabulary``)
+    asr_hotwords: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: also translate every input whose language is not English into English (Whisper's translate task, in
+    #: the same ASR child): transcript.en.json, .en.srt, .en.vtt, .en.txt beside the original; needs a
+    #: multilingual model
+    asr_translate: bool = False
     #: Whisper's repetition guard: a decoded window whose text compresses better than this (a decoder loop,
     #: "tell her, tell her, ...") is decoded again, alone and then at rising temperatures; None (or "off"): off
     asr_compression_ratio_threshold: float | None = Field(2.4, gt=1.0)
@@ -190,9 +197,11 @@ class AsrOptions(SettingsGroup):
     #: pack the speech windows of several inputs of a chunk into shared decoder batches; "auto": on CUDA, and
     #: on the CPU when windows are joined (asr_join_inputs; without joining it did not pay on the CPU)
     asr_pack_inputs: bool | Literal["auto"] = "auto"
-    #: join the short speech windows (short inputs, the short tails of long ones) of several inputs of a chunk
-    #: that share a language into one Whisper window, 1 s of silence apart, and split the words back by time
-    #: (bench/asr_packing.py: 48 clips of 4-10 s decode in about half the time)
+    #: join the short speech windows (short inputs, the short tails of long ones) of several inputs of one join
+    #: group (5 inputs, fixed per output folder: orchestrator/run/groups.py) that share a language into one
+    #: Whisper window, 2 s of silence apart, and split the words back by time; an input whose words cannot
+    #: be placed with certainty is decoded again alone (bench/asr_packing.py: 48 clips of 4-10 s decode in
+    #: about half the time)
     asr_join_inputs: bool = True
     #: what runs Whisper: "ctranslate2" (whisperX / faster-whisper), "torch" (transformers, SDPA attention,
     #: float16 on CUDA: for machines CTranslate2 cannot use, such as CUDA 13 drivers), or "auto": CTranslate2
@@ -224,7 +233,8 @@ class CaptionOptions(SettingsGroup):
     caption_lines: int = Field(2, ge=1, le=4)
     #: seconds a cue stays on screen at most ...
     caption_max_s: float = Field(7.0, gt=0, le=60)
-    #: ... and at least (20 frames at 24 fps), unless the next cue starts sooner
+    #: ... and at least (20 frames at 24 fps; not above ``caption_max_s``), unless the words come faster:
+    #: see ``caption_lead_s`` and the run's notes
     caption_min_s: float = Field(0.833, ge=0, le=10)
     #: reading speed: characters a second at most (17: broadcast adult; 20: a faster profile)
     caption_max_cps: float = Field(17.0, gt=0, le=100)
@@ -235,6 +245,9 @@ class CaptionOptions(SettingsGroup):
     #: a pause in speech longer than this ends a cue, and no cue stays on screen longer than this after its
     #: last word: a caption never stays up over a long silence
     caption_max_pause_s: float = Field(1.5, gt=0, le=30)
+    #: seconds a cue may appear before its first word, where the silence allows it and it is otherwise too
+    #: short or too fast to read (a rapid exchange); cues that still are: counted in the run's notes
+    caption_lead_s: float = Field(0.5, ge=0, le=5)
 
 
 class SpeakerOptions(SettingsGroup):
@@ -332,6 +345,11 @@ class ExecutionOptions(SettingsGroup):
     ray_gpus_per_task: float = Field(1.0, gt=0, le=8)
     #: CPUs a stage's task reserves
     ray_cpus_per_task: float = Field(1.0, ge=0)
+    #: per stage, the Ray resources its tasks reserve instead of the two above (env: JSON), e.g.
+    #: ``{"asr": {"GPU": 1, "CPU": 4}, "audio": {"CPU": 2, "decode": 1}}``: "CPU" and "GPU" as Ray counts
+    #: them (a GPU given here is reserved even with ``--device cpu``), any other name a custom resource that
+    #: only some nodes declare (``ray start --resources '{"decode": 8}'``), so a stage runs only there
+    ray_stage_resources: dict[str, dict[str, Annotated[float, Field(ge=0)]]] = Field(default_factory=dict)
     #: CPUs of the one-run local cluster started when ``ray_address`` is None (None: all)
     ray_num_cpus: int | None = Field(None, ge=1)
     #: a stage task the cluster has not started this many seconds after it was submitted fails its items
@@ -462,6 +480,9 @@ class JobOptions(SettingsGroup):
     job_max_queued: int = Field(100, ge=1)
     #: finished jobs (and their outputs) are deleted this many seconds after they finished (0: kept forever)
     job_retention_s: float = Field(7 * 24 * 3600.0, ge=0)
+    #: finished transcriptions nobody collected (the server stopped, or the answer failed, before it was
+    #: sent) are deleted this many seconds after they finished (0: kept forever); one answered goes at once
+    transcription_retention_s: float = Field(3600.0, ge=0)
     #: largest audio file POST /v1/audio/transcriptions accepts (OpenAI's limit is 25 MB); 413 above
     max_upload_bytes: int = Field(25 * 1024 * 1024, ge=1024)
     #: seconds a transcription request may take end to end (queue + run); one that cannot is refused at once (429)
@@ -628,6 +649,16 @@ class Settings(*reversed(GROUPS), BaseSettings):
             raise ValueError(f"must not be below min_speakers ({low})")
         return value
 
+    @field_validator("caption_min_s")
+    @classmethod
+    def _min_below_max(cls, value: float, info) -> float:
+        high = info.data.get("caption_max_s")
+        if high is not None and value > high:
+            raise ValueError(
+                f"CAPTION_MIN_SECONDS ({value:g}) must not be above CAPTION_MAX_SECONDS ({high:g})"
+            )
+        return value
+
     @field_validator("asr_language")
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
@@ -639,6 +670,13 @@ class Settings(*reversed(GROUPS), BaseSettings):
         return (
             None if isinstance(value, str) and value.strip().lower() in ("", "off", "none", "null") else value
         )
+
+    @field_validator("asr_hotwords", mode="before")
+    @classmethod
+    def _terms(cls, value):
+        if isinstance(value, str):
+            value = value.replace("\n", ",").split(",")
+        return list(dict.fromkeys(str(v).strip() for v in value or [] if str(v).strip()))
 
     @field_validator("asr_languages", mode="before")
     @classmethod

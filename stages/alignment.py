@@ -98,9 +98,12 @@ class AlignmentStage(TorchStage):
         diarization = _optional(item, "diarization", DiarizationArtifact)
         enrollment = _optional(item, "speaker_embeddings", SpeakerEmbeddingsArtifact)
         speakers_note = None
+        translation = asr.translation
         if diarization is not None:
             names = {m.speaker: m.name for m in enrollment.matches if m.name} if enrollment else {}
             segments = split_at_speakers(assign_speakers(segments, diarization.turns, names))
+            if translation:  # each translated window: the speaker heard most in it
+                translation = assign_speakers(translation, diarization.turns, names)
             if enrollment is None and self.settings.skip_voice_embeddings:
                 speakers_note = (
                     "enrollment skipped (SKIP_VOICE_EMBEDDINGS): speakers keep their SPEAKER_nn labels"
@@ -114,6 +117,7 @@ class AlignmentStage(TorchStage):
                 "fingerprint": item.fingerprint,
                 "created_at": datetime.now(UTC),
                 "segments": segments,
+                "translation": translation,
                 "aligned": aligned,
                 "aligner": aligner,
                 "alignment_note": note,

@@ -15,10 +15,16 @@ cut into speech windows by whisperX's VAD (at most ``chunk_size`` seconds each, 
 ``FasterWhisperPipeline.transcribe`` does). Whisper's encoder costs a full 30 s
 window however little speech it holds, so with ``join_inputs`` (the default) the
 short windows of inputs of the same language (short clips, the short tail of a
-long input) share one window of at most ``chunk_size`` seconds, 1 s of silence
+long input) share one window of at most ``chunk_size`` seconds, 2 s of silence
 apart (stages/joining.py); it is decoded and its words timed once, and each input
 gets the words that start in its own stretch, in its own time: a segment per
-input window, as when it is decoded alone. A joined window that cannot be split
+input window, as when it is decoded alone. An input whose share cannot be trusted
+(a word timed within reach of a neighbour's stretch, no word, more or fewer words
+than its speech holds: ``joining.doubts``) is decoded again alone, with its
+neighbours in the window. Only inputs of one join group share a window (the
+item's ``join_group`` input; orchestrator/run/groups.py), and the group's other
+members named in ``join_members`` that the request does not ask for are decoded
+with it all the same (never written), so a group is always laid out alike. A joined window that cannot be split
 (its words could not be timed) or that fails is decoded again input by input, so
 only the input that breaks it fails; a respawned child (``attempt`` > 1: the last
 one died) joins nothing, so an input that kills the child is blamed alone. An
@@ -39,24 +45,37 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from contracts import Artifact, AudioArtifact, Segment, StageRequest, TranscriptArtifact, WorkItem
-from contracts.artifacts import LanguageId
+from contracts import (
+    Artifact,
+    AudioArtifact,
+    Segment,
+    StageRequest,
+    TranscriptArtifact,
+    WorkItem,
+    load_artifact,
+)
+from contracts.artifacts import LanguageId, VocabularyFile, VocabularyUse
 from contracts.errors import ModelUnavailableError
 from contracts.models import portable_name
 from contracts.stage_settings import AsrSettings
 from stages import language as langid
 from stages.base import TorchStage
 from stages.joining import GAP_S as JOIN_GAP_S
-from stages.joining import Joined, Joiner, split_words
+from stages.joining import MAX_WORDS_PER_S, MIN_WORDS_PER_S, Joined, Joiner, doubts, split_words
 from stages.memory import is_oom
 from stages.speech import better_loop, clean_pieces, compression_ratio, repeats_itself, whisper_says_silence
 
 log = logging.getLogger(__name__)
+
+#: work item inputs naming the item's join group and its members as JSON [[id, audio.json], ...] in the group's
+#: order (the orchestrator's ``orchestrator.run.groups.GROUP_KEY`` / ``MEMBERS_KEY``)
+GROUP_INPUT = "join_group"
+MEMBERS_INPUT = "join_members"
 
 #: languages whose words are not separated by spaces (faster-whisper's tokenizer splits their words by character)
 NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
@@ -204,6 +223,12 @@ class AsrStage(TorchStage):
         # in 4.9 s, one at a time in 9.3 s, and the VAD of the inputs runs together instead of between decodes)
         self.pack = (device.startswith("cuda") or self.join) if pack == "auto" else pack
         self.word_timing = settings.word_timestamps and not settings.identify_only
+        self.translate = settings.translate and not settings.identify_only
+        if self.translate and english_only:
+            raise ModelUnavailableError(
+                f"translation needs a multilingual Whisper: ASR model {requested!r} is English-only "
+                "(use whisper-base or another multilingual model, or leave --translate off)"
+            )
         return f"{portable_name(path)} ({self.runtime}, {compute_type})"
 
     def _ctranslate2_runs(self, device: str) -> str | None:
@@ -250,9 +275,7 @@ class AsrStage(TorchStage):
                 f"{' '.join(str(exc).split())[:200]}); use a transformers Whisper directory or name, a "
                 "CTranslate2 directory, the embedded model, or allow the hub"
             ) from exc
-        options = Options(
-            initial_prompt=settings.prompt, compression_ratio_threshold=settings.compression_ratio_threshold
-        )
+        options = Options(compression_ratio_threshold=settings.compression_ratio_threshold)
         self.model = TorchPipeline(whisper, options, device)
         if self.model.vad_note:
             log.warning("asr: %s", self.model.vad_note)
@@ -269,10 +292,7 @@ class AsrStage(TorchStage):
                 device_index=int(index or 0),
                 compute_type=compute_type,
                 language=language,
-                asr_options={
-                    "initial_prompt": settings.prompt,
-                    "compression_ratio_threshold": settings.compression_ratio_threshold,
-                },
+                asr_options={"compression_ratio_threshold": settings.compression_ratio_threshold},
                 vad_method="pyannote",  # its weights ship inside whisperx; "silero" needs torch.hub
                 local_files_only=not settings.allow_hub,
                 threads=os.cpu_count() or 1,
@@ -300,18 +320,28 @@ class AsrStage(TorchStage):
         ready: deque[Joined] = deque()  # windows to decode, in the order they were completed
         joiner = Joiner(self.settings.chunk_size)
         self._joiner = joiner
-        for item, audio in entries:
+        asked = {item.id for item in request.items}
+        seen: set[str] = set()
+        for item, audio, partner in self._with_partners(entries, asked, seen):
             try:
-                job = self._prepare(item, audio, request)
+                job = self._prepare(item, audio, request, partner)
             except Exception as exc:
                 if is_oom(exc):
                     raise
-                yield item, exc
+                if not partner:
+                    yield item, exc
                 continue
             if not job.windows:
-                yield item, self._outcome(job)
+                if not partner:
+                    yield item, self._outcome(job)
                 continue
-            key = job.language if self.join and job.language != "unknown" else None
+            # windows join only within the input's join group (None: no group named; the stage's whole
+            # request), among inputs of the same language decoded after the same vocabulary
+            key = (
+                (job.language, item.inputs.get(GROUP_INPUT), tuple(job.context))
+                if self.join and job.language != "unknown"
+                else None
+            )
             for i, (start, end) in enumerate(job.windows):
                 ready.extend(joiner.add((job, i), end - start, key))
             while ready and (len(ready) >= self.batch_size or not self.pack):
@@ -320,9 +350,51 @@ class AsrStage(TorchStage):
         while ready:
             yield from self._decode(ready, request)
 
-    def _prepare(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> _Input:
+    def _with_partners(
+        self, entries: Iterator[tuple[WorkItem, Artifact | str]], asked: set[str], seen: set[str]
+    ) -> Iterator[tuple[WorkItem, Artifact | str, bool]]:
+        """``entries`` with, in their join group's order, the group's members not asked for (True: a partner,
+        decoded for its place in the group's windows and never written): a group of which only some inputs
+        are left to do is decoded whole, as it was the first time (orchestrator/run/groups.py)."""
+        for item, audio in entries:
+            members = _members(item) if self.join else []
+            ids = [member for member, _, _ in members]
+            at = ids.index(item.id) if item.id in ids else len(ids)
+            last = not any(member in asked for member in ids[at + 1 :])
+            for n, (member, path, vocabulary) in enumerate(members):
+                if n == at or member in asked or member in seen or (n > at and not last):
+                    continue
+                if n > at and item.id not in seen:
+                    seen.add(item.id)
+                    yield item, audio, False  # the last input asked for comes before the partners after it
+                seen.add(member)
+                partner = WorkItem(
+                    id=member,
+                    inputs={"audio": path, GROUP_INPUT: item.inputs.get(GROUP_INPUT, "")},
+                    vocabulary=vocabulary,
+                    output="",
+                    fingerprint="partner",
+                )
+                try:
+                    upstream = load_artifact(path, AudioArtifact)
+                except Exception as exc:  # noqa: BLE001 - the group goes on without it, as each time it is left
+                    log.info(
+                        "asr: join group partner %s has no audio (%s); its group goes on without it",
+                        member,
+                        exc,
+                    )
+                    continue
+                yield partner, upstream, True
+            if item.id not in seen:
+                seen.add(item.id)
+                yield item, audio, False
+
+    def _prepare(
+        self, item: WorkItem, audio: AudioArtifact, request: StageRequest, partner: bool = False
+    ) -> _Input:
         """Read ``item``'s samples, find its speech windows and its language."""
-        self.mark_in_flight(request, [item.id], audio.duration_s)
+        if not partner:
+            self.mark_in_flight(request, [item.id], audio.duration_s)
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
         windows = self._speech_windows(samples)
         language_id = self.identify(samples, windows)
@@ -336,8 +408,13 @@ class AsrStage(TorchStage):
                 samples
             )  # nothing measured: whisperX's own guess (first 30 s)
         job = _Input(item, audio, windows, language or "unknown", language_id=language_id, speech=windows)
+        job.partner = partner
         if self.settings.identify_only:  # pipeline langid: no transcription
             job.windows, job.texts, job.logprobs, job.no_speech, job.words = [], [], [], [], []
+        else:
+            job.vocabulary, job.context = self._vocabulary(item, job.language)
+            job.translate = self.translate and not partner and job.language not in ("en", "unknown")
+            job.translations = [None] * len(job.windows)
         rate = SAMPLE_RATE
         # each window's samples, copied: the input's whole audio is not held while its last window waits to share
         job.pieces = [samples[int(start * rate) : int(end * rate)].copy() for start, end in job.windows]
@@ -368,7 +445,9 @@ class AsrStage(TorchStage):
             ready.extendleft(reversed([w for w in batch if not set(_jobs([w])) <= first]))
             batch = [w for w in batch if set(_jobs([w])) <= first]
         jobs = _jobs(batch)
-        self.mark_in_flight(request, [job.item.id for job in jobs], sum(sum(w.durations) for w in batch))
+        self.mark_in_flight(
+            request, [job.item.id for job in jobs if not job.partner], sum(sum(w.durations) for w in batch)
+        )
         try:
             self._generate(batch)
         except Exception as exc:
@@ -380,7 +459,7 @@ class AsrStage(TorchStage):
                 log.warning("asr: a batch of %d inputs failed (%s); decoding them one by one", len(jobs), exc)
                 failed = {}
                 for job in jobs:
-                    self.mark_in_flight(request, [job.item.id], None)
+                    self.mark_in_flight(request, [] if job.partner else [job.item.id], None)
                     try:
                         self._generate_alone([(j, i) for w in batch for j, i in w.parts if j is job])
                     except Exception as one:
@@ -389,7 +468,8 @@ class AsrStage(TorchStage):
                         failed[job] = one
             for job, exc in failed.items():
                 job.failed = True
-                yield job.item, exc
+                if not job.partner:
+                    yield job.item, exc
             if failed:
                 for window in ready:
                     window.keep(lambda part: part[0] not in failed)
@@ -398,7 +478,7 @@ class AsrStage(TorchStage):
                 ready.extend(kept)
                 self._joiner.keep(lambda part: part[0] not in failed)
         for job in jobs:
-            if not job.failed and job.done:
+            if not job.failed and job.done and not job.partner:
                 yield job.item, self._outcome(job)
 
     def _generate_alone(self, parts: list[tuple[_Input, int]], temperature: float = 0.0) -> None:
@@ -439,7 +519,7 @@ class AsrStage(TorchStage):
             search = {"beam_size": options.beam_size, "patience": options.patience}
         encoded = self._encode([_joined_samples(window)[:N_SAMPLES] for window in batch])
         languages = [window.parts[0][0].language for window in batch]
-        prompts = [self._prompt(language) for language in languages]
+        prompts = [self._prompt(window.parts[0][0]) for window in batch]
         results = model.model.generate(
             encoded,
             prompts,
@@ -453,6 +533,8 @@ class AsrStage(TorchStage):
             return_scores=True,
             return_no_speech_prob=True,
         )
+        if temperature == 0:  # the windows of inputs to translate too, over the same encoder output
+            self._translate(batch, encoded, search)
         # text tokens are decoded alike in every language: the first window's tokenizer serves the batch
         tokenizer = self._tokenizer(languages[0])
         texts, scores, kept, looped = [], [], [], []
@@ -490,14 +572,15 @@ class AsrStage(TorchStage):
         timed = self._time_words(
             batch, encoded, texts, languages, rows=sorted(kept + joined) if self.word_timing else joined
         )
-        redo, unsplit, loops = [], 0, 0
+        redo, unsplit, loops, unsure = [], 0, 0, 0
         for k in joined:  # each input's words back to it: its text is its words
             window = batch[k]
             if texts[k] and timed.get(k) is None:  # no times to split by: its inputs' windows go alone
                 redo.extend(window.parts)
                 unsplit += 1
                 continue
-            sep = "" if self._tokenizer(languages[k]).language_code in NO_SPACE_LANGUAGES else " "
+            spaced = self._tokenizer(languages[k]).language_code not in NO_SPACE_LANGUAGES
+            sep = " " if spaced else ""
             split = [
                 (part, words, sep.join(w.word for w in words))
                 for part, words in zip(window.parts, split_words(timed.get(k) or [], window.spans))
@@ -506,7 +589,28 @@ class AsrStage(TorchStage):
                 redo.extend(window.parts)  # a loop also eats its neighbours' time: each input alone
                 loops += 1
                 continue
-            for (job, i), words, text in split:
+            # a word that may have crossed from one input to another: those inputs (and the lost or
+            # implausible shares) go alone; see stages/joining.py
+            reasons = doubts(
+                timed.get(k) or [],
+                window.spans,
+                max_rate=MAX_WORDS_PER_S if spaced else None,
+                min_rate=MIN_WORDS_PER_S if spaced else None,
+            )
+            again = {n for n, reason in enumerate(reasons) if reason is not None}
+            for n in sorted(again):
+                job, i = window.parts[n]
+                log.info(
+                    "asr: %s: %.2f-%.2f s decoded again alone (joined window: %s)",
+                    job.item.id,
+                    *job.windows[i],
+                    reasons[n],
+                )
+                redo.append(window.parts[n])
+            unsure += bool(again)
+            for n, ((job, i), words, text) in enumerate(split):
+                if n in again:
+                    continue
                 job.texts[i] = text
                 job.logprobs[i], job.no_speech[i] = scores[k]
                 job.words[i] = (
@@ -514,11 +618,13 @@ class AsrStage(TorchStage):
                 )
         if redo:
             log.warning(
-                "asr: %d joined window(s) could not be split by word times and %d repeated themselves "
-                "(compression ratio above %s); their %d input window(s) are decoded alone",
+                "asr: %d joined window(s) could not be split by word times, %d repeated themselves "
+                "(compression ratio above %s) and %d held words not placed with certainty; %d input window(s) "
+                "are decoded alone",
                 unsplit,
                 loops,
                 limit,
+                unsure,
                 len(redo),
             )
             self._generate_alone(redo, temperature)
@@ -539,6 +645,50 @@ class AsrStage(TorchStage):
                 )
             if still and hotter:
                 self._generate_alone(still, hotter[0])
+
+    def _translate(self, batch: list[Joined], encoded, search: dict) -> None:
+        """Whisper's translate task for the windows whose inputs are to be translated: English text for each
+        input window, after the same vocabulary, over the encoder output of its transcription. The input
+        windows of a joined window are encoded and translated each alone: the translate task over a joined
+        window may leave out an input's speech (seen with two copies of one clip), and its English cannot
+        then be split back faithfully."""
+        rows = [
+            k for k, window in enumerate(batch) if window.parts[0][0].translate and len(window.parts) == 1
+        ]
+        alone = [
+            part
+            for window in batch
+            if window.parts[0][0].translate and len(window.parts) > 1
+            for part in window.parts
+        ]
+        if rows:
+            model = self.model.model
+            options = self.model.options
+            features = encoded if len(rows) == len(batch) else self._rows(encoded, rows)
+            results = model.model.generate(
+                features,
+                [self._prompt(batch[k].parts[0][0], task="translate") for k in rows],
+                **search,
+                length_penalty=options.length_penalty,
+                max_length=model.max_length,
+                suppress_blank=options.suppress_blank,
+                suppress_tokens=options.suppress_tokens,
+                no_repeat_ngram_size=options.no_repeat_ngram_size,
+                repetition_penalty=options.repetition_penalty,
+            )
+            english = self._tokenizer("en")
+            for k, result in zip(rows, results):
+                job, i = batch[k].parts[0]
+                ids = [t for t in result.sequences_ids[0] if t < english.eot]
+                job.translations[i] = english.tokenizer.decode(ids).strip()
+        for first in range(0, len(alone), self.batch_size):
+            parts = alone[first : first + self.batch_size]
+            windows = []
+            for job, i in parts:
+                window = Joined(None, JOIN_GAP_S)
+                window.add((job, i), job.windows[i][1] - job.windows[i][0])
+                windows.append(window)
+            self._translate(windows, self._encode([job.pieces[i] for job, i in parts]), search)
 
     def _time_words(
         self, batch: list[Joined], encoded, texts: list[list[int]], languages: list[str], rows
@@ -605,28 +755,64 @@ class AsrStage(TorchStage):
             tensor = torch.as_tensor(np.asarray(encoded))
         return ctranslate2_storage(tensor[rows].contiguous())
 
-    def _tokenizer(self, language: str):
-        if language not in self._tokenizers and self.runtime == TORCH:
-            self._tokenizers[language] = self.model.model.tokenizer(language)
-        if language not in self._tokenizers:
+    def _tokenizer(self, language: str, task: str = "transcribe"):
+        key = (language, task)
+        if key not in self._tokenizers and self.runtime == TORCH:
+            self._tokenizers[key] = self.model.model.tokenizer(language, task=task)
+        if key not in self._tokenizers:
             model = self.model.model
-            self._tokenizers[language] = Tokenizer(
-                model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language=language
+            self._tokenizers[key] = Tokenizer(
+                model.hf_tokenizer, model.model.is_multilingual, task=task, language=language
             )
-        return self._tokenizers[language]
+        return self._tokenizers[key]
 
-    def _prompt(self, language: str) -> list[int]:
+    def _prompt(self, job: _Input, task: str = "transcribe") -> list[int]:
+        """The decoder's prompt for a window of ``job``: its vocabulary as the text before the window (after
+        ``<|startofprev|>``, where faster-whisper puts ``initial_prompt`` and ``hotwords``; the same tokens on
+        both runtimes), then the start sequence of its language."""
         options = self.model.options
-        tokenizer = self._tokenizer(language)
-        # the initial prompt (ASR_PROMPT) as the text before every window, as whisperX's pipeline gives it
-        previous = tokenizer.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
         return self.model.model.get_prompt(
-            tokenizer,
-            previous,
+            self._tokenizer(job.language, task),
+            job.context,
             without_timestamps=options.without_timestamps,
             prefix=options.prefix,
-            hotwords=options.hotwords,
         )
+
+    def _vocabulary(self, item: WorkItem, language: str) -> tuple[VocabularyUse | None, list[int]]:
+        """What ``item`` is decoded after: the run's prompt and hotwords, then its folder's and its own
+        vocabulary files (``item.vocabulary``), within Whisper's prompt budget; and its tokens."""
+        settings: AsrSettings = self.settings
+        prompt = (settings.prompt or "").strip() or None
+        terms = list(dict.fromkeys([*settings.hotwords, *(t for f in item.vocabulary for t in f.terms)]))
+        if prompt is None and not terms:
+            return None, []
+        tokenizer = self._tokenizer(language if language != "unknown" else "en")
+        budget = self.model.model.max_length // 2 - 1  # after <|startofprev|>: 224 tokens in all
+
+        def encode(text: str) -> list[int]:
+            return tokenizer.encode(" " + text) if text else []
+
+        text, left_out = fit_vocabulary(prompt, terms, lambda t: len(encode(t)), budget)
+        tokens = encode(text)
+        note = None
+        whole = len(encode(vocabulary_text(prompt, terms)))
+        if whole > budget:
+            entries = len(terms) + (prompt is not None)
+            note = (
+                f"vocabulary of {whole} tokens over Whisper's prompt budget ({budget} after <|startofprev|>): "
+                f"{left_out} of its {entries} entries left out, the most general first (run prompt, run "
+                "hotwords, folder, input)" + ("" if left_out else "; its last entry cut to its last words")
+            )
+            log.warning("asr: %s: %s", item.id, note)
+        use = VocabularyUse(
+            prompt=prompt,
+            hotwords=list(settings.hotwords),
+            files=list(item.vocabulary),
+            applied=text,
+            tokens=len(tokens),
+            note=note,
+        )
+        return use, tokens
 
     def _outcome(self, job: _Input) -> TranscriptArtifact | Exception:
         try:
@@ -636,9 +822,10 @@ class AsrStage(TorchStage):
 
     def _artifact(self, job: _Input) -> TranscriptArtifact:
         segments, silent = [], 0
+        translation: list[Segment] | None = [] if job.translate else None
         options = self.model.options
-        for (start, end), raw, logprob, no_speech, words in zip(
-            job.windows, job.texts, job.logprobs, job.no_speech, job.words
+        for (start, end), raw, logprob, no_speech, words, english in zip(
+            job.windows, job.texts, job.logprobs, job.no_speech, job.words, job.translations or job.texts
         ):
             text = (raw or "").strip()
             if not text:
@@ -667,6 +854,9 @@ class AsrStage(TorchStage):
                     words=words or None,
                 )
             )
+            if translation is not None and english:
+                span = {"start": segments[-1].start, "end": segments[-1].end}
+                translation.append(Segment(id=len(translation), text=english, **span))
         audio = job.audio
         return TranscriptArtifact(
             item_id=job.item.id,
@@ -693,6 +883,8 @@ class AsrStage(TorchStage):
             ),
             dropped_segments=silent,
             language_id=job.language_id,
+            vocabulary=job.vocabulary,
+            translation=translation,
         )
 
     def close(self) -> None:
@@ -720,6 +912,14 @@ class _Input:
     speech: list[tuple[float, float]] = field(default_factory=list)
     #: each window's float32 samples at 16 kHz
     pieces: list = field(default_factory=list)
+    #: the vocabulary decoded before every window, and its tokens
+    vocabulary: VocabularyUse | None = None
+    context: list[int] = field(default_factory=list)
+    #: decoded with the translate task too (not English), and each window's English text
+    translate: bool = False
+    translations: list[str | None] = field(default_factory=list)
+    #: a join group's member not asked for: decoded for its place in the group's windows, never written
+    partner: bool = False
 
     def __post_init__(self) -> None:
         self.texts = [None] * len(self.windows)
@@ -730,6 +930,37 @@ class _Input:
     @property
     def done(self) -> bool:
         return all(text is not None for text in self.texts)
+
+
+def vocabulary_text(prompt: str | None, terms: list[str]) -> str:
+    """The text before every window: the prompt, then the names and terms, comma-separated."""
+    return " ".join(p for p in (prompt, ", ".join(terms)) if p)
+
+
+def fit_vocabulary(
+    prompt: str | None, terms: list[str], count: Callable[[str], int], budget: int
+) -> tuple[str, int]:
+    """The prompt and terms (general to specific) within ``budget`` tokens (``count`` counts a text's): the
+    most specific entries are kept, the most general left out first; an entry too long alone keeps its last
+    words. Returns (the text, how many entries were left out)."""
+    entries = ([prompt] if prompt else []) + list(terms)
+    kept: list[str] = []
+    for entry in reversed(entries):
+        candidate = [entry, *kept]
+        has_prompt = prompt is not None and len(candidate) == len(entries)
+        if count(vocabulary_text(candidate[0] if has_prompt else None, candidate[has_prompt:])) <= budget:
+            kept = candidate
+            continue
+        if not kept:  # the most specific entry alone is over the budget: its last words
+            words: list[str] = []
+            for word in reversed(entry.split()):
+                if count(" ".join([word, *words])) > budget:
+                    break
+                words.insert(0, word)
+            kept = [" ".join(words)] if words else []
+        break
+    has_prompt = prompt is not None and len(kept) == len(entries) and kept[0] == prompt
+    return vocabulary_text(kept[0] if has_prompt else None, kept[has_prompt:]), len(entries) - len(kept)
 
 
 def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:
@@ -752,6 +983,25 @@ def _in_input_time(words: list, start: float) -> list:
         w.model_copy(update={"start": round(start + w.start, 3), "end": round(start + w.end, 3)})
         for w in words
     ]
+
+
+def _members(item: WorkItem) -> list[tuple[str, str, list[VocabularyFile]]]:
+    """``item``'s join group: its members' ids, audio artifacts and vocabulary files, in the group's order
+    (none named: []). A member's vocabulary decides which windows it shares, as when it is asked for."""
+    import json
+
+    try:
+        return [
+            (
+                str(entry[0]),
+                str(entry[1]),
+                [VocabularyFile.model_validate(f) for f in (entry[2] if len(entry) > 2 else [])],
+            )
+            for entry in json.loads(item.inputs.get(MEMBERS_INPUT) or "[]")
+        ]
+    except (ValueError, TypeError, IndexError):
+        log.warning("asr: %s: unreadable join group members; decoded without its group", item.id)
+        return []
 
 
 def _jobs(windows: list[Joined]) -> list[_Input]:

@@ -6,7 +6,17 @@ several inputs of the same language into one window of at most ``limit_s``
 seconds, with ``gap_s`` of silence between two of them, decodes it once, times
 its words by cross-attention, and gives each input the words that start in its
 own stretch (to the middle of the gaps), clamped inside it and shifted back to
-the input's own time. A word never crosses from one input into another.
+the input's own time.
+
+A word never crosses from one input into another: the decoder may skip an
+input's speech and say the next one's words early, or run the end of one
+sentence on into the gap, and cross-attention then times those words inside the
+wrong stretch. :func:`doubts` names each input whose share cannot be trusted: a
+word timed to start in the gap before its input's stretch or to run on to within
+``MARGIN_S`` of the middle of the gap after it (both inputs of that boundary), no
+word at all, or more or fewer words than its seconds of speech can hold
+(``MAX_WORDS_PER_S``, ``MIN_WORDS_PER_S``; with its neighbours). The caller
+decodes each of them again alone.
 
 :class:`Joiner` decides which windows share: first fit over a few open joined
 windows per language, in arrival order (what keeps an input's wait short);
@@ -22,8 +32,15 @@ from dataclasses import dataclass, field
 
 from contracts import Word
 
-#: seconds of silence between two inputs' speech in a joined window
-GAP_S = 1.0
+#: seconds of silence between two inputs' speech in a joined window (room for a last word's timing to run on)
+GAP_S = 2.0
+#: a word timed more than this before its input's stretch, or this close to the middle of a gap, is not
+#: placed with certainty (see :func:`doubts`)
+MARGIN_S = 0.25
+#: an input's share of a joined window holding more words than this per second of its speech took a neighbour's
+MAX_WORDS_PER_S = 5.0
+#: ... and fewer than this per second beyond its first (a 4 s sentence of 3 words) lost some to a neighbour
+MIN_WORDS_PER_S = 1.0
 #: a joined window with less room than this left (after the gap) takes no more speech
 MIN_ROOM_S = 2.0
 #: joined windows per language open to more speech at once; the oldest is closed when one more is needed
@@ -136,4 +153,57 @@ def split_words(words: Sequence[Word], spans: Sequence[tuple[float, float]]) -> 
         begin = min(max(start, lo), hi)
         end = min(max(word.end if word.end is not None else begin, begin), hi)
         out[k].append(word.model_copy(update={"start": round(begin - lo, 3), "end": round(end - lo, 3)}))
+    return out
+
+
+def doubts(
+    words: Sequence[Word],
+    spans: Sequence[tuple[float, float]],
+    margin_s: float = MARGIN_S,
+    max_rate: float | None = MAX_WORDS_PER_S,
+    min_rate: float | None = MIN_WORDS_PER_S,
+) -> list[str | None]:
+    """For each part ``spans`` (as :func:`split_words` takes them) of a joined window whose ``words`` are timed in
+    window time: why its share of the words cannot be trusted, or None.
+
+    A word that starts more than ``margin_s`` before its part's stretch (in the gap: it was said before) or
+    ends within ``margin_s`` of the middle of the gap after it (or beyond) may belong to the other side: both
+    parts are doubted. (Cross-attention stretches a sentence's last word into the silence after it, by up to
+    about half a second; a word carried over to the next input reaches the middle of a 2 s gap.) A part with
+    no words, or more or fewer words than its seconds of speech hold, is doubted with both its neighbours
+    (its words went to or came from one of them). ``max_rate``/``min_rate`` None: no such count that way
+    (languages written without spaces count characters as words)."""
+    bounds = [(a_end + b_start) / 2 for (_, a_end), (b_start, _) in zip(spans, spans[1:])]
+    counts = [0] * len(spans)
+    out: list[str | None] = [None] * len(spans)
+
+    def doubt(parts, reason: str) -> None:
+        for j in parts:
+            if 0 <= j < len(spans) and out[j] is None:
+                out[j] = reason
+
+    for word in words:
+        if word.start is None or word.end is None:
+            return ["a word without times"] * len(spans)
+        k = sum(1 for b in bounds if word.start >= b)
+        counts[k] += 1
+        lo, _ = spans[k]
+        said = f"{word.word.strip()!r} at {word.start:.2f}-{word.end:.2f} s"
+        if k > 0 and word.start < lo - margin_s:
+            doubt((k - 1, k), f"{said} starts in the gap before {lo:.2f} s")
+        if k < len(bounds) and word.end > bounds[k] - margin_s:
+            doubt((k, k + 1), f"{said} reaches the middle of the gap at {bounds[k]:.2f} s")
+    counted: dict[int, str] = {}
+    for k, ((lo, hi), count) in enumerate(zip(spans, counts)):
+        seconds = hi - lo
+        if count == 0:
+            counted[k] = "no words"
+        elif max_rate is not None and count > max_rate * seconds + 1:
+            counted[k] = f"{count} words in {seconds:.1f} s"
+        elif min_rate is not None and count < min_rate * (seconds - 1.0):
+            counted[k] = f"only {count} word(s) in {seconds:.1f} s"
+    for k, reason in counted.items():
+        doubt((k,), reason)
+    for k, reason in counted.items():
+        doubt((k - 1, k + 1), f"beside a share with {reason}")
     return out

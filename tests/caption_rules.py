@@ -6,13 +6,19 @@ the words allow:
 
 - a line longer than the limit is allowed when it holds one word (no space) — that word cannot be cut;
 - a cue shorter than the minimum duration is allowed when the next cue starts right after it (its end is
-  the next start less the minimum gap);
+  the next start less the minimum gap), or it is the last and ends with the audio (``duration_s`` of the
+  ``transcript.json`` beside the file);
 - reading speed above the limit is allowed when the cue could not stay longer: it ends at the next cue
-  less the gap, or lasts the maximum, or (words known from the ``transcript.json`` beside the file) it
-  ends ``max_pause_s`` after its last word. Without a transcript beside it the reading speed is not
-  checked (the file alone cannot tell);
+  less the gap, or ends with the audio, or lasts the maximum, or (words known from the
+  ``transcript.json`` beside the file) it ends ``max_pause_s`` after its last word. Without a
+  transcript beside it the reading speed is not checked (the file alone cannot tell);
+- but where the run's report is known (``run-report.json`` in the folder above the input's), the cues
+  allowed by the next cue alone (too short, or too fast) are the run's to own: its notes on the input
+  count them ("captions: N of M cue(s) ..."), and more than it counts is a problem (none counted: none
+  allowed);
 - a line of a two-line cue may end with a weak word (article, preposition) or the next line start with
-  punctuation only when no other break of the same words fits the line length.
+  punctuation only when no other break of the same words fits the line length; a two-speaker cue (each
+  line starting with "- ") breaks where the speaker changes.
 
 Checked always: lines per cue, characters per line, at most ``max_s`` on screen, at least the minimum gap
 between cues (no overlap), at most one speaker label per cue and only at its start. With the words known:
@@ -64,14 +70,15 @@ def _script_rules(lines: list[str], language: str | None) -> CaptionRules:
     return rules
 
 
-def _words(path: Path) -> tuple[list[tuple[float, float]], str | None]:
+def _words(path: Path) -> tuple[list[tuple[float, float]], str | None, float | None]:
+    """The timed words of the ``transcript.json`` beside ``path``, its language and the audio's duration."""
     transcript = path.with_name("transcript.json")
     if not transcript.exists():
-        return [], None
+        return [], None, None
     try:
         data = json.loads(transcript.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return [], None
+        return [], None, None
     words = []
     for seg in data.get("segments", []):
         timed = [
@@ -80,7 +87,7 @@ def _words(path: Path) -> tuple[list[tuple[float, float]], str | None]:
             if w.get("start") is not None and w.get("end") is not None and w["word"].strip()
         ]
         words += timed or [(seg["start"], seg["end"])]
-    return sorted(words), data.get("language")
+    return sorted(words), data.get("language"), data.get("duration_s")
 
 
 def _fits_otherwise(words: list[str], cut: int, rules: CaptionRules) -> bool:
@@ -99,17 +106,40 @@ def _fits_otherwise(words: list[str], cut: int, rules: CaptionRules) -> bool:
     return False
 
 
+def _noted(path: Path) -> int | None:
+    """How many cues the run's notes on this input say break the time rules (0: none noted), or None
+    where no run report lists the input (a file written outside a run)."""
+    report = path.parent.parent / "run-report.json"
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for item in data.get("inputs", []):
+        if item.get("id") == path.parent.name:
+            for note in item.get("notes") or []:
+                found = re.match(r"captions: (\d+) of \d+ cue", note)
+                if found:
+                    return int(found.group(1))
+            return 0
+    return None
+
+
 def check(path: Path) -> list[str]:
     text = path.read_text(encoding="utf-8")
     cues = parse(text)
-    words, language = _words(path)
+    words, language, audio_s = _words(path)
+    noted = _noted(path)
+    owned = []  # cues too short or too fast, allowed only because the next cue follows right after
     problems = []
     for n, (start, end, lines) in enumerate(cues):
         rules = _script_rules(lines, language)
         where = f"{path.name} cue {n + 1} ({start:.3f}-{end:.3f})"
         nxt = cues[n + 1][0] if n + 1 < len(cues) else None
         duration = end - start
-        up_to_next = nxt is not None and abs(end - (nxt - rules.min_gap_s)) <= TOL
+        # it could not stay longer: the next cue follows right after, or (the last) the audio ends
+        up_to_next = (nxt is not None and abs(end - (nxt - rules.min_gap_s)) <= TOL) or (
+            nxt is None and bool(audio_s) and abs(end - audio_s) <= TOL
+        )
         if not lines:
             problems.append(f"{where}: empty")
             continue
@@ -120,14 +150,18 @@ def check(path: Path) -> list[str]:
                 problems.append(f"{where}: line of {len(line)} characters > {rules.line_chars}: {line!r}")
         if duration > rules.max_s + TOL:
             problems.append(f"{where}: {duration:.3f} s on screen > {rules.max_s}")
-        if duration < rules.min_s - TOL and not up_to_next:
-            problems.append(f"{where}: {duration:.3f} s on screen < {rules.min_s}")
+        if duration < rules.min_s - TOL:
+            if not up_to_next:
+                problems.append(f"{where}: {duration:.3f} s on screen < {rules.min_s}")
+            else:
+                owned.append(f"{where}: {duration:.3f} s on screen < {rules.min_s}")
         if nxt is not None and nxt - end < rules.min_gap_s - TOL:
             problems.append(f"{where}: gap {nxt - end:.3f} s to the next cue < {rules.min_gap_s:.3f}")
         labels = [k for k, line in enumerate(lines) for _ in re.finditer(r"(^|\s)\[[^\]]+\]", line)]
-        if len(labels) > 1 or (labels and not lines[0].startswith("[")):
+        dash = len(lines) == 2 and all(line.startswith("- ") for line in lines)
+        if len(labels) > 1 or (labels and not lines[0].startswith("[")) or (labels and dash):
             problems.append(f"{where}: more than one speaker, or a label not at the start: {lines!r}")
-        if len(lines) == 2:
+        if len(lines) == 2 and not dash:
             first, second = lines[0].split(), lines[1].split()
             bad_end = first and first[-1].lower() in WEAK_WORDS
             bad_start = second and all(unicodedata.category(c).startswith("P") for c in second[0])
@@ -140,9 +174,13 @@ def check(path: Path) -> list[str]:
             # its own words ended: words crammed into less time than reading them needs)
             last = max((w[1] for w in words if w[0] < end - TOL), default=end)
             if chars / max(duration, 1e-3) > rules.max_cps + 0.05 and not (
-                up_to_next or duration >= rules.max_s - TOL or end >= last + rules.max_pause_s - TOL
+                duration >= rules.max_s - TOL or end >= last + rules.max_pause_s - TOL
             ):
-                problems.append(f"{where}: {chars / duration:.1f} characters a second > {rules.max_cps}")
+                fast = f"{where}: {chars / duration:.1f} characters a second > {rules.max_cps}"
+                if not up_to_next:
+                    problems.append(fast)
+                elif duration >= rules.min_s - TOL:  # a short cue is owned once
+                    owned.append(fast)
             at = start
             for w_start, w_end in inside:
                 if w_start - at > rules.max_pause_s + TOL:
@@ -150,4 +188,6 @@ def check(path: Path) -> list[str]:
                 at = max(at, w_end)
             if inside and end - at > rules.max_pause_s + TOL:
                 problems.append(f"{where}: stays {end - at:.2f} s after the last word")
+    if noted is not None and len(owned) > noted:
+        problems += [f"{line} (the run's notes count {noted} such cue(s))" for line in owned]
     return problems

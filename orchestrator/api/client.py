@@ -82,8 +82,10 @@ class Client:
         return np.asarray([r.embedding for r in rows], dtype=np.float32)
 
     # -- jobs --------------------------------------------------------------------
-    def submit_job(self, paths: str | list[str]) -> JobRecord:
-        body = JobRequest(paths=[paths] if isinstance(paths, str) else list(paths))
+    def submit_job(self, paths: str | list[str], vocabulary: list[str] | None = None) -> JobRecord:
+        body = JobRequest(
+            paths=[paths] if isinstance(paths, str) else list(paths), vocabulary=vocabulary or []
+        )
         return JobRecord.model_validate_json(self._call("POST", "/v1/jobs", json=body.model_dump()).content)
 
     def job(self, job_id: str) -> JobRecord:

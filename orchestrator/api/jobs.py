@@ -35,8 +35,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from contracts import ItemResult, load_model, save_model
-from contracts.api import FINISHED, JOB_ID, JobInput, JobRecord, JobReport
+from contracts.api import FINISHED, JOB_ID, CancelAsked, JobInput, JobRecord, JobReport
 from contracts.errors import ApiError, ArtifactError, PipelineError
+from contracts.jsonl import repair_tail
 from contracts.report import RunReport
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.pipeline import Orchestrator
@@ -47,6 +48,8 @@ from orchestrator.settings import Settings
 log = logging.getLogger(__name__)
 
 JOB_FILE = "job.json"
+#: written beside the record when a running job's cancel is asked (the cancel outlives a restart)
+CANCEL_FILE = "cancel.json"
 PROGRESS_FILE = "progress.jsonl"
 #: where a transcription's uploaded file is kept (inside its job's folder; the job's only read root)
 UPLOAD_DIR = "upload"
@@ -356,6 +359,8 @@ class JobQueue:
                     continue
                 self._records[record.id] = record
                 self._replay(record.id)
+                if record.status in ("queued", "running") and self._cancel_asked(record.id):
+                    continue
                 if record.status in ("queued", "running"):
                     self._queue.append(record.id)
                     log.info(
@@ -367,18 +372,42 @@ class JobQueue:
         self._thread = threading.Thread(target=self._loop, name="jobs", daemon=True)
         self._thread.start()
 
+    def _cancel_asked(self, job_id: str) -> bool:
+        """An unfinished job whose cancel was asked before the server stopped: cancelled now (and deleted
+        where the cancel asked for it), not run again. False when no cancel was asked."""
+        path = self.directory / job_id / CANCEL_FILE
+        if not path.exists():
+            return False
+        try:
+            asked = load_model(path, CancelAsked)
+        except ArtifactError as exc:
+            log.warning("job %s: a cancel was asked (%s); cancelling it", job_id, exc)
+            asked = CancelAsked()
+        self._update(
+            job_id,
+            status="cancelled",
+            stage=None,
+            finished_at=datetime.now(UTC),
+            error="cancelled (DELETE) while it ran, before the server stopped",
+        )
+        log.info("job %s: cancelled before the server stopped; not run again", job_id)
+        if asked.delete_outputs:
+            self._delete(job_id)
+        return True
+
     def _replay(self, job_id: str) -> None:
         """Apply the progress appended after the record was last written."""
         path = self.directory / job_id / PROGRESS_FILE
         if not path.exists():
             return
+        repair_tail(path)  # a line torn by a kill ends here: the job's next line starts a line of its own
         for number, text in enumerate(path.read_text().splitlines(), 1):
             try:
                 self._apply(job_id, json.loads(text))
             except (ValueError, KeyError, TypeError):
                 log.warning("job %s: ignoring line %d of %s (cut short?)", job_id, number, path)
 
-    def submit(self, paths: list[str]) -> JobRecord:
+    def submit(self, paths: list[str], vocabulary: list[str] | None = None) -> JobRecord:
         """Queue the files and directories ``paths`` names (see :func:`confine`); inputs that cannot be read
         fail alone when the job runs."""
         s = self.settings
@@ -395,7 +424,7 @@ class JobQueue:
         files = 0
         for path in confined:
             files += count_files(path, s.input_roots, s.job_max_files - files)
-        return self._enqueue(confined, kind="job")
+        return self._enqueue(confined, kind="job", vocabulary=list(vocabulary or []))
 
     def submit_upload(self, directory: Path, language: str | None, prompt: str | None) -> JobRecord:
         """Queue one uploaded file (``directory`` holds it, inside the job's own folder)."""
@@ -488,6 +517,8 @@ class JobQueue:
                 log.info("job %s: cancelled before it started", job_id)
             elif self._running == job_id:
                 self._cancelled[job_id] = delete_outputs
+                # on disk too: a server stopped before the job does must not run it again when it starts
+                save_model(CancelAsked(delete_outputs=delete_outputs), self.directory / job_id / CANCEL_FILE)
                 current = self._current
                 log.info("job %s: cancel asked; its children finish their current item", job_id)
                 if current is not None:
@@ -514,27 +545,31 @@ class JobQueue:
         if record is not None and record.status in FINISHED:
             self._delete(job_id)
 
+    def _retention(self) -> dict[str, tuple[float, str]]:
+        """Per kind of job: seconds a finished one is kept (0: forever) and the setting that says so."""
+        s = self.settings
+        return {
+            "job": (s.job_retention_s, "PIPELINE_JOB_RETENTION_S"),
+            "transcription": (s.transcription_retention_s, "PIPELINE_TRANSCRIPTION_RETENTION_S"),
+        }
+
     def expire(self) -> int:
-        """Delete the finished jobs older than ``job_retention_s`` (their outputs too); how many."""
-        retention = self.settings.job_retention_s
-        if not retention:
-            return 0
+        """Delete the finished jobs older than ``job_retention_s`` and the finished transcriptions nobody
+        collected older than ``transcription_retention_s`` (their outputs too); how many."""
+        retention = self._retention()
         now = datetime.now(UTC)
         with self._cond:
             old = [
-                r.id
+                r
                 for r in self._records.values()
                 if r.status in FINISHED
-                and r.kind == "job"
-                and (now - (r.finished_at or r.created_at)).total_seconds() > retention
+                and retention[r.kind][0]
+                and (now - (r.finished_at or r.created_at)).total_seconds() > retention[r.kind][0]
             ]
-        for job_id in old:
-            log.info(
-                "job %s: finished more than %.0f s ago (PIPELINE_JOB_RETENTION_S); deleting it",
-                job_id,
-                retention,
-            )
-            self._delete(job_id)
+        for record in old:
+            seconds, name = retention[record.kind]
+            log.info("job %s: finished more than %.0f s ago (%s); deleting it", record.id, seconds, name)
+            self._delete(record.id)
         return len(old)
 
     def close(self) -> None:
@@ -553,8 +588,8 @@ class JobQueue:
             self._lock = None
 
     def _loop(self) -> None:
-        retention = self.settings.job_retention_s
-        sweep = min(60.0, retention / 2) if retention else None
+        kept = [seconds for seconds, _ in self._retention().values() if seconds]
+        sweep = min(60.0, min(kept) / 2) if kept else None
         while True:
             with self._cond:
                 while not self._queue and not self._closing:
@@ -582,6 +617,7 @@ class JobQueue:
     def _after(self, job_id: str) -> None:
         self._notify(job_id)
         delete = self._cancelled.pop(job_id, None)
+        (self.directory / job_id / CANCEL_FILE).unlink(missing_ok=True)  # the job has stopped
         if delete:
             self._delete(job_id)
         self.expire()
@@ -603,6 +639,7 @@ class JobQueue:
             read_roots=roots,
             **({"asr_language": record.language} if record.language else {}),
             **({"asr_prompt": record.prompt} if record.prompt else {}),
+            **({"asr_hotwords": record.vocabulary} if record.vocabulary else {}),
         )
         orchestrator = Orchestrator(settings)
         with self._cond:
@@ -624,6 +661,23 @@ class JobQueue:
         """The job's inputs are the run report's (one per input the run planned, its status, stages and
         reason), plus a failed one per submitted path refused when the job started."""
         record = self.get(job_id)
+        found = list(report.inputs if report else [])
+        if record.kind == "job":
+            # a link added to a submitted folder after submission, to a place outside the roots, was never
+            # read (the audio stage is confined); neither is its name shown, nor anything below it
+            real_roots = [Path(os.path.realpath(root)) for root in self.settings.input_roots]
+            kept = [
+                i
+                for i in found
+                if i.source in record.paths
+                or any(_inside(Path(os.path.realpath(i.source)), root) for root in real_roots)
+            ]
+            if len(kept) < len(found):
+                refused["(links added after submission)"] = (
+                    f"{len(found) - len(kept)} file(s) below the submitted folders resolve outside the allowed "
+                    "input roots (linked there after submission); left out unread"
+                )
+            found = kept
         inputs = [
             JobInput(
                 id=i.id,
@@ -632,7 +686,7 @@ class JobQueue:
                 error=i.error,
                 stages={name: st.status for name, st in i.stages.items()},
             )
-            for i in (report.inputs if report else [])
+            for i in found
         ]
         for path, why in refused.items():
             inputs.append(

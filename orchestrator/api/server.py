@@ -365,7 +365,7 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
     )
     async def submit_job(body: JobRequest) -> JobRecord:
         """Queue files or directories (inside the server's input roots) for transcription and embeddings."""
-        return await asyncio.to_thread(jobs.submit, body.paths)
+        return await asyncio.to_thread(jobs.submit, body.paths, body.vocabulary)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobRecord, responses=ERRORS)
     async def get_job(job_id: str) -> JobRecord:

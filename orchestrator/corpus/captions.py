@@ -3,15 +3,18 @@
 The rules (``CaptionRules``, from the ``caption_*`` settings) follow common broadcast guidelines:
 at most 42 characters a line and 2 lines, at most 17 characters a second (20 for a faster profile),
 0.833 s to 7 s on screen, 2 frames at 25 fps between cues. Cues end at sentence ends and speaker
-changes in preference to anywhere else, a cue never holds two speakers, and a cue is never on screen
-over a pause longer than ``max_pause_s``. Chinese, Japanese and Korean get their own line length and
-reading speed (:data:`SCRIPT_LIMITS`), and Chinese and Japanese words are joined without spaces.
+changes in preference to anywhere else, a cue holds one speaker (two only in a rapid exchange: a dash
+per speaker line), and a cue is never on screen over a pause longer than ``max_pause_s``. Chinese,
+Japanese and Korean get their own line length and reading speed (:data:`SCRIPT_LIMITS`), and Chinese
+and Japanese words are joined without spaces.
 
 How: the words of each block (one speaker, no long pause inside) are cut into cues by dynamic
 programming over the cut points (hard: the text fits the lines, the words fit ``max_s``; costs: a cut
 that is not at a sentence end, reading speed above the limit, a cue shorter than the minimum), each
 cue's text is broken into balanced lines, and its time on screen is stretched towards what reading
-needs, within the next cue's start less the gap, ``max_pause_s`` after its last word and ``max_s``.
+needs, within the next cue's start less the gap, ``max_pause_s`` after its last word, ``max_s`` and the
+end of the audio. A cue still too short or too fast to read joins a neighbour or appears earlier
+(:func:`cues`); one that cannot is :attr:`Cue.tight`, counted in one note of the run (:func:`tight_note`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class CaptionRules:
     max_cps: float = 17.0
     min_gap_s: float = 2 / 25
     max_pause_s: float = 1.5
+    lead_s: float = 0.5
 
     @classmethod
     def from_settings(cls, settings) -> CaptionRules:
@@ -65,6 +69,7 @@ class CaptionRules:
             max_cps=settings.caption_max_cps,
             min_gap_s=settings.caption_min_gap_frames / settings.caption_fps,
             max_pause_s=settings.caption_max_pause_s,
+            lead_s=settings.caption_lead_s,
         )
 
     def for_language(self, language: str | None) -> CaptionRules:
@@ -80,8 +85,12 @@ class Cue:
     start: float
     end: float
     speaker: str | None
-    #: the lines as shown (the speaker label on the first), joined with "\n"
+    #: the lines as shown (the speaker label on the first; a two-speaker cue: "- " and no label on each
+    #: speaker's line), joined with "\n"
     text: str
+    #: shorter than the minimum or faster than the reading speed: its words and the gaps around it allow
+    #: no better (counted in the run's notes)
+    tight: bool = False
 
 
 @dataclass(frozen=True)
@@ -239,8 +248,90 @@ def _block_cues(
     return out[::-1]
 
 
+@dataclass
+class _Draft:
+    """A cue before its time on screen is set: its words' span, speaker(s), text and lines."""
+
+    start: float
+    end: float
+    speaker: str | None
+    #: the words as spoken, without a label
+    text: str
+    lines: list[str]
+    #: two speakers, a dash per line: joined no further
+    dash: bool = False
+
+    @property
+    def chars(self) -> int:
+        return sum(map(len, self.lines))
+
+
+def _speakers(speaker: str | None) -> list[str]:
+    return speaker.split(" + ") if speaker else []
+
+
+def _joined(a: _Draft, b: _Draft, rules: CaptionRules, space: bool) -> _Draft | None:
+    """``a`` and ``b`` (``b`` next) as one cue, or None where no cue can hold them: one speaker's (or
+    overlapping voices') words on the lines of one cue, two speakers' as a dash per speaker line (the
+    broadcast form of a two-speaker cue, each speaker's words on one line)."""
+    if a.dash or b.dash or b.end - a.start > rules.max_s or b.start - a.end > rules.max_pause_s:
+        return None
+    sa, sb = _speakers(a.speaker), _speakers(b.speaker)
+    if sa != sb and not (sa and sb):  # a labelled cue and an unlabelled one: no cue says who spoke
+        return None
+    if sa == sb or set(sa) & set(sb):
+        speaker = " + ".join(dict.fromkeys(sa + sb)) or None
+        text = _join([a.text, b.text], space)
+        words = ([label(speaker)] if speaker else []) + (text.split(" ") if space else [text])
+        lines = break_lines(words, rules, space)
+        if lines is None or any(len(line) > rules.line_chars for line in lines):
+            return None
+        return _Draft(a.start, max(a.end, b.end), speaker, text, lines)
+    lines = [f"- {a.text}", f"- {b.text}"]
+    if rules.lines < 2 or any(len(line) > rules.line_chars for line in lines):
+        return None
+    return _Draft(a.start, max(a.end, b.end), f"{a.speaker} + {b.speaker}", "", lines, dash=True)
+
+
+def _timed(
+    draft: _Draft, prev_end: float | None, next_start: float | None, rules: CaptionRules
+) -> tuple[float, float]:
+    """The draft's time on screen: from its first word (after the previous cue and the gap) for as long
+    as reading needs, within a pause after its last word, ``max_s`` and the next cue less the gap; a cue
+    still too short or too fast for reading (:func:`_tight`) appears earlier, in the silence before its
+    first word (``lead_s``)."""
+    start = draft.start if prev_end is None else max(draft.start, prev_end + rules.min_gap_s)
+    need = max(rules.min_s, draft.chars / rules.max_cps)
+    end = max(draft.end, min(start + need, draft.end + rules.max_pause_s))
+    end = min(end, start + rules.max_s)
+    if next_start is not None:
+        end = min(end, next_start - rules.min_gap_s)
+    if _tight(draft, start, end, rules):
+        floor = max(0.0, draft.start - rules.lead_s)
+        if prev_end is not None:
+            floor = max(floor, prev_end + rules.min_gap_s)
+        start = min(start, max(end - need, floor))
+    end = max(end, start + min(rules.min_s, 0.2))  # overlapping speech: the next cue moves instead
+    return start, end
+
+
+def _tight(draft: _Draft, start: float, end: float, rules: CaptionRules) -> bool:
+    """Shorter than the minimum, or faster than the reading speed where it could have stayed longer
+    (it ends before ``max_s`` and before a pause's length after its last word)."""
+    shown = end - start
+    if shown < rules.min_s - 1e-3:
+        return True
+    fast = draft.chars / max(shown, 1e-3) > rules.max_cps + 0.05
+    return fast and shown < rules.max_s - 1e-3 and end < draft.end + rules.max_pause_s - 1e-3
+
+
 def cues(transcript: TranscriptArtifact, rules: CaptionRules | None = None) -> list[Cue]:
-    """The transcript's caption cues under ``rules`` (default: the defaults), in time order."""
+    """The transcript's caption cues under ``rules`` (default: the defaults), in time order.
+
+    A cue too short, or too fast to read, in the time its words and the cues around it leave (a rapid
+    exchange, a word said over another voice) is joined with the next cue or the previous one where one
+    cue can hold both (two speakers: a dash per speaker line), else it appears earlier, in the silence
+    before its words. One that still breaks the rules is :attr:`Cue.tight` (see :func:`tight_note`)."""
     rules = (rules or CaptionRules()).for_language(transcript.language)
     space = spaced(transcript.language)
     # blocks: one speaker, no pause longer than max_pause_s inside
@@ -256,23 +347,68 @@ def cues(transcript: TranscriptArtifact, rules: CaptionRules | None = None) -> l
             else:
                 blocks.append((seg.speaker, [tok]))
     blocks.sort(key=lambda b: b[1][0].start)
-    raw: list[tuple[float, float, str | None, list[str], int]] = []
+    drafts: list[_Draft] = []
     for n, (speaker, block) in enumerate(blocks):
         follows = blocks[n + 1][1][0].start if n + 1 < len(blocks) else None
         for toks, lines in _block_cues(block, speaker, rules, space, follows):
-            raw.append((toks[0].start, toks[-1].end, speaker, lines, sum(map(len, lines))))
-    raw.sort(key=lambda c: (c[0], c[1]))
-    out: list[Cue] = []
-    prev_end = None
-    for n, (start, speech_end, speaker, lines, chars) in enumerate(raw):
-        if prev_end is not None:
-            start = max(start, prev_end + rules.min_gap_s)
-        want = start + max(rules.min_s, chars / rules.max_cps)
-        end = max(speech_end, min(want, speech_end + rules.max_pause_s))
-        end = min(end, start + rules.max_s)
-        if n + 1 < len(raw):
-            end = min(end, raw[n + 1][0] - rules.min_gap_s)
-        end = max(end, start + min(rules.min_s, 0.2))  # overlapping speech: the next cue moves instead
-        out.append(Cue(round(start, 3), round(end, 3), speaker, "\n".join(lines)))
-        prev_end = round(end, 3)
+            text = _join([t.text for t in toks], space)
+            drafts.append(_Draft(toks[0].start, toks[-1].end, speaker, text, lines))
+    drafts.sort(key=lambda d: (d.start, d.end))
+    done: list[tuple[_Draft, float, float]] = []
+    # the end of the audio: no cue stays on screen after it (as if a cue came there, less the gap), unless
+    # its own words do (timing the audio's duration contradicts)
+    ends = max((d.end for d in drafts), default=0.0)
+    after = max(transcript.duration_s, ends) + rules.min_gap_s if transcript.duration_s else None
+
+    def better(joined: _Draft | None, at: int, short: bool) -> bool:
+        """``joined`` (in place of the drafts from ``at`` on) keeps the rules, or is no longer too short
+        where the draft it replaces was."""
+        if joined is None:
+            return False
+        later = next((d.start for d in drafts[at:] if d.start >= joined.end), after)
+        before = round(done[-1][2], 3) if done else None
+        start, end = _timed(joined, before, later, rules)
+        return not _tight(joined, start, end, rules) or (short and end - start >= rules.min_s - 1e-3)
+
+    n = 0
+    while n < len(drafts):
+        draft = drafts[n]
+        prev_end = round(done[-1][2], 3) if done else None
+        nxt = drafts[n + 1] if n + 1 < len(drafts) else None
+        start, end = _timed(draft, prev_end, nxt.start if nxt else after, rules)
+        if _tight(draft, start, end, rules):
+            short = end - start < rules.min_s - 1e-3
+            with_next = _joined(draft, nxt, rules, space) if nxt is not None else None
+            if better(with_next, n + 2, short):
+                drafts[n : n + 2] = [with_next]
+                continue
+            if done:
+                last = done.pop()
+                with_prev = _joined(last[0], draft, rules, space)
+                if better(with_prev, n + 1, short):
+                    drafts[n] = with_prev
+                    continue
+                done.append(last)
+        done.append((draft, start, end))
+        n += 1
+    out = []
+    for d, start, end in done:
+        if transcript.duration_s:
+            end = min(end, max(transcript.duration_s, d.end))
+            start = min(start, end)
+        out.append(
+            Cue(round(start, 3), round(end, 3), d.speaker, "\n".join(d.lines), _tight(d, start, end, rules))
+        )
     return out
+
+
+def tight_note(cues: list[Cue], rules: CaptionRules) -> str | None:
+    """The run's note on the cues that break the time rules (:attr:`Cue.tight`), or None when none does."""
+    count = sum(c.tight for c in cues)
+    if not count:
+        return None
+    return (
+        f"captions: {count} of {len(cues)} cue(s) shorter than {rules.min_s:g} s or faster than "
+        f"{rules.max_cps:g} characters a second: the words come faster than that there, and no cue "
+        "around them could hold them too"
+    )

@@ -17,14 +17,15 @@ from pathlib import Path
 
 from contracts import DiarizationArtifact, TranscriptArtifact, load_artifact
 from contracts.artifacts import SpeakerEmbeddingsArtifact
-from contracts.errors import PipelineError
-from contracts.io import atomic_write_text
+from contracts.errors import DiskFullError, PipelineError
+from contracts.io import atomic_write_text, is_disk_full
 from contracts.jsonl import iter_lines
 from orchestrator import layout
 from orchestrator.corpus.captions import CaptionRules
 from orchestrator.corpus.labels import corpus_labels, label_transcript, read_corpus
-from orchestrator.corpus.outputs import Sources, write_formats
+from orchestrator.corpus.outputs import TRANSLATED, Sources, translated_name, write_formats
 from orchestrator.corpus.page import index_page
+from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.plan import load_ids
 
@@ -66,18 +67,76 @@ def load_sources(
         except ValueError as exc:
             log.warning("%s: speaker names not read: %s", item_id, exc)
     corpus = corpus or {}
-    labelled = label_transcript(transcript, diarization.turns if diarization else None, names, corpus)
-    return Sources(
-        item_id=item_id,
-        transcript=labelled.transcript,
-        rules=rules,
-        diarization=diarization,
-        names=names,
-        corpus=corpus,
-        file_speakers=labelled.file_speakers,
-        corpus_speakers=labelled.corpus_speakers,
-        notes=list(notes or []),
-        audio=audio_href(directory, transcript),
+    turns = diarization.turns if diarization else None
+
+    def sources(track: TranscriptArtifact, languages: list[tuple[str, str | None]]) -> Sources:
+        labelled = label_transcript(track, turns, names, corpus)
+        return Sources(
+            item_id=item_id,
+            transcript=labelled.transcript,
+            rules=rules,
+            diarization=diarization,
+            names=names,
+            corpus=corpus,
+            file_speakers=labelled.file_speakers,
+            corpus_speakers=labelled.corpus_speakers,
+            notes=list(notes or []),
+            audio=audio_href(directory, transcript),
+            languages=languages,
+        )
+
+    if not transcript.translation:
+        return sources(transcript, [])
+    # the English translation (--translate): the same speakers, labels and caption rules; each page links
+    # to the other
+    page = layout.FORMATS["html"]
+    original = f"{transcript.language} (original)"
+    english = transcript.model_copy(
+        update={"segments": transcript.translation, "language": TRANSLATED, "translation": None}
+    )
+    src = sources(transcript, [(original, None), ("English", translated_name(page))])
+    src.translation = sources(english, [(original, page), ("English", None)])
+    return src
+
+
+def page_notes(summary: dict | None) -> list[str]:
+    """The notes an input's page and document show, from its journal summary (what ``process`` wrote them
+    with): the plan's (a source given twice), the run's, then the model substitutions."""
+    summary = summary if isinstance(summary, dict) else {}
+    return [
+        str(n)
+        for key in ("plan_notes", "notes", "substitutions")
+        for n in (summary.get(key) if isinstance(summary.get(key), list) else [])
+    ]
+
+
+def record_written(journal: Journal, item_id: str, event: dict, files: dict[str, str]) -> None:
+    """An input whose files were written again (``files``: name -> path) into the journal as ``process``
+    records its outputs: its last completed event (``event``) with the new files' sizes and times, so the
+    next run still finds it complete and keeps these files. Nothing is recorded without such an event
+    (the next run then checks the artifacts the full way)."""
+    if not event or not isinstance(event.get("files"), dict):
+        return
+    stats = dict(event["files"])
+    summary = dict(event["summary"]) if isinstance(event.get("summary"), dict) else {}
+    outputs = dict(summary.get("outputs") or {})
+    for file_name, path in files.items():
+        path = Path(path)
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        stats[path.name] = [st.st_size, st.st_mtime_ns]
+        outputs[file_name] = str(path)
+    summary["outputs"] = outputs
+    journal.record(
+        item_id, "outputs", "ok", fingerprint=event.get("fingerprint"), files=stats, summary=summary
+    )
+
+
+def journal_for(out: Path, command: str) -> Journal:
+    return Journal(
+        layout.path(out, layout.JOURNAL), f"{command}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     )
 
 
@@ -155,14 +214,19 @@ class ExportResult:
 
 def export(settings, formats: list[str], only: list[str] | None = None) -> ExportResult:
     """Write ``formats`` for the inputs of ``settings.output_dir`` (``only``: these ids or sources) with the
-    current caption settings; then the index. Holds the output folder's lock (one writer at a time)."""
+    current caption settings and each input's notes from the journal; record what was written in the
+    journal (the next ``process`` keeps these files); then the index. Holds the output folder's lock (one
+    writer at a time). A full disk stops it (:class:`DiskFullError`: the inputs written so far are
+    recorded); a damaged ``speakers.json`` is an :class:`ArtifactError` before anything is written."""
     out = Path(settings.output_dir)
     started = time.perf_counter()
     result = ExportResult()
     rules = CaptionRules.from_settings(settings)
     with OutputLock(out, wait=settings.wait_for_output):
-        events = outputs_events(layout.path(out, layout.JOURNAL))
         labels = corpus_labels(read_corpus(out))
+        journal = journal_for(out, "export")
+        completed = journal.completed()
+        events = outputs_events(journal.path)
         ids = load_ids(out)
         known = sorted(set(ids.values()) | {i for i in events if isinstance(i, str)})
         if only:
@@ -183,16 +247,29 @@ def export(settings, formats: list[str], only: list[str] | None = None) -> Expor
                 if only:
                     result.failed[item_id] = "no transcript.json (not processed yet, or it failed)"
                 continue
-            summary = (events.get(item_id) or {}).get("summary") or {}
-            notes = [*(summary.get("notes") or []), *(summary.get("substitutions") or [])]
+            done = completed.pop(item_id, None)
+            # its last completed run, unless a later one failed (that run's state is not this event's)
+            last_ok = (events.get(item_id) or {}).get("status") == "ok"
+            event = done.event() if done and last_ok else {}
             try:
-                src = load_sources(directory, item_id, rules, notes, corpus=labels.get(item_id))
-                result.files += len(write_formats(directory, src, formats))
+                src = load_sources(
+                    directory, item_id, rules, page_notes(event.get("summary")), corpus=labels.get(item_id)
+                )
+                files = write_formats(directory, src, formats)
             except (PipelineError, OSError, ValueError) as exc:
+                if is_disk_full(exc):
+                    raise DiskFullError(str(exc)) from None
                 result.failed[item_id] = str(exc)
                 log.warning("%s: %s", item_id, exc)
                 continue
+            result.files += len(files)
             result.written += 1
-        write_index(out, events)
+            record_written(journal, item_id, event, files)
+        try:
+            write_index(out, events)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise DiskFullError(str(exc)) from None
+            raise
     result.seconds = time.perf_counter() - started
     return result

@@ -17,7 +17,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 from contracts import DiarizationArtifact, EmbeddingsArtifact, TranscriptArtifact
-from contracts.io import atomic_write_bytes, atomic_write_text
+from contracts.io import atomic_write_bytes, atomic_write_text, save_model
 from orchestrator import layout
 from orchestrator.corpus.captions import CaptionRules, Cue, cues, label, spaced
 from orchestrator.corpus.labels import caption_segments
@@ -57,6 +57,10 @@ class Sources:
     #: the input's status in the output folder's index
     status: str = "ok"
     source: str = ""
+    #: the English translation's sources (``--translate``; None: none), written as ``transcript.en.*``
+    translation: Sources | None = None
+    #: the transcript page's language switch: (label, link; None for this page), empty: no switch
+    languages: list[tuple[str, str | None]] = field(default_factory=list)
 
     @cached_property
     def cues(self) -> list[Cue]:
@@ -359,17 +363,37 @@ RENDER = {
 assert set(RENDER) == set(FORMATS)
 
 
+#: the formats also written for the English translation (``transcript.en.srt``, ...), with its JSON
+TRANSLATED_FORMATS = ("srt", "vtt", "txt", "html")
+#: the translation's files are the original's with this before their extensions
+TRANSLATED = "en"
+
+
+def translated_name(name: str) -> str:
+    """``transcript.srt`` -> ``transcript.en.srt``: the English translation's file beside the original's."""
+    return name.replace("transcript.", f"transcript.{TRANSLATED}.", 1)
+
+
 def write_formats(directory: Path, src: Sources, formats: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """Write ``formats`` of ``src`` into ``directory`` (atomic writes); return file name -> path."""
+    """Write ``formats`` of ``src`` into ``directory`` (atomic writes), and of its English translation where
+    there is one (``transcript.en.json`` and the formats of :data:`TRANSLATED_FORMATS`, same rules and
+    speakers); return file name -> path."""
     written = {}
-    for name in formats:
-        data = RENDER[name](src)
-        path = directory / layout.FORMATS[name]
-        if isinstance(data, bytes):
-            atomic_write_bytes(path, data)
-        else:
-            atomic_write_text(path, data)
+    tracks = [(src, formats, lambda name: name)]
+    if src.translation is not None:
+        english = src.translation
+        path = save_model(english.transcript, directory / translated_name("transcript.json"))
         written[path.name] = str(path)
+        tracks.append((english, [f for f in formats if f in TRANSLATED_FORMATS], translated_name))
+    for track, names, rename in tracks:
+        for name in names:
+            data = RENDER[name](track)
+            path = directory / rename(layout.FORMATS[name])
+            if isinstance(data, bytes):
+                atomic_write_bytes(path, data)
+            else:
+                atomic_write_text(path, data)
+            written[path.name] = str(path)
     return written
 
 

@@ -121,6 +121,11 @@ def transcript_page(src) -> str:
         else '<p class="notes">No audio found for this input: the words cannot play.</p>'
     )
     items = "".join(f"<li>{escape(n)}</li>" for n in notes(src))
+    switch = " · ".join(
+        f'<a href="{escape(quote(href))}">{escape(name)}</a>' if href else f"<b>{escape(name)}</b>"
+        for name, href in src.languages
+    )
+    switch = f'<nav class="languages">{switch}</nav>\n' if switch else ""
     legend = (
         f'<p class="legend">{len(src.speakers())} speaker(s); '
         f'<span class="w low">underlined</span> words ({low}) scored below {LOW_SCORE:.1f}; '
@@ -130,7 +135,7 @@ def transcript_page(src) -> str:
         f'<!DOCTYPE html>\n<html lang="{escape(t.language or "und")}"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>{escape(src.item_id)}</title><style>{_STYLE}</style></head>\n<body>\n"
-        f'<h1>{escape(src.item_id)}</h1>\n<ul class="notes">{items}</ul>\n{legend}\n{audio}\n'
+        f'<h1>{escape(src.item_id)}</h1>\n{switch}<ul class="notes">{items}</ul>\n{legend}\n{audio}\n'
         f'<main id="text">\n{body or "<p>No speech was transcribed.</p>"}\n</main>\n'
         f"<script>{_SCRIPT}</script>\n</body></html>\n"
     )

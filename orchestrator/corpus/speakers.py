@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from contracts import (
     ProfileClip,
     VoiceProfile,
     load_artifact,
+    load_model,
     save_model,
 )
 from contracts.artifacts import SpeakerEmbeddingsArtifact
@@ -41,10 +41,9 @@ from contracts.io import sha256_file
 from contracts.stage_settings import DEFAULT_THRESHOLDS
 from orchestrator import layout
 from orchestrator.corpus.captions import CaptionRules
-from orchestrator.corpus.export import load_sources
+from orchestrator.corpus.export import journal_for, load_sources, page_notes, record_written
 from orchestrator.corpus.labels import corpus_labels, overlap_spans, read_corpus
 from orchestrator.corpus.outputs import write_formats, write_outputs
-from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.plan import load_ids
 
@@ -359,9 +358,7 @@ def rewrite(settings, out: Path, item_ids: set[str] | list[str], corpus: CorpusS
 
     labels = corpus_labels(corpus if corpus is not None else read_corpus(out))
     rules = CaptionRules.from_settings(settings)
-    journal = Journal(
-        layout.path(out, layout.JOURNAL), f"speakers-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    )
+    journal = journal_for(out, "speakers")
     completed = journal.completed() if item_ids else {}
     written = 0
     for item_id in sorted(item_ids):
@@ -369,10 +366,10 @@ def rewrite(settings, out: Path, item_ids: set[str] | list[str], corpus: CorpusS
         if not (directory / "transcript.json").exists():
             continue
         event = completed[item_id].event() if item_id in completed else {}
-        summary = event.get("summary") if isinstance(event.get("summary"), dict) else {}
-        notes = [*(summary.get("notes") or []), *(summary.get("substitutions") or [])]
         try:
-            src = load_sources(directory, item_id, rules, notes, corpus=labels.get(item_id))
+            src = load_sources(
+                directory, item_id, rules, page_notes(event.get("summary")), corpus=labels.get(item_id)
+            )
             formats = [name for name, file in layout.FORMATS.items() if (directory / file).exists()]
             if (directory / "segments.jsonl").exists() and (directory / "embeddings.json").exists():
                 embeddings = load_artifact(directory / "embeddings.json", EmbeddingsArtifact)
@@ -384,16 +381,7 @@ def rewrite(settings, out: Path, item_ids: set[str] | list[str], corpus: CorpusS
             log.warning("%s: files not written again: %s", item_id, exc)
             continue
         written += 1
-        if event and isinstance(event.get("files"), dict):
-            stats = dict(event["files"])
-            for path in files.values():
-                path = Path(path)
-                if path.name in stats and path.exists():
-                    st = path.stat()
-                    stats[path.name] = [st.st_size, st.st_mtime_ns]
-            journal.record(
-                item_id, "outputs", "ok", fingerprint=event.get("fingerprint"), files=stats, summary=summary
-            )
+        record_written(journal, item_id, event, files)
     return written
 
 
@@ -529,11 +517,41 @@ class Named:
     speaker: CorpusSpeaker
     profile: Path | None
     rewritten: int
+    #: profiles this naming removed or replaced (the speaker's own under its former name, or with --force)
+    replaced: list[Path] = field(default_factory=list)
 
 
-def name(settings, out: Path, sid: str, new_name: str, profile: bool = True) -> Named:
+def _profiles(directory: Path) -> list[tuple[Path, VoiceProfile]]:
+    """The readable voice profiles of ``directory`` (others are left alone, and logged)."""
+    found = []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        try:
+            found.append((path, load_model(path, VoiceProfile)))
+        except PipelineError as exc:
+            log.warning("voice profile not read: %s", exc)
+    return found
+
+
+def _own_profile(out: Path, corpus: CorpusSpeakers, speaker: CorpusSpeaker, profile: VoiceProfile) -> bool:
+    """``profile`` was written by ``speakers name`` for this corpus speaker of this output folder (or one
+    merged into it), not enrolled from clips, nor another folder's speaker."""
+    root = out.resolve()
+    return corpus.merged.get(profile.item_id, profile.item_id) == speaker.id and all(
+        Path(c.path.split("#", 1)[0]).is_relative_to(root) for c in profile.clips
+    )
+
+
+def _describe(path: Path, profile: VoiceProfile) -> str:
+    clips = len(profile.clips)
+    return f"{path} ({profile.name!r}, {clips} clip{'s' if clips != 1 else ''})"
+
+
+def name(settings, out: Path, sid: str, new_name: str, profile: bool = True, force: bool = False) -> Named:
     """``pipeline speakers name OUT S0007 "Dr. Lee"``: the name on every file the speaker is in, and a voice
-    profile ``PROFILES_DIR/<name>.json`` from its voices (``profile``: when a profiles directory is set)."""
+    profile ``PROFILES_DIR/<file stem of the name>.json`` from its voices (``profile``: when a profiles
+    directory is set). Another profile of that name (an enrolled one, another folder's speaker's) or in
+    that file is replaced only with ``force``: else a :class:`SettingsError` says which it would replace.
+    The speaker's own profile under a former name is removed once the new one is written."""
     from orchestrator.corpus.enroll import profile_file_name
 
     new_name = new_name.strip()
@@ -548,16 +566,37 @@ def name(settings, out: Path, sid: str, new_name: str, profile: bool = True) -> 
                 f"{taken[0]} is already named {new_name!r}: merge them "
                 f"(`pipeline speakers merge {out} {taken[0]} {speaker.id}`) or choose another name"
             )
+        path, stale, replaced = None, [], []
+        if profile and settings.profiles_dir is not None:
+            directory = Path(settings.profiles_dir)
+            path = directory / f"{profile_file_name(new_name)}.json"
+            existing = _profiles(directory)
+            own = [p for p, prof in existing if _own_profile(out, corpus, speaker, prof)]
+            others = [
+                (p, prof)
+                for p, prof in existing
+                if p not in own and (prof.name == new_name or p.name == path.name)
+            ]
+            if others and not force:
+                raise SettingsError(
+                    f"naming {speaker.id} {new_name!r} would replace voice profile "
+                    f"{'; '.join(_describe(p, prof) for p, prof in others)}: pass --force to replace it, "
+                    "or choose another name"
+                )
+            stale = [p for p in [*own, *(p for p, _ in others)] if p != path]
+            replaced = [p for p in own if p != path] + [p for p, _ in others]
         speaker = speaker.model_copy(update={"name": new_name})
         corpus = _replace(corpus, speaker)
-        path = None
-        if profile and settings.profiles_dir is not None:
-            path = Path(settings.profiles_dir) / f"{profile_file_name(new_name)}.json"
+        if path is not None:
+            # the new profile first: a failure after it leaves two profiles, never none
             save_model(voice_profile(out, corpus, speaker, settings.speaker_threshold), path)
             log.info("%s: voice profile %s", speaker.id, path)
+            for old in stale:
+                old.unlink(missing_ok=True)
+                log.info("%s: voice profile %s removed (replaced by %s)", speaker.id, old, path)
         save_corpus(out, corpus)
         rewritten = rewrite(settings, out, {m.item_id for m in speaker.members}, corpus)
-    return Named(speaker, path, rewritten)
+    return Named(speaker, path, rewritten, replaced)
 
 
 def voice_profile(

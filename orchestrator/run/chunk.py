@@ -25,6 +25,7 @@ from contracts.errors import DiskFullError, PipelineError
 from contracts.report import ItemStage, StageRun
 from orchestrator.registry import StageSpec
 from orchestrator.run.finish import Corpus, finish, place_speakers
+from orchestrator.run.groups import with_groups
 from orchestrator.run.journal import Journal
 from orchestrator.run.models import actual_model, aligner_ran
 from orchestrator.run.needs import REUSED, Resume, completion, stages_needed, work_item
@@ -81,7 +82,7 @@ def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
             # the next stage's child starts importing while this one computes
             next_warm = warm_next(ctx, number, index, chunk, needed)
             # one child over all of them
-            outcomes = run_stage(ctx, number, spec, index, todo, warm)
+            outcomes = run_stage(ctx, number, spec, index, todo, warm, chunk)
             warm = next_warm
             # each outcome into its input's run state and the journal
             record(ctx, spec, todo, outcomes)
@@ -154,13 +155,21 @@ def warm_next(ctx: RunContext, number: int, index: int, chunk: list[InputState],
 
 
 def run_stage(
-    ctx: RunContext, number: int, spec: StageSpec, index: int, todo: list[InputState], warm
+    ctx: RunContext,
+    number: int,
+    spec: StageSpec,
+    index: int,
+    todo: list[InputState],
+    warm,
+    chunk: list[InputState] | None = None,
 ) -> dict[str, ItemOutcome]:
     """Stage ``spec`` over ``todo`` in one child (``warm``, if one was started for it): each input's
     outcome by id; the stage run is kept for the report."""
     previous = ctx.specs[index - 1] if index else None
     ctx.progress.stage_started(number, spec.name, len(todo))
     items = [work_item(spec, inp, previous) for inp in todo]
+    if spec.name == "asr" and ctx.settings.asr_join_inputs:  # each input's join group, decoded whole
+        items = with_groups(items, todo, chunk or todo)
     outcomes, stage_run = ctx.runner.run(
         spec,
         items,
@@ -217,7 +226,6 @@ def finish_inputs(
     the journal with what a rerun needs to reuse it; the progress told of every input not interrupted."""
     for inp in chunk:
         if inp.alive and inp.id not in done:
-            noted = len(inp.notes)
             finish(ctx.settings, inp, labels.get(inp.id))
             ctx.journal.record(
                 inp.id,
@@ -225,7 +233,7 @@ def finish_inputs(
                 "ok" if inp.complete else "failed",
                 fingerprint=ctx.resume.outputs_fingerprint(inp),
                 error=inp.error,
-                **(completion(inp, ctx.specs, inp.notes[noted:]) if inp.complete else {}),
+                **(completion(inp, ctx.specs) if inp.complete else {}),
             )
         if not inp.interrupted:
             ctx.progress.input_finished(inp.complete, inp.duration_s or 0.0)

@@ -19,7 +19,7 @@ from contracts.artifacts import LISTEN_COPY as LISTEN_SCRATCH
 from contracts.errors import DiskFullError, PipelineError
 from contracts.io import is_disk_full
 from orchestrator import layout
-from orchestrator.corpus.captions import CaptionRules
+from orchestrator.corpus.captions import CaptionRules, tight_note
 from orchestrator.corpus.export import load_sources, write_index
 from orchestrator.corpus.labels import overlap_seconds
 from orchestrator.corpus.outputs import write_outputs
@@ -129,6 +129,10 @@ def finish(settings: Settings, inp: InputState, corpus: dict[str, tuple[str, str
             diarization,
             corpus,
         )
+        note = tight_note(src.cues, src.rules.for_language(transcript.language))
+        if note:  # cues the words come too fast for: counted once, on the page and in the report
+            inp.notes.append(note)
+            src.notes.append(note)
         inp.outputs = write_outputs(inp.directory, src, embeddings, vectors, settings.export_formats)
         if settings.output_url:
             _upload(settings, inp)

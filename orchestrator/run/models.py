@@ -46,6 +46,12 @@ TORCHAUDIO_SERVER = "https://download.pytorch.org"
 _ANSWERS: dict[tuple, object] = {}
 
 
+def english_only(model: str) -> bool:
+    """Whether the ASR model named ``model`` is an English-only Whisper by its name (the embedded tiny.en, a
+    ``*.en`` model); the child checks the loaded model again."""
+    return model == "embedded" or model.rstrip("/").endswith(".en")
+
+
 def resolve_models(specs: list[StageSpec], hub: bool) -> dict[str, str]:
     """stage name -> the model it will run (stages without a model are left out)."""
     resolved: dict[str, str] = {}

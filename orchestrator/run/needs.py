@@ -47,6 +47,7 @@ def work_item(spec: StageSpec, inp: InputState, previous: StageSpec | None) -> W
         output=str(inp.artifact(spec.kind)),
         fingerprint=inp.fingerprints[spec.name],
         source_version=inp.planned if previous is None and not inp.url else None,
+        vocabulary=list(inp.plan.vocabulary) if spec.vocabulary else [],
     )
 
 
@@ -223,9 +224,12 @@ class Resume:
         return cache[key]
 
 
-def completion(inp: InputState, specs: list[StageSpec], notes: list[str]) -> dict:
+def completion(inp: InputState, specs: list[StageSpec]) -> dict:
     """What the journal keeps of a completed input so that a rerun can reuse it without reading its
-    artifacts: each kept file's size and modification time, and what the report shows."""
+    artifacts: each kept file's size and modification time, and what the report shows; and every note its
+    page shows, so that ``pipeline export`` writes them again (the plan's apart: a rerun has its own)."""
+    plan_notes = len(inp.plan.notes)
+    notes = inp.notes[plan_notes:]
     files = {}
     for path in [*(inp.artifact(s.kind) for s in specs if s.keep), *map(Path, inp.outputs.values())]:
         try:
@@ -243,6 +247,8 @@ def completion(inp: InputState, specs: list[StageSpec], notes: list[str]) -> dic
         "language": inp.language.model_dump(mode="json") if inp.language else None,
         "text_language": inp.text_language,
     }
+    if plan_notes:
+        summary["plan_notes"] = list(inp.plan.notes)
     return {"files": files, "summary": summary}
 
 

@@ -36,10 +36,11 @@ from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import StageSpec, process_specs
 from orchestrator.run.chunk import RunContext, run_chunk
 from orchestrator.run.finish import write_index
+from orchestrator.run.groups import GROUP_SIZE, plan_groups, whole_group_chunks
 from orchestrator.run.hub import cached_repos, downloads, resolve_hub
 from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
-from orchestrator.run.models import planned, resolve_models
+from orchestrator.run.models import english_only, planned, resolve_models
 from orchestrator.run.needs import OUTPUTS_VERSION, Resume, dry_run
 from orchestrator.run.plan import chain_fingerprints, plan_inputs
 from orchestrator.run.progress import LogProgress, Progress
@@ -89,6 +90,13 @@ class Orchestrator:
         """The stages this run needs, from the registry (``auto`` settings resolved for the GPU at hand), each
         with the model it will run (``orchestrator.run.models``)."""
         specs = process_specs(resolve_auto(self.settings))
+        for spec in specs:  # refused before anything runs: an English-only Whisper cannot translate
+            if getattr(spec.settings, "translate", False) and english_only(spec.settings.model):
+                raise SettingsError(
+                    f"--translate needs a multilingual Whisper, and ASR model {spec.settings.model!r} is "
+                    "English-only: use ASR_MODEL=whisper-base (or another multilingual model), or leave "
+                    "--translate off"
+                )
         models = resolve_models(specs, bool(self.settings.hub))
         return [planned(dataclasses.replace(spec, model=models.get(spec.name))) for spec in specs]
 
@@ -123,11 +131,12 @@ class Orchestrator:
 
         return cluster(self.settings, Path(self.settings.output_dir))
 
-    def name_speaker(self, speaker: str, name: str):
-        """Name corpus speaker ``speaker`` in every file, and write its voice profile into ``profiles_dir``."""
+    def name_speaker(self, speaker: str, name: str, force: bool = False):
+        """Name corpus speaker ``speaker`` in every file, and write its voice profile into ``profiles_dir``
+        (another profile of that name is replaced only with ``force``)."""
         from orchestrator.corpus.speakers import name as run_name
 
-        return run_name(self.settings, Path(self.settings.output_dir), speaker, name)
+        return run_name(self.settings, Path(self.settings.output_dir), speaker, name, force=force)
 
     def merge_speakers(self, keep: str, other: str):
         """``other``'s inputs become ``keep``'s (``pipeline speakers merge``)."""
@@ -166,6 +175,11 @@ class Orchestrator:
             run_dir.mkdir(parents=True, exist_ok=True)
             configure_remote(self.settings)  # planning's calls to URLs use this run's timeouts
             inputs = [InputState(inp) for inp in plan_inputs(paths, out)]
+            if self.settings.asr_join_inputs:  # join groups, fixed and recorded before anything runs
+                size = min(GROUP_SIZE, self.settings.chunk_size)
+                groups = plan_groups(out, [inp.id for inp in inputs], size)
+                for inp in inputs:
+                    inp.group = groups[inp.id]
         except (OSError, DiskFullError) as exc:
             if is_disk_full(exc):
                 raise SettingsError(
@@ -178,7 +192,9 @@ class Orchestrator:
         resume = Resume(self.settings, {} if self.settings.force else journal.completed())
         resumed = sum(resume.resumed(inp) for inp in inputs)
         size = self.settings.chunk_size
-        chunks = [inputs[i : i + size] for i in range(0, len(inputs), size)]
+        chunks = whole_group_chunks(
+            inputs, lambda inp: (inp.group, None) if inp.group else (None, inp.id), size
+        )
         log.info(
             "run %s: %d input(s) in %d chunk(s) of up to %d -> %s",
             run_id,

@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from contracts import SourceVersion
+from contracts.artifacts import VocabularyFile
 from contracts.io import atomic_write_text
 from contracts.models import ALIGNER_BY_LANGUAGE
 from orchestrator import layout
@@ -43,6 +44,8 @@ from orchestrator.run.remote import (
     without_credentials,
 )
 from orchestrator.run.runner import fingerprint
+from orchestrator.run.vocabulary import identity as vocabulary_identity
+from orchestrator.run.vocabulary import vocabulary_files
 
 if TYPE_CHECKING:
     from orchestrator.run.state import InputState
@@ -63,6 +66,8 @@ class Found:
     source: Path | str
     #: (directory argument's name, sub-folders..., stem), or (stem,) for a loose file
     parts: tuple[str, ...]
+    #: the directory argument a local file was found under (where its vocabulary files are looked for up to)
+    root: Path | None = None
 
 
 def find_inputs(
@@ -97,7 +102,7 @@ def find_inputs(
                 out.append(Found(path, (name or "input",)))
             for file in files:
                 rel = file.relative_to(path)
-                out.append(Found(file, (name or "input", *rel.parent.parts, rel.stem)))
+                out.append(Found(file, (name or "input", *rel.parent.parts, rel.stem), root=path))
         else:
             out.append(Found(path, (path.stem,)))
     names = list(dict.fromkeys(shown(p) for p in passed))
@@ -334,6 +339,8 @@ class Input:
     shown_source: str | None = None
     #: what planning noticed (the same source given more than once)
     notes: tuple[str, ...] = ()
+    #: the vocabulary files that apply to it (``orchestrator.run.vocabulary``; local sources only)
+    vocabulary: tuple[VocabularyFile, ...] = ()
 
     @property
     def shown(self) -> str:
@@ -371,6 +378,8 @@ def plan_inputs(
     inputs = []
     for (same, item), item_id in zip(unique.items(), ids):
         inp = _input(item_id, item.source, out, dry)
+        if not is_url(item.source):
+            inp = dataclasses.replace(inp, vocabulary=vocabulary_files(Path(item.source), item.root))
         if same in also:
             others = also[same]
             note = (
@@ -449,6 +458,8 @@ def chain_fingerprints(inp: InputState, specs: list[StageSpec]) -> None:
             upstream = url_identity(inp.url) if inp.url else _source_identity(inp)
         else:
             upstream = "|".join(f"skipped:{k}" if k in inp.skipped else by_key[k] for k in keys)
+        if spec.vocabulary and inp.plan.vocabulary:  # the input's vocabulary files: its own, not the run's
+            upstream += f"|vocabulary:{vocabulary_identity(inp.plan.vocabulary)}"
         by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(
             spec, upstream, inp.models.get(spec.name)
         )

@@ -141,7 +141,8 @@ def model_substitutions(
             f"{_short(diarization.fallback_reason)} To use it: accept its conditions on hf.co, set HF_TOKEN "
             "and run once with --allow-hub; DIARIZATION_MODEL=embedded to keep this one"
         )
-    if transcript.diarization and not transcript.aligned:
+    words = any(seg.text.strip() or seg.words for seg in transcript.segments)
+    if transcript.diarization and not transcript.aligned and words:  # nothing said: nothing to align
         lines.append(
             f"alignment: no word timing ({_short(transcript.alignment_note)}): speakers were labelled from "
             "segment timing. To align words: run once with --allow-hub (the aligner is then cached), or "

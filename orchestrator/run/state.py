@@ -47,6 +47,8 @@ class InputState:
     models: dict[str, str] = field(default_factory=dict)
     #: the transcript's language the aligner was chosen for (kept in the journal for the fast resume)
     text_language: str | None = None
+    #: the join group whose inputs may share a Whisper window with it (``orchestrator.run.groups``)
+    group: str | None = None
 
     def __post_init__(self) -> None:
         self.notes = [*self.plan.notes, *self.notes]

@@ -78,9 +78,13 @@ def stage_task(
     started_path: str | None = None,
 ) -> tuple[ChildExit, StageResult | None]:
     """Body of the Ray task, run in a Ray worker: the stage in a spawned child, as on one machine.
-    ``started_path`` is created first thing: the driver's sign that the cluster placed the task."""
+    ``started_path`` is written first thing, with the id of the node that runs the task: the driver's sign
+    that the cluster placed the task, and where (the node is named even if it dies with the task)."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
     if started_path is not None:
-        Path(started_path).touch()
+        Path(started_path).write_text(node)
     from orchestrator.process.executor import LocalExecutor, Watchdog
     from orchestrator.process.hooks import default_hooks
     from orchestrator.settings import Settings
@@ -93,9 +97,10 @@ def stage_task(
     logging.basicConfig(level=logging.INFO, format=_TASK_LOG_FORMAT, filename=log_path, force=True)
     logging.getLogger("orchestrator.child").disabled = True
     logging.getLogger("orchestrator.scale.ray_executor").info(
-        "%s: ray task on %s, pid %d, CUDA_VISIBLE_DEVICES=%s",
+        "%s: ray task on %s (node %s), pid %d, CUDA_VISIBLE_DEVICES=%s",
         stage,
         os.uname().nodename,
+        node,
         os.getpid(),
         os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"),
     )
@@ -143,15 +148,24 @@ class RayExecutor:
     def uses_gpus(self) -> bool:
         return self.cluster_gpus > 0 and self.settings.device != "cpu"
 
-    def task_options(self, name: str, gpu: bool) -> dict[str, Any]:
+    def task_options(self, name: str, gpu: bool, stage: str | None = None) -> dict[str, Any]:
         """Ray options of one stage task (``max_calls=1`` is set on the function: Ray refuses it here):
-        no retry behind the runner's back."""
-        return {
+        no retry behind the runner's back. The stage's own resources (``ray_stage_resources``) replace the
+        CPUs and GPUs every task reserves, and add the custom resources that steer it to some nodes."""
+        options: dict[str, Any] = {
             "name": name,
             "num_cpus": self.settings.ray_cpus_per_task,
             "num_gpus": self.settings.ray_gpus_per_task if gpu and self.uses_gpus() else 0,
             "max_retries": 0,
         }
+        own = dict(self.settings.ray_stage_resources.get(stage, {})) if stage else {}
+        if "CPU" in own:
+            options["num_cpus"] = own.pop("CPU")
+        if "GPU" in own:
+            options["num_gpus"] = own.pop("GPU")
+        if own:
+            options["resources"] = own
+        return options
 
     def slots(self) -> int:
         """Stage tasks the cluster can run at once: its GPUs (per task), else its CPUs (per task)."""
@@ -183,7 +197,7 @@ class RayExecutor:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
         name = request_path.name.removesuffix(".request.json")
-        options = self.task_options(name, gpu)
+        options = self.task_options(name, gpu, stage)
         placed = request_path.with_name(f"{name}.started")
         placed.unlink(missing_ok=True)
         started = time.perf_counter()
@@ -227,6 +241,9 @@ class RayExecutor:
                 result=result,
             ).record()
         )
+        # where the cluster placed it, as the task wrote it first thing (None: never placed)
+        node = placed.read_text().strip() if placed.exists() else ""
+        record = record.model_copy(update={"node": node or None})
         return ChildExit(
             exitcode=done.exitcode,
             outcome=done.outcome,
@@ -321,6 +338,7 @@ def _exit(outcome: Outcome, code: ExitCode | None, error: str | None) -> ChildEx
 
 #: Ray's resource names as a person reads them
 _RESOURCES = {"num_gpus": "GPU", "num_cpus": "CPU"}
+_NAMED = set(_RESOURCES.values())
 
 
 def unplaced_reason(
@@ -328,8 +346,11 @@ def unplaced_reason(
 ) -> str:
     """Why a task waits: whether any one node could ever hold it, or its resources are busy."""
     needs = {_RESOURCES[k]: float(v) for k, v in options.items() if k in _RESOURCES and v}
+    needs |= {k: float(v) for k, v in options.get("resources", {}).items() if v}
     wanted = ", ".join(f"{v:g} {k}" for k, v in needs.items()) or "no resources"
-    has = ", ".join(f"{cluster.get(k, 0.0):g} {k}" for k in ("GPU", "CPU"))
+    has = ", ".join(
+        f"{cluster.get(k, 0.0):g} {k}" for k in ("GPU", "CPU", *(k for k in needs if k not in _NAMED))
+    )
     fits = any(all(node.get(k, 0.0) >= v for k, v in needs.items()) for node in nodes)
     why = (
         "the cluster's nodes have them, but they stayed busy"
@@ -338,7 +359,7 @@ def unplaced_reason(
     )
     return (
         f"not placed within {limit_s:g} s: needs {wanted}, the cluster has {has}; {why} "
-        "(PIPELINE_RAY_PLACEMENT_TIMEOUT_S; PIPELINE_RAY_GPUS_PER_TASK / _CPUS_PER_TASK)"
+        "(PIPELINE_RAY_PLACEMENT_TIMEOUT_S; PIPELINE_RAY_GPUS_PER_TASK / _CPUS_PER_TASK / _STAGE_RESOURCES)"
     )
 
 

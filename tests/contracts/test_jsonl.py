@@ -41,3 +41,27 @@ def test_concurrent_writers_never_interleave_within_a_line(tmp_path):
 def test_units_are_binary_and_format_like_the_seeds():
     assert (MIB, GIB, GIB_MIB) == (1 << 20, 1 << 30, 1024.0)
     assert gib(1536) == "1.50 GiB" and gib(1556.48, unit="GB") == "1.52GB" and gib(None) == "0.00 GiB"
+
+
+def test_a_short_write_does_not_tear_a_journal_line(tmp_path, monkeypatch):
+    """Given a kernel that writes at most 7 bytes per ``os.write`` (a signal, a nearly full disk), when the
+    journal records events, then every line is whole and every event reads back."""
+    import os
+
+    from orchestrator.run.journal import Journal
+
+    real = os.write
+    calls = []
+
+    def short(fd, data):
+        calls.append(len(data))
+        return real(fd, bytes(data[:7]))
+
+    monkeypatch.setattr(os, "write", short)
+    journal = Journal(tmp_path / "journal.jsonl", "run-1")
+    for n in range(3):
+        journal.record(f"item-{n}", "asr", "ok", fingerprint="f" * 40)
+    monkeypatch.undo()
+    assert len(calls) > 3, "the writes were short"
+    assert [e["item"] for e in journal.events()] == ["item-0", "item-1", "item-2"]
+    assert (tmp_path / "journal.jsonl").read_text().count("\n") == 3

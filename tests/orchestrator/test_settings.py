@@ -170,3 +170,28 @@ def test_every_field_belongs_to_one_group_and_every_exception_is_a_field():
     assert set(LEGACY_ENV) <= set(Settings.model_fields)
     # an exception that the rule would give anyway is no exception
     assert all(names != (GROUP_OF[name].env_name(name),) for name, names in LEGACY_ENV.items())
+
+
+def test_a_caption_minimum_above_the_maximum_is_refused_in_one_line():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    with pytest.raises(
+        ValidationError, match=r"CAPTION_MIN_SECONDS \(8\) must not be above CAPTION_MAX_SECONDS"
+    ):
+        Settings(caption_min_s=8.0, caption_max_s=7.0)
+    assert Settings(caption_min_s=7.0, caption_max_s=7.0).caption_min_s == 7.0
+    # the command line says so in one line and exits 2, before any work
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "process", "nothing.wav", "--output", "unused"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "CAPTION_MIN_SECONDS": "8", "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "CAPTION_MIN_SECONDS (8) must not be above CAPTION_MAX_SECONDS (7)" in lines[0]

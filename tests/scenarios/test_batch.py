@@ -29,7 +29,9 @@ def test_every_input_completes(batch):
 
 def test_no_transcript_keeps_a_decoder_loop(batch):
     """60 clips of 1.5 s, joined into shared windows: whisper-tiny.en looped ("tell her, " 66 times in one clip's
-    1.5 s) in one of them; Whisper's repetition guard decodes such a window again."""
+    1.5 s) in one of them; Whisper's repetition guard decodes such a window again. A clip given more words than
+    1.5 s can hold (a neighbour's) is decoded again alone; which clips share a window is fixed by the join
+    groups (5 consecutive clips), so this holds run after run."""
     report, out = batch
     texts = {}
     for item in report.inputs:
@@ -47,7 +49,7 @@ def test_each_stage_loads_its_model_once_per_chunk_in_a_fresh_child(batch):
         runs = [run for run in report.stages if run.stage == stage]
         assert [run.chunk for run in runs] == [1, 2, 3]
         assert [len(run.attempts) for run in runs] == [1, 1, 1]
-        assert [run.attempts[0].items for run in runs] == [25, 25, 10]
+        assert [run.attempts[0].items for run in runs] == [25, 25, 10]  # whole join groups of 5
     # model loads per stage = number of chunks, each in its own process
     for stage in ("asr", "embeddings"):
         loads = [run.attempts[0].load_s for run in report.stages if run.stage == stage]

@@ -226,6 +226,7 @@ def test_naming_relabels_every_file_and_the_profile_names_that_voice_next_time(r
     """`speakers name` rewrites the files (no model runs) and writes a profile from the corpus speaker's
     voice; matched against the voice this run's enrollment embedded for the stranger, it names her."""
     from contracts import SpeakerEmbeddingsArtifact, VoiceProfile, load_artifact, load_model
+    from orchestrator.corpus.enroll import profile_file_name
     from stages.enrollment import match_speakers
 
     copy, stranger, profiles = renamed
@@ -235,7 +236,7 @@ def test_naming_relabels_every_file_and_the_profile_names_that_voice_next_time(r
         json.loads(line)["speaker"] in ("Host", "Dr. Lee")
         for line in (copy / "host_stranger" / "segments.jsonl").read_text().splitlines()
     )
-    lee = load_model(profiles / "Dr._Lee.json", VoiceProfile)
+    lee = load_model(profiles / f"{profile_file_name('Dr. Lee')}.json", VoiceProfile)
     assert lee.name == "Dr. Lee" and lee.encoder == "campplus"
 
     _, _, enrolled, _ = run

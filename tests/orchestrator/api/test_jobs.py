@@ -125,8 +125,9 @@ def test_a_job_survives_a_server_restart_and_its_result_has_the_transcript(tmp_p
     first = start_in_thread(settings)
     try:
         with Client(first.url) as api:
-            job = api.submit_job("speech.wav")
+            job = api.submit_job("speech.wav", vocabulary=["Stella"])
             assert job.status == "queued" and job.paths == [str((root / "speech.wav").resolve())]
+            assert job.vocabulary == ["Stella"]
             deadline = time.monotonic() + 300
             while api.job(job.id).stage != "asr" and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -158,6 +159,9 @@ def test_a_job_survives_a_server_restart_and_its_result_has_the_transcript(tmp_p
             result = api.result(job.id, embeddings=True)
             item = result.inputs[0]
             assert item.status == "ok" and item.transcript is not None
+            # the job's vocabulary took the run's hotwords' path: decoded before every window, recorded
+            use = item.transcript.vocabulary
+            assert use is not None and use.hotwords == ["Stella"] and use.applied == "Stella"
             assert wer(SPEECH_TEXT, item.text) <= MAX_WER, item.text
             assert item.embeddings.count == len(item.transcript.segments) == len(item.vectors)
             assert len(item.vectors[0]) == item.embeddings.dimension == 384
@@ -243,6 +247,35 @@ def test_progress_is_appended_not_rewritten_and_reading_a_job_takes_no_lock(tmp_
             again.start()
             recovered = again.get(job.id)
         assert recovered.inputs == seen.inputs and recovered.stage == "asr"
+    finally:
+        again.close()
+
+
+def test_a_progress_line_torn_by_a_kill_does_not_swallow_the_next_one(tmp_path):
+    from orchestrator.api.jobs import PROGRESS_FILE, JobQueue
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.wav").write_bytes(b"x")
+    settings = Settings(server_dir=tmp_path / "server", input_roots=[root])
+    queue = JobQueue(settings)
+    job = queue.submit([str(root / "a.wav")])
+    progress = tmp_path / "server" / "jobs" / job.id / PROGRESS_FILE
+    # Given a server killed mid-line
+    queue._item(job.id, job.inputs[0].id, "audio", "ok", None)
+    with open(progress, "a") as fh:
+        fh.write('{"item": "a", "stage": "as')
+    # When the next server starts and the job appends again
+    again = JobQueue(settings)
+    try:
+        with again._cond:  # the runner thread waits: the test plays the job thread
+            again.start()
+            again._item(job.id, job.inputs[0].id, "asr", "ok", None)
+            # Then the torn line stands alone and the new one reads back whole
+            lines = progress.read_text().splitlines()
+            assert lines[-1].startswith('{"item"') and '"stage": "asr"' in lines[-1]
+            assert lines[-2].endswith('"as')
+            assert again.get(job.id).inputs[0].stages == {"audio": "ok", "asr": "ok"}
     finally:
         again.close()
 

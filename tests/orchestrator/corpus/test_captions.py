@@ -8,7 +8,16 @@ from types import SimpleNamespace
 import pytest
 
 from contracts import TranscriptArtifact
-from orchestrator.corpus.captions import WEAK_WORDS, CaptionRules, Cue, break_lines, cues, label, spaced
+from orchestrator.corpus.captions import (
+    WEAK_WORDS,
+    CaptionRules,
+    Cue,
+    break_lines,
+    cues,
+    label,
+    spaced,
+    tight_note,
+)
 
 RULES = CaptionRules()
 
@@ -81,8 +90,9 @@ def test_rules_from_settings_turn_frames_into_seconds():
         caption_min_gap_frames=3,
         caption_fps=30.0,
         caption_max_pause_s=2.0,
+        caption_lead_s=0.25,
     )
-    assert CaptionRules.from_settings(settings) == CaptionRules(37, 3, 1.0, 6.0, 20.0, 0.1, 2.0)
+    assert CaptionRules.from_settings(settings) == CaptionRules(37, 3, 1.0, 6.0, 20.0, 0.1, 2.0, 0.25)
 
 
 def test_the_real_settings_give_the_default_rules():
@@ -204,9 +214,10 @@ def test_cues_prefer_to_end_at_a_sentence_end():
 
 
 def test_a_cue_never_holds_two_speakers_and_the_next_one_keeps_the_gap():
-    host = _segment(0, [("Hello,", 0.0, 0.4), ("welcome.", 0.4, 1.0)], speaker="Host")
+    # Given a host whose words leave time enough to read them before the guest speaks
+    host = _segment(0, [("Hello,", 0.0, 0.5), ("welcome.", 0.5, 1.3)], speaker="Host")
     guest = _segment(
-        1, [("Thanks", 1.0, 1.4), ("for", 1.4, 1.6), ("having", 1.6, 1.9), ("me.", 1.9, 2.2)], "Guest"
+        1, [("Thanks", 1.38, 1.8), ("for", 1.8, 2.0), ("having", 2.0, 2.3), ("me.", 2.3, 2.6)], "Guest"
     )
     out = cues(_transcript([host, guest]))
     assert [c.speaker for c in out] == ["Host", "Guest"]
@@ -227,7 +238,8 @@ def test_overlapping_speech_moves_the_next_cue_instead_of_overlapping():
     b = _segment(1, [("Me", 0.5, 1.0), ("too.", 1.0, 1.5)], speaker="B")
     out = cues(_transcript([a, b]))
     _check_rules(out)
-    assert {c.speaker for c in out} == {"A", "B"}
+    # B's words, said over A's, leave A's cue no time: one two-speaker cue, a dash per speaker line
+    assert [(c.speaker, c.text) for c in out] == [("A + B", "- Talking over.\n- Me too.")]
 
 
 def test_words_without_times_share_the_segment_time_by_their_length():
@@ -255,3 +267,69 @@ def test_an_unspaced_word_longer_than_a_line_is_cut():
     out = cues(_transcript([seg], language="ja"))
     assert "".join(c.text.replace("\n", "") for c in out) == long_word
     assert all(len(line) <= 13 for c in out for line in c.text.split("\n"))
+
+
+# -- rapid exchanges ------------------------------------------------------------------------------------
+
+
+def test_a_rapid_exchange_becomes_one_two_speaker_cue_with_a_dash_per_speaker():
+    # Given the real sample's exchange: "Neither did I." said in 0.36 s, "Okay," right after by the other
+    a = _segment(0, [("Neither", 9.84, 10.0), ("did", 10.0, 10.1), ("I.", 10.1, 10.2)], speaker="S0001")
+    b = _segment(1, [("Okay,", 10.25, 10.6)], speaker="S0002")
+    c = _segment(2, [("then", 12.6, 12.8), ("I", 12.8, 12.9), ("thought.", 12.9, 13.4)], speaker="S0002")
+    out = cues(_transcript([a, b, c]))
+    _check_rules(out)
+    # Then the two short turns share a cue, each speaker's words on a dashed line, long enough to read
+    assert out[0].text == "- Neither did I.\n- Okay," and out[0].speaker == "S0001 + S0002"
+    assert out[0].end - out[0].start >= RULES.min_s
+    assert all(not c.tight for c in out) and tight_note(out, RULES) is None
+
+
+def test_a_cue_too_short_that_nothing_can_hold_appears_earlier_or_is_counted_in_one_note():
+    # Given a short turn between two long, fast ones that no cue could share with it
+    long_a = [(f"alpha{n}", n * 0.25, n * 0.25 + 0.2) for n in range(12)]
+    long_b = [(f"bravo{n}", 3.5 + n * 0.25, 3.5 + n * 0.25 + 0.2) for n in range(12)]
+    out = cues(
+        _transcript(
+            [
+                _segment(0, long_a, speaker="A"),
+                _segment(1, [("Yes.", 3.1, 3.3)], speaker="B"),
+                _segment(2, long_b, speaker="A"),
+            ]
+        )
+    )
+    _check_rules(out)
+    tight = [c for c in out if c.tight]
+    assert tight, out
+    for c in out:
+        if not c.tight:
+            assert c.end - c.start >= RULES.min_s - 1e-3
+    note = tight_note(out, RULES)
+    assert note.startswith(f"captions: {len(tight)} of {len(out)} cue(s) shorter than 0.833 s")
+
+
+def test_a_short_cue_appears_earlier_in_the_silence_before_its_words():
+    # Given one short word after a silence, then another speaker with more than a dashed line holds
+    hi = _segment(0, [("Hi.", 5.0, 5.2)], speaker="A")
+    long = "Good morning to you all, and welcome to the show tonight.".split()
+    reply = _segment(1, [(w, 5.6 + n * 0.3, 5.85 + n * 0.3) for n, w in enumerate(long)], speaker="B")
+    out = cues(_transcript([hi, reply]))
+    _check_rules(out)
+    # Then "Hi." cannot share a cue, and cannot stay 0.833 s before B speaks: it appears before its word
+    assert out[0].text == "[A] Hi."
+    assert out[0].start < 5.0 and out[0].end - out[0].start >= RULES.min_s - 1e-3, out
+    assert not out[0].tight
+
+
+def test_the_last_cue_ends_with_the_audio():
+    t = _transcript([_segment(0, [("Goodbye.", 9.5, 9.9)])]).model_copy(update={"duration_s": 10.0})
+    (cue,) = cues(t)
+    assert cue.end == 10.0 and cue.start <= 9.5
+
+
+def test_a_labelled_cue_and_an_unlabelled_one_are_not_joined():
+    a = _segment(0, [("Neither", 9.84, 10.0), ("did", 10.0, 10.1), ("I.", 10.1, 10.2)], speaker="S0001")
+    b = _segment(1, [("Okay,", 10.25, 10.6)])
+    out = cues(_transcript([a, b]))
+    assert [c.speaker for c in out] == ["S0001", None]
+    assert not any(c.text.startswith("- ") for c in out)

@@ -75,9 +75,10 @@ def _completed_run(tmp_path: Path) -> tuple[Journal, InputState]:
     state.duration_s, state.overlap_s, state.complete = 12.5, None, True
     state.language = LanguageId(status="detected", language="en", probability=0.9)
     state.substitutions = ["embeddings: asked for ..."]
+    state.notes.append("a note")
     journal = Journal(tmp_path / "out" / "journal.jsonl", "run-1")
     fingerprint = Resume(SETTINGS, {}).outputs_fingerprint(state)
-    journal.record(state.id, "outputs", "ok", fingerprint=fingerprint, **completion(state, SPECS, ["a note"]))
+    journal.record(state.id, "outputs", "ok", fingerprint=fingerprint, **completion(state, SPECS))
     return journal, state
 
 

@@ -8,7 +8,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from contracts import DiarizationArtifact, EmbeddingsArtifact, TranscriptArtifact
+from contracts import DiarizationArtifact, EmbeddingsArtifact, Segment, TranscriptArtifact
 from contracts.artifacts import LanguageId, LanguageScore
 from contracts.errors import DiskFullError
 from contracts.report import ItemStage
@@ -109,8 +109,9 @@ def test_langid_tables_have_one_row_per_input(tmp_path):
 
 
 def test_each_model_not_used_is_one_line_saying_how_to_get_it():
+    said = Segment.model_construct(text=" Hello there.", words=None)
     transcript = TranscriptArtifact.model_construct(
-        diarization=True, aligned=False, alignment_note="no aligner"
+        diarization=True, aligned=False, alignment_note="no aligner", segments=[said]
     )
     embeddings = EmbeddingsArtifact.model_construct(
         fallback_reason="hub   unreachable", profile="multilingual", requested_model="e5"
@@ -124,8 +125,18 @@ def test_each_model_not_used_is_one_line_saying_how_to_get_it():
     assert "x" * 97 + "..." in lines[1] and "x" * 98 not in lines[1], "a long reason is cut"
     assert "no word timing (no aligner)" in lines[2]
     nothing = EmbeddingsArtifact.model_construct(fallback_reason=None)
-    aligned = TranscriptArtifact.model_construct(diarization=True, aligned=True)
+    aligned = TranscriptArtifact.model_construct(diarization=True, aligned=True, segments=[said])
     assert model_substitutions(aligned, nothing, None) == []
+
+
+def test_no_alignment_line_when_nothing_was_said():
+    # Given a silent input: speakers on, no aligner ran, and no words at all
+    silent = TranscriptArtifact.model_construct(
+        diarization=True, aligned=False, alignment_note="no aligner", segments=[]
+    )
+    nothing = EmbeddingsArtifact.model_construct(fallback_reason=None)
+    # then there is nothing to align, and no advice to fetch an aligner
+    assert model_substitutions(silent, nothing, None) == []
 
 
 def test_a_full_disk_is_one_line_with_what_failed_and_the_space_left(tmp_path):

@@ -220,7 +220,7 @@ def test_a_task_the_cluster_can_never_place_fails_within_the_placement_timeout(e
         assert not outcomes[item].ok and outcomes[item].error == (
             "sleeper was not started: not placed within 3 s: needs 4 CPU, the cluster has 0 GPU, 2 CPU; no node "
             "of the cluster has that much (PIPELINE_RAY_PLACEMENT_TIMEOUT_S; PIPELINE_RAY_GPUS_PER_TASK / "
-            "_CPUS_PER_TASK)"
+            "_CPUS_PER_TASK / _STAGE_RESOURCES)"
         )
     assert not (tmp_path / "started").exists() and not (tmp_path / "a" / "note.json").exists()
     # and the cluster is not left holding it: a task it can place still runs

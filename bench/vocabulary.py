@@ -1,0 +1,183 @@
+"""Vocabulary and translation, measured on the committed fixtures with the ASR stage itself (CPU, int8).
+
+    .venv/bin/python bench/vocabulary.py [--copies 3]
+
+* Names Whisper misspells (tests/fixtures/media/names: six espeak-ng sentences
+  with 17 name words such as Siobhan Kowalczyk, Przybylski, Wojciechowski): the
+  share of name words missing from the transcript (case and punctuation aside),
+  without vocabulary and with the names as a folder ``vocabulary.txt`` (one
+  ``WorkItem.vocabulary`` file, as the parent sends it), for tiny.en (embedded)
+  and the multilingual whisper-base.
+* The cost of ``--translate`` (whisper-base, languages/{de,es,fr}.ogg, each
+  ``--copies`` times): the seconds of the second decode (``AsrStage._translate``,
+  over the transcription's encoder output) over the stage's compute seconds
+  without translation (VAD, language identification, encode, decode, word timing);
+  the run without translation is repeated after, to show the machine's noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MEDIA = ROOT / "tests" / "fixtures" / "media"
+NAMES = MEDIA / "names"
+#: the names each sentence holds (what a corpus would list in its vocabulary.txt)
+SPOKEN_NAMES = {
+    "minutes": ["Siobhan Kowalczyk"],
+    "chair": ["Nguyen", "Okonkwo"],
+    "guest": ["Aoife Przybylski", "Warsaw"],
+    "contract": ["Joaquim Ferreira", "Ingrid Szczepanski"],
+    "project": ["Tadhg Wojciechowski", "Rzeszow"],
+    "results": ["Niamh Oyelaran", "Reykjavik"],
+}
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in re.sub(r"[^\w\s']", " ", text.lower()).split() if w]
+
+
+def misspelled(transcripts: dict[str, str]) -> tuple[int, int, list[str]]:
+    """(name words missing from their transcript, name words, the missing ones)."""
+    missing, total = [], 0
+    for clip, names in SPOKEN_NAMES.items():
+        heard = set(_words(transcripts[clip]))
+        for word in (w for name in names for w in _words(name)):
+            total += 1
+            if word not in heard:
+                missing.append(word)
+    return len(missing), total, missing
+
+
+def decode(tmp: Path, sources: dict[str, Path]) -> dict[str, Path]:
+    from tests.stages.test_asr import decode_audio
+
+    return decode_audio(tmp, sources)
+
+
+def run_asr(tmp: Path, audio: dict[str, Path], vocabulary=None, spy=None, **settings):
+    """The ASR stage in this process; (StageResult, transcripts by id)."""
+    from contracts import StageRequest, TranscriptArtifact, WorkItem, load_artifact
+    from stages.asr import AsrStage
+    from tests.conftest import stage_settings
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    items = [
+        WorkItem(
+            id=name,
+            inputs={"audio": str(path)},
+            output=str(tmp / f"{name}.json"),
+            fingerprint="fp",
+            vocabulary=list(vocabulary or []),
+        )
+        for name, path in audio.items()
+    ]
+    stage = AsrStage()
+    if spy is not None:
+        spy(stage)
+    result = stage.run(
+        StageRequest(
+            request_id="r",
+            stage="asr",
+            module="stages.asr",
+            batch_size=8,
+            device="cpu",
+            settings=stage_settings("asr", **settings),
+            result_path=str(tmp / "result.json"),
+            items=items,
+        )
+    )
+    bad = [r for r in result.items if not r.ok]
+    if bad:
+        raise SystemExit(f"ASR failed: {bad}")
+    return result, {r.id: load_artifact(r.output, TranscriptArtifact) for r in result.items}
+
+
+def names_bench(tmp: Path) -> None:
+    from contracts.artifacts import VocabularyFile
+
+    audio = decode(tmp / "names-audio", {name: NAMES / f"{name}.ogg" for name in SPOKEN_NAMES})
+    folder = VocabularyFile(
+        level="folder",
+        path=str(NAMES / "vocabulary.txt"),
+        terms=[n for ns in SPOKEN_NAMES.values() for n in ns],
+    )
+    print("misspelled name words (of the names spoken in tests/fixtures/media/names):")
+    for model in ("embedded", "whisper-base"):
+        for label, vocabulary in (("no vocabulary", None), ("folder vocabulary.txt", [folder])):
+            _, transcripts = run_asr(
+                tmp / f"{model}-{bool(vocabulary)}", audio, vocabulary, model=model, language="en"
+            )
+            texts = {k: " ".join(s.text for s in t.segments) for k, t in transcripts.items()}
+            wrong, total, which = misspelled(texts)
+            print(
+                f"  {model:13s} {label:22s} {wrong:2d}/{total} = {wrong / total:5.1%}  missing: {' '.join(which)}"
+            )
+
+
+def translate_bench(tmp: Path, copies: int) -> None:
+    from stages.asr import AsrStage
+
+    sources = {
+        f"{lang}{n}": MEDIA / "languages" / f"{lang}.ogg"
+        for lang in ("de", "es", "fr")
+        for n in range(copies)
+    }
+    audio = decode(tmp / "lang-audio", sources)
+    spent = {"translate": 0.0}
+
+    def timed(stage: AsrStage) -> None:
+        inner = stage._translate
+
+        def translate(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                spent["translate"] += time.perf_counter() - started
+
+        stage._translate = translate
+
+    run_asr(tmp / "warm", dict(list(audio.items())[:1]), model="whisper-base")  # caches warm
+    plain, _ = run_asr(tmp / "plain", audio, model="whisper-base")
+    spent["translate"] = 0.0
+    both, transcripts = run_asr(tmp / "both", audio, spy=timed, model="whisper-base", translate=True)
+    again, _ = run_asr(tmp / "again", audio, model="whisper-base")  # the same again: the machine's noise
+    ratio = spent["translate"] / plain.compute_s
+    print(f"--translate on {len(audio)} inputs (de, es, fr x {copies}), whisper-base int8, CPU:")
+    print(f"  ASR compute without translation: {plain.compute_s:6.2f} s (and {again.compute_s:.2f} s after)")
+    print(f"  ASR compute with translation:    {both.compute_s:6.2f} s")
+    print(
+        f"  of which the second decode:      {spent['translate']:6.2f} s = {ratio:.2f}x the first (goal <= 0.6x)"
+    )
+    for lang in ("de", "es", "fr"):
+        t = transcripts[f"{lang}0"]
+        print(
+            f"  {lang}: {' '.join(s.text for s in t.segments)!r} -> {' '.join(s.text for s in t.translation)!r}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--copies", type=int, default=3)
+    parser.add_argument("--only", choices=["names", "translate"], default=None)
+    args = parser.parse_args()
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.only in (None, "names"):
+            names_bench(Path(tmp))
+        if args.only in (None, "translate"):
+            translate_bench(Path(tmp), args.copies)
+
+
+if __name__ == "__main__":
+    main()

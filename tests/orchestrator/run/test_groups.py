@@ -1,0 +1,86 @@
+"""Join groups: fixed once per output folder, chunks of whole groups (orchestrator/run/groups.py)."""
+
+from __future__ import annotations
+
+import json
+
+from contracts import WorkItem
+from contracts.artifacts import VocabularyFile
+from orchestrator import layout
+from orchestrator.run.groups import (
+    GROUP_KEY,
+    MEMBERS_KEY,
+    assign_groups,
+    load_groups,
+    plan_groups,
+    whole_group_chunks,
+    with_groups,
+)
+from orchestrator.run.plan import Input
+from orchestrator.run.state import InputState
+
+
+def test_new_inputs_form_groups_in_the_planned_order_and_known_ones_keep_theirs():
+    ids = [f"c{n:02d}" for n in range(10)]
+    first = assign_groups(ids, {}, size=4)
+    assert [first[i] for i in ids] == ["g1"] * 4 + ["g2"] * 4 + ["g3"] * 2
+    # one more file, planned between two others: the others keep their groups, it gets a new one
+    more = ids[:5] + ["new"] + ids[5:]
+    again = assign_groups(more, first, size=4)
+    assert {i: again[i] for i in ids} == first and again["new"] == "g4"
+
+
+def test_the_groups_are_recorded_once_and_read_back(tmp_path):
+    ids = ["a", "b", "c"]
+    groups = plan_groups(tmp_path, ids)
+    assert load_groups(tmp_path) == groups and set(groups.values()) == {"g1"}
+    stamp = layout.path(tmp_path, layout.JOIN_GROUPS).stat().st_mtime_ns
+    assert plan_groups(tmp_path / "other", ids, size=2, dry=True) == {"a": "g1", "b": "g1", "c": "g2"}
+    assert plan_groups(tmp_path, ["c", "a"]) == {"c": "g1", "a": "g1"}  # nothing new: not written again
+    assert layout.path(tmp_path, layout.JOIN_GROUPS).stat().st_mtime_ns == stamp
+    assert plan_groups(tmp_path, ["z"], dry=True) == {"z": "g2"} and "z" not in load_groups(tmp_path)
+    layout.path(tmp_path, layout.JOIN_GROUPS).write_text("not json")
+    assert load_groups(tmp_path) == {}
+
+
+def test_chunks_hold_whole_groups_whatever_the_chunk_size():
+    group_of = {f"c{n}": f"g{n // 3}" for n in range(8)}  # g0: c0-c2, g1: c3-c5, g2: c6-c7
+    items = list(group_of)
+    for size in (1, 2, 3, 4, 5, 7, 100):
+        chunks = whole_group_chunks(items, group_of.get, size)
+        assert [i for chunk in chunks for i in chunk] == items
+        for chunk in chunks:  # every group of a chunk has all its members in it
+            assert all(j in chunk for i in chunk for j in items if group_of[j] == group_of[i]), (size, chunks)
+            assert len(chunk) <= max(size, 3)
+    # members of one group apart in the planned order (a file added later) come together
+    assert whole_group_chunks(["a", "x", "b"], {"a": "g1", "x": "g2", "b": "g1"}.get, 2) == [
+        ["a", "b"],
+        ["x"],
+    ]
+
+
+def test_work_items_name_their_group_and_all_its_members_audio_and_vocabulary(tmp_path):
+    terms = VocabularyFile(level="folder", path=str(tmp_path / "vocabulary.txt"), terms=["Okonkwo"])
+    states = [
+        InputState(
+            Input(
+                id=i,
+                source=tmp_path / f"{i}.wav",
+                directory=tmp_path / i,
+                vocabulary=(terms,) if i == "a" else (),
+            )
+        )
+        for i in "abc"
+    ]
+    for state, group in zip(states, ["g1", "g1", "g2"]):
+        state.group = group
+    items = [WorkItem(id=s.id, inputs={"audio": "x"}, output="o", fingerprint="f") for s in states[1:]]
+    out = with_groups(items, states[1:], states)  # "a" has nothing left to do: it is named all the same
+    # a member not asked for carries its vocabulary: it shares the windows it shared when it was asked for
+    assert out[0].inputs[GROUP_KEY] == "g1" and json.loads(out[0].inputs[MEMBERS_KEY]) == [
+        ["a", str(tmp_path / "a" / ".work" / "audio.json"), [terms.model_dump(mode="json")]],
+        ["b", str(tmp_path / "b" / ".work" / "audio.json"), []],
+    ]
+    assert out[1].inputs[GROUP_KEY] == "g2" and [m[0] for m in json.loads(out[1].inputs[MEMBERS_KEY])] == [
+        "c"
+    ]

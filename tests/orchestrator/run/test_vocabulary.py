@@ -1,0 +1,106 @@
+"""Vocabulary files beside a corpus: which apply to an input, never inputs themselves, part of the ASR
+fingerprint of exactly the inputs they apply to."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from orchestrator import Settings
+from orchestrator.registry import process_specs
+from orchestrator.run.needs import work_item
+from orchestrator.run.plan import chain_fingerprints, plan_inputs
+from orchestrator.run.state import InputState
+from orchestrator.run.vocabulary import read_terms, vocabulary_files
+
+SETTINGS = Settings(_env_file=None, speakers=False)
+
+
+def _corpus(root: Path) -> Path:
+    """corpus/{a/x.wav, a/y.wav, a/deep/z.wav, b/w.wav} with vocabulary at the top, in a/ and for x.wav."""
+    for name in ("a/x.wav", "a/y.wav", "a/deep/z.wav", "b/w.wav"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"RIFF")
+    (root / "vocabulary.txt").write_text("# the corpus\nStella\n\nDr. Lee\nStella\n")
+    (root / "a" / "vocabulary.txt").write_text("Kowalczyk\nNguyen\n")
+    (root / "a" / "x.wav.vocabulary.txt").write_text("Ferreira\n")
+    return root
+
+
+def test_a_vocabulary_file_is_one_term_a_line_without_blanks_comments_or_repeats(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+    assert read_terms(corpus / "vocabulary.txt") == ["Stella", "Dr. Lee"]
+
+
+def test_the_nearest_folder_wins_and_an_input_adds_its_own(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+
+    def terms(name: str) -> list[tuple[str, list[str]]]:
+        return [(f.level, f.terms) for f in vocabulary_files(corpus / name, corpus)]
+
+    assert terms("a/x.wav") == [("folder", ["Kowalczyk", "Nguyen"]), ("input", ["Ferreira"])]
+    assert terms("a/y.wav") == [("folder", ["Kowalczyk", "Nguyen"])]
+    assert terms("a/deep/z.wav") == [("folder", ["Kowalczyk", "Nguyen"])]  # the nearest folder above
+    assert terms("b/w.wav") == [("folder", ["Stella", "Dr. Lee"])]
+    # the stem's file serves too
+    (corpus / "b" / "w.vocabulary.txt").write_text("Okonkwo\n")
+    assert terms("b/w.wav")[-1] == ("input", ["Okonkwo"])
+    # a loose file: its own folder only, nothing above it
+    assert [f.terms for f in vocabulary_files(corpus / "b" / "w.wav")] == [["Okonkwo"]]
+    assert vocabulary_files(corpus / "a" / "deep" / "z.wav", corpus / "a" / "deep") == ()
+
+
+def test_the_walk_never_takes_a_vocabulary_file_and_each_input_carries_its_own(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+    inputs = plan_inputs([corpus], tmp_path / "out", dry=True)
+    assert sorted(i.id for i in inputs) == ["corpus/a/deep/z", "corpus/a/x", "corpus/a/y", "corpus/b/w"]
+    by_id = {i.id: i for i in inputs}
+    assert [f.terms for f in by_id["corpus/a/x"].vocabulary] == [["Kowalczyk", "Nguyen"], ["Ferreira"]]
+    assert [f.terms for f in by_id["corpus/b/w"].vocabulary] == [["Stella", "Dr. Lee"]]
+
+
+def _fingerprints(corpus: Path, out: Path, settings: Settings = SETTINGS) -> dict[str, dict[str, str]]:
+    specs = process_specs(settings)
+    states = [InputState(i) for i in plan_inputs([corpus], out, dry=True)]
+    for state in states:
+        chain_fingerprints(state, specs)
+    return {s.id: dict(s.fingerprints) for s in states}
+
+
+def test_changing_a_folders_vocabulary_redoes_exactly_that_folders_inputs(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+    before = _fingerprints(corpus, tmp_path / "out")
+    # When a/'s vocabulary changes (its mtime too, as an editor would leave it)
+    (corpus / "a" / "vocabulary.txt").write_text("Kowalczyk\nNguyen\nAbernathy\n")
+    os.utime(corpus / "a" / "vocabulary.txt", (1, 1))
+    after = _fingerprints(corpus, tmp_path / "out")
+    # Then a/'s inputs (those it applies to) need ASR and everything after it again; the others nothing
+    changed = {i for i in before if before[i] != after[i]}
+    assert changed == {"corpus/a/x", "corpus/a/y", "corpus/a/deep/z"}
+    for i in changed:
+        assert before[i]["audio"] == after[i]["audio"]
+        assert all(before[i][s] != after[i][s] for s in ("asr", "alignment", "embeddings"))
+    # an input's own file changes only that input
+    (corpus / "a" / "x.wav.vocabulary.txt").write_text("Ferreira\nAlvarez\n")
+    again = _fingerprints(corpus, tmp_path / "out")
+    assert {i for i in after if after[i] != again[i]} == {"corpus/a/x"}
+    # the run's hotwords change every input
+    hot = _fingerprints(corpus, tmp_path / "out", SETTINGS.replace(asr_hotwords=["Stella"]))
+    assert all(hot[i]["asr"] != again[i]["asr"] for i in again)
+
+
+def test_only_the_asr_stage_gets_the_vocabulary_files(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+    specs = process_specs(SETTINGS)
+    state = InputState(
+        next(i for i in plan_inputs([corpus], tmp_path / "out", dry=True) if i.id.endswith("x"))
+    )
+    chain_fingerprints(state, specs)
+    items = {spec.name: work_item(spec, state, specs[n - 1] if n else None) for n, spec in enumerate(specs)}
+    assert [f.terms for f in items["asr"].vocabulary] == [["Kowalczyk", "Nguyen"], ["Ferreira"]]
+    assert all(not item.vocabulary for name, item in items.items() if name != "asr")
+
+
+def test_hotwords_are_read_as_a_comma_list_in_order(monkeypatch):
+    monkeypatch.setenv("ASR_HOTWORDS", "Stella, Dr. Lee,,Stella, Kowalczyk")
+    assert Settings(_env_file=None).asr_hotwords == ["Stella", "Dr. Lee", "Kowalczyk"]
