@@ -114,6 +114,7 @@ def test_skip_voice_embeddings_skips_enrollment_and_keeps_cluster_labels(fast, o
     }
     transcript = json.loads((out / item.id / "transcript.json").read_text())
     assert {s["speaker"] for s in transcript["segments"]} == {"SPEAKER_00", "SPEAKER_01"}
-    assert "SKIP_VOICE_EMBEDDINGS" in transcript["speakers_note"] and item.notes == [
-        transcript["speakers_note"]
-    ]
+    # the speakers' note, once (the captions may add theirs on the synthetic voices' fast cues)
+    assert "SKIP_VOICE_EMBEDDINGS" in transcript["speakers_note"] and [
+        n for n in item.notes if not n.startswith("captions:")
+    ] == [transcript["speakers_note"]]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -23,11 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# Token authentication, as on a real cluster. Ray reads these when it is imported, so they are set
-# first; they reach the head node and the drivers the tests start through the environment (not
-# ~/.ray/auth_token, which other Ray runs on the machine may have written).
-os.environ.setdefault("RAY_AUTH_MODE", "token")
-os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+# token authentication, as on a real cluster: set by this package's conftest.py before Ray is imported
 
 ray = pytest.importorskip(
     "ray", reason="the ray group is not installed (uv sync --group ray); CI installs it"
