@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.artifacts import EmbeddingsArtifact, Strict, TranscriptArtifact
 
+#: ``input_type`` of an embeddings request (``EmbeddingRequest.input_type``)
+InputType = Literal["query", "document"]
 #: profiles every server knows; any other model name must be configured (see Settings.embedding_models)
 PROFILES = ("speed", "quality", "embedded")
 
@@ -38,6 +40,11 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     #: accepted for compatibility and ignored
     user: str | None = None
+    #: what the texts are, for retrieval models that embed the two apart (the field NVIDIA NIM, Cohere and
+    #: Voyage use; OpenAI's client sends it with ``extra_body``): "query" gets the model's query prompt
+    #: (gte-Qwen2-instruct's instruction, bge's retrieval instruction), "document" its document prompt (most
+    #: have none); None: the model's default. A model without prompts embeds both alike.
+    input_type: InputType | None = None
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)

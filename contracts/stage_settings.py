@@ -134,9 +134,17 @@ class VoiceProfileSettings(EncoderSettings):
 
 
 class AlignmentSettings(StageSettings):
+    #: the ASR model's setting, to load it again for a second pass of cross-attention alignment (already in
+    #: the fingerprint through the ASR stage's)
+    ENVIRONMENT: ClassVar[frozenset[str]] = StageSettings.ENVIRONMENT | {"asr_model"}
+
     #: word alignment with the wav2vec2 aligner when its model is available
     align: bool
     allow_hub: bool
+    #: the ASR stage's ``model`` setting (None: the transcript's own ``model``)
+    asr_model: str | None = None
+    #: where "whisper-base" lives; None: .cache/weights
+    weights_dir: str | None = None
     #: speakers are on (diarization ran or was skipped by the fast path)
     speakers: bool
     skip_voice_embeddings: bool

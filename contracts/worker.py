@@ -39,6 +39,8 @@ class EmbedTask(Strict):
     task_id: int = Field(ge=0)
     texts: list[str] = Field(min_length=1)
     normalize: bool = True
+    #: each text's ``input_type`` ("query", "document"; None: the model's default), or None for all None
+    input_types: list[Literal["query", "document"] | None] | None = None
 
 
 class StopWorker(Strict):

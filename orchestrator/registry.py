@@ -247,7 +247,12 @@ STAGES: tuple[StageDef, ...] = (
         inputs=("asr", "audio", "diarization", "speaker_embeddings"),
         optional_inputs=("diarization", "speaker_embeddings"),
         build=lambda s: AlignmentSettings(
-            align=s.align, allow_hub=s.hub, speakers=s.speakers, skip_voice_embeddings=s.skip_voice_embeddings
+            align=s.align,
+            allow_hub=s.hub,
+            speakers=s.speakers,
+            skip_voice_embeddings=s.skip_voice_embeddings,
+            asr_model=s.asr_model,
+            weights_dir=_str(s.weights_dir),
         ),
         batch_size=lambda s: s.alignment_batch_size,
         enabled=lambda s: not s.langid_only,

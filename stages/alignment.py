@@ -200,7 +200,7 @@ class AlignmentStage(TorchStage):
         aligner = self.whisper.get(key)
         if aligner is None:
             try:
-                aligner = WhisperAligner(asr.model, asr.language, self.device, asr.compute_type)
+                aligner = WhisperAligner(self._asr_path(asr), asr.language, self.device, asr.compute_type)
             except Exception as exc:
                 if is_oom(exc):
                     raise
@@ -217,6 +217,16 @@ class AlignmentStage(TorchStage):
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
         segments = aligner.align(samples, list(asr.segments), self.batch_size)
         return segments, True, f"{WORD_TIMING}:{asr.requested_model}", None
+
+    def _asr_path(self, asr: TranscriptArtifact) -> str:
+        """Where the model that made ``asr`` loads from: the transcript names it portably (never a path on this
+        machine), so the ASR setting is resolved again as the ASR stage resolved it."""
+        settings: AlignmentSettings = self.settings
+        if settings.asr_model is None:
+            return asr.model
+        from stages.asr import resolve_model
+
+        return resolve_model(settings.asr_model, settings.weights_dir)[0]
 
     def _load_aligner(self, language: str):
         name = TORCHAUDIO_ALIGNERS.get(language)

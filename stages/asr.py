@@ -61,6 +61,7 @@ from contracts import (
 )
 from contracts.artifacts import LanguageId, VocabularyFile, VocabularyUse
 from contracts.errors import ModelUnavailableError
+from contracts.models import portable_name
 from contracts.stage_settings import AsrSettings
 from stages import language as langid
 from stages.base import TorchStage
@@ -228,7 +229,7 @@ class AsrStage(TorchStage):
                 f"translation needs a multilingual Whisper: ASR model {requested!r} is English-only "
                 "(use whisper-base or another multilingual model, or leave --translate off)"
             )
-        return f"{path} ({self.runtime}, {compute_type})"
+        return f"{portable_name(path)} ({self.runtime}, {compute_type})"
 
     def _ctranslate2_runs(self, device: str) -> str | None:
         """None where the loaded CTranslate2 model can encode on ``device``, else why not: one 30 s window of
@@ -863,7 +864,7 @@ class AsrStage(TorchStage):
             source=audio.source,
             language=job.language,
             segments=segments,
-            aligner=f"{WORD_TIMING}:{self.requested}" if self.word_timing else None,
+            aligner=f"{WORD_TIMING}:{portable_name(self.requested)}" if self.word_timing else None,
             compute_type=self.compute_type,
             runtime=self.runtime,
             runtime_note=self.runtime_note,

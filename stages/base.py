@@ -26,6 +26,7 @@ from contracts import (
 )
 from contracts.errors import ArtifactError, DiskFullError
 from contracts.io import atomic_write_bytes, is_disk_full
+from contracts.models import portable_name
 from contracts.stage_settings import StageSettings
 from stages.memory import MemoryCheckpoints, cpu_counters, cpu_usage_since, is_oom, peak_rss_mb
 from stages.noise import quiet_libraries
@@ -89,8 +90,8 @@ class Stage(ABC):
         """What really ran, as keywords of this stage's artifact: of the model actually loaded, the model
         asked for, why they differ, the device and the batch size, those that :attr:`output` records."""
         ran = {
-            "model": self.model_name,
-            "requested_model": self.requested,
+            "model": self.model_name and portable_name(self.model_name),  # never a path on this machine
+            "requested_model": self.requested and portable_name(self.requested),
             "fallback_reason": self.fallback_reason,
             "device": self.device,
             "batch_size": self.batch_size,
@@ -150,7 +151,7 @@ class Stage(ABC):
             load_s=loaded - imported,
             compute_s=finished - loaded,
             compute_cpu=compute_cpu,
-            model=model,
+            model=model and portable_name(model),
             peak_rss_mb=peak_rss_mb(),
             stopped=self._stopped,
             **memory.result_fields(),

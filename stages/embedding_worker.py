@@ -69,12 +69,18 @@ class Embedder:
             load_s=self.load_s,
         )
 
-    def encode(self, texts: list[str], normalize: bool):
-        """``len(texts) x dimension`` float32, in one batch of ``len(texts)``."""
+    def encode(self, texts: list[str], normalize: bool, input_types: list[str | None] | None = None):
+        """``len(texts) x dimension`` float32, in one batch of ``len(texts)``; each text with the prompt of its
+        ``input_types`` entry (stages.embeddings.prompt_for)."""
         import numpy as np
 
-        vectors = self.model.encode(
+        from stages.embeddings import encode_typed
+
+        vectors = encode_typed(
+            self.model,
+            self.loaded.name,
             texts,
+            input_types,
             batch_size=len(texts),
             normalize_embeddings=normalize,
             convert_to_numpy=True,
@@ -150,7 +156,8 @@ def serve(conn, config: WorkerConfig) -> ExitCode:
 def _run(embedder: Embedder, task: EmbedTask, name: str) -> Embedded | TaskFailed:
     started = time.perf_counter()
     try:
-        vectors = embedder.encode(task.texts, task.normalize)
+        typed = () if task.input_types is None else (task.input_types,)  # test encoders take two arguments
+        vectors = embedder.encode(task.texts, task.normalize, *typed)
         tokens = embedder.count_tokens(task.texts)
     except Exception as exc:
         message = " ".join(str(exc).split())[:300] or type(exc).__name__

@@ -51,6 +51,51 @@ def language_note(model: str, language: str | None) -> str | None:
     return None
 
 
+#: query instructions a model's card recommends where its sentence-transformers configuration has no prompts
+#: (the bge v1.5 English models: "for short queries searching for relevant passages")
+QUERY_PROMPTS = {
+    f"BAAI/bge-{size}-en-v1.5": "Represent this sentence for searching relevant passages: "
+    for size in ("small", "base", "large")
+}
+#: the names sentence-transformers configurations give the document side's prompt
+DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
+
+
+def prompt_for(model: Any, name: str, input_type: str | None) -> str | None:
+    """The text ``model`` (loaded as ``name``) puts before a text of ``input_type``: its own prompts
+    (``model.prompts``: gte-Qwen2-instruct's "query" instruction), else the query instruction its card
+    recommends (:data:`QUERY_PROMPTS`), else none (""). None for no ``input_type``: the model's default."""
+    if input_type is None:
+        return None
+    prompts = getattr(model, "prompts", None) or {}
+    names = ("query",) if input_type == "query" else DOCUMENT_PROMPT_NAMES
+    for key in names:
+        if key in prompts:
+            return prompts[key]
+    return QUERY_PROMPTS.get(name, "") if input_type == "query" else ""
+
+
+def encode_typed(model: Any, name: str, texts: list[str], input_types: list[str | None] | None, **kwargs):
+    """``model.encode`` of ``texts``, each with the prompt of its input type (:func:`prompt_for`); texts of
+    one type are encoded together and the rows come back in the texts' order."""
+    import numpy as np
+
+    types = input_types or [None] * len(texts)
+    groups: dict[str | None, list[int]] = {}
+    for index, kind in enumerate(types):
+        groups.setdefault(kind, []).append(index)
+    if len(groups) == 1:
+        (kind,) = groups
+        return model.encode(texts, prompt=prompt_for(model, name, kind), **kwargs)
+    rows = None
+    for kind, indices in groups.items():
+        vectors = model.encode([texts[i] for i in indices], prompt=prompt_for(model, name, kind), **kwargs)
+        if rows is None:
+            rows = np.empty((len(texts), vectors.shape[1]), dtype=vectors.dtype)
+        rows[indices] = vectors
+    return rows
+
+
 def resolve_model(profile: str) -> str:
     if profile == EMBEDDED:
         return str(embedded_model_path())
@@ -167,6 +212,7 @@ class EmbeddingsStage(TorchStage):
             return np.zeros((0, int(self.model.get_embedding_dimension())), dtype=np.float32)
         return self.model.encode(
             texts,
+            prompt=prompt_for(self.model, self.model_name, "document"),  # transcript segments are documents
             batch_size=self.batch_size,
             normalize_embeddings=True,
             convert_to_numpy=True,

@@ -59,9 +59,17 @@ class Client:
 
     # -- embeddings ------------------------------------------------------------
     def embed(
-        self, texts: str | list[str], model: str = "speed", encoding_format: str = "float"
+        self,
+        texts: str | list[str],
+        model: str = "speed",
+        encoding_format: str = "float",
+        input_type: str | None = None,
     ) -> EmbeddingResponse:
-        body = EmbeddingRequest(input=texts, model=model, encoding_format=encoding_format)
+        """``input_type="query"`` for search queries, ``"document"`` for what is searched (transcript segments
+        are embedded as documents): a model with prompts embeds the two apart."""
+        body = EmbeddingRequest(
+            input=texts, model=model, encoding_format=encoding_format, input_type=input_type
+        )
         response = self._call("POST", "/v1/embeddings", json=body.model_dump(exclude_none=True))
         return EmbeddingResponse.model_validate_json(response.content)
 

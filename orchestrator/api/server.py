@@ -347,7 +347,7 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         429 (Retry-After) when the profile's queue is full; 504 past the request deadline. A client that
         disconnects has its queued texts dropped."""
         profile, texts = check_embedding_request(body, settings)
-        ticket = pool.ticket(profile, texts, loop_lag.seconds)
+        ticket = pool.ticket(profile, texts, loop_lag.seconds, body.input_type)
         result = await wait_for_rows(ticket, request, settings, metrics)
         answer = embedding_response(
             result.vectors, result.tokens, result.model, body.encoding_format

@@ -75,8 +75,10 @@ MAX_CRASH_RETRIES = 1
 class _Request:
     """One HTTP request's texts; resolved when every text has its row."""
 
-    def __init__(self, texts: list[str]) -> None:
+    def __init__(self, texts: list[str], input_type: str | None = None) -> None:
         self.texts = texts
+        #: "query", "document" or None (the model's default prompt)
+        self.input_type = input_type
         self.arrived = time.monotonic()
         self.lengths = [len(t) for t in texts]
         self.future: concurrent.futures.Future[EmbedResult] = concurrent.futures.Future()
@@ -212,14 +214,16 @@ class ProfileWorker:
         self._thread.start()
 
     # -- called by request handlers ------------------------------------------
-    def submit(self, texts: list[str]) -> concurrent.futures.Future[EmbedResult]:
-        return self.ticket(texts).future
+    def submit(
+        self, texts: list[str], input_type: str | None = None
+    ) -> concurrent.futures.Future[EmbedResult]:
+        return self.ticket(texts, input_type=input_type).future
 
-    def ticket(self, texts: list[str], waited_s: float = 0.0) -> Ticket:
+    def ticket(self, texts: list[str], waited_s: float = 0.0, input_type: str | None = None) -> Ticket:
         """Queue ``texts`` (one unit per text, so micro-batches can group them by length); 429 when the
         queue holds ``embed_max_queued_texts`` already (a request larger than that still enters an empty queue)
         or when it is not expected to finish within the deadline, counting ``waited_s`` (the event loop's lag)."""
-        request = _Request(texts)
+        request = _Request(texts, input_type)
         bound = self.settings.embed_max_queued_texts
         with self._cond:
             if self._closing:
@@ -438,7 +442,8 @@ class ProfileWorker:
             self._fail_start(parts, exc)
             return None
         texts = [t for part in parts for t in part.texts()]
-        task = EmbedTask(task_id=next(self._task_ids), texts=texts)
+        types = [part.request.input_type for part in parts for _ in range(part.count)]
+        task = EmbedTask(task_id=next(self._task_ids), texts=texts, input_types=types if any(types) else None)
         sent = time.monotonic()
         try:
             reply = worker.call(task, timeout=self.settings.embed_batch_timeout_s)
@@ -730,12 +735,17 @@ class EmbeddingPool:
                 )
             return self._workers[profile]
 
-    def embed(self, profile: str, texts: list[str]) -> concurrent.futures.Future[EmbedResult]:
-        return self.worker(profile).submit(texts)
+    def embed(
+        self, profile: str, texts: list[str], input_type: str | None = None
+    ) -> concurrent.futures.Future[EmbedResult]:
+        return self.worker(profile).submit(texts, input_type)
 
-    def ticket(self, profile: str, texts: list[str], waited_s: float = 0.0) -> Ticket:
-        """Queue ``texts``; the ticket's future gets the rows, ``cancel`` drops what is still queued (429 when full)."""
-        return self.worker(profile).ticket(texts, waited_s)
+    def ticket(
+        self, profile: str, texts: list[str], waited_s: float = 0.0, input_type: str | None = None
+    ) -> Ticket:
+        """Queue ``texts`` (all of one ``input_type``); the ticket's future gets the rows, ``cancel`` drops what
+        is still queued (429 when full)."""
+        return self.worker(profile).ticket(texts, waited_s, input_type)
 
     def workers(self) -> list[ProfileWorker]:
         with self._lock:

@@ -27,9 +27,9 @@ from orchestrator.registry import StageSpec
 from orchestrator.run.finish import Corpus, finish, place_speakers
 from orchestrator.run.groups import with_groups
 from orchestrator.run.journal import Journal
-from orchestrator.run.models import actual_model
+from orchestrator.run.models import actual_model, aligner_ran
 from orchestrator.run.needs import REUSED, Resume, completion, stages_needed, work_item
-from orchestrator.run.plan import chain_fingerprints, input_keys
+from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner
 from orchestrator.run.progress import Progress
 from orchestrator.run.remote import FetchLimits, fetch
 from orchestrator.run.runner import ItemOutcome, StageRunner
@@ -263,6 +263,9 @@ def _stamp_model(inp: InputState, spec: StageSpec, specs: list[StageSpec]) -> No
     """A stage that ran another model than resolved (it fell back): its artifact's fingerprint and the
     ones after it are made from the model that ran, so a later run that can have the asked-for model
     redoes this stage and what depends on it, and one that cannot keeps them."""
+    if spec.name in ("asr", "alignment"):
+        _stamp_aligner(inp, spec, specs)
+        return
     if spec.name not in ("diarization", "embeddings"):
         return
     path = inp.artifact(spec.kind)
@@ -277,3 +280,23 @@ def _stamp_model(inp: InputState, spec: StageSpec, specs: list[StageSpec]) -> No
     inp.models[spec.name] = ran
     chain_fingerprints(inp, specs)
     save_model(artifact.model_copy(update={"fingerprint": inp.fingerprints[spec.name]}), path)
+
+
+def _stamp_aligner(inp: InputState, spec: StageSpec, specs: list[StageSpec]) -> None:
+    """After ASR: the aligner the input's transcript will get is chosen by its language. After alignment: the
+    transcript's fingerprint names the aligner that ran (and the ones after it follow), so a rerun that can
+    have no other aligner keeps it."""
+    try:
+        artifact = load_artifact(inp.artifact(spec.kind), spec.output)
+    except PipelineError:
+        return
+    language = getattr(artifact, "language", None)
+    if spec.name == "asr":
+        plan_aligner(inp, specs, language)
+        return
+    if plan_aligner(inp, specs, language, aligner_ran(artifact.aligner)):
+        if artifact.fingerprint != inp.fingerprints[spec.name]:
+            save_model(
+                artifact.model_copy(update={"fingerprint": inp.fingerprints[spec.name]}),
+                inp.artifact(spec.kind),
+            )

@@ -15,13 +15,24 @@ the cache but would not load) records it in its artifact (``fallback_reason``);
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
+import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from contracts import Artifact
-from contracts.models import DIARIZATION_EMBEDDED, EMBEDDING_FALLBACK, EMBEDDING_PROFILES, PYANNOTE_DEFAULT
+from contracts.models import (
+    ALIGNER_BY_LANGUAGE,
+    DIARIZATION_EMBEDDED,
+    EMBEDDING_FALLBACK,
+    EMBEDDING_PROFILES,
+    HF_ALIGNERS,
+    PYANNOTE_DEFAULT,
+    TORCHAUDIO_ALIGNERS,
+    WORD_TIMING,
+)
 from orchestrator.gpu.sizing import ASR_REPOS
 from orchestrator.registry import StageSpec
 
@@ -29,6 +40,10 @@ log = logging.getLogger(__name__)
 
 #: seconds for one revision question to the hub (only when it answered the run's reachability check)
 HUB_TIMEOUT_S = 5.0
+#: where torchaudio downloads the wav2vec2 aligners' checkpoints from
+TORCHAUDIO_SERVER = "https://download.pytorch.org"
+#: the answers of one run's resolution (hub revisions, reachability), cleared by :func:`resolve_models`
+_ANSWERS: dict[tuple, object] = {}
 
 
 def english_only(model: str) -> bool:
@@ -41,6 +56,7 @@ def resolve_models(specs: list[StageSpec], hub: bool) -> dict[str, str]:
     """stage name -> the model it will run (stages without a model are left out)."""
     resolved: dict[str, str] = {}
     cache: dict[str, str | None] = {}
+    _ANSWERS.clear()
 
     def repo(name: str) -> str | None:
         if name not in cache:
@@ -64,6 +80,9 @@ def resolve_models(specs: list[StageSpec], hub: bool) -> dict[str, str]:
                 resolved[spec.name] = repo(wanted) or (
                     EMBEDDING_FALLBACK if s.fallback else f"{wanted} (unavailable)"
                 )
+        elif spec.name == "alignment" and getattr(s, "align", None) is not None:
+            # the aligner depends on each input's language: :func:`aligner_for` names it per input
+            resolved[spec.name] = ALIGNER_BY_LANGUAGE if s.align else "none"
         elif spec.name == "enrollment":
             resolved[spec.name] = (
                 "campplus (embedded)"
@@ -71,6 +90,18 @@ def resolve_models(specs: list[StageSpec], hub: bool) -> dict[str, str]:
                 else (repo(s.ecapa_source) or f"{s.ecapa_source} (unavailable)")
             )
     return resolved
+
+
+def planned(spec: StageSpec) -> StageSpec:
+    """``spec`` whose child runs what was resolved: where the embeddings' fallback was planned (the hub
+    model can be had neither from the hub nor from the cache), the child does not try the hub for it."""
+    if (
+        spec.name == "embeddings"
+        and spec.model == EMBEDDING_FALLBACK
+        and getattr(spec.settings, "allow_hub", False)
+    ):
+        return dataclasses.replace(spec, settings=spec.settings.model_copy(update={"allow_hub": False}))
+    return spec
 
 
 def _asr(model: str, repo) -> str:
@@ -92,15 +123,17 @@ def _repo(name: str, hub: bool) -> str | None:
     """``name@revision`` for a hub repository (the hub's revision when the run may download it, else the
     cached one), ``path (files digest)`` for a local folder, None when it cannot be had."""
     path = Path(name).expanduser()
-    if path.exists():
-        return f"{name} (local {_folder_digest(path)})"
+    if path.exists():  # the folder's name and its files, not where it lies: a moved folder is the same model
+        return f"{path.name} (local {_folder_digest(path)})"
     if name.count("/") != 1:
         return None
-    revision = _hub_revision(name) if hub else None
+    # what the child will load: the hub's revision when the hub answers for it, else the cached one; neither
+    # (hub closed or unreachable, model not cached): the fallback runs, and the plan says so, so a rerun
+    # under the same conditions finds the fallback's artifacts current instead of redoing them for nothing
     return (
-        f"{name}@{revision or _cached_revision(name) or 'hub'}"
-        if hub
-        else (f"{name}@{cached}" if (cached := _cached_revision(name)) else None)
+        f"{name}@{revision}"
+        if (revision := (_hub_revision(name) if hub else None) or _cached_revision(name))
+        else None
     )
 
 
@@ -130,13 +163,17 @@ def _cached_revision(repo: str) -> str | None:
 
 def _hub_revision(repo: str) -> str | None:
     """The revision a download would get now (one request; None when the hub does not say)."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, get_token
 
     try:
-        return HfApi().model_info(repo, timeout=HUB_TIMEOUT_S).sha
-    except Exception as exc:  # noqa: BLE001 - gated, missing, offline: the stage will say why when it loads
+        info = HfApi().model_info(repo, timeout=HUB_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - missing, unreachable, offline: the stage will say why when it loads
         log.debug("hub revision of %s: %s", repo, exc)
         return None
+    if getattr(info, "gated", False) and not get_token():  # its files need a token the child would not have
+        log.debug("hub revision of %s: gated, and no HF_TOKEN", repo)
+        return None
+    return info.sha
 
 
 def actual_model(stage: str, artifact: Artifact, resolved: str | None) -> str | None:
@@ -162,6 +199,8 @@ def model_label(stage: str, artifact: Artifact | None) -> str | None:
             if model.startswith("pyannote:") and not fallback
             else DIARIZATION_EMBEDDED
         )
+    if stage == "alignment":
+        return aligner_ran(getattr(artifact, "aligner", None))
     if stage == "asr" and getattr(artifact, "requested_model", None):  # the name asked for, without revision
         return _asr(artifact.requested_model, lambda name: name)
     return None
@@ -169,4 +208,47 @@ def model_label(stage: str, artifact: Artifact | None) -> str | None:
 
 def same_model(label: str, resolved: str) -> bool:
     """Whether ``label`` (an artifact's model) names the model ``resolved`` says (any revision)."""
-    return label == resolved or resolved.split("@", 1)[0].split(" (local ", 1)[0] == label
+    return label == resolved or resolved.split("@", 1)[0].split(" (local ", 1)[0] == label.removesuffix(
+        " (local)"
+    )
+
+
+def aligner_for(language: str | None, hub: bool) -> str:
+    """The aligner the alignment stage will run for a transcript in ``language``: whisperX's wav2vec2 model
+    for it (``wav2vec2:<name>``) when it is on disk or can be downloaded this run, else the ASR model's own
+    cross-attention (:data:`WORD_TIMING`). Answers as :func:`aligner_ran` reads an artifact, so a rerun under
+    the same conditions finds the transcript current, and one that can now have the wav2vec2 model redoes it."""
+    if language in TORCHAUDIO_ALIGNERS:
+        bundle, file = TORCHAUDIO_ALIGNERS[language]
+        on_disk = (_torch_hub_dir() / "checkpoints" / file).is_file()
+        return f"wav2vec2:{bundle}" if on_disk or (hub and _reachable(TORCHAUDIO_SERVER)) else WORD_TIMING
+    if language in HF_ALIGNERS:
+        name = HF_ALIGNERS[language]
+        key = ("repo", name, hub)
+        if key not in _ANSWERS:
+            _ANSWERS[key] = _repo(name, hub)
+        return f"wav2vec2:{name}" if _ANSWERS[key] else WORD_TIMING
+    return WORD_TIMING
+
+
+def aligner_ran(aligner: str | None) -> str | None:
+    """A transcript's ``aligner`` in :func:`aligner_for`'s words (None: it names none, e.g. no speech)."""
+    if not aligner:
+        return None
+    return WORD_TIMING if aligner.startswith(WORD_TIMING) else f"wav2vec2:{aligner}"
+
+
+def _torch_hub_dir() -> Path:
+    """``torch.hub.get_dir()`` without importing torch: ``$TORCH_HOME/hub``, else ``$XDG_CACHE_HOME/torch/hub``
+    (torch's own rule; read here as torch reads it, in the child that loads the aligner)."""
+    home = os.environ.get("TORCH_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "torch")
+    return Path(home).expanduser() / "hub"
+
+
+def _reachable(endpoint: str) -> bool:
+    key = ("reachable", endpoint)
+    if key not in _ANSWERS:
+        from orchestrator.run.hub import hub_reachable
+
+        _ANSWERS[key] = hub_reachable(endpoint, 3.0)[0]
+    return bool(_ANSWERS[key])

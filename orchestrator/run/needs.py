@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,12 +19,14 @@ from orchestrator import layout
 from orchestrator.registry import StageSpec
 from orchestrator.run.journal import Completed, Journal
 from orchestrator.run.models import model_label, same_model
-from orchestrator.run.plan import chain_fingerprints, input_keys, plan_inputs
+from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner, plan_inputs
 from orchestrator.run.remote import configure as configure_remote
 from orchestrator.run.remote import without_credentials
 from orchestrator.run.runner import artifact_state
 from orchestrator.run.state import InputState
 from orchestrator.settings import Settings
+
+log = logging.getLogger(__name__)
 
 #: the one report entry of a stage an input reused (frozen: shared by every such input of a large run)
 REUSED = ItemStage(status="reused")
@@ -57,12 +60,16 @@ def needs(
     needed: dict[str, bool] = {}
     read: set[str] = set()  # artifacts that a stage which runs reads
     states: dict[str, tuple] = {}
+    # first the aligner the transcript would get now: the fingerprints after it follow from it
+    aligned = None if force else _alignment_state(inp, specs, quiet=reasons is not None)
     for index in range(len(specs) - 1, -1, -1):
         spec = specs[index]
         previous = specs[index - 1] if index else None
         item = work_item(spec, inp, previous)
         if force:
             artifact, state = None, "forced (--force)"
+        elif spec.name == "alignment" and aligned is not None:
+            artifact, state = aligned
         else:
             artifact, state = artifact_state(item, spec.output, quiet=reasons is not None)
         states[spec.name] = (artifact, state)
@@ -77,9 +84,9 @@ def needs(
             artifact, state = states[spec.name]
             upstream = [k for k in input_keys(spec, specs[index - 1] if index else None) if k in redone]
             if state == "stale":
-                was = model_label(spec.name, artifact)
-                if was is not None and spec.model is not None and not same_model(was, spec.model):
-                    state = f"model {was} -> {spec.model}"
+                was, now = model_label(spec.name, artifact), inp.models.get(spec.name) or spec.model
+                if was is not None and now is not None and not same_model(was, now):
+                    state = f"model {was} -> {now}"
                 elif upstream:
                     state = f"its input ({upstream[0]}) is redone"
                 else:
@@ -89,6 +96,25 @@ def needs(
             reasons[spec.name] = state
             redone.add(spec.kind)
     return needed
+
+
+def _alignment_state(inp: InputState, specs: list[StageSpec], quiet: bool) -> tuple | None:
+    """:func:`artifact_state` of the transcript, its fingerprint made with the aligner that would run now for
+    its language (``orchestrator.run.plan.plan_aligner``): a transcript timed by Whisper's cross-attention is
+    redone once the wav2vec2 aligner of its language can be had, and kept while it cannot. None without an
+    alignment stage."""
+    index = next((i for i, s in enumerate(specs) if s.name == "alignment"), None)
+    if index is None:
+        return None
+    spec, previous = specs[index], specs[index - 1] if index else None
+    artifact, state = artifact_state(work_item(spec, inp, previous), spec.output, quiet=True)
+    if artifact is not None and plan_aligner(inp, specs, getattr(artifact, "language", None)):
+        item = work_item(spec, inp, previous)
+        current = artifact.fingerprint == item.fingerprint and artifact.item_id == item.id
+        state = "current" if current else "stale"
+    if state == "stale" and not quiet:
+        log.info("redoing %s: transcript.json is stale (inputs, settings or aligner changed)", inp.id)
+    return artifact, state
 
 
 def stages_needed(
@@ -150,10 +176,14 @@ class Resume:
         if self.settings.output_url:
             return False
         done = self.completed.pop(inp.id, None)  # each input is checked once a run; what is checked is freed
-        if done is None or not inp.alive or done.fingerprint != self.outputs_fingerprint(inp):
+        if done is None or not inp.alive:
             return False
         event = done.event()
         files, summary = event.get("files"), event.get("summary")
+        if isinstance(summary, dict) and summary.get("text_language"):  # the aligner it would get now
+            plan_aligner(inp, specs, summary["text_language"])
+        if done.fingerprint != self.outputs_fingerprint(inp):
+            return False
         if not isinstance(files, dict) or not files or not isinstance(summary, dict):
             return False  # a journal of an earlier version: check the artifacts themselves
         for name, (size, mtime_ns) in files.items():
@@ -215,6 +245,7 @@ def completion(inp: InputState, specs: list[StageSpec]) -> dict:
         "substitutions": inp.substitutions,
         "damage": inp.damage,
         "language": inp.language.model_dump(mode="json") if inp.language else None,
+        "text_language": inp.text_language,
     }
     if plan_notes:
         summary["plan_notes"] = list(inp.plan.notes)

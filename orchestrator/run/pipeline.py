@@ -40,7 +40,7 @@ from orchestrator.run.groups import GROUP_SIZE, plan_groups, whole_group_chunks
 from orchestrator.run.hub import cached_repos, downloads, resolve_hub
 from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
-from orchestrator.run.models import english_only, resolve_models
+from orchestrator.run.models import english_only, planned, resolve_models
 from orchestrator.run.needs import OUTPUTS_VERSION, Resume, dry_run
 from orchestrator.run.plan import chain_fingerprints, plan_inputs
 from orchestrator.run.progress import LogProgress, Progress
@@ -98,7 +98,7 @@ class Orchestrator:
                     "--translate off"
                 )
         models = resolve_models(specs, bool(self.settings.hub))
-        return [dataclasses.replace(spec, model=models.get(spec.name)) for spec in specs]
+        return [planned(dataclasses.replace(spec, model=models.get(spec.name))) for spec in specs]
 
     def stop(self) -> None:
         """Ask for a graceful stop: each child finishes its current item, then the run ends."""

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from contracts import SourceVersion
 from contracts.artifacts import VocabularyFile
 from contracts.io import atomic_write_text
+from contracts.models import ALIGNER_BY_LANGUAGE
 from orchestrator import layout
 from orchestrator.registry import StageSpec
 from orchestrator.run.remote import (
@@ -462,3 +463,22 @@ def chain_fingerprints(inp: InputState, specs: list[StageSpec]) -> None:
         by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(
             spec, upstream, inp.models.get(spec.name)
         )
+
+
+def plan_aligner(
+    inp: InputState, specs: list[StageSpec], language: str | None, ran: str | None = None
+) -> bool:
+    """The alignment stage's model for ``inp``: the aligner that ran (``ran``, when an artifact names one),
+    else the one it will run for ``language`` (``orchestrator.run.models.aligner_for``); the fingerprints
+    chained again. False where the stage chooses no aligner per language (alignment off, not run)."""
+    from orchestrator.run.models import aligner_for
+
+    spec = next((s for s in specs if s.name == "alignment"), None)
+    if spec is None or spec.model != ALIGNER_BY_LANGUAGE:
+        return False
+    inp.text_language = language
+    model = ran or aligner_for(language, bool(getattr(spec.settings, "allow_hub", False)))
+    if inp.models.get(spec.name) != model:
+        inp.models[spec.name] = model
+        chain_fingerprints(inp, specs)
+    return True

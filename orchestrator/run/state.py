@@ -42,8 +42,11 @@ class InputState:
     language: LanguageId | None = None
     #: seconds of two or more voices at once (the diarization's; None: no diarization)
     overlap_s: float | None = None
-    #: stage -> the model that ran, where it was not the one the run resolved (a fallback)
+    #: stage -> the model that ran, where it was not the one the run resolved (a fallback), or that runs for
+    #: this input (the alignment's aligner, chosen by the transcript's language)
     models: dict[str, str] = field(default_factory=dict)
+    #: the transcript's language the aligner was chosen for (kept in the journal for the fast resume)
+    text_language: str | None = None
     #: the join group whose inputs may share a Whisper window with it (``orchestrator.run.groups``)
     group: str | None = None
 

@@ -73,7 +73,7 @@ def test_transcribes_the_spoken_words_and_records_what_ran(tmp_path, audio_json)
     transcript = load_artifact(tmp_path / "transcript.json", TranscriptArtifact)
     text = " ".join(s.text for s in transcript.segments)
     assert wer(SPEECH_TEXT, text) < MAX_WER, text
-    assert transcript.model == str(embedded_model_path()) and transcript.requested_model == "embedded"
+    assert transcript.model == "whisper tiny.en (embedded)" and transcript.requested_model == "embedded"
     assert (transcript.device, transcript.compute_type, transcript.batch_size) == ("cpu", "int8", 4)
     assert transcript.fingerprint == "fp-asr" and transcript.aligned is False and transcript.language == "en"
     assert 0 <= transcript.segments[0].start < transcript.segments[-1].end <= transcript.duration_s + 0.5

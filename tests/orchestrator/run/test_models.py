@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from types import SimpleNamespace
 
@@ -10,8 +11,9 @@ from huggingface_hub import constants
 
 from contracts import EmbeddingsArtifact
 from contracts.models import DIARIZATION_EMBEDDED, EMBEDDING_FALLBACK, EMBEDDING_PROFILES, PYANNOTE_DEFAULT
+from contracts.stage_settings import EmbeddingsSettings
 from orchestrator.registry import StageSpec, process_specs
-from orchestrator.run.models import actual_model, model_label, resolve_models, same_model
+from orchestrator.run.models import actual_model, model_label, planned, resolve_models, same_model
 from orchestrator.settings import Settings
 
 
@@ -81,7 +83,12 @@ def test_a_local_model_folder_is_named_by_its_files(tmp_path, hub_cache):
     weights = folder / "model.bin"
     weights.write_bytes(b"weights")
     first = _one("asr", model=str(folder))
-    assert first.startswith(f"{folder} (local ") and first == _one("asr", model=str(folder)), "stable"
+    assert first.startswith("model (local ") and first == _one("asr", model=str(folder)), "stable"
+    moved = tmp_path / "elsewhere" / "model"
+    moved.parent.mkdir()
+    folder.rename(moved)
+    assert _one("asr", model=str(moved)) == first, "a moved folder is the same model: no path in the identity"
+    moved.rename(folder)
     os.utime(weights, ns=(1, 1))
     changed = _one("asr", model=str(folder))
     assert changed != first, "a changed file changes the identity (and so the fingerprint)"
@@ -146,5 +153,29 @@ def test_model_label_reads_an_existing_artifact_in_resolve_models_words():
 def test_same_model_ignores_the_revision_and_the_local_digest():
     assert same_model("org/m", "org/m@abc")
     assert same_model("/models/x", "/models/x (local 0123456789ab)")
+    assert same_model("x (local)", "x (local 0123456789ab)"), "an artifact's portable name of a local folder"
     assert same_model(EMBEDDING_FALLBACK, EMBEDDING_FALLBACK)
     assert not same_model("org/m", "org/other@abc")
+
+
+def test_the_hub_allowed_but_unreachable_plans_the_fallback_that_will_run(hub_cache, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing answers there
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    assert _one("embeddings", hub=True, profile="speed", fallback=True) == EMBEDDING_FALLBACK
+    assert _one("diarization", hub=True, model="auto") == DIARIZATION_EMBEDDED
+    assert _one("asr", hub=True, model="medium") == "medium (unavailable)"
+    hub_cache(EMBEDDING_PROFILES["speed"], "c1")  # cached: the child loads it from the cache
+    assert _one("embeddings", hub=True, profile="speed", fallback=True) == f"{EMBEDDING_PROFILES['speed']}@c1"
+
+
+def test_the_planned_fallback_keeps_the_embeddings_child_off_the_hub():
+    spec = StageSpec(
+        name="embeddings",
+        module="stages.embeddings",
+        output=EmbeddingsArtifact,
+        settings=EmbeddingsSettings(profile="speed", fallback=True, allow_hub=True),
+        model=EMBEDDING_FALLBACK,
+    )
+    assert planned(spec).settings.allow_hub is False
+    real = dataclasses.replace(spec, model="BAAI/bge-small-en-v1.5@c1")
+    assert planned(real).settings.allow_hub is True
