@@ -94,7 +94,7 @@ def main() -> None:
 
     from contracts import load_model
     from orchestrator import Orchestrator, Settings
-    from orchestrator.run.plan import chain_fingerprints, plan_inputs
+    from orchestrator.run.plan import chain_fingerprints, plan_aligner, plan_inputs
     from orchestrator.run.state import InputState
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="scale-"))
@@ -132,7 +132,9 @@ def main() -> None:
         kept = [s for s in specs if s.keep]
         models = {s.kind: load_model(template / f"{s.kind}.json", s.output) for s in kept}
         npy = (template / "embeddings.npy").read_bytes()
+        language = getattr(models.get("transcript"), "language", None)
         for inp in inputs:
+            plan_aligner(inp, specs, language)  # the aligner a run picks for the transcript's language
             inp.directory.mkdir(parents=True, exist_ok=True)
             for spec in kept:
                 artifact = models[spec.kind].model_copy(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -186,10 +187,11 @@ class Resume:
             return False
         if not isinstance(files, dict) or not files or not isinstance(summary, dict):
             return False  # a journal of an earlier version: check the artifacts themselves
+        directory = str(inp.directory)
         for name, (size, mtime_ns) in files.items():
             try:
-                st = (inp.directory / name).stat()
-            except OSError:
+                st = os.stat(os.path.join(directory, name))
+            except (OSError, TypeError, ValueError):  # gone, or a name no file can have
                 return False
             if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
                 return False
@@ -215,7 +217,7 @@ class Resume:
         """A journal summary's language, validated once per distinct value (a corpus has few)."""
         if not raw:
             return None
-        key = json.dumps(raw, sort_keys=True)
+        key = repr(raw)  # the same text is the same value (another order of the same value: one more entry)
         cache = self._languages
         if key not in cache:
             if len(cache) > 10_000:
