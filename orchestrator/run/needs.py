@@ -18,7 +18,7 @@ from contracts.artifacts import LanguageId
 from contracts.report import ItemStage, RunPlan, StagePlan
 from orchestrator import layout
 from orchestrator.registry import StageSpec
-from orchestrator.run.journal import Completed, Journal
+from orchestrator.run.journal import Completed, Journal, _field
 from orchestrator.run.models import model_label, same_model
 from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner, plan_inputs
 from orchestrator.run.remote import configure as configure_remote
@@ -163,11 +163,17 @@ class Resume:
         blob = json.dumps(inp.fingerprints, sort_keys=True) + self._shaping
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
-    def resumed(self, inp: InputState) -> bool:
-        """The journal saw ``inp`` completed with its current outputs fingerprint (the progress's count)."""
-        return inp.id in self.completed and self.completed[inp.id].fingerprint == self.outputs_fingerprint(
-            inp
-        )
+    def resumed(self, inp: InputState, specs: list[StageSpec] | None = None) -> bool:
+        """The journal saw ``inp`` completed with its current outputs fingerprint (the progress's count).
+        With ``specs``, the aligner is first planned for the transcript's language the journal names, as
+        :meth:`complete` will (read from its line without parsing the rest)."""
+        done = self.completed.get(inp.id)
+        if done is None:
+            return False
+        language = _field(done.line, "text_language") if specs is not None else None
+        if language:
+            plan_aligner(inp, specs, language)
+        return done.fingerprint == self.outputs_fingerprint(inp)
 
     def complete(self, inp: InputState, specs: list[StageSpec]) -> bool:
         """An input the journal saw completed with the same outputs fingerprint, whose files are still the
