@@ -894,6 +894,154 @@ def serve(
         raise typer.Exit(ExitCode.USAGE) from None
 
 
+models_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="The models the settings need, for air-gapped machines: list them, pull them, verify the cache.",
+)
+app.add_typer(models_app, name="models")
+
+ModelAsrOpt = Annotated[str | None, typer.Option("--asr-model", help="[env ASR_MODEL]")]
+ModelProfileOpt = Annotated[
+    str | None, typer.Option(help="speed, quality, embedded or a model name [env EMBEDDING_PROFILE].")
+]
+ModelDiarizationOpt = Annotated[
+    str | None, typer.Option(help="auto, embedded or a pyannote pipeline [env DIARIZATION_MODEL].")
+]
+ModelEncoderOpt = Annotated[str | None, typer.Option(help="campplus or ecapa [env SPEAKER_ENCODER].")]
+ModelLanguagesOpt = Annotated[
+    str | None, typer.Option(help="Languages whose hub aligners are needed, e.g. nl,pt [env ASR_LANGUAGES].")
+]
+
+
+def _model_rows(asr_model, embedding_profile, diarization_model, speaker_encoder, languages, allow_hub):
+    """The settings' models (``orchestrator.run.offline.model_rows``), ``allow_hub`` resolved as `process`
+    resolves it."""
+    from contracts.errors import SettingsError
+    from orchestrator.run.hub import resolve_hub
+    from orchestrator.run.offline import model_rows
+
+    settings = _settings(
+        {
+            "asr_model": asr_model,
+            "embedding_profile": embedding_profile,
+            "diarization_model": diarization_model,
+            "speaker_encoder": speaker_encoder,
+            "asr_languages": languages,
+            "allow_hub": allow_hub,
+        }
+    )
+    try:
+        return model_rows(resolve_hub(settings))
+    except (SettingsError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+
+
+@models_app.command("list")
+def models_list(
+    asr_model: ModelAsrOpt = None,
+    embedding_profile: ModelProfileOpt = None,
+    diarization_model: ModelDiarizationOpt = None,
+    speaker_encoder: ModelEncoderOpt = None,
+    languages: ModelLanguagesOpt = None,
+    allow_hub: Annotated[
+        bool | None, typer.Option("--allow-hub/--no-hub", help="[env PIPELINE_ALLOW_HUB, default auto]")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Per stage: the model the settings ask for, whether the Hugging Face cache holds it (which revision),
+    and what `process` would run now (the model, or the embedded fallback and why)."""
+    import dataclasses
+    import json
+
+    setup_logging(_verbosity(verbose))
+    rows = _model_rows(asr_model, embedding_profile, diarization_model, speaker_encoder, languages, allow_hub)
+    if json_out:
+        fields = ("stage", "repo", "revision", "cached", "runs", "fallback_reason", "terms")
+        typer.echo(json.dumps([{k: dataclasses.asdict(r)[k] for k in fields} for r in rows], indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=None if rows else "no stage of these settings needs a hub model")
+    for column in ("stage", "asks for", "cached", "runs now", "licence / gate"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        runs = r.runs if r.fallback_reason is None else f"{r.runs} ({r.fallback_reason})"
+        table.add_row(
+            r.stage,
+            f"{r.repo}@{r.revision}" if not r.local else r.repo,
+            r.cached or "no",
+            runs,
+            r.terms or "-",
+        )
+    Console(width=160).print(table)
+
+
+@models_app.command("pull")
+def models_pull(
+    asr_model: ModelAsrOpt = None,
+    embedding_profile: ModelProfileOpt = None,
+    diarization_model: ModelDiarizationOpt = None,
+    speaker_encoder: ModelEncoderOpt = None,
+    languages: ModelLanguagesOpt = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """On a machine that reaches the hub: fetch every model these settings need into the Hugging Face cache
+    (HF_HOME), resuming an earlier pull; HF_TOKEN for gated models. Carry HF_HOME to the offline machine."""
+    from orchestrator.run.offline import PullError, pull
+
+    setup_logging(_verbosity(verbose))
+    rows = _model_rows(asr_model, embedding_profile, diarization_model, speaker_encoder, languages, False)
+    failed = 0
+    for row in rows:
+        if row.local:
+            typer.echo(f"{row.stage}: {row.repo} is a local folder: carry it yourself", err=True)
+            continue
+        try:
+            typer.echo(f"pulled {pull(row)}", err=True)
+        except PullError as exc:
+            failed += 1
+            typer.echo(f"FAILED {row.stage}: {exc}", err=True)
+    raise typer.Exit(ExitCode.FAILED if failed else ExitCode.OK)
+
+
+@models_app.command("verify")
+def models_verify(
+    asr_model: ModelAsrOpt = None,
+    embedding_profile: ModelProfileOpt = None,
+    diarization_model: ModelDiarizationOpt = None,
+    speaker_encoder: ModelEncoderOpt = None,
+    languages: ModelLanguagesOpt = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every model of the cache, not the settings' only.")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Hash every cached file of the settings' models against its blob's name (sha256 / git sha1); name the
+    missing and corrupt ones. Exit 1 when any is bad."""
+    from orchestrator.run.offline import cached_repo_ids, verify
+
+    setup_logging(_verbosity(verbose))
+    if every:
+        repos = cached_repo_ids()
+    else:
+        rows = _model_rows(asr_model, embedding_profile, diarization_model, speaker_encoder, languages, False)
+        repos = [r.repo for r in rows if not r.local]
+    bad = 0
+    for repo in repos:
+        check = verify(repo)
+        if check.problems:
+            bad += 1
+            for problem in check.problems:
+                typer.echo(f"BAD {repo}: {problem}", err=True)
+        else:
+            typer.echo(f"ok {repo}@{check.revision} ({check.files} files)", err=True)
+    raise typer.Exit(ExitCode.FAILED if bad else ExitCode.OK)
+
+
 def main() -> None:
     import signal
 
