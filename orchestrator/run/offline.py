@@ -163,7 +163,7 @@ def pull(row: ModelRow) -> str:
             raise GatedRepoError(f"{row.repo} is gated")
         path = snapshot_download(
             row.repo,
-            revision=info.sha,
+            revision=row.revision,  # a branch: the cache's refs/main is written, which offline loads read
             allow_patterns=row.allow_patterns,
             ignore_patterns=row.ignore_patterns,
             token=token,
@@ -186,7 +186,7 @@ def pull(row: ModelRow) -> str:
         ) from None
     files = [p for p in Path(path).rglob("*") if p.is_file()]
     size = sum(p.stat().st_size for p in files)
-    return f"{row.stage}: {row.repo}@{info.sha} ({len(files)} files, {size / 2**20:.1f} MiB)"
+    return f"{row.stage}: {row.repo}@{Path(path).name} ({len(files)} files, {size / 2**20:.1f} MiB)"
 
 
 # -- verify: the cache's files against their blob names ------------------------------------------------
