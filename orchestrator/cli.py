@@ -965,19 +965,25 @@ def models_list(
     from rich.console import Console
     from rich.table import Table
 
+    def short(name: str) -> str:  # a commit id's first 12 digits, as git shows it (--json: whole)
+        head, at, revision = name.partition("@")
+        return f"{head}@{revision[:12]}" if at and len(revision) == 40 else name
+
     table = Table(title=None if rows else "no stage of these settings needs a hub model")
-    for column in ("stage", "asks for", "cached", "runs now", "licence / gate"):
+    for column in (
+        "stage",
+        "asks for",
+        "cached",
+        "runs now",
+        "why not the model asked for",
+        "licence / gate",
+    ):
         table.add_column(column, overflow="fold")
     for r in rows:
-        runs = r.runs if r.fallback_reason is None else f"{r.runs} ({r.fallback_reason})"
-        table.add_row(
-            r.stage,
-            f"{r.repo}@{r.revision}" if not r.local else r.repo,
-            r.cached or "no",
-            runs,
-            r.terms or "-",
-        )
-    Console(width=160).print(table)
+        asked = r.repo if r.local else f"{r.repo}@{r.revision}"
+        cached = "no" if r.cached is None else r.cached[:12]
+        table.add_row(r.stage, asked, cached, short(r.runs), r.fallback_reason or "-", r.terms or "-")
+    Console(width=200).print(table)
 
 
 @models_app.command("pull")
@@ -995,16 +1001,18 @@ def models_pull(
 
     setup_logging(_verbosity(verbose))
     rows = _model_rows(asr_model, embedding_profile, diarization_model, speaker_encoder, languages, False)
-    failed = 0
+    summary: list[str] = []  # one line per model, after huggingface_hub's progress bars
     for row in rows:
         if row.local:
-            typer.echo(f"{row.stage}: {row.repo} is a local folder: carry it yourself", err=True)
+            summary.append(f"local {row.stage}: {row.repo} is a folder on this machine: carry it yourself")
             continue
         try:
-            typer.echo(f"pulled {pull(row)}", err=True)
+            summary.append(f"pulled {pull(row)}")
         except PullError as exc:
-            failed += 1
-            typer.echo(f"FAILED {row.stage}: {exc}", err=True)
+            summary.append(f"FAILED {row.stage}: {exc}")
+    for line in summary:
+        typer.echo(line, err=True)
+    failed = any(line.startswith("FAILED") for line in summary)
     raise typer.Exit(ExitCode.FAILED if failed else ExitCode.OK)
 
 

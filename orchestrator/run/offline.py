@@ -107,7 +107,7 @@ def _row(stage: str, repo: str, runs: str, hub: bool, hub_info) -> ModelRow:
         return row
     info = hub_info(repo) if hub else None
     if isinstance(info, Exception):
-        row.fallback_reason = f"not cached, and the hub did not give it ({_short(info)})"
+        row.fallback_reason = f"not cached, and {_hub_failure(info)}"
     elif info is not None:
         row.terms = _terms(info) or row.terms
         if getattr(info, "gated", False):
@@ -131,6 +131,17 @@ def _hub_info(repo: str):
         return HfApi().model_info(repo, timeout=10.0)
     except Exception as exc:  # noqa: BLE001 - any failure is reported on the model's row
         return exc
+
+
+def _hub_failure(exc: Exception) -> str:
+    """Why the hub did not give a repository's revision, in a few words."""
+    from huggingface_hub.errors import OfflineModeIsEnabled, RepositoryNotFoundError
+
+    if isinstance(exc, OfflineModeIsEnabled):
+        return "HF_HUB_OFFLINE is set"
+    if isinstance(exc, RepositoryNotFoundError):
+        return "the hub does not have it"
+    return f"the hub did not give it ({_short(exc)})"
 
 
 def _terms(info) -> str | None:

@@ -166,9 +166,18 @@ def test_a_gated_model_gives_a_one_line_hint(hub, tmp_path):
         (line,) = lines(pulled.stderr)
         assert line.startswith(f"FAILED diarization: {GATED}: gated (HTTP 401): accept its conditions"), line
         assert line.endswith(f"set HF_TOKEN to a token of it{extra}"), line
-    # And with the right token it is fetched
+    # And `models list` says why the embedded diarizer runs, and names the gate
+    listed = cli(hub, tmp_path / "hf", "models", "list", "--json", "--allow-hub", *args[2:])
+    (row,) = json.loads(listed.stdout)
+    assert row["runs"] == "embedded (segmentation-3.0 + CAM++)", row
+    assert row["fallback_reason"].startswith("not cached, and gated: accept its conditions"), row
+    assert row["terms"] == "cc-by-4.0, gated: accept its conditions on hf.co, then HF_TOKEN", row
+    # And with the right token it is fetched, and listed as what runs
     pulled = cli(hub, tmp_path / "hf", *args, HF_TOKEN=hub.token)
     assert pulled.returncode == 0, pulled.stderr
+    listed = cli(hub, tmp_path / "hf", "models", "list", "--json", *args[2:], HF_HUB_OFFLINE="1")
+    (row,) = json.loads(listed.stdout)
+    assert row["runs"] == f"{GATED}@{repos()[GATED].sha}" and row["fallback_reason"] is None, row
 
 
 def test_an_unreachable_hub_is_one_line(tmp_path):
