@@ -946,7 +946,7 @@ def models_list(
     speaker_encoder: ModelEncoderOpt = None,
     languages: ModelLanguagesOpt = None,
     allow_hub: Annotated[
-        bool | None, typer.Option("--allow-hub/--no-hub", help="[env PIPELINE_ALLOW_HUB, default auto]")
+        bool | None, typer.Option("--allow-hub/--offline", help="[env PIPELINE_ALLOW_HUB, default auto]")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,

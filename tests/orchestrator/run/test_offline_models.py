@@ -135,7 +135,7 @@ def test_list_without_the_model_names_the_fallback_and_why(hub, tmp_path):
         "models",
         "list",
         "--json",
-        "--no-hub",
+        "--offline",
         "--embedding-profile",
         EMBED,
         *ONLY_EMBEDDINGS,
