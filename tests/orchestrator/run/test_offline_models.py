@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
+from orchestrator import Orchestrator
+from orchestrator.run.offline import model_rows
+from orchestrator.settings import Settings
 from tests.conftest import MEDIA, ROOT
 from tests.orchestrator.run.standin_hub import Repo, StandinHub
 
@@ -228,3 +231,33 @@ def test_verify_finds_a_corrupt_and_a_missing_blob(hub, tmp_path):
     assert len(bad) == 2, bad
     assert bad[0].startswith(f"BAD {EMBED}: model.safetensors: corrupt (hash "), bad
     assert bad[1] == f"BAD {EMBED}: modules.json: missing (its blob is gone)", bad
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"embedding_profile": EMBED, "diarization_model": "auto", "asr_model": "small"},
+        {"embedding_profile": "quality", "diarization_model": GATED, "asr_model": "embedded"},
+        {"embedding_profile": "embedded", "diarization_model": "embedded", "asr_model": "large-v3"},
+    ],
+)
+def test_list_says_what_process_plans(tmp_path, monkeypatch, fields):
+    # Given a cache holding some of the settings' models (the embeddings model, the small Whisper)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    for repo, revision in ((EMBED, "e" * 40), ("Systran/faster-whisper-small", "5" * 40)):
+        folder = tmp_path / "hf" / f"models--{repo.replace('/', '--')}"
+        (folder / "snapshots" / revision).mkdir(parents=True)
+        (folder / "refs").mkdir()
+        (folder / "refs" / "main").write_text(revision)
+    settings = Settings(allow_hub=False, device="cpu", output_dir=tmp_path / "out", **fields)
+    # When `models list` and the orchestrator's plan resolve them
+    rows = model_rows(settings)
+    with Orchestrator(settings) as orch:
+        planned = {spec.name: spec.model for spec in orch.stage_specs()}
+    # Then every row's "runs" is the planned model of its stage, and a row runs its model exactly when cached
+    assert rows, fields
+    for row in rows:
+        assert row.runs == planned[row.stage], (row, planned)
+        assert (row.fallback_reason is None) == (row.cached is not None), row
+        if row.cached:
+            assert row.runs == f"{row.repo}@{row.cached}"
