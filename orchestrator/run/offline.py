@@ -21,8 +21,20 @@ from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-#: the files faster-whisper's ``download_model`` fetches of a CTranslate2 Whisper repository
-ASR_FILES = ["config.json", "preprocessor_config.json", "model.bin", "tokenizer.json", "vocabulary.*"]
+#: the files faster-whisper's ``download_model`` fetches of a CTranslate2 Whisper repository, and those the
+#: torch runtime loads of a transformers one (weights in safetensors, the tokenizer, generation settings)
+ASR_FILES = ["config.json", "preprocessor_config.json", "model.bin", "tokenizer.json", "vocabulary.*"] + [
+    "model.safetensors",
+    "model-*.safetensors",
+    "model.safetensors.index.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "normalizer.json",
+    "vocab.json",
+    "merges.txt",
+]
 #: other frameworks' copies of the weights, which no stage loads (sentence-transformers, transformers)
 OTHER_FORMATS = ["*.onnx", "onnx/*", "openvino/*", "*.h5", "*.msgpack", "*.ot", "flax_model*", "tf_model*"]
 #: licence or gate of the models the settings name by default (the hub's own answer wins when it gives one)

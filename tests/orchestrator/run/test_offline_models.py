@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import constants
+from huggingface_hub.utils import filter_repo_objects
 
 from orchestrator import Orchestrator
 from orchestrator.run.offline import model_rows
@@ -261,3 +262,29 @@ def test_list_says_what_process_plans(tmp_path, monkeypatch, fields):
         assert (row.fallback_reason is None) == (row.cached is not None), row
         if row.cached:
             assert row.runs == f"{row.repo}@{row.cached}"
+
+
+def test_an_asr_pull_takes_the_files_either_runtime_loads(tmp_path, monkeypatch):
+    # Given a CTranslate2 Whisper (faster-whisper's name) and a transformers one (a hub id)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    files = {
+        "Systran/faster-whisper-small": ["config.json", "model.bin", "tokenizer.json", "vocabulary.txt"],
+        "openai/whisper-small": [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "generation_config.json",
+        ],
+    }
+    for repo, wanted in files.items():
+        (row,) = model_rows(
+            Settings(
+                allow_hub=False, asr_model=repo, embedding_profile="embedded", diarization_model="embedded"
+            )
+        )
+        # Then the files each runtime loads are fetched, other formats are not
+        assert row.repo == repo
+        fetched = filter_repo_objects(
+            [*wanted, "flax_model.msgpack", "README.md"], allow_patterns=row.allow_patterns
+        )
+        assert sorted(fetched) == sorted(wanted)
