@@ -1010,6 +1010,9 @@ def models_pull(
             summary.append(f"pulled {pull(row)}")
         except PullError as exc:
             summary.append(f"FAILED {row.stage}: {exc}")
+        except KeyboardInterrupt:
+            typer.echo("\n".join([*summary, "interrupted: rerun the same command to resume"]), err=True)
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
     for line in summary:
         typer.echo(line, err=True)
     failed = any(line.startswith("FAILED") for line in summary)

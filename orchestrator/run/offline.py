@@ -177,8 +177,15 @@ def pull(row: ModelRow) -> str:
     """Fetch ``row``'s repository (its files as the stage loads them) into the Hugging Face cache; resumes
     what an earlier pull left. Returns one line; raises :class:`PullError` with one line."""
     from huggingface_hub import HfApi, get_token, snapshot_download
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
 
+    if row.repo.count("/") != 1:
+        raise PullError(f"{row.repo}: neither a hub repository (org/name) nor a folder on this machine")
     token = get_token()  # HF_TOKEN, or a saved login
     try:
         info = HfApi().model_info(row.repo, revision=row.revision, token=token)
@@ -202,6 +209,8 @@ def pull(row: ModelRow) -> str:
         if isinstance(exc, RepositoryNotFoundError):
             raise PullError(f"{row.repo}: no such model on the hub (HTTP {status})") from None
         raise PullError(f"{row.repo}: the hub answered HTTP {status}: {_short(exc)}") from None
+    except OfflineModeIsEnabled:
+        raise PullError(f"{row.repo}: HF_HUB_OFFLINE is set: unset it to pull") from None
     except Exception as exc:  # noqa: BLE001 - a network failure (no route, refused, cut off): one line
         raise PullError(
             f"{row.repo}: not fetched ({type(exc).__name__}: {_short(exc)}); is the hub reachable "

@@ -192,6 +192,19 @@ def test_an_unreachable_hub_is_one_line(tmp_path):
     assert pulled.returncode == 1, pulled.stderr
     (line,) = lines(pulled.stderr)
     assert line.startswith(f"FAILED embeddings: {EMBED}: not fetched (") and "is the hub reachable" in line
+    # And with HF_HUB_OFFLINE set (the offline machine's environment), the line says to unset it
+    pulled = cli(
+        gone,
+        tmp_path / "hf",
+        "models",
+        "pull",
+        "--embedding-profile",
+        EMBED,
+        *ONLY_EMBEDDINGS,
+        HF_HUB_OFFLINE="1",
+    )
+    assert pulled.returncode == 1
+    assert lines(pulled.stderr) == [f"FAILED embeddings: {EMBED}: HF_HUB_OFFLINE is set: unset it to pull"]
 
 
 def test_an_interrupted_pull_resumes_where_it_stopped(hub, tmp_path):
