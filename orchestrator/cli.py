@@ -901,7 +901,9 @@ models_app = typer.Typer(
 )
 app.add_typer(models_app, name="models")
 
-ModelAsrOpt = Annotated[str | None, typer.Option("--asr-model", help="[env ASR_MODEL]")]
+ModelAsrOpt = Annotated[
+    str | None, typer.Option("--asr-model", help="A Whisper name, hub id or folder [env ASR_MODEL].")
+]
 ModelProfileOpt = Annotated[
     str | None, typer.Option(help="speed, quality, embedded or a model name [env EMBEDDING_PROFILE].")
 ]
