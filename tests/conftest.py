@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +33,15 @@ DIALOGUE_TEXT = {
     "That happens after a hard frost. Did you cover the beds with straw? "
     "No, I left them bare. I will try straw next year, thank you very much.",
 }
+#: the command `bin/pipeline` runs, in this interpreter
+PIPELINE = [sys.executable, "-m", "orchestrator.cli"]
+
+
+def process_args(inputs: Path | str, out: Path | str, *options: str) -> list[str]:
+    """``bin/pipeline process INPUTS --output OUT OPTIONS...`` as a child process's arguments."""
+    return [*PIPELINE, "process", str(inputs), "--output", str(out), *options]
+
+
 #: Whisper tiny.en on the espeak voice gets ~16 % here ("sells sea shells" is hard);
 #: a broken decode/resample or a wrong stream gives ~100 %.
 MAX_WER = 0.35
