@@ -190,7 +190,7 @@ class Orchestrator:
             chain_fingerprints(inp, specs)
         journal = Journal(layout.path(out, layout.JOURNAL), run_id)
         resume = Resume(self.settings, {} if self.settings.force else journal.completed())
-        resumed = sum(resume.resumed(inp) for inp in inputs)
+        resumed = sum(resume.resumed(inp, specs) for inp in inputs)
         size = self.settings.chunk_size
         chunks = whole_group_chunks(
             inputs, lambda inp: (inp.group, None) if inp.group else (None, inp.id), size

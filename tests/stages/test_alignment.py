@@ -182,7 +182,11 @@ def test_offline_alignment_is_recorded_as_not_done_without_waiting(inputs, monke
     t0 = time.monotonic()
     # and the transcript's ASR model "m" is nowhere either (no cross-attention alignment by Whisper instead)
     final = _run(
-        inputs, ["asr", "audio", "diarization", "speaker_embeddings"], align=True, speakers=True, asr_model="m"
+        inputs,
+        ["asr", "audio", "diarization", "speaker_embeddings"],
+        align=True,
+        speakers=True,
+        asr_model="m",
     )
     assert time.monotonic() - t0 < 60
     assert final.aligned is False and final.aligner is None and "not downloaded" in final.alignment_note
