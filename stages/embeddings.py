@@ -150,7 +150,7 @@ def load_model(profile: str, device: str, allow_hub: bool = False, fallback: boo
         return LoadedModel(_load(name, device, False), name, profile, requested, reason)
 
 
-#: model types whose activations overflow float16 (Qwen2's grow past 65504 in its MLPs): bfloat16 on CUDA
+#: model types that overflow float16 (Qwen2: inf/NaN vectors) and run in bfloat16 on CUDA instead
 BF16_MODEL_TYPES = frozenset({"qwen2", "qwen3"})
 
 
