@@ -190,7 +190,7 @@ class AsrStage(TorchStage):
             compute_type = default_compute_type(device)
         self.runtime, self.runtime_note = self.choose_runtime(device, path)
         if self.runtime == CTRANSLATE2:
-            self._load_ctranslate2(path, device, compute_type, language)
+            path = self._load_ctranslate2(path, device, compute_type, language)
             problem = self._ctranslate2_runs(device) if settings.runtime == "auto" else None
             if problem:
                 self.model = None
@@ -281,11 +281,19 @@ class AsrStage(TorchStage):
             log.warning("asr: %s", self.model.vad_note)
         return path, english_only or not whisper.is_multilingual
 
-    def _load_ctranslate2(self, path: str, device: str, compute_type: str, language: str | None) -> None:
+    def _load_ctranslate2(self, path: str, device: str, compute_type: str, language: str | None) -> str:
+        """Load the CTranslate2 Whisper ``path`` (a folder, or a faster-whisper name or hub id); returns the
+        folder it loaded. A name is looked up in the Hugging Face cache here (downloaded where the hub is
+        allowed), as faster-whisper would, so the artifacts name the repository and revision that ran
+        (``org/name@revision``), not only the name asked for."""
         settings: AsrSettings = self.settings
         requested = settings.model
         dev, _, index = device.partition(":")
         try:
+            if not Path(path).exists():
+                from faster_whisper.utils import download_model
+
+                path = download_model(path, local_files_only=not settings.allow_hub)
             self.model = whisperx_asr.load_model(
                 path,
                 dev,
@@ -304,6 +312,7 @@ class AsrStage(TorchStage):
                 f"cannot load ASR model {requested!r} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
                 "use a local CTranslate2 directory, the embedded model, or allow the hub"
             ) from exc
+        return path
 
     def process(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> TranscriptArtifact:
         for _, outcome in self.process_packed(iter([(item, audio)]), request):
