@@ -8,11 +8,14 @@
   without vocabulary and with the names as a folder ``vocabulary.txt`` (one
   ``WorkItem.vocabulary`` file, as the parent sends it), for tiny.en (embedded)
   and the multilingual whisper-base.
-* The cost of ``--translate`` (whisper-base, languages/{de,es,fr}.ogg, each
-  ``--copies`` times): the seconds of the second decode (``AsrStage._translate``,
-  over the transcription's encoder output) over the stage's compute seconds
-  without translation (VAD, language identification, encode, decode, word timing);
-  the run without translation is repeated after, to show the machine's noise.
+* The cost of ``--translate`` (whisper-base, languages/{de,es,fr}.ogg, once
+  each, then each ``--copies`` times: the copies of a language share joined
+  windows): the seconds of the second decode (``AsrStage._translate``, over the
+  transcription's encoder output) over the stage's compute seconds without
+  translation (VAD, language identification, encode, decode, word timing), and
+  the windows the encoder ran over (``AsrStage._encode``) without and with
+  translation; the run without translation is repeated after, to show the
+  machine's noise.
 """
 
 from __future__ import annotations
@@ -123,6 +126,25 @@ def names_bench(tmp: Path) -> None:
 
 
 def translate_bench(tmp: Path, copies: int) -> None:
+    """The second decode's cost with each clip once (a window of one input each) and ``copies`` times (the
+    copies of a language transcribed in joined windows), side by side."""
+    print(
+        "--translate, whisper-base int8, CPU (de, es, fr; the second decode over the ASR compute without it):"
+    )
+    print(
+        "  inputs | compute without (again) | with | second decode | ratio (goal <= 0.6x) | windows encoded"
+    )
+    rows = [translate_cost(tmp / f"x{n}", n) for n in dict.fromkeys((1, copies))]
+    for n, plain, again, both, spent, encoded in rows:
+        print(
+            f"  {3 * n:2d} ({'alone' if n == 1 else f'x{n} joined'}) | {plain:6.2f} s ({again:.2f} s) | "
+            f"{both:6.2f} s | {spent:6.2f} s | {spent / plain:.2f}x | {encoded[False]} without, {encoded[True]} with"
+        )
+
+
+def translate_cost(tmp: Path, copies: int) -> tuple:
+    """(copies, compute s without translation, the same again, with, s in ``AsrStage._translate``, windows
+    encoded {translate: count}) over de, es, fr each ``copies`` times."""
     from stages.asr import AsrStage
 
     sources = {
@@ -132,36 +154,38 @@ def translate_bench(tmp: Path, copies: int) -> None:
     }
     audio = decode(tmp / "lang-audio", sources)
     spent = {"translate": 0.0}
+    encoded = {False: 0, True: 0}
 
-    def timed(stage: AsrStage) -> None:
-        inner = stage._translate
+    def spy(translating: bool):
+        def wrap(stage: AsrStage) -> None:
+            inner, encode = stage._translate, stage._encode
 
-        def translate(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                spent["translate"] += time.perf_counter() - started
+            def translate(*args, **kwargs):
+                started = time.perf_counter()
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    spent["translate"] += time.perf_counter() - started
 
-        stage._translate = translate
+            def counted(pieces):
+                encoded[translating] += len(pieces)
+                return encode(pieces)
+
+            stage._translate, stage._encode = translate, counted
+
+        return wrap
 
     run_asr(tmp / "warm", dict(list(audio.items())[:1]), model="whisper-base")  # caches warm
-    plain, _ = run_asr(tmp / "plain", audio, model="whisper-base")
+    plain, _ = run_asr(tmp / "plain", audio, spy=spy(False), model="whisper-base")
     spent["translate"] = 0.0
-    both, transcripts = run_asr(tmp / "both", audio, spy=timed, model="whisper-base", translate=True)
+    both, transcripts = run_asr(tmp / "both", audio, spy=spy(True), model="whisper-base", translate=True)
     again, _ = run_asr(tmp / "again", audio, model="whisper-base")  # the same again: the machine's noise
-    ratio = spent["translate"] / plain.compute_s
-    print(f"--translate on {len(audio)} inputs (de, es, fr x {copies}), whisper-base int8, CPU:")
-    print(f"  ASR compute without translation: {plain.compute_s:6.2f} s (and {again.compute_s:.2f} s after)")
-    print(f"  ASR compute with translation:    {both.compute_s:6.2f} s")
-    print(
-        f"  of which the second decode:      {spent['translate']:6.2f} s = {ratio:.2f}x the first (goal <= 0.6x)"
-    )
-    for lang in ("de", "es", "fr"):
-        t = transcripts[f"{lang}0"]
+    for name in (f"{lang}{n}" for n in range(copies) for lang in ("de", "es", "fr")):
+        t = transcripts[name]
         print(
-            f"  {lang}: {' '.join(s.text for s in t.segments)!r} -> {' '.join(s.text for s in t.translation)!r}"
+            f"  {name}: {' '.join(s.text for s in t.segments)!r} -> {' '.join(s.text for s in t.translation)!r}"
         )
+    return copies, plain.compute_s, again.compute_s, both.compute_s, spent["translate"], encoded
 
 
 def main() -> None:
