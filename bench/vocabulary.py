@@ -210,7 +210,8 @@ def translate_cost(tmp: Path, copies: int, cut: bool = False) -> tuple:
     for name in audio:
         t = transcripts[name]
         print(
-            f"  {name}: {' '.join(s.text for s in t.segments)!r} -> {' '.join(s.text for s in t.translation)!r}"
+            f"  {name} ({t.language}): {' '.join(s.text for s in t.segments)!r} -> "
+            f"{' '.join(s.text for s in t.translation or [])!r}"
         )
     return copies, plain.compute_s, again.compute_s, both.compute_s, spent["translate"], encoded, what
 

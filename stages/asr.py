@@ -713,9 +713,8 @@ class AsrStage(TorchStage):
         """The encoder output (frames x width, a torch tensor on the model's device) of 30 s of silence: what
         Whisper's padding encodes to; computed once per child."""
         if getattr(self, "_silent_frames", None) is None:
-            self._silent_frames = self._tensor(self._encode([np.zeros(HOP_LENGTH, dtype=np.float32)]))[
-                0
-            ].clone()
+            encoded = self._encode([np.zeros(HOP_LENGTH, dtype=np.float32)])
+            self._silent_frames = self._tensor(encoded)[0].clone()
         return self._silent_frames
 
     def _time_words(
