@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -131,6 +132,10 @@ def stages_needed(
     return needs(inp, specs, force, reasons)
 
 
+#: the transcript language in a journal line's summary (``"text_language": "en"``)
+_TEXT_LANGUAGE = re.compile(r'"text_language": ?"([^"\\]+)"')
+
+
 class Resume:
     """The journal's completed inputs for one run (or dry run): the outputs fingerprint an input must have
     to be reused from the journal alone, and what the journal keeps of an input it completes."""
@@ -162,11 +167,16 @@ class Resume:
         blob = json.dumps(inp.fingerprints, sort_keys=True) + self._shaping
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
-    def resumed(self, inp: InputState) -> bool:
-        """The journal saw ``inp`` completed with its current outputs fingerprint (the progress's count)."""
-        return inp.id in self.completed and self.completed[inp.id].fingerprint == self.outputs_fingerprint(
-            inp
-        )
+    def resumed(self, inp: InputState, specs: list[StageSpec] | None = None) -> bool:
+        """The journal saw ``inp`` completed with its current outputs fingerprint (the progress's count). With
+        ``specs``, the aligner is first planned for the transcript language the journal names, as
+        :meth:`complete` does (found in the line without parsing it: this runs for every input)."""
+        done = self.completed.get(inp.id)
+        if done is None:
+            return False
+        if specs and (found := _TEXT_LANGUAGE.search(done.line)):
+            plan_aligner(inp, specs, found.group(1))
+        return done.fingerprint == self.outputs_fingerprint(inp)
 
     def complete(self, inp: InputState, specs: list[StageSpec]) -> bool:
         """An input the journal saw completed with the same outputs fingerprint, whose files are still the
