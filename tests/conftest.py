@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import time
 import urllib.request
@@ -36,6 +37,16 @@ DIALOGUE_TEXT = {
 }
 #: the command `bin/pipeline` runs, in this interpreter
 PIPELINE = [sys.executable, "-m", "orchestrator.cli"]
+
+
+def pipeline(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """``bin/pipeline ARGS...`` run to its end from the project root, its output as text; ``env``: the whole
+    environment (default: this process's)."""
+    return subprocess.run(
+        [*PIPELINE, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def process_args(inputs: Path | str, out: Path | str, *options: str) -> list[str]:

@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from orchestrator.corpus.enroll import profile_file_name
 from orchestrator.corpus.labels import read_corpus
 from orchestrator.corpus.speakers import name, place, voice_profile
 from orchestrator.settings import Settings
-from tests.conftest import ROOT
+from tests.conftest import ROOT, pipeline
 from tests.fixtures.disk import fill, tmpfs
 from tests.orchestrator.corpus.test_export import transcript
 from tests.orchestrator.corpus.test_speakers import PEOPLE, ids_of, make_input, srt
@@ -29,14 +28,7 @@ from tests.orchestrator.corpus.test_speakers import PEOPLE, ids_of, make_input, 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """The `pipeline` command (bin/pipeline runs this module once its environment is built)."""
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-    )
+    return pipeline(*args, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 def one_line(stderr: str) -> str:

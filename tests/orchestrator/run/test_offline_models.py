@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from huggingface_hub.utils import filter_repo_objects
 from orchestrator import Orchestrator
 from orchestrator.run.offline import model_rows
 from orchestrator.settings import Settings
-from tests.conftest import MEDIA, ROOT
+from tests.conftest import MEDIA, ROOT, pipeline
 from tests.orchestrator.run.standin_hub import Repo, StandinHub
 
 EMBED = "standin/tiny-embed"
@@ -48,12 +47,8 @@ def repos() -> dict[str, Repo]:
 def cli(hub: StandinHub, home: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     """The `pipeline` command (bin/pipeline runs this module), with HF_HOME and HF_ENDPOINT set."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    return pipeline(
+        *args,
         env={
             **clean,
             "PYTHONPATH": str(ROOT),
