@@ -1,6 +1,6 @@
 """Vocabulary and translation, measured on the committed fixtures with the ASR stage itself (CPU, int8).
 
-    .venv/bin/python bench/vocabulary.py [--copies 3]
+    .venv/bin/python bench/vocabulary.py [--copies 3] [--only names|translate] [--cut]
 
 * Names Whisper misspells (tests/fixtures/media/names: six espeak-ng sentences
   with 17 name words such as Siobhan Kowalczyk, Przybylski, Wojciechowski): the
@@ -8,11 +8,15 @@
   without vocabulary and with the names as a folder ``vocabulary.txt`` (one
   ``WorkItem.vocabulary`` file, as the parent sends it), for tiny.en (embedded)
   and the multilingual whisper-base.
-* The cost of ``--translate`` (whisper-base, languages/{de,es,fr}.ogg, each
-  ``--copies`` times): the seconds of the second decode (``AsrStage._translate``,
-  over the transcription's encoder output) over the stage's compute seconds
-  without translation (VAD, language identification, encode, decode, word timing);
-  the run without translation is repeated after, to show the machine's noise.
+* The cost of ``--translate`` (whisper-base, languages/{de,es,fr}.ogg, once
+  each, then each ``--copies`` times: the copies of a language share joined
+  windows; with ``--cut`` also each clip cut at its pause into two clips,
+  ``--copies`` times): the seconds of the second decode (``AsrStage._translate``, over the
+  transcription's encoder output) over the stage's compute seconds without
+  translation (VAD, language identification, encode, decode, word timing), and
+  the windows the encoder ran over (``AsrStage._encode``) without and with
+  translation; the run without translation is repeated after, to show the
+  machine's noise.
 """
 
 from __future__ import annotations
@@ -122,51 +126,102 @@ def names_bench(tmp: Path) -> None:
             )
 
 
-def translate_bench(tmp: Path, copies: int) -> None:
+def translate_bench(tmp: Path, copies: int, cut: bool = False) -> None:
+    """The second decode's cost with each clip once (a window of one input each) and ``copies`` times (the
+    copies of a language transcribed in joined windows), side by side; ``cut``: also each clip cut at its
+    pause into two clips, ``copies`` times."""
+    print(
+        "--translate, whisper-base int8, CPU (de, es, fr; the second decode over the ASR compute without it):"
+    )
+    print(
+        "  inputs | compute without (again) | with | second decode | ratio (goal <= 0.6x) | windows encoded"
+    )
+    rows = [translate_cost(tmp / f"x{n}", n) for n in dict.fromkeys((1, copies))]
+    if cut:
+        rows.append(translate_cost(tmp / "cut", copies, cut=True))
+    for _, plain, again, both, spent, encoded, what in rows:
+        print(
+            f"  {what} | {plain:6.2f} s ({again:.2f} s) | "
+            f"{both:6.2f} s | {spent:6.2f} s | {spent / plain:.2f}x | {encoded[False]} without, {encoded[True]} with"
+        )
+
+
+#: where each language clip pauses (s): after "kalt,", "frío,", "froid,"
+PAUSES = {"de": 1.9, "es": 1.9, "fr": 1.7}
+
+
+def translate_cost(tmp: Path, copies: int, cut: bool = False) -> tuple:
+    """(copies, compute s without translation, the same again, with, s in ``AsrStage._translate``, windows
+    encoded {translate: count}, what) over de, es, fr each ``copies`` times (``cut``: each cut at its pause
+    into two clips, ``copies`` times)."""
     from stages.asr import AsrStage
 
     sources = {
         f"{lang}{n}": MEDIA / "languages" / f"{lang}.ogg"
         for lang in ("de", "es", "fr")
-        for n in range(copies)
+        for n in range(1 if cut else copies)
     }
     audio = decode(tmp / "lang-audio", sources)
+    what = f"{len(audio):2d} ({'alone' if copies == 1 else f'x{copies} joined'})"
+    if cut:
+        import numpy as np
+
+        from contracts import AudioArtifact, load_artifact
+        from tests.stages.test_asr import _wav
+
+        halves = {}
+        for lang in ("de", "es", "fr"):
+            path = audio[f"{lang}0"]
+            samples = np.load(path.parent / load_artifact(path, AudioArtifact).sidecar)
+            at = int(PAUSES[lang] * 16000)
+            halves[f"{lang}a"] = Path(_wav(tmp / f"{lang}a.wav", samples[:at]))
+            halves[f"{lang}b"] = Path(_wav(tmp / f"{lang}b.wav", samples[at:]))
+        audio = decode(
+            tmp / "cut-audio", {f"{name}{n}": path for n in range(copies) for name, path in halves.items()}
+        )
+        what = f"{len(audio):2d} (halves x{copies} joined)"
     spent = {"translate": 0.0}
+    encoded = {False: 0, True: 0}
 
-    def timed(stage: AsrStage) -> None:
-        inner = stage._translate
+    def spy(translating: bool):
+        def wrap(stage: AsrStage) -> None:
+            inner, encode = stage._translate, stage._encode
 
-        def translate(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                spent["translate"] += time.perf_counter() - started
+            def translate(*args, **kwargs):
+                started = time.perf_counter()
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    spent["translate"] += time.perf_counter() - started
 
-        stage._translate = translate
+            def counted(pieces):
+                encoded[translating] += len(pieces)
+                return encode(pieces)
+
+            stage._translate, stage._encode = translate, counted
+
+        return wrap
 
     run_asr(tmp / "warm", dict(list(audio.items())[:1]), model="whisper-base")  # caches warm
-    plain, _ = run_asr(tmp / "plain", audio, model="whisper-base")
+    plain, _ = run_asr(tmp / "plain", audio, spy=spy(False), model="whisper-base")
     spent["translate"] = 0.0
-    both, transcripts = run_asr(tmp / "both", audio, spy=timed, model="whisper-base", translate=True)
+    both, transcripts = run_asr(tmp / "both", audio, spy=spy(True), model="whisper-base", translate=True)
     again, _ = run_asr(tmp / "again", audio, model="whisper-base")  # the same again: the machine's noise
-    ratio = spent["translate"] / plain.compute_s
-    print(f"--translate on {len(audio)} inputs (de, es, fr x {copies}), whisper-base int8, CPU:")
-    print(f"  ASR compute without translation: {plain.compute_s:6.2f} s (and {again.compute_s:.2f} s after)")
-    print(f"  ASR compute with translation:    {both.compute_s:6.2f} s")
-    print(
-        f"  of which the second decode:      {spent['translate']:6.2f} s = {ratio:.2f}x the first (goal <= 0.6x)"
-    )
-    for lang in ("de", "es", "fr"):
-        t = transcripts[f"{lang}0"]
+    for name in audio:
+        t = transcripts[name]
         print(
-            f"  {lang}: {' '.join(s.text for s in t.segments)!r} -> {' '.join(s.text for s in t.translation)!r}"
+            f"  {name} ({t.language}): {' '.join(s.text for s in t.segments)!r} -> "
+            f"{' '.join(s.text for s in t.translation or [])!r}"
         )
+    return copies, plain.compute_s, again.compute_s, both.compute_s, spent["translate"], encoded, what
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--copies", type=int, default=3)
+    parser.add_argument(
+        "--cut", action="store_true", help="translate: also each clip cut at its pause in two"
+    )
     parser.add_argument("--only", choices=["names", "translate"], default=None)
     args = parser.parse_args()
     import logging
@@ -176,7 +231,7 @@ def main() -> None:
         if args.only in (None, "names"):
             names_bench(Path(tmp))
         if args.only in (None, "translate"):
-            translate_bench(Path(tmp), args.copies)
+            translate_bench(Path(tmp), args.copies, args.cut)
 
 
 if __name__ == "__main__":

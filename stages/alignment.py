@@ -247,7 +247,33 @@ class AlignmentStage(TorchStage):
             raise LookupError(f"whisperx has no default aligner for {language!r}")
         # Hugging Face models: HF_HUB_OFFLINE=1 (set by the orchestrator) and model_cache_only fail at once
         model, metadata = wxa.load_align_model(language, self.device, model_cache_only=not self.allow_hub)
+        _sentences_without_download(wxa, self.allow_hub)
         return model, metadata, name
+
+
+def _sentences_without_download(wxa, allow_hub: bool) -> None:
+    """whisperX splits each segment into sentences with NLTK's ``punkt_tab`` data, and downloads it where it is
+    not on disk: offline (or where NLTK's server is out of reach) that download fails and every input with it,
+    however cached the aligner is. Where the data is missing and may not be downloaded (or the download
+    fails), an untrained Punkt splitter stands in: sentences end at ``.``, ``?`` and ``!`` (the sentences
+    only group the aligned words; the words' times are the aligner's)."""
+    load = wxa.nltk_load
+    if getattr(load, "isostage_offline", False):
+        return
+
+    def nltk_load(resource: str, *args, **kwargs):
+        try:
+            return load(resource, *args, **kwargs)
+        except LookupError:
+            if allow_hub and wxa.nltk.download("punkt_tab", quiet=True):
+                return load(resource, *args, **kwargs)
+            from nltk.tokenize.punkt import PunktSentenceTokenizer
+
+            log.info("alignment: NLTK's %s is not on disk: untrained Punkt sentence splitting", resource)
+            return PunktSentenceTokenizer()
+
+    nltk_load.isostage_offline = True
+    wxa.nltk_load = nltk_load
 
 
 def _num(value) -> float | None:

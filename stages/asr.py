@@ -43,6 +43,7 @@ interleaved with decodes); without joining on the CPU, packing measured no gain.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -112,6 +113,9 @@ N_SAMPLES = SAMPLE_RATE * 30
 HOP_LENGTH = 160
 N_FRAMES = N_SAMPLES // HOP_LENGTH
 CTRANSLATE2, TORCH = "ctranslate2", "torch"
+#: seconds of a joined window's encoder output kept either side of an input's stretch when that input is
+#: translated alone from it (its neighbours are ``JOIN_GAP_S`` away)
+TRANSLATE_MARGIN_S = 0.2
 
 
 def torch_compute_type(compute_type: str, device: str) -> str:
@@ -190,7 +194,7 @@ class AsrStage(TorchStage):
             compute_type = default_compute_type(device)
         self.runtime, self.runtime_note = self.choose_runtime(device, path)
         if self.runtime == CTRANSLATE2:
-            self._load_ctranslate2(path, device, compute_type, language)
+            path = self._load_ctranslate2(path, device, compute_type, language)
             problem = self._ctranslate2_runs(device) if settings.runtime == "auto" else None
             if problem:
                 self.model = None
@@ -281,11 +285,19 @@ class AsrStage(TorchStage):
             log.warning("asr: %s", self.model.vad_note)
         return path, english_only or not whisper.is_multilingual
 
-    def _load_ctranslate2(self, path: str, device: str, compute_type: str, language: str | None) -> None:
+    def _load_ctranslate2(self, path: str, device: str, compute_type: str, language: str | None) -> str:
+        """Load the CTranslate2 Whisper ``path`` (a folder, or a faster-whisper name or hub id); returns the
+        folder it loaded. A name is looked up in the Hugging Face cache here (downloaded where the hub is
+        allowed), as faster-whisper would, so the artifacts name the repository and revision that ran
+        (``org/name@revision``), not only the name asked for."""
         settings: AsrSettings = self.settings
         requested = settings.model
         dev, _, index = device.partition(":")
         try:
+            if not Path(path).exists():
+                from faster_whisper.utils import download_model
+
+                path = download_model(path, local_files_only=not settings.allow_hub)
             self.model = whisperx_asr.load_model(
                 path,
                 dev,
@@ -304,6 +316,7 @@ class AsrStage(TorchStage):
                 f"cannot load ASR model {requested!r} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
                 "use a local CTranslate2 directory, the embedded model, or allow the hub"
             ) from exc
+        return path
 
     def process(self, item: WorkItem, audio: AudioArtifact, request: StageRequest) -> TranscriptArtifact:
         for _, outcome in self.process_packed(iter([(item, audio)]), request):
@@ -533,8 +546,6 @@ class AsrStage(TorchStage):
             return_scores=True,
             return_no_speech_prob=True,
         )
-        if temperature == 0:  # the windows of inputs to translate too, over the same encoder output
-            self._translate(batch, encoded, search)
         # text tokens are decoded alike in every language: the first window's tokenizer serves the batch
         tokenizer = self._tokenizer(languages[0])
         texts, scores, kept, looped = [], [], [], []
@@ -616,6 +627,9 @@ class AsrStage(TorchStage):
                 job.words[i] = (
                     (_in_input_time(words, job.windows[i][0]) or None) if self.word_timing else None
                 )
+        if temperature == 0:  # the windows of inputs to translate too, over the same encoder output (an input
+            # window decoded again alone is translated then)
+            self._translate(batch, encoded, search, skip=set(redo))
         if redo:
             log.warning(
                 "asr: %d joined window(s) could not be split by word times, %d repeated themselves "
@@ -646,28 +660,30 @@ class AsrStage(TorchStage):
             if still and hotter:
                 self._generate_alone(still, hotter[0])
 
-    def _translate(self, batch: list[Joined], encoded, search: dict) -> None:
-        """Whisper's translate task for the windows whose inputs are to be translated: English text for each
-        input window, after the same vocabulary, over the encoder output of its transcription. The input
-        windows of a joined window are encoded and translated each alone: the translate task over a joined
-        window may leave out an input's speech (seen with two copies of one clip), and its English cannot
-        then be split back faithfully."""
-        rows = [
-            k for k, window in enumerate(batch) if window.parts[0][0].translate and len(window.parts) == 1
-        ]
-        alone = [
-            part
-            for window in batch
-            if window.parts[0][0].translate and len(window.parts) > 1
-            for part in window.parts
-        ]
-        if rows:
-            model = self.model.model
-            options = self.model.options
-            features = encoded if len(rows) == len(batch) else self._rows(encoded, rows)
+    def _translate(self, batch: list[Joined], encoded, search: dict, skip: set = frozenset()) -> None:
+        """Whisper's translate task for the input windows to be translated (but those in ``skip``): English text
+        for each input window, after the same vocabulary, over the encoder output of its transcription, in
+        decoder batches of ``batch_size``. Each input window of a joined window is translated on its own, from
+        the joined window's encoder output with every frame outside its stretch (``TRANSLATE_MARGIN_S`` either
+        side) replaced by the encoder output of silence (:meth:`_alone_in`): the decoder hears only that
+        input's speech, so its English holds only its own words, and nothing is encoded again. (The translate
+        task over a whole joined window may leave out an input's speech, and its English cannot be split back
+        faithfully by word times: docs/benchmarks.md.)"""
+        rows = []  # (row of the batch, (input, window), its stretch in the joined window or None: alone)
+        for k, window in enumerate(batch):
+            spans = window.spans if len(window.parts) > 1 else [None]
+            rows += [(k, part, span) for part, span in zip(window.parts, spans) if part[0].translate]
+        rows = [row for row in rows if row[1] not in skip]
+        if not rows:
+            return
+        model = self.model.model
+        options = self.model.options
+        english = self._tokenizer("en")
+        for first in range(0, len(rows), self.batch_size):
+            chosen = rows[first : first + self.batch_size]
             results = model.model.generate(
-                features,
-                [self._prompt(batch[k].parts[0][0], task="translate") for k in rows],
+                self._translation_input(batch, encoded, chosen),
+                [self._prompt(job, task="translate") for _, (job, _), _ in chosen],
                 **search,
                 length_penalty=options.length_penalty,
                 max_length=model.max_length,
@@ -676,19 +692,39 @@ class AsrStage(TorchStage):
                 no_repeat_ngram_size=options.no_repeat_ngram_size,
                 repetition_penalty=options.repetition_penalty,
             )
-            english = self._tokenizer("en")
-            for k, result in zip(rows, results):
-                job, i = batch[k].parts[0]
+            for (_, (job, i), _), result in zip(chosen, results):
                 ids = [t for t in result.sequences_ids[0] if t < english.eot]
                 job.translations[i] = english.tokenizer.decode(ids).strip()
-        for first in range(0, len(alone), self.batch_size):
-            parts = alone[first : first + self.batch_size]
-            windows = []
-            for job, i in parts:
-                window = Joined(None, JOIN_GAP_S)
-                window.add((job, i), job.windows[i][1] - job.windows[i][0])
-                windows.append(window)
-            self._translate(windows, self._encode([job.pieces[i] for job, i in parts]), search)
+
+    def _translation_input(self, batch: list[Joined], encoded, rows: list) -> object:
+        """The encoder output the translate task decodes for ``rows`` (see :meth:`_translate`)."""
+        ks = [k for k, _, _ in rows]
+        if all(span is None for _, _, span in rows):
+            return encoded if ks == list(range(len(batch))) else self._rows(encoded, ks)
+        whole = self._tensor(encoded)
+        out = torch.stack(
+            [whole[k] if span is None else self._alone_in(whole[k], span) for k, _, span in rows]
+        )
+        return out if self.runtime == TORCH else self._storage(out)
+
+    def _alone_in(self, frames, span: tuple[float, float]):
+        """A joined window's encoder output (frames x width) in which only ``span`` (seconds, and
+        ``TRANSLATE_MARGIN_S`` either side) is kept: its other frames are those of a window of silence."""
+        silence = self._silence()
+        per_s = frames.shape[0] / (N_SAMPLES / SAMPLE_RATE)  # Whisper's encoder: 50 frames a second
+        first = max(0, int((span[0] - TRANSLATE_MARGIN_S) * per_s))
+        last = min(frames.shape[0], int(math.ceil((span[1] + TRANSLATE_MARGIN_S) * per_s)))
+        out = silence.clone()
+        out[first:last] = frames[first:last]
+        return out
+
+    def _silence(self):
+        """The encoder output (frames x width, a torch tensor on the model's device) of 30 s of silence: what
+        Whisper's padding encodes to; computed once per child."""
+        if getattr(self, "_silent_frames", None) is None:
+            encoded = self._encode([np.zeros(HOP_LENGTH, dtype=np.float32)])
+            self._silent_frames = self._tensor(encoded)[0].clone()
+        return self._silent_frames
 
     def _time_words(
         self, batch: list[Joined], encoded, texts: list[list[int]], languages: list[str], rows
@@ -749,11 +785,23 @@ class AsrStage(TorchStage):
         """The encoder output of the windows ``rows`` of a batch, on the same device."""
         if self.runtime == TORCH:
             return encoded[rows]
+        return self._storage(self._tensor(encoded)[rows])
+
+    def _tensor(self, encoded):
+        """An encoder output as a torch tensor on its device (CTranslate2's StorageView viewed, not copied)."""
+        if self.runtime == TORCH:
+            return encoded
         if encoded.device == "cuda":
-            tensor = torch.as_tensor(encoded, device=f"cuda:{encoded.device_index}")
-        else:
-            tensor = torch.as_tensor(np.asarray(encoded))
-        return ctranslate2_storage(tensor[rows].contiguous())
+            return torch.as_tensor(encoded, device=f"cuda:{encoded.device_index}")
+        return torch.as_tensor(np.asarray(encoded))
+
+    @staticmethod
+    def _storage(tensor):
+        """A torch tensor of encoder output as CTranslate2's StorageView (on the tensor's device)."""
+        tensor = tensor.contiguous()
+        if tensor.is_cuda:
+            return ctranslate2.StorageView.from_array(tensor)
+        return ctranslate2_storage(tensor.numpy())
 
     def _tokenizer(self, language: str, task: str = "transcribe"):
         key = (language, task)

@@ -70,9 +70,11 @@ def prompt_for(model: Any, name: str, input_type: str | None) -> str | None:
     prompts = getattr(model, "prompts", None) or {}
     names = ("query",) if input_type == "query" else DOCUMENT_PROMPT_NAMES
     for key in names:
-        if key in prompts:
+        # sentence-transformers 5 gives every model empty "query"/"document" prompts when its configuration
+        # names none (bge v1.5's): an empty one is no prompt, so the card's instruction still applies
+        if prompts.get(key):
             return prompts[key]
-    return QUERY_PROMPTS.get(name, "") if input_type == "query" else ""
+    return QUERY_PROMPTS.get(name.split("@", 1)[0], "") if input_type == "query" else ""
 
 
 def encode_typed(model: Any, name: str, texts: list[str], input_types: list[str | None] | None, **kwargs):
@@ -113,6 +115,13 @@ class LoadedModel:
     requested: str
     #: why the requested model was not used, when it was not
     fallback_reason: str | None
+    #: the Hugging Face cache's revision of ``name`` (a hub id) that was loaded
+    revision: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``name@revision`` for a hub model (what artifacts record), else ``name``."""
+        return f"{self.name}@{self.revision}" if self.revision else self.name
 
 
 def load_model(profile: str, device: str, allow_hub: bool = False, fallback: bool = True) -> LoadedModel:
@@ -122,7 +131,8 @@ def load_model(profile: str, device: str, allow_hub: bool = False, fallback: boo
     """
     requested = resolve_model(profile)
     try:
-        return LoadedModel(_load(requested, device, allow_hub), requested, profile, requested, None)
+        model = _load(requested, device, allow_hub)
+        return LoadedModel(model, requested, profile, requested, None, cached_revision(requested))
     except Exception as exc:
         if is_oom(exc):
             raise
@@ -140,20 +150,78 @@ def load_model(profile: str, device: str, allow_hub: bool = False, fallback: boo
         return LoadedModel(_load(name, device, False), name, profile, requested, reason)
 
 
+#: model types that overflow float16 (Qwen2: inf/NaN vectors) and run in bfloat16 on CUDA instead
+BF16_MODEL_TYPES = frozenset({"qwen2", "qwen3"})
+
+
+def cuda_dtype(model_type: str | None, bf16_supported: bool) -> str:
+    """The dtype a model of ``model_type`` runs in on CUDA: bfloat16 for :data:`BF16_MODEL_TYPES` where the
+    card supports it, else float16."""
+    return "bfloat16" if model_type in BF16_MODEL_TYPES and bf16_supported else "float16"
+
+
+def _dtype_kwargs(dtype) -> dict:
+    """``{"dtype": dtype}`` for transformers >= 4.56 (5.x drops ``torch_dtype``), else ``torch_dtype``."""
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
+
+
+def _model_type(name: str, allow_hub: bool, trust_remote_code: bool) -> str | None:
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(
+            name, local_files_only=not allow_hub, trust_remote_code=trust_remote_code
+        )
+    except Exception as exc:  # noqa: BLE001 - the load itself says what is wrong
+        log.debug("embeddings: no config for %s: %s", name, exc)
+        return None
+    return getattr(config, "model_type", None)
+
+
+def cached_revision(name: str) -> str | None:
+    """The snapshot of hub model ``name`` in the Hugging Face cache (what ``main`` points at: what an offline
+    load read, and what a download this run left there); None for a local folder or an uncached name."""
+    if name.count("/") != 1 or Path(name).expanduser().exists():
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(name, "config.json")
+    if not isinstance(found, str):  # None (not cached) or the "known missing" sentinel
+        return None
+    return Path(found).parent.name
+
+
 def _load(name: str, device: str, allow_hub: bool):
     import torch
     from sentence_transformers import SentenceTransformer
 
+    trust = name in TRUST_REMOTE_CODE
     kwargs = {}
     if device.startswith("cuda"):
-        kwargs["model_kwargs"] = {"torch_dtype": torch.float16}
-    return SentenceTransformer(
-        name,
-        device=device,
-        trust_remote_code=name in TRUST_REMOTE_CODE,
-        local_files_only=not allow_hub,
-        **kwargs,
+        dtype = cuda_dtype(_model_type(name, allow_hub, trust), torch.cuda.is_bf16_supported())
+        log.info("embeddings: %s runs in %s on %s", name, dtype, device)
+        kwargs["model_kwargs"] = _dtype_kwargs(getattr(torch, dtype))
+    model = SentenceTransformer(
+        name, device=device, trust_remote_code=trust, local_files_only=not allow_hub, **kwargs
     )
+    if last_token_pooling(model):
+        # the last real token at the same place in every row of a batch; the pooling reads it either way
+        model.tokenizer.padding_side = "left"
+    return model
+
+
+def last_token_pooling(model: Any) -> bool:
+    """Whether ``model`` pools the last token's state (gte-Qwen2)."""
+    for module in model:
+        if getattr(module, "pooling_mode_lasttoken", False):  # sentence-transformers < 5
+            return True
+        mode = getattr(module, "pooling_mode", None)
+        if isinstance(mode, str | list | tuple):
+            return "lasttoken" in ((mode,) if isinstance(mode, str) else tuple(mode))
+    return False
 
 
 class EmbeddingsStage(TorchStage):
@@ -174,7 +242,8 @@ class EmbeddingsStage(TorchStage):
         loaded = load_model(
             settings.profile, device, allow_hub=settings.allow_hub, fallback=settings.fallback
         )
-        self.model, self.model_name = loaded.model, loaded.name
+        # named with its revision (``org/name@rev``) in the artifacts, as the plan names it
+        self.model, self.model_name = loaded.model, loaded.label
         self.profile, self.requested, self.fallback_reason = (
             loaded.profile,
             loaded.requested,

@@ -176,7 +176,7 @@ def check(path: Path) -> list[str]:
             if chars / max(duration, 1e-3) > rules.max_cps + 0.05 and not (
                 duration >= rules.max_s - TOL or end >= last + rules.max_pause_s - TOL
             ):
-                fast = f"{where}: {chars / duration:.1f} characters a second > {rules.max_cps}"
+                fast = f"{where}: {chars / max(duration, 1e-3):.1f} characters a second > {rules.max_cps}"
                 if not up_to_next:
                     problems.append(fast)
                 elif duration >= rules.min_s - TOL:  # a short cue is owned once

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,25 @@ DIALOGUE_TEXT = {
     "That happens after a hard frost. Did you cover the beds with straw? "
     "No, I left them bare. I will try straw next year, thank you very much.",
 }
+#: the command `bin/pipeline` runs, in this interpreter
+PIPELINE = [sys.executable, "-m", "orchestrator.cli"]
+
+
+def pipeline(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """``bin/pipeline ARGS...`` run to its end from the project root, its output as text; ``env``: the whole
+    environment (default: this process's)."""
+    return subprocess.run(
+        [*PIPELINE, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def process_args(inputs: Path | str, out: Path | str, *options: str) -> list[str]:
+    """``bin/pipeline process INPUTS --output OUT OPTIONS...`` as a child process's arguments."""
+    return [*PIPELINE, "process", str(inputs), "--output", str(out), *options]
+
+
 #: Whisper tiny.en on the espeak voice gets ~16 % here ("sells sea shells" is hard);
 #: a broken decode/resample or a wrong stream gives ~100 %.
 MAX_WER = 0.35
@@ -113,3 +135,30 @@ def pytest_sessionfinish(session, exitstatus):
             reporter.write_line(f"  CAPTION RULE BROKEN {line}", red=True)
     if problems:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A real S3 endpoint (moto's server) on 127.0.0.1, reached through s3fs like any bucket, with a
+    bucket ``media``: (the filesystem, the AWS_* variables that reach it, also set in this process)."""
+    pytest.importorskip("s3fs", reason="the remote group is not installed (uv sync --group remote)")
+    import fsspec
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    # moto's backends live in this process, shared by every server it starts: each test starts empty
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST"))
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    fs.mkdir("media")
+    yield fs, env
+    server.stop()

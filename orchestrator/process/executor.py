@@ -140,11 +140,14 @@ class LocalExecutor:
         hooks: list[ChildHook] | None = None,
         die_with_parent: bool = True,
         watchdog: Watchdog | None = None,
+        node: str | None = None,
     ) -> None:
         """``hooks`` run around every child (default: :func:`~orchestrator.process.hooks.default_hooks`);
         ``die_with_parent``: children get SIGKILL when this process dies (Linux); without it, a killed
-        parent leaves orphans that only ``pipeline gpu --cleanup`` stops."""
+        parent leaves orphans that only ``pipeline gpu --cleanup`` stops. ``node``: the Ray node this
+        executor runs on (a Ray task's), named in every child's record."""
         self.die_with_parent = die_with_parent
+        self.node = node
         self._running: dict[int, object] = {}
         self._lock = threading.Lock()
         self.hooks = hooks if hooks is not None else default_hooks()
@@ -202,7 +205,7 @@ class LocalExecutor:
         stage = request.stage
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
-        child = ChildRun(request=request, request_path=Path(request_path))
+        child = ChildRun(request=request, request_path=Path(request_path), node=self.node)
         entered: list[ChildHook] = []
         for hook in self.hooks:
             entered.append(hook)

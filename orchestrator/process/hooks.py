@@ -53,6 +53,8 @@ class ChildRun:
     gpu: StageGpuCheck | None = None
     #: the GPU guard's state while the child runs
     gpu_watch: GpuWatch | None = None
+    #: the Ray node the child runs on (None: this machine, no cluster)
+    node: str | None = None
 
     @property
     def stage(self) -> str:
@@ -97,6 +99,7 @@ class ChildRun:
             signal=self.signal,
             wall_s=self.wall_s,
             pid=self.pid,
+            node=self.node,
             **fields,
         )
 

@@ -65,18 +65,15 @@ def resolve_models(specs: list[StageSpec], hub: bool) -> dict[str, str]:
 
     for spec in specs:
         s = spec.settings
+        wanted = wanted_model(spec)
         if spec.name == "asr":
             resolved[spec.name] = _asr(s.model, repo)
         elif spec.name == "diarization":
-            wanted = PYANNOTE_DEFAULT if s.model == "auto" else s.model
-            resolved[spec.name] = (
-                DIARIZATION_EMBEDDED if s.model == "embedded" else (repo(wanted) or DIARIZATION_EMBEDDED)
-            )
+            resolved[spec.name] = (repo(wanted) if wanted else None) or DIARIZATION_EMBEDDED
         elif spec.name == "embeddings":
-            if s.profile == "embedded":
+            if wanted is None:
                 resolved[spec.name] = EMBEDDING_FALLBACK
             else:
-                wanted = EMBEDDING_PROFILES.get(s.profile, s.profile)
                 resolved[spec.name] = repo(wanted) or (
                     EMBEDDING_FALLBACK if s.fallback else f"{wanted} (unavailable)"
                 )
@@ -85,11 +82,24 @@ def resolve_models(specs: list[StageSpec], hub: bool) -> dict[str, str]:
             resolved[spec.name] = ALIGNER_BY_LANGUAGE if s.align else "none"
         elif spec.name == "enrollment":
             resolved[spec.name] = (
-                "campplus (embedded)"
-                if s.encoder == "campplus"
-                else (repo(s.ecapa_source) or f"{s.ecapa_source} (unavailable)")
+                "campplus (embedded)" if wanted is None else (repo(wanted) or f"{wanted} (unavailable)")
             )
     return resolved
+
+
+def wanted_model(spec: StageSpec) -> str | None:
+    """The model ``spec``'s settings ask for, as :func:`resolve_models` looks it up (a hub id or a local
+    folder); None where the stage runs an embedded model (or none, or an aligner chosen per language)."""
+    s = spec.settings
+    if spec.name == "asr":
+        return None if s.model in ("embedded", "whisper-base") else ASR_REPOS.get(s.model, s.model)
+    if spec.name == "diarization":
+        return None if s.model == "embedded" else PYANNOTE_DEFAULT if s.model == "auto" else s.model
+    if spec.name == "embeddings":
+        return None if s.profile == "embedded" else EMBEDDING_PROFILES.get(s.profile, s.profile)
+    if spec.name == "enrollment":
+        return None if s.encoder == "campplus" else s.ecapa_source
+    return None
 
 
 def planned(spec: StageSpec) -> StageSpec:

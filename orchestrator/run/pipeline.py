@@ -33,7 +33,7 @@ from orchestrator import layout
 from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.process.hooks import default_hooks
-from orchestrator.registry import StageSpec, process_specs
+from orchestrator.registry import BY_NAME, StageSpec, process_specs
 from orchestrator.run.chunk import RunContext, run_chunk
 from orchestrator.run.finish import write_index
 from orchestrator.run.groups import GROUP_SIZE, plan_groups, whole_group_chunks
@@ -89,6 +89,12 @@ class Orchestrator:
     def stage_specs(self) -> list[StageSpec]:
         """The stages this run needs, from the registry (``auto`` settings resolved for the GPU at hand), each
         with the model it will run (``orchestrator.run.models``)."""
+        unknown = sorted(set(self.settings.ray_stage_resources) - set(BY_NAME))
+        if unknown:  # a misspelt stage would silently keep the default resources
+            raise SettingsError(
+                f"PIPELINE_RAY_STAGE_RESOURCES names no stage {', '.join(map(repr, unknown))}: the stages are "
+                + ", ".join(BY_NAME)
+            )
         specs = process_specs(resolve_auto(self.settings))
         for spec in specs:  # refused before anything runs: an English-only Whisper cannot translate
             if getattr(spec.settings, "translate", False) and english_only(spec.settings.model):

@@ -106,7 +106,7 @@ def stage_task(
     )
     # validated, and without reading this node's environment: only what the driver sent counts
     settings = Settings.model_validate(watch)
-    executor = LocalExecutor(default_hooks(settings), watchdog=Watchdog.from_settings(settings))
+    executor = LocalExecutor(default_hooks(settings), watchdog=Watchdog.from_settings(settings), node=node)
     try:
         return executor.run(request, Path(request_path), Path(log_path))
     finally:

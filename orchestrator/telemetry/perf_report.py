@@ -91,6 +91,10 @@ def run_peaks(events: list[PerfEvent], summaries: list[Attempt]) -> RunPeaks:
     return RunPeaks(device, largest[0], largest[1])
 
 
+#: a Ray node id is 56 hex digits; its first 12 tell the nodes of a cluster apart
+NODE_CHARS = 12
+
+
 def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
     return "—" if value is None else f"{value:.{digits}f}{unit}"
 
@@ -100,9 +104,12 @@ def _gib(mib: float | None) -> str:
 
 
 def table(summaries: list[Attempt], title: str = "") -> Table:
+    """One row per stage child; a "node" column (the Ray node's id, shortened) when any child ran on one."""
     t = Table(title=title or None)
+    nodes = any(s.node for s in summaries)
     for name, justify in [
         ("stage", "left"),
+        *([("node", "left")] if nodes else []),
         ("try", "right"),
         ("batch", "right"),
         ("outcome", "left"),
@@ -127,6 +134,7 @@ def table(summaries: list[Attempt], title: str = "") -> Table:
             after = "—"
         t.add_row(
             s.stage,
+            *([(s.node or "—")[:NODE_CHARS]] if nodes else []),
             str(s.attempt),
             _fmt(s.batch_size, digits=0) if s.batch_size else "—",
             s.outcome or "?",

@@ -10,6 +10,7 @@ import pytest
 
 from orchestrator import Orchestrator, Settings
 from tests.conftest import MAX_WER, MEDIA, SPEECH_TEXT, wer
+from tests.fixtures.disk import tmpfs
 from tests.fixtures.generate import encode, speech, write_wav
 
 pytestmark = pytest.mark.slow
@@ -179,7 +180,6 @@ def small_disk(request, tmp_path):
     """Where the outputs go, and how the pipeline is started: on a 2 MiB tmpfs (mounted when the tests run
     as root and may mount), or under a 1 MiB file size limit (RLIMIT_FSIZE) on the run and its children."""
     import resource
-    import subprocess
 
     out = tmp_path / "out"
     out.mkdir()
@@ -190,15 +190,8 @@ def small_disk(request, tmp_path):
 
         yield out, limit
         return
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(out)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(out, "2m"):
         yield out, None
-    finally:
-        subprocess.run(["umount", "-l", str(out)], check=False)
 
 
 def test_a_file_too_large_fails_alone_and_a_full_disk_stops_the_run_leaving_no_partial_artifact(

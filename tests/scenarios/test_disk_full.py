@@ -4,17 +4,16 @@ full before the run: exit 2 with the reason."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from contracts import ExitCode
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, process_args, wait_for
+from tests.fixtures.disk import fill, tmpfs
 from tests.fixtures.generate import clips
 
 pytestmark = pytest.mark.slow
@@ -24,47 +23,13 @@ ENV = {**os.environ, "ASR_MODEL": "embedded", "PIPELINE_ALLOW_HUB": "false", "EM
 
 @pytest.fixture
 def disk(tmp_path):
-    """A 64 MiB tmpfs of its own (root, as on the CI machine)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(directory: Path) -> Path:
-    """Write a file until the filesystem has no byte left."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (1 << 20, 1 << 12, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-    finally:
-        os.close(fd)
-    return filler
+    """A 64 MiB tmpfs of its own."""
+    with tmpfs(tmp_path / "disk", "64m") as mount:
+        yield mount
 
 
 def cli(inputs: Path, out: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "orchestrator.cli",
-        "process",
-        str(inputs),
-        "--output",
-        str(out),
-        "--no-speakers",
-        "--chunk-size",
-        "4",
-    ]
+    return process_args(inputs, out, "--no-speakers", "--chunk-size", "4")
 
 
 def child_started(run: Path, name: str) -> bool:

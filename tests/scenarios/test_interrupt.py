@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, process_args
 from tests.fixtures.generate import clips
 from tests.scenarios.test_resume import child_pid, run_dir, wait_for
 
@@ -82,19 +82,7 @@ def test_first_ctrl_c_finishes_the_current_item_then_a_rerun_resumes(tmp_path, i
     asr = _stop_gracefully(out, inputs, signal.SIGINT, 130, "Ctrl-C")
 
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "orchestrator.cli",
-            "process",
-            str(inputs),
-            "--output",
-            str(out),
-            "--chunk-size",
-            "8",
-            "--embedding-profile",
-            "embedded",
-        ],
+        process_args(inputs, out, "--chunk-size", "8", "--embedding-profile", "embedded"),
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -8,12 +8,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, process_args, wait_for
 from tests.fixtures.generate import clips
 from tests.orchestrator.process.test_children import gone
 from tests.scenarios.test_resume import child_pid, run_dir
@@ -25,21 +24,16 @@ ENV = {**os.environ, "ASR_JOIN_INPUTS": "true"}
 
 
 def cli(out: Path, inputs: Path, chunk_size: int, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "orchestrator.cli",
-        "process",
-        str(inputs),
-        "--output",
-        str(out),
+    return process_args(
+        inputs,
+        out,
         "--chunk-size",
         str(chunk_size),
         "--no-speakers",
         "--embedding-profile",
         "embedded",
         *extra,
-    ]
+    )
 
 
 def run(out: Path, inputs: Path, chunk_size: int, *extra: str) -> None:

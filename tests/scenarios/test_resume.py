@@ -6,13 +6,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, process_args, wait_for
 from tests.fixtures.generate import clips
 from tests.orchestrator.process.test_children import gone
 
@@ -20,19 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def cli(out: Path, inputs: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "orchestrator.cli",
-        "process",
-        str(inputs),
-        "--output",
-        str(out),
-        "--chunk-size",
-        "4",
-        "--embedding-profile",
-        "embedded",
-    ]
+    return process_args(inputs, out, "--chunk-size", "4", "--embedding-profile", "embedded")
 
 
 #: no joined ASR windows: a respawned child decodes the inputs left with other neighbours, and an input's

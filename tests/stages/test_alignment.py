@@ -180,7 +180,14 @@ def test_offline_alignment_is_recorded_as_not_done_without_waiting(inputs, monke
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # an empty torch hub: the aligner is not there
     t0 = time.monotonic()
-    final = _run(inputs, ["asr", "audio", "diarization", "speaker_embeddings"], align=True, speakers=True)
+    # and the transcript's ASR model "m" is nowhere either (no cross-attention alignment by Whisper instead)
+    final = _run(
+        inputs,
+        ["asr", "audio", "diarization", "speaker_embeddings"],
+        align=True,
+        speakers=True,
+        asr_model="m",
+    )
     assert time.monotonic() - t0 < 60
     assert final.aligned is False and final.aligner is None and "not downloaded" in final.alignment_note
     assert [s.speaker for s in final.segments] == ["Host", "SPEAKER_01"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -311,12 +312,26 @@ def several_audio(tmp_path_factory, media):
 
 
 def run_asr_stage(
-    tmp, audio: dict, batch_size: int, settings: dict, extra: list[WorkItem] = (), attempt: int = 1
+    tmp,
+    audio: dict,
+    batch_size: int,
+    settings: dict,
+    extra: list[WorkItem] = (),
+    attempt: int = 1,
+    vocabulary: dict | None = None,
+    spy: Callable[[AsrStage], None] | None = None,
 ):
-    """The ASR stage in this process over ``audio`` (+ ``extra`` items after the first two); its result, the
-    transcripts of the items that succeeded, and the item ids in flight at each step."""
+    """The ASR stage in this process over ``audio`` (+ ``extra`` items after the first two; each input with
+    its ``vocabulary`` files, by name; ``spy`` sees the stage before it runs); its result, the transcripts of
+    the items that succeeded, and the item ids in flight at each step."""
     items = [
-        WorkItem(id=name, inputs={"audio": str(path)}, output=str(tmp / f"{name}.json"), fingerprint="fp")
+        WorkItem(
+            id=name,
+            inputs={"audio": str(path)},
+            output=str(tmp / f"{name}.json"),
+            fingerprint="fp",
+            vocabulary=(vocabulary or {}).get(name, []),
+        )
         for name, path in audio.items()
     ]
     request = StageRequest(
@@ -335,6 +350,8 @@ def run_asr_stage(
     stage = AsrStage()
     write = stage._write_in_flight
     stage._write_in_flight = lambda req, in_flight: (seen.append(in_flight.ids), write(req, in_flight))
+    if spy is not None:
+        spy(stage)
     result = stage.run(request)
     transcripts = {r.id: load_artifact(r.output, TranscriptArtifact) for r in result.items if r.ok}
     return result, transcripts, seen

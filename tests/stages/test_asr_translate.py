@@ -3,13 +3,16 @@ over the same encoder output; English inputs once; an English-only model refused
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
-from contracts import StageRequest, TranscriptArtifact, WorkItem, load_artifact
+from contracts import AudioArtifact, TranscriptArtifact, load_artifact
 from contracts.errors import ModelUnavailableError, SettingsError
 from stages.asr import AsrStage
-from tests.conftest import MEDIA, stage_settings
-from tests.stages.test_asr import decode_audio
+from tests.conftest import MEDIA
+from tests.stages.test_asr import _wav, decode_audio, run_asr_stage
 
 LANGUAGES = MEDIA / "languages"
 #: the inputs of each joined window decoded (``_run`` records them)
@@ -37,33 +40,24 @@ ENGLISH = {
 SPANISH = {"this", "morning", "cold", "stayed", "home", "together"}
 
 
-def _run(tmp, audio: dict, **settings) -> dict[str, TranscriptArtifact]:
-    items = [
-        WorkItem(id=name, inputs={"audio": str(path)}, output=str(tmp / f"{name}.json"), fingerprint="fp")
-        for name, path in audio.items()
-    ]
-    stage = AsrStage()
-    generate = stage._generate
+def _run(tmp, audio: dict, spy=None, **settings) -> dict[str, TranscriptArtifact]:
+    """The stage over ``audio`` (whisper-base unless told); records the inputs of each joined window decoded
+    in ``JOINED``; ``spy`` sees the stage before it runs."""
 
-    def spy(batch, temperature=0.0):
-        JOINED.extend([job.item.id for job, _ in w.parts] for w in batch if len(w.parts) > 1)
-        return generate(batch, temperature)
+    def joined(stage: AsrStage) -> None:
+        generate = stage._generate
 
-    stage._generate = spy
-    result = stage.run(
-        StageRequest(
-            request_id="r",
-            stage="asr",
-            module="stages.asr",
-            batch_size=4,
-            device="cpu",
-            settings=stage_settings("asr", **{"model": "whisper-base", **settings}),
-            result_path=str(tmp / "res.json"),
-            items=items,
-        )
-    )
+        def generating(batch, temperature=0.0):
+            JOINED.extend([job.item.id for job, _ in w.parts] for w in batch if len(w.parts) > 1)
+            return generate(batch, temperature)
+
+        stage._generate = generating
+        if spy is not None:
+            spy(stage)
+
+    result, transcripts, _ = run_asr_stage(tmp, audio, 4, {"model": "whisper-base", **settings}, spy=joined)
     assert all(r.ok for r in result.items), result.items
-    return {r.id: load_artifact(r.output, TranscriptArtifact) for r in result.items}
+    return transcripts
 
 
 def _words(text: str) -> set[str]:
@@ -97,6 +91,76 @@ def test_inputs_not_in_english_get_an_english_translation_and_keep_their_transcr
     # an English input is decoded once: no translation
     assert translated["en"].translation is None and plain["en"].translation is None
     assert [s.text for s in translated["en"].segments] == [s.text for s in plain["en"].segments]
+
+
+@pytest.mark.slow
+def test_inputs_translated_from_a_joined_window_are_not_encoded_again(tmp_path):
+    """Given two short Spanish clips transcribed in one joined window, when they are translated too, then the
+    encoder runs over each window the transcription decodes and over nothing else (besides one window of
+    silence per child): each clip's English comes from the joined window's encoder output, and holds its own
+    sentence once."""
+    audio = decode_audio(tmp_path, {"es": LANGUAGES / "es.ogg", "es2": LANGUAGES / "es.ogg"})
+    encoded, decoded = [], []
+
+    def count(stage: AsrStage) -> None:
+        encode, generate = stage._encode, stage._generate
+
+        def encoding(pieces):
+            encoded.extend(bool(np.any(p)) for p in pieces)  # False: silence
+            return encode(pieces)
+
+        def generating(batch, temperature=0.0):
+            decoded.extend(batch)
+            return generate(batch, temperature)
+
+        stage._encode, stage._generate = encoding, generating
+
+    JOINED.clear()
+    translated = _run(tmp_path, audio, spy=count, translate=True)
+    assert ["es", "es2"] in JOINED, JOINED
+    assert encoded.count(True) == len(decoded), (encoded, [len(w.parts) for w in decoded])
+    assert encoded.count(False) <= 1, encoded
+    for name in ("es", "es2"):
+        spanish = " ".join(s.text for s in translated[name].translation)
+        assert len(_words(spanish) & SPANISH) >= 4 and spanish.lower().count("morning") == 1, spanish
+
+
+@pytest.mark.slow
+def test_each_input_of_a_joined_window_is_translated_from_its_own_stretch_of_it(tmp_path, monkeypatch):
+    """Given the Spanish sentence cut at its pause into two clips (the cold morning; staying at home) that
+    share one joined window whose split is taken as it is, when they are translated, then each clip's English
+    holds its own half's words and none of the other's, and the encoder ran over the joined window (and one
+    window of silence) only."""
+    import stages.asr
+
+    (tmp_path / "whole").mkdir()
+    whole = decode_audio(tmp_path / "whole", {"es": LANGUAGES / "es.ogg"})
+    samples = np.load(whole["es"].parent / load_artifact(whole["es"], AudioArtifact).sidecar)
+    cut = int(1.9 * 16000)  # the pause after "frío,"
+    audio = decode_audio(
+        tmp_path,
+        {
+            "cold": Path(_wav(tmp_path / "cold.wav", samples[:cut])),
+            "home": Path(_wav(tmp_path / "home.wav", samples[cut:])),
+        },
+    )
+    # the joined window's split is kept whatever its word times (else a doubted share is decoded again alone)
+    monkeypatch.setattr(stages.asr, "doubts", lambda words, spans, **_: [None] * len(spans))
+    encoded = []
+
+    def count(stage: AsrStage) -> None:
+        encode = stage._encode
+        stage._encode = lambda pieces: (encoded.extend(bool(np.any(p)) for p in pieces), encode(pieces))[1]
+
+    JOINED.clear()
+    translated = _run(tmp_path, audio, spy=count, translate=True)
+    assert JOINED == [["cold", "home"]], JOINED
+    assert encoded == [True, False], encoded  # the joined window, then silence
+    cold = _words(" ".join(s.text for s in translated["cold"].translation))
+    home = _words(" ".join(s.text for s in translated["home"].translation))
+    first, second = {"morning", "cold"}, {"home", "together", "newspaper", "stayed"}
+    assert cold & first and not cold & second, cold
+    assert home & second and not home & first, home
 
 
 @pytest.mark.slow

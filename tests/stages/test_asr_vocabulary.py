@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from contracts import StageRequest, TranscriptArtifact, WorkItem, load_artifact
 from contracts.artifacts import VocabularyFile
 from stages.asr import AsrStage, fit_vocabulary
-from tests.conftest import MAX_WER, SPEECH_TEXT, stage_settings, wer
-from tests.stages.test_asr import LOWER_CASE_PROMPT, decode_audio
+from tests.conftest import MAX_WER, SPEECH_TEXT, wer
+from tests.stages.test_asr import LOWER_CASE_PROMPT, decode_audio, run_asr_stage
 
 
 def _words(text: str) -> int:
@@ -45,39 +44,22 @@ def clips(tmp_path_factory, media):
 
 
 def _run(tmp, audio: dict, vocabulary: dict, **settings):
-    items = [
-        WorkItem(
-            id=name,
-            inputs={"audio": str(path)},
-            output=str(tmp / f"{name}.json"),
-            fingerprint="fp",
-            vocabulary=vocabulary.get(name, []),
-        )
-        for name, path in audio.items()
-    ]
-    stage = AsrStage()
+    """The stage over ``audio`` with each input's ``vocabulary``: its transcripts, and the inputs of each
+    window decoded."""
     seen: list[list[str]] = []
-    generate = stage._generate
 
-    def spy(batch, temperature=0.0):
-        seen.extend([[job.item.id for job, _ in window.parts] for window in batch])
-        return generate(batch, temperature)
+    def spy(stage: AsrStage) -> None:
+        generate = stage._generate
 
-    stage._generate = spy
-    result = stage.run(
-        StageRequest(
-            request_id="r",
-            stage="asr",
-            module="stages.asr",
-            batch_size=4,
-            device="cpu",
-            settings=stage_settings("asr", **settings),
-            result_path=str(tmp / "res.json"),
-            items=items,
-        )
-    )
+        def generating(batch, temperature=0.0):
+            seen.extend([[job.item.id for job, _ in window.parts] for window in batch])
+            return generate(batch, temperature)
+
+        stage._generate = generating
+
+    result, transcripts, _ = run_asr_stage(tmp, audio, 4, settings, vocabulary=vocabulary, spy=spy)
     assert all(r.ok for r in result.items), result.items
-    return {r.id: load_artifact(r.output, TranscriptArtifact) for r in result.items}, seen
+    return transcripts, seen
 
 
 @pytest.mark.slow

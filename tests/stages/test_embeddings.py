@@ -175,3 +175,25 @@ def test_texts_of_several_inputs_share_one_stream_and_are_split_back(tmp_path, r
             np.testing.assert_allclose(
                 vectors, reference_model.encode(lines, normalize_embeddings=True), atol=1e-5
             )
+
+
+def test_qwen2_runs_in_bfloat16_on_cuda_and_the_rest_in_float16():
+    """float16 overflows in Qwen2's MLPs (inf/NaN vectors): bfloat16 where the card has it."""
+    from stages.embeddings import cuda_dtype
+
+    assert cuda_dtype("qwen2", bf16_supported=True) == "bfloat16"
+    assert cuda_dtype("qwen2", bf16_supported=False) == "float16"
+    assert cuda_dtype("bert", bf16_supported=True) == "float16"
+    assert cuda_dtype(None, bf16_supported=True) == "float16"
+
+
+def test_an_empty_configured_prompt_leaves_the_card_instruction():
+    """sentence-transformers 5 fills in empty "query"/"document" prompts for a configuration without any."""
+    from stages.embeddings import QUERY_PROMPTS, prompt_for
+
+    class Model:
+        prompts = {"query": "", "document": ""}
+
+    name = "BAAI/bge-small-en-v1.5@5c38ec7c405ec4b44b94cc5a9bb96e735b38267a"
+    assert prompt_for(Model(), name, "query") == QUERY_PROMPTS["BAAI/bge-small-en-v1.5"]
+    assert prompt_for(Model(), name, "document") == ""

@@ -4,14 +4,12 @@ keeps the run's notes, records what it wrote in the journal, and answers each fa
 
 from __future__ import annotations
 
-import errno
 import html
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,21 +20,15 @@ from orchestrator.corpus.enroll import profile_file_name
 from orchestrator.corpus.labels import read_corpus
 from orchestrator.corpus.speakers import name, place, voice_profile
 from orchestrator.settings import Settings
-from tests.conftest import ROOT
+from tests.conftest import ROOT, pipeline
+from tests.fixtures.disk import fill, tmpfs
 from tests.orchestrator.corpus.test_export import transcript
 from tests.orchestrator.corpus.test_speakers import PEOPLE, ids_of, make_input, srt
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """The `pipeline` command (bin/pipeline runs this module once its environment is built)."""
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-    )
+    return pipeline(*args, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 def one_line(stderr: str) -> str:
@@ -249,16 +241,9 @@ def test_export_answers_a_damaged_corpus_file_in_one_line(processed):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 2 MiB tmpfs of its own (root, as on the CI machine; see tests/scenarios/test_disk_full.py)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    """A 2 MiB tmpfs of its own."""
+    with tmpfs(tmp_path / "disk", "2m") as mount:
+        yield mount
 
 
 def test_export_on_a_full_disk_stops_in_one_line_with_exit_5(processed, small_disk):
@@ -267,17 +252,7 @@ def test_export_on_a_full_disk_stops_in_one_line_with_exit_5(processed, small_di
     (out / "speakers.json").unlink(missing_ok=True)
     journal = (out / layout.JOURNAL).read_text()
     srt_before = (out / "talk" / "transcript.srt").read_text()
-    filler = out / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (1 << 16, 1 << 10, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-    finally:
-        os.close(fd)
+    filler = fill(out)
     # full before it starts (the lock cannot be taken): a usage error, as `process` answers it
     done = cli("export", str(out), "-f", "all")
     assert done.returncode == ExitCode.USAGE and "No space left" in one_line(done.stderr), done.stderr

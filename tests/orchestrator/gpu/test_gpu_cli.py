@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 from contracts import WorkItem
 from contracts.perf import PERF_LOG_ENV
@@ -16,20 +15,13 @@ from orchestrator.process.hooks import default_hooks
 from orchestrator.process.pidfiles import ChildRegistry
 from orchestrator.registry import StageSpec
 from orchestrator.run.runner import StageRunner
-from tests.conftest import ROOT
+from tests.conftest import pipeline
 from tests.fixtures.stages import NoteArtifact
 from tests.orchestrator.process.test_children import gone, start_parent
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )
+    return pipeline(*args, env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=120)
 
 
 def test_gpu_without_nvml_says_so_and_exits_0(tmp_path):

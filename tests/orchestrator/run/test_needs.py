@@ -167,3 +167,27 @@ def test_a_new_aligner_chains_again_from_the_alignment_as_a_whole_chain_would(tm
     assert state.fingerprints["asr"] == before["asr"]
     assert state.fingerprints["alignment"] != before["alignment"]
     assert state.fingerprints["embeddings"] != before["embeddings"]
+
+
+def test_the_resumed_count_plans_the_aligner_for_the_journalled_language_first(tmp_path):
+    from orchestrator import Orchestrator
+    from orchestrator.run.plan import plan_aligner
+
+    # Given the run's stages with the aligner chosen per transcript language, and an input completed in English
+    specs = Orchestrator(SETTINGS).stage_specs()
+    state = _state(tmp_path)
+    chain_fingerprints(state, specs)
+    assert plan_aligner(state, specs, "en"), "the alignment stage chooses its aligner per language"
+    journal = Journal(tmp_path / "out" / "journal.jsonl", "run-1")
+    resume = Resume(SETTINGS, {})
+    journal.record(
+        state.id, "outputs", "ok", fingerprint=resume.outputs_fingerprint(state), **completion(state, specs)
+    )
+    # When the next run counts what is already complete (its input planned without a language yet)
+    again = InputState(state.plan)
+    chain_fingerprints(again, specs)
+    resume = Resume(SETTINGS, journal.completed())
+    # Then the input counts as resumed: its aligner is planned for English, as the fast resume plans it
+    assert resume.outputs_fingerprint(again) != resume.outputs_fingerprint(state)
+    assert resume.resumed(again, specs)
+    assert again.models["alignment"] == state.models["alignment"]

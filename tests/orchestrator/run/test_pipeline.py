@@ -84,3 +84,18 @@ def test_real_run_never_loads_torch_in_the_parent_and_a_rerun_reuses_everything(
     assert {s["status"] for s in second["report"]["inputs"][0]["stages"].values()} == {"reused"}
     assert second["report"]["ok"] == 1 and second["report"]["throughput"] is None
     assert (tmp_path / "speech" / "transcript.srt").read_text() == srt
+
+
+def test_per_stage_ray_resources_for_a_stage_that_does_not_exist_are_refused_before_the_run():
+    from contracts.errors import SettingsError
+    from orchestrator import Orchestrator, Settings
+
+    # Given resources for "asr" and a misspelt "embedding" (the stage is "embeddings")
+    settings = Settings(ray_stage_resources={"asr": {"GPU": 1}, "embedding": {"GPU": 1}}, device="cpu")
+    # Then planning refuses with both the bad name and the real ones, instead of silently ignoring it
+    with pytest.raises(
+        SettingsError, match=r"names no stage 'embedding': the stages are audio, asr, .*embeddings"
+    ):
+        Orchestrator(settings).stage_specs()
+    # and the right names pass
+    assert Orchestrator(settings.replace(ray_stage_resources={"asr": {"GPU": 1}})).stage_specs()

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -337,31 +336,6 @@ def test_url_inputs_and_outputs_end_to_end_with_a_bad_url_failing_alone(memfs, t
         again = orch.process(sources[:2], progress=Progress())
     assert again.ok == 2 and not again.stages
     assert memfs.exists("/out/clip000/transcript.srt")
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    """A real S3 endpoint (moto's server) on 127.0.0.1, reached through s3fs like any bucket."""
-    pytest.importorskip("s3fs", reason="the remote group is not installed (uv sync --group remote)")
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-    }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    # moto's backends live in this process, shared by every server it starts: each test starts empty
-    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST"))
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)
-    fs.mkdir("media")
-    yield fs, env
-    server.stop()
 
 
 @pytest.mark.slow

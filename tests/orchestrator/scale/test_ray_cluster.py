@@ -288,30 +288,6 @@ STAGE_RESOURCES = {
 }
 
 
-@pytest.fixture
-def s3(monkeypatch):
-    """A real S3 endpoint (moto's server) on 127.0.0.1: outputs no node keeps on its own disk."""
-    pytest.importorskip("s3fs", reason="the remote group is not installed (uv sync --group remote)")
-    import fsspec
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-    }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)
-    fs.mkdir("media")
-    yield fs
-    server.stop()
-
-
 def _process(inputs: Path, output: str, *extra: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     args = [sys.executable, "-m", "orchestrator.cli", "process", str(inputs), "--output", output]
     args += ["--no-speakers", "--embedding-profile", "embedded", "--device", "cpu", *extra]
@@ -322,16 +298,17 @@ def _process(inputs: Path, output: str, *extra: str, env: dict[str, str]) -> sub
 
 @pytest.mark.slow
 def test_the_pipeline_across_nodes_gives_the_local_outputs_in_a_bucket(cluster, s3, tmp_path):
+    """Outputs in a bucket (tests/conftest.py's moto S3 server): no node keeps them on its own disk."""
     cluster, nodes = cluster
-    fs = s3
-    clips(tmp_path / "in", 8, seconds=2.0)
-    # Given 8 inputs in 4 chunks, 3 at a time, on the cluster: decoding asks for a decoding node, the model
-    # stages for a GPU, and the outputs go to a bucket
+    fs, _ = s3
+    clips(tmp_path / "in", 24, seconds=2.0)
+    # Given 24 inputs in 5 chunks (whole join groups of 5), 3 at a time, on the cluster: decoding asks for a
+    # decoding node, the model stages for a GPU, and the outputs go to a bucket
     done = _process(
         tmp_path / "in",
         "s3://media/out",
         *("--executor", "ray", "--ray-address", cluster.address),
-        *("--chunk-size", "2", "--parallel-chunks", "3"),
+        *("--chunk-size", "5", "--parallel-chunks", "3"),
         env={
             "PIPELINE_RAY_STAGE_RESOURCES": json.dumps(STAGE_RESOURCES),
             "PIPELINE_STAGING_DIR": str(tmp_path / "staging"),
@@ -340,22 +317,22 @@ def test_the_pipeline_across_nodes_gives_the_local_outputs_in_a_bucket(cluster, 
     assert done.returncode == 0, done.stderr[-3000:]
     fs.invalidate_cache()
     report = json.loads(fs.cat("media/out/run-report.json"))
-    assert report["ok"] == 8 and report["chunks"] == 4
+    assert report["ok"] == 24 and report["chunks"] == 5
     # Then the report names the node of every attempt, and each stage ran only where its resources are
     where: dict[str, set] = {}
     for run in report["stages"]:
         for attempt in run["attempts"]:
             assert attempt["outcome"] == "ok" and attempt["node"], attempt
             where.setdefault(run["stage"], set()).add(_node_name(nodes, attempt["node"]))
-    assert where["audio"] == {"decode-1", "decode-2"}, where  # two chunks decoded at once, one per node
+    assert where["audio"] == {"decode-1", "decode-2"}, where  # chunks decoded at once, on both nodes
     for stage in ("asr", "alignment", "embeddings"):
         assert where[stage] and where[stage] <= {"gpu-1", "gpu-2"}, where
     # and the outputs are the local executor's, in one chunk on this machine
     local = tmp_path / "local"
-    done = _process(tmp_path / "in", str(local), "--chunk-size", "8", env={})
+    done = _process(tmp_path / "in", str(local), "--chunk-size", "24", env={})
     assert done.returncode == 0, done.stderr[-3000:]
     transcripts = sorted(local.rglob("transcript.json"))
-    assert len(transcripts) == 8
+    assert len(transcripts) == 24
     for transcript in transcripts:
         item = transcript.parent.relative_to(local)
         ours = json.loads(fs.cat(f"media/out/{item}/transcript.json"))
@@ -418,7 +395,19 @@ def test_the_driver_killed_on_a_multi_node_cluster_resumes_with_nothing_redone(c
         assert not ids & complete, request.name
     report = json.loads((out / "run-report.json").read_text())
     assert report["ok"] == 4 and "resuming: 2 of 4 input(s)" in done.stderr
-    assert all(a["node"] for run in report["stages"] for a in run["attempts"])
+    nodes = {a["node"] for run in report["stages"] for a in run["attempts"]}
+    assert all(nodes)
+    # and `pipeline report` names the node of every stage child it lists
+    shown = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "report", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "node" in shown.stdout and all(node[:12] in shown.stdout for node in nodes), shown.stdout
 
 
 def _lose_the_first_asr_node(cluster, tmp_path: Path, env: dict[str, str]) -> tuple[int, dict, dict]:

@@ -36,7 +36,7 @@ from orchestrator.process.toolkit import stop_tree  # noqa: E402 - after the imp
 from orchestrator.registry import StageSpec  # noqa: E402 - after the importorskip of ray
 from orchestrator.run.runner import StageRunner  # noqa: E402 - after the importorskip of ray
 from orchestrator.scale.ray_executor import RayExecutor, unplaced_reason  # noqa: E402 - after the importorskip of ray
-from tests.conftest import MEDIA, ROOT, wait_for  # noqa: E402 - after the importorskip of ray
+from tests.conftest import MEDIA, ROOT, process_args, wait_for  # noqa: E402 - after the importorskip of ray
 from tests.fixtures.generate import clips  # noqa: E402 - after the importorskip of ray
 from tests.fixtures.stages import FixtureSettings, NoteArtifact  # noqa: E402 - after the importorskip of ray
 from tests.orchestrator.process.test_children import gone  # noqa: E402 - after the importorskip of ray
@@ -248,22 +248,9 @@ def test_an_unplaced_task_says_whether_it_can_ever_be_placed():
 
 
 def _cli(out: Path, inputs: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "orchestrator.cli",
-        "process",
-        str(inputs),
-        "--output",
-        str(out),
-        "--chunk-size",
-        "2",
-        "--embedding-profile",
-        "embedded",
-        "--device",
-        "cpu",
-        *extra,
-    ]
+    return process_args(
+        inputs, out, "--chunk-size", "2", "--embedding-profile", "embedded", "--device", "cpu", *extra
+    )
 
 
 def _outputs(out: Path) -> dict[str, tuple[list[tuple[str, str | None]], np.ndarray]]:

@@ -197,3 +197,22 @@ def test_the_log_is_found_from_a_file_an_output_dir_or_a_run_dir(tmp_path):
     )
     with pytest.raises(SettingsError, match="no performance log"):
         find_perf_log(tmp_path / "elsewhere")
+
+
+def test_the_table_names_the_node_of_each_child_when_any_ran_on_a_cluster():
+    from rich.console import Console
+
+    node = "a1b2c3d4e5f6" + "0" * 44  # a Ray node id: 56 hex digits
+    on_node = Attempt(stage="asr", attempt=1, batch_size=4, items=4, outcome="ok", wall_s=3.0, node=node)
+    here = Attempt(stage="audio", attempt=1, batch_size=4, items=4, outcome="ok", wall_s=1.0)
+    console = Console(record=True, width=300)
+    console.print(table([here, on_node]))
+    lines = console.export_text().splitlines()
+    assert any("stage" in line and "node" in line for line in lines)
+    rows = [line for line in lines if "│" in line]
+    assert "a1b2c3d4e5f6" in rows[1] and node not in rows[1]  # shortened, as the nodes are told apart
+    assert "—" in rows[0].split("│")[2]  # the child that ran on no cluster node
+    # and a run on one machine has no node column at all
+    console = Console(record=True, width=300)
+    console.print(table([here]))
+    assert " node " not in console.export_text()

@@ -1,0 +1,298 @@
+"""Models for an air-gapped machine: what the settings need (``pipeline models list``), fetching it into the
+Hugging Face cache on a connected machine (``pull``), and checking the cache's files (``verify``).
+
+Called in the parent process: only the hub client (``huggingface_hub``), never a model library. What
+``list`` says runs is what ``process`` plans: the same resolution (``orchestrator.run.models``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contracts.models import HF_ALIGNERS, PYANNOTE_DEFAULT
+from orchestrator.gpu.sizing import resolve_auto
+from orchestrator.registry import process_specs
+from orchestrator.run.models import _cached_revision, aligner_for, resolve_models, wanted_model
+from orchestrator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: the files faster-whisper's ``download_model`` fetches of a CTranslate2 Whisper repository, and those the
+#: torch runtime loads of a transformers one (weights in safetensors, the tokenizer, generation settings)
+ASR_FILES = ["config.json", "preprocessor_config.json", "model.bin", "tokenizer.json", "vocabulary.*"] + [
+    "model.safetensors",
+    "model-*.safetensors",
+    "model.safetensors.index.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "normalizer.json",
+    "vocab.json",
+    "merges.txt",
+]
+#: other frameworks' copies of the weights, which no stage loads (sentence-transformers, transformers)
+OTHER_FORMATS = ["*.onnx", "onnx/*", "openvino/*", "*.h5", "*.msgpack", "*.ot", "flax_model*", "tf_model*"]
+#: licence or gate of the models the settings name by default (the hub's own answer wins when it gives one)
+KNOWN_TERMS: dict[str, str] = {
+    PYANNOTE_DEFAULT: "cc-by-4.0, gated: accept its conditions on hf.co, then HF_TOKEN",
+    "BAAI/bge-small-en-v1.5": "mit",
+    "Alibaba-NLP/gte-Qwen2-1.5B-instruct": "apache-2.0",
+    "speechbrain/spkrec-ecapa-voxceleb": "apache-2.0",
+    "Systran/faster-whisper-large-v3": "mit",
+    "Systran/faster-distil-whisper-large-v3": "mit",
+    "Systran/faster-whisper-medium": "mit",
+    "Systran/faster-whisper-small": "mit",
+    "Systran/faster-whisper-base": "mit",
+}
+_HEX = re.compile(r"^[0-9a-f]{40}$|^[0-9a-f]{64}$")
+
+
+class PullError(Exception):
+    """A model could not be fetched; the message is one line that says what to do."""
+
+
+@dataclass
+class ModelRow:
+    """One model a stage of the settings asks for, and what would run now."""
+
+    stage: str
+    #: the hub repository (or local folder) the settings ask for
+    repo: str
+    #: the revision asked for (the settings pin none: the hub's ``main``)
+    revision: str = "main"
+    #: the revision ``main`` points at in the cache (None: not cached; "local" for a folder)
+    cached: str | None = None
+    #: what ``process`` would run now, in the plan's words
+    runs: str = ""
+    #: why that is not the model asked for (None: it is)
+    fallback_reason: str | None = None
+    #: licence or gate, when known
+    terms: str | None = None
+    allow_patterns: list[str] | None = field(default=None, repr=False)
+    ignore_patterns: list[str] | None = field(default=None, repr=False)
+
+    @property
+    def local(self) -> bool:
+        return self.cached == "local"
+
+
+def model_rows(settings: Settings, hub_info=None) -> list[ModelRow]:
+    """Each hub model the stages of ``settings`` ask for, with what runs now (``settings.allow_hub`` must be
+    resolved: ``orchestrator.run.hub.resolve_hub``). ``hub_info(repo)``: the hub's answer for a repository
+    or the exception it raised (default: one ``model_info`` request each, only when the hub is allowed)."""
+    hub = bool(settings.hub)
+    specs = process_specs(resolve_auto(settings))
+    runs = resolve_models(specs, hub)
+    if hub_info is None:
+        hub_info = _hub_info
+    rows: list[ModelRow] = []
+    for spec in specs:
+        wanted = wanted_model(spec)
+        if wanted is not None:
+            rows.append(_row(spec.name, wanted, runs.get(spec.name, ""), hub, hub_info))
+        if spec.name == "alignment" and getattr(spec.settings, "align", False):
+            languages = [settings.asr_language] if settings.asr_language else list(settings.asr_languages)
+            for language in languages:
+                if language in HF_ALIGNERS:
+                    rows.append(
+                        _row("alignment", HF_ALIGNERS[language], aligner_for(language, hub), hub, hub_info)
+                    )
+    return rows
+
+
+def _row(stage: str, repo: str, runs: str, hub: bool, hub_info) -> ModelRow:
+    row = ModelRow(stage=stage, repo=repo, runs=runs, terms=KNOWN_TERMS.get(repo))
+    if stage == "asr":
+        row.allow_patterns = ASR_FILES
+    elif stage in ("embeddings", "alignment"):
+        row.ignore_patterns = OTHER_FORMATS
+    if Path(repo).expanduser().exists():
+        row.cached = "local"
+        return row
+    row.cached = _cached_revision(repo)
+    if _names(runs, repo):
+        return row
+    info = hub_info(repo) if hub else None
+    if isinstance(info, Exception):
+        row.fallback_reason = f"not cached, and {_hub_failure(info)}"
+    elif info is not None:
+        row.terms = _terms(info) or row.terms
+        if getattr(info, "gated", False):
+            row.fallback_reason = "not cached, and gated: accept its conditions on hf.co, then set HF_TOKEN"
+        else:
+            row.fallback_reason = "not cached"
+    else:
+        row.fallback_reason = "not cached, and the hub is off (allow_hub=false, or it did not answer)"
+    return row
+
+
+def _names(runs: str, repo: str) -> bool:
+    """Whether the planned model ``runs`` is the repository ``repo`` (``org/name@rev``, ``wav2vec2:org/name``)."""
+    return runs.removeprefix("wav2vec2:").split("@", 1)[0] == repo
+
+
+def _hub_info(repo: str):
+    from huggingface_hub import HfApi
+
+    try:
+        return HfApi().model_info(repo, timeout=10.0)
+    except Exception as exc:  # noqa: BLE001 - any failure is reported on the model's row
+        return exc
+
+
+def _hub_failure(exc: Exception) -> str:
+    """Why the hub did not give a repository's revision, in a few words."""
+    from huggingface_hub.errors import OfflineModeIsEnabled, RepositoryNotFoundError
+
+    if isinstance(exc, OfflineModeIsEnabled):
+        return "HF_HUB_OFFLINE is set"
+    if isinstance(exc, RepositoryNotFoundError):
+        return "the hub does not have it"
+    return f"the hub did not give it ({_short(exc)})"
+
+
+def _terms(info) -> str | None:
+    card = getattr(info, "card_data", None)
+    licence = getattr(card, "license", None) if card is not None else None
+    gated = getattr(info, "gated", False)
+    parts = [str(licence)] if licence else []
+    if gated:
+        parts.append("gated: accept its conditions on hf.co, then HF_TOKEN")
+    return ", ".join(parts) or None
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:160] or type(exc).__name__
+
+
+# -- pull: on a machine that reaches the hub ----------------------------------------------------------
+
+
+def pull(row: ModelRow) -> str:
+    """Fetch ``row``'s repository (its files as the stage loads them) into the Hugging Face cache; resumes
+    what an earlier pull left. Returns one line; raises :class:`PullError` with one line."""
+    from huggingface_hub import HfApi, get_token, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
+
+    if row.repo.count("/") != 1:
+        raise PullError(f"{row.repo}: neither a hub repository (org/name) nor a folder on this machine")
+    token = get_token()  # HF_TOKEN, or a saved login
+    try:
+        info = HfApi().model_info(row.repo, revision=row.revision, token=token)
+        if getattr(info, "gated", False) and not token:
+            raise GatedRepoError(f"{row.repo} is gated")
+        path = snapshot_download(
+            row.repo,
+            revision=row.revision,  # a branch: the cache's refs/main is written, which offline loads read
+            allow_patterns=row.allow_patterns,
+            ignore_patterns=row.ignore_patterns,
+            token=token,
+        )
+    except (GatedRepoError, HfHubHTTPError) as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if isinstance(exc, GatedRepoError) or status in (401, 403):
+            raise PullError(
+                f"{row.repo}: gated (HTTP {status or 401}): accept its conditions on "
+                f"https://huggingface.co/{row.repo} with your account, then set HF_TOKEN to a token of it"
+                + (" (the token given was refused)" if token else "")
+            ) from None
+        if isinstance(exc, RepositoryNotFoundError):
+            raise PullError(f"{row.repo}: no such model on the hub (HTTP {status})") from None
+        raise PullError(f"{row.repo}: the hub answered HTTP {status}: {_short(exc)}") from None
+    except OfflineModeIsEnabled:
+        raise PullError(f"{row.repo}: HF_HUB_OFFLINE is set: unset it to pull") from None
+    except Exception as exc:  # noqa: BLE001 - a network failure (no route, refused, cut off): one line
+        raise PullError(
+            f"{row.repo}: not fetched ({type(exc).__name__}: {_short(exc)}); is the hub reachable "
+            "(HF_ENDPOINT)? Rerun to resume"
+        ) from None
+    files = [p for p in Path(path).rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    return f"{row.stage}: {row.repo}@{Path(path).name} ({len(files)} files, {size / 2**20:.1f} MiB)"
+
+
+# -- verify: the cache's files against their blob names ------------------------------------------------
+
+
+@dataclass
+class Check:
+    """One repository of the cache, checked."""
+
+    repo: str
+    revision: str | None
+    files: int = 0
+    #: "file: why" for each missing or corrupt file (empty: sound)
+    problems: list[str] = field(default_factory=list)
+
+
+def verify(repo: str, cache_dir: Path | None = None) -> Check:
+    """Hash every file of ``repo``'s cached ``main`` snapshot against its blob's name: the sha256 of an LFS
+    file, the git blob sha1 of any other. A snapshot file whose blob is gone is missing."""
+    from huggingface_hub import constants
+
+    folder = Path(cache_dir or constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+    revision = _cached_revision_in(folder)
+    check = Check(repo=repo, revision=revision)
+    if revision is None:
+        check.problems.append("not in the cache (run `pipeline models pull` on a connected machine)")
+        return check
+    for link in sorted((folder / "snapshots" / revision).rglob("*")):
+        if link.is_dir():
+            continue
+        check.files += 1
+        name = link.relative_to(folder / "snapshots" / revision).as_posix()
+        blob = link.resolve()
+        if not blob.is_file():
+            check.problems.append(f"{name}: missing (its blob is gone)")
+            continue
+        expected = blob.name
+        if not _HEX.match(expected):
+            continue  # not a cache blob (a file copied in by hand): nothing to check it against
+        actual = _sha256(blob) if len(expected) == 64 else _git_sha1(blob)
+        if actual != expected:
+            check.problems.append(f"{name}: corrupt (hash {actual[:12]}..., blob {expected[:12]}...)")
+    return check
+
+
+def cached_repo_ids(cache_dir: Path | None = None) -> list[str]:
+    """Every model repository in the Hugging Face cache."""
+    from huggingface_hub import constants
+
+    root = Path(cache_dir or constants.HF_HUB_CACHE)
+    return sorted(
+        p.name.removeprefix("models--").replace("--", "/", 1) for p in root.glob("models--*") if p.is_dir()
+    )
+
+
+def _cached_revision_in(folder: Path) -> str | None:
+    try:
+        revision = (folder / "refs" / "main").read_text().strip()
+    except OSError:
+        return None
+    return revision if (folder / "snapshots" / revision).is_dir() else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(2**20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _git_sha1(path: Path) -> str:
+    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())  # git's object id, not for security
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(2**20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
