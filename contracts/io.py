@@ -156,6 +156,10 @@ def load_model(path: str | Path, cls: type[M]) -> M:
         raise ArtifactError(path, "missing") from None
     except OSError as exc:
         raise ArtifactError(path, f"unreadable ({exc.strerror})") from exc
+    try:  # pydantic's own JSON parsing: several times faster (a resume reads every artifact of a corpus)
+        return cls.model_validate_json(raw)
+    except ValidationError:
+        pass  # said as ever, by the path below: not valid JSON, or the first field that does not match
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from contracts import (
@@ -71,7 +72,7 @@ class StageSpec:
     #: the stage reads each input's vocabulary files (``WorkItem.vocabulary``; part of its fingerprint)
     vocabulary: bool = False
 
-    @property
+    @cached_property  # planning asks it for every stage of every input (frozen: it never changes)
     def kind(self) -> str:
         """The output artifact's key ("audio", "asr", "transcript", ...): its file name and input key."""
         return self.key or self.output.model_fields["kind"].default

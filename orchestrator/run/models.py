@@ -230,7 +230,7 @@ def aligner_for(language: str | None, hub: bool) -> str:
     the same conditions finds the transcript current, and one that can now have the wav2vec2 model redoes it."""
     if language in TORCHAUDIO_ALIGNERS:
         bundle, file = TORCHAUDIO_ALIGNERS[language]
-        on_disk = (_torch_hub_dir() / "checkpoints" / file).is_file()
+        on_disk = os.path.isfile(os.path.join(_torch_hub_home(), "checkpoints", file))
         return f"wav2vec2:{bundle}" if on_disk or (hub and _reachable(TORCHAUDIO_SERVER)) else WORD_TIMING
     if language in HF_ALIGNERS:
         name = HF_ALIGNERS[language]
@@ -248,11 +248,12 @@ def aligner_ran(aligner: str | None) -> str | None:
     return WORD_TIMING if aligner.startswith(WORD_TIMING) else f"wav2vec2:{aligner}"
 
 
-def _torch_hub_dir() -> Path:
+def _torch_hub_home() -> str:
     """``torch.hub.get_dir()`` without importing torch: ``$TORCH_HOME/hub``, else ``$XDG_CACHE_HOME/torch/hub``
-    (torch's own rule; read here as torch reads it, in the child that loads the aligner)."""
+    (torch's own rule; read here as torch reads it, in the child that loads the aligner). Text, not a Path:
+    planning asks once per input."""
     home = os.environ.get("TORCH_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "torch")
-    return Path(home).expanduser() / "hub"
+    return os.path.join(os.path.expanduser(home), "hub")
 
 
 def _reachable(endpoint: str) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,7 +18,7 @@ from contracts.artifacts import LanguageId
 from contracts.report import ItemStage, RunPlan, StagePlan
 from orchestrator import layout
 from orchestrator.registry import StageSpec
-from orchestrator.run.journal import Completed, Journal
+from orchestrator.run.journal import Completed, Journal, _field
 from orchestrator.run.models import model_label, same_model
 from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner, plan_inputs
 from orchestrator.run.remote import configure as configure_remote
@@ -132,10 +132,6 @@ def stages_needed(
     return needs(inp, specs, force, reasons)
 
 
-#: the transcript language in a journal line's summary (``"text_language": "en"``)
-_TEXT_LANGUAGE = re.compile(r'"text_language": ?"([^"\\]+)"')
-
-
 class Resume:
     """The journal's completed inputs for one run (or dry run): the outputs fingerprint an input must have
     to be reused from the journal alone, and what the journal keeps of an input it completes."""
@@ -168,14 +164,15 @@ class Resume:
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def resumed(self, inp: InputState, specs: list[StageSpec] | None = None) -> bool:
-        """The journal saw ``inp`` completed with its current outputs fingerprint (the progress's count). With
-        ``specs``, the aligner is first planned for the transcript language the journal names, as
-        :meth:`complete` does (found in the line without parsing it: this runs for every input)."""
+        """The journal saw ``inp`` completed with its current outputs fingerprint (the progress's count).
+        With ``specs``, the aligner is first planned for the transcript's language the journal names, as
+        :meth:`complete` will (read from its line without parsing the rest)."""
         done = self.completed.get(inp.id)
         if done is None:
             return False
-        if specs and (found := _TEXT_LANGUAGE.search(done.line)):
-            plan_aligner(inp, specs, found.group(1))
+        language = _field(done.line, "text_language") if specs is not None else None
+        if language:
+            plan_aligner(inp, specs, language)
         return done.fingerprint == self.outputs_fingerprint(inp)
 
     def complete(self, inp: InputState, specs: list[StageSpec]) -> bool:
@@ -196,10 +193,11 @@ class Resume:
             return False
         if not isinstance(files, dict) or not files or not isinstance(summary, dict):
             return False  # a journal of an earlier version: check the artifacts themselves
+        directory = str(inp.directory)
         for name, (size, mtime_ns) in files.items():
             try:
-                st = (inp.directory / name).stat()
-            except OSError:
+                st = os.stat(os.path.join(directory, name))
+            except (OSError, TypeError, ValueError):  # gone, or a name no file can have
                 return False
             if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
                 return False
@@ -225,7 +223,7 @@ class Resume:
         """A journal summary's language, validated once per distinct value (a corpus has few)."""
         if not raw:
             return None
-        key = json.dumps(raw, sort_keys=True)
+        key = repr(raw)  # the same text is the same value (another order of the same value: one more entry)
         cache = self._languages
         if key not in cache:
             if len(cache) > 10_000:

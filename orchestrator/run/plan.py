@@ -202,7 +202,10 @@ def shown(path: Path | str) -> str:
 def source_key(path: Path | str) -> str:
     """What identifies a source in the index across runs: its URL without credentials, or its absolute
     path (any bytes, escaped)."""
-    return without_credentials(str(path)) if is_url(path) else shown(Path(path).absolute())
+    if is_url(path):
+        return without_credentials(str(path))
+    path = Path(path)
+    return shown(path if path.is_absolute() else path.absolute())
 
 
 def same_source(path: Path | str) -> tuple:
@@ -259,13 +262,16 @@ def _free(parts: list[str], taken: _Taken) -> str:
     return candidate
 
 
-def assign_ids(found: list[Found], known: dict[str, str] | None = None) -> list[str]:
-    """One id per source (see the module doc); ``known`` is the index (source key -> id) and wins."""
+def assign_ids(
+    found: list[Found], known: dict[str, str] | None = None, keys: list[str] | None = None
+) -> list[str]:
+    """One id per source (see the module doc); ``known`` is the index (source key -> id) and wins.
+    ``keys``: the sources' :func:`source_key`, when the caller has them already."""
     known = known or {}
     taken = _Taken()
     for item_id in known.values():
         taken.add(item_id)
-    keys = [source_key(item.source) for item in found]
+    keys = keys if keys is not None else [source_key(item.source) for item in found]
     ids: list[str | None] = [known.get(key) for key in keys]
     # new ids in the order of their sources, not of the arguments: the same files get the same ids however
     # they are listed (which of Talk.wav and talk.wav gets the "-2" does not depend on a shuffle)
@@ -371,15 +377,19 @@ def plan_inputs(
             unique[same] = item
     index = load_ids(out)
     kept = list(unique.values())
-    ids = assign_ids(kept, index)
-    new = {source_key(f.source): i for f, i in zip(kept, ids)}
+    keys = [source_key(f.source) for f in kept]
+    ids = assign_ids(kept, index, keys)
+    new = dict(zip(keys, ids))
     if not dry and (any(index.get(k) != v for k, v in new.items()) or _stored(out) != index):
         save_ids(out, index | new)  # also when the file held what load_ids drops (an earlier signed URL)
     inputs = []
+    folders: dict[str, VocabularyFile | None] = {}  # each folder's vocabulary.txt, read once
     for (same, item), item_id in zip(unique.items(), ids):
         inp = _input(item_id, item.source, out, dry)
         if not is_url(item.source):
-            inp = dataclasses.replace(inp, vocabulary=vocabulary_files(Path(item.source), item.root))
+            vocabulary = vocabulary_files(Path(item.source), item.root, folders)
+            if vocabulary:
+                inp = dataclasses.replace(inp, vocabulary=vocabulary)
         if same in also:
             others = also[same]
             note = (
@@ -402,9 +412,10 @@ def _input(item_id: str, source: Path | str, out: Path, dry: bool = False) -> In
             url=source,
         )
     source = Path(source)
-    if shown(source) != str(source) and dry:  # the same identity as through the link (its real path)
+    plain = shown(source) == str(source)
+    if not plain and dry:  # the same identity as through the link (its real path)
         return Input(id=item_id, source=source, directory=directory, shown_source=shown(source))
-    if shown(source) != str(source):
+    if not plain:
         # a name that is not UTF-8 cannot travel in a request (JSON): the child reads it through a link
         link = directory / ".work" / f"source{_safe_suffix(source)}"
         try:
@@ -448,11 +459,13 @@ def input_keys(spec: StageSpec, previous: StageSpec | None) -> tuple[str, ...]:
     return spec.inputs if spec.inputs is not None else (previous.kind,)
 
 
-def chain_fingerprints(inp: InputState, specs: list[StageSpec]) -> None:
+def chain_fingerprints(inp: InputState, specs: list[StageSpec], start: int = 0) -> None:
     """Each stage's expected fingerprint from its inputs' (a skipped input counts as "skipped"), into the
-    input's run state."""
-    by_key: dict[str, str] = {}
-    for index, spec in enumerate(specs):
+    input's run state. From stage ``start`` on: the ones before it are taken as already chained (the
+    alignment's aligner changed: its fingerprint and those after it change, not the source's)."""
+    by_key: dict[str, str] = {spec.kind: inp.fingerprints[spec.name] for spec in specs[:start]}
+    for index in range(start, len(specs)):
+        spec = specs[index]
         keys = input_keys(spec, specs[index - 1] if index else None)
         if not keys:
             upstream = url_identity(inp.url) if inp.url else _source_identity(inp)
@@ -473,12 +486,14 @@ def plan_aligner(
     chained again. False where the stage chooses no aligner per language (alignment off, not run)."""
     from orchestrator.run.models import aligner_for
 
-    spec = next((s for s in specs if s.name == "alignment"), None)
-    if spec is None or spec.model != ALIGNER_BY_LANGUAGE:
+    index = next((i for i, s in enumerate(specs) if s.name == "alignment"), None)
+    if index is None or specs[index].model != ALIGNER_BY_LANGUAGE:
         return False
+    spec = specs[index]
     inp.text_language = language
     model = ran or aligner_for(language, bool(getattr(spec.settings, "allow_hub", False)))
     if inp.models.get(spec.name) != model:
         inp.models[spec.name] = model
-        chain_fingerprints(inp, specs)
+        # the stages before the alignment keep their fingerprints (chained already, or chained now)
+        chain_fingerprints(inp, specs, index if all(s.name in inp.fingerprints for s in specs[:index]) else 0)
     return True

@@ -36,9 +36,10 @@ log = logging.getLogger(__name__)
 
 def is_url(value: str | Path) -> bool:
     """``proto://...`` (a local path, even one with ``:`` in it, is not)."""
-    text = str(value)
-    scheme, sep, _ = text.partition("://")
-    return bool(sep) and scheme.replace("+", "").replace("-", "").isalnum() and not isinstance(value, Path)
+    if isinstance(value, Path):
+        return False
+    scheme, sep, _ = str(value).partition("://")
+    return bool(sep) and scheme.replace("+", "").replace("-", "").isalnum()
 
 
 #: query parameters that sign or authenticate a URL (names compared in lower case), never part of its

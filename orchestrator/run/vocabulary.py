@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 
 from contracts.artifacts import VocabularyFile
@@ -34,36 +35,48 @@ def read_terms(path: Path) -> list[str]:
     return list(dict.fromkeys(t for t in (line.strip() for line in lines) if t and not t.startswith("#")))
 
 
-def _read(path: Path, level: str) -> VocabularyFile | None:
+def _read(path: str, level: str) -> VocabularyFile | None:
+    """The vocabulary file at the absolute ``path`` (None: there is none, it cannot be read, or is empty)."""
     try:
-        if not path.is_file():
+        if not os.path.isfile(path):
             return None
-        terms = read_terms(path)
+        terms = read_terms(Path(path))
     except OSError as exc:
         log.warning("vocabulary: cannot read %s (%s); left out", path, exc)
         return None
-    return VocabularyFile(level=level, path=str(path.absolute()), terms=terms) if terms else None
+    return VocabularyFile(level=level, path=path, terms=terms) if terms else None
 
 
-def vocabulary_files(source: Path, root: Path | None = None) -> tuple[VocabularyFile, ...]:
+def vocabulary_files(
+    source: Path, root: Path | None = None, folders: dict[str, VocabularyFile | None] | None = None
+) -> tuple[VocabularyFile, ...]:
     """The vocabulary files that apply to the local ``source``: the nearest ``vocabulary.txt`` from its own
     folder up to ``root`` (the directory argument it was found under; None: its own folder only), then its
-    own ``<input>.vocabulary.txt``."""
+    own ``<input>.vocabulary.txt``. ``folders`` (folder -> its ``vocabulary.txt``, or None) is what one
+    planning has read already: a corpus's inputs share their parent folders.
+
+    Paths as text (``Path.absolute()``'s, then ``os.path``): planning calls this once per input."""
     out: list[VocabularyFile] = []
-    folder = source.parent
-    stop = (root or folder).absolute()
-    if stop != folder.absolute() and stop not in folder.absolute().parents:
-        stop = folder.absolute()
+    own = folder = str(source.parent.absolute())
+    stop = str((root or source.parent).absolute())
+    if stop != folder and not folder.startswith(stop.rstrip(os.sep) + os.sep):
+        stop = folder
     while True:
-        found = _read(folder / FOLDER_FILE, "folder")
+        if folders is None:
+            found = _read(os.path.join(folder, FOLDER_FILE), "folder")
+        elif folder in folders:
+            found = folders[folder]
+        else:
+            found = folders[folder] = _read(os.path.join(folder, FOLDER_FILE), "folder")
         if found is not None:
             out.append(found)
             break
-        if folder.absolute() == stop or folder.parent == folder:
+        parent = os.path.dirname(folder)
+        if folder == stop or parent == folder:
             break
-        folder = folder.parent
+        folder = parent
     for name in (source.name + INPUT_SUFFIX, source.stem + INPUT_SUFFIX):
-        found = _read(source.parent / name, "input")
+        found = _read(os.path.join(own, name), "input")
         if found is not None:
             out.append(found)
             break

@@ -196,3 +196,17 @@ def test_a_large_model_is_written_one_element_at_a_time_and_reads_back_equal(tmp
     empty = report.model_copy(update={"inputs": []})
     save_large(empty, "inputs", tmp_path / "c.json")
     assert load_model(tmp_path / "c.json", RunReport) == empty
+
+
+def test_a_file_reads_as_the_python_parser_read_it_and_a_bad_one_is_worded_as_ever(tmp_path):
+    """load_model parses with pydantic's JSON parser (fast); what it returns, and why it refuses a file,
+    are what json.loads and model_validate gave."""
+    art, path = _audio(tmp_path)
+    save_model(art, path)
+    assert load_model(path, AudioArtifact) == AudioArtifact.model_validate(json.loads(path.read_bytes()))
+    path.write_bytes(b'{"item_id": "\xff"}')
+    with pytest.raises(ArtifactError, match="not valid JSON"):
+        load_model(path, AudioArtifact)
+    path.write_text(json.dumps({**json.loads(art.model_dump_json()), "sample_rate": "many"}))
+    with pytest.raises(ArtifactError, match="does not match AudioArtifact: sample_rate"):
+        load_model(path, AudioArtifact)

@@ -125,6 +125,50 @@ def test_the_dry_run_counts_what_each_stage_would_redo_and_why_and_writes_nothin
     assert not out.exists(), "a dry run writes nothing"
 
 
+def test_a_fingerprint_hashes_the_same_text_as_ever_with_the_specs_part_made_once():
+    """The fingerprint is sha256 of ``json.dumps`` of six sorted keys: what a folder made by an earlier
+    version holds must stay current (a changed hash would redo every input of every corpus)."""
+    import hashlib
+    import json
+
+    from orchestrator.run.runner import fingerprint
+
+    for spec in SPECS:
+        for upstream, model in [("src:1:2", None), ('quo"te|ü\\x', "wav2vec2:x"), ("", "")]:
+            blob = json.dumps(
+                {
+                    "stage": spec.name,
+                    "module": spec.module,
+                    "version": spec.version,
+                    "settings": spec.settings.identity(),
+                    "model": model or spec.model,
+                    "upstream": upstream,
+                },
+                sort_keys=True,
+            )
+            assert fingerprint(spec, upstream, model) == hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def test_a_new_aligner_chains_again_from_the_alignment_as_a_whole_chain_would(tmp_path):
+    import dataclasses
+
+    from contracts.models import ALIGNER_BY_LANGUAGE
+    from orchestrator.run.plan import plan_aligner
+
+    specs = [dataclasses.replace(s, model=ALIGNER_BY_LANGUAGE) if s.name == "alignment" else s for s in SPECS]
+    (tmp_path / "a.wav").write_bytes(b"RIFF")
+    state = InputState(Input(id="a", source=tmp_path / "a.wav", directory=tmp_path / "out" / "a"))
+    chain_fingerprints(state, specs)
+    before = dict(state.fingerprints)
+    assert plan_aligner(state, specs, "en", ran="wav2vec2:someone/else")
+    whole = InputState(state.plan, models=dict(state.models))
+    chain_fingerprints(whole, specs)
+    assert state.fingerprints == whole.fingerprints
+    assert state.fingerprints["asr"] == before["asr"]
+    assert state.fingerprints["alignment"] != before["alignment"]
+    assert state.fingerprints["embeddings"] != before["embeddings"]
+
+
 def test_the_resumed_count_plans_the_aligner_for_the_journalled_language_first(tmp_path):
     from orchestrator import Orchestrator
     from orchestrator.run.plan import plan_aligner
