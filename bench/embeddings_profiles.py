@@ -4,10 +4,11 @@
 Each profile runs in its own fresh process (so its peak RSS is its own): a one-layer directory of the real
 configuration and tokenizer (:func:`bench.device.models.build`, the GPT-2 byte-level BPE standing in for
 Qwen2's, about as many tokens for English) is loaded through the embeddings stage's own loader
-(``stages.embeddings._load``: left padding for last-token pooling), then its transformer is replaced by the
-FULL shape with random float32 weights (no 6 GB on disk). The texts are transcript-like segments (4 to 40
-words); they are cut at ``--max-tokens`` (the sequence limit), sorted by length and batched by tokens: a
-batch holds as many texts as fit ``--batch-tokens`` padded tokens. Vectors are the stage's (normalized).
+(``stages.embeddings.load_sentence_transformer``: left padding for last-token pooling), then its transformer
+is replaced by the FULL shape with random float32 weights (no 6 GB on disk). The texts are transcript-like
+segments (4 to 40 words); they are cut at ``--max-tokens`` (the sequence limit), sorted by length and
+batched by tokens: a batch holds as many texts as fit ``--batch-tokens`` padded tokens. Vectors are the
+stage's (normalized).
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.embeddings_profiles [--texts-speed 512] [--texts-quality 32]
 """
@@ -66,14 +67,14 @@ def child(profile: str, count: int, max_tokens: int, batch_tokens: int) -> dict:
     from transformers import AutoConfig, AutoModel
 
     from bench.device.models import build, shape_spec
-    from stages.embeddings import _load, last_token_pooling
+    from stages.embeddings import last_token_pooling, load_sentence_transformer
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / profile
         build(profile, folder, device="cpu", layers=1)
-        model = _load(str(folder), "cpu", False)
+        model = load_sentence_transformer(str(folder), "cpu", False)
     spec = shape_spec(profile)
     config = {
         k: v for k, v in spec["config"].items() if k not in ("architectures", "model_type", "torch_dtype")

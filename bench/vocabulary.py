@@ -167,15 +167,15 @@ def translate_cost(tmp: Path, copies: int, cut: bool = False) -> tuple:
         import numpy as np
 
         from contracts import AudioArtifact, load_artifact
-        from tests.stages.test_asr import _wav
+        from tests.stages.test_asr import wav_16k
 
         halves = {}
         for lang in ("de", "es", "fr"):
             path = audio[f"{lang}0"]
             samples = np.load(path.parent / load_artifact(path, AudioArtifact).sidecar)
             at = int(PAUSES[lang] * 16000)
-            halves[f"{lang}a"] = Path(_wav(tmp / f"{lang}a.wav", samples[:at]))
-            halves[f"{lang}b"] = Path(_wav(tmp / f"{lang}b.wav", samples[at:]))
+            halves[f"{lang}a"] = Path(wav_16k(tmp / f"{lang}a.wav", samples[:at]))
+            halves[f"{lang}b"] = Path(wav_16k(tmp / f"{lang}b.wav", samples[at:]))
         audio = decode(
             tmp / "cut-audio", {f"{name}{n}": path for n in range(copies) for name, path in halves.items()}
         )

@@ -131,7 +131,7 @@ def load_model(profile: str, device: str, allow_hub: bool = False, fallback: boo
     """
     requested = resolve_model(profile)
     try:
-        model = _load(requested, device, allow_hub)
+        model = load_sentence_transformer(requested, device, allow_hub)
         return LoadedModel(model, requested, profile, requested, None, cached_revision(requested))
     except Exception as exc:
         if is_oom(exc):
@@ -147,7 +147,7 @@ def load_model(profile: str, device: str, allow_hub: bool = False, fallback: boo
             reason,
         )
         name = str(embedded_model_path())
-        return LoadedModel(_load(name, device, False), name, profile, requested, reason)
+        return LoadedModel(load_sentence_transformer(name, device, False), name, profile, requested, reason)
 
 
 #: model types that overflow float16 (Qwen2: inf/NaN vectors) and run in bfloat16 on CUDA instead
@@ -160,7 +160,7 @@ def cuda_dtype(model_type: str | None, bf16_supported: bool) -> str:
     return "bfloat16" if model_type in BF16_MODEL_TYPES and bf16_supported else "float16"
 
 
-def _dtype_kwargs(dtype) -> dict:
+def dtype_kwargs(dtype) -> dict:
     """``{"dtype": dtype}`` for transformers >= 4.56 (5.x drops ``torch_dtype``), else ``torch_dtype``."""
     import transformers
 
@@ -194,7 +194,7 @@ def cached_revision(name: str) -> str | None:
     return Path(found).parent.name
 
 
-def _load(name: str, device: str, allow_hub: bool):
+def load_sentence_transformer(name: str, device: str, allow_hub: bool):
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -203,7 +203,7 @@ def _load(name: str, device: str, allow_hub: bool):
     if device.startswith("cuda"):
         dtype = cuda_dtype(_model_type(name, allow_hub, trust), torch.cuda.is_bf16_supported())
         log.info("embeddings: %s runs in %s on %s", name, dtype, device)
-        kwargs["model_kwargs"] = _dtype_kwargs(getattr(torch, dtype))
+        kwargs["model_kwargs"] = dtype_kwargs(getattr(torch, dtype))
     model = SentenceTransformer(
         name, device=device, trust_remote_code=trust, local_files_only=not allow_hub, **kwargs
     )

@@ -287,15 +287,16 @@ def plain_main(model_dir: str, texts_path: str, device: str, batch: int, writes:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from stages.embeddings import GROUP_BATCHES, _dtype_kwargs, cuda_dtype, last_token_pooling
+    from stages.embeddings import GROUP_BATCHES, cuda_dtype, dtype_kwargs, last_token_pooling
 
     texts = json.loads(Path(texts_path).read_text())
     cuda = device.startswith("cuda")
     kwargs = {}
-    if cuda:  # as stages.embeddings._load: bfloat16 for Qwen2 (float16 overflows in it), float16 otherwise
+    # as stages.embeddings.load_sentence_transformer: bfloat16 for Qwen2 (float16 overflows in it), float16 otherwise
+    if cuda:
         model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
         dtype = cuda_dtype(model_type, torch.cuda.is_bf16_supported())
-        kwargs = {"model_kwargs": _dtype_kwargs(getattr(torch, dtype))}
+        kwargs = {"model_kwargs": dtype_kwargs(getattr(torch, dtype))}
     started = time.perf_counter()
     model = SentenceTransformer(model_dir, device=device, local_files_only=True, **kwargs)
     if last_token_pooling(model):  # as the stage: left padding for last-token pooling

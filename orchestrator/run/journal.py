@@ -54,8 +54,11 @@ class Journal:
         for line in iter_lines(self.path):
             if '"outputs"' not in line or '"ok"' not in line:
                 continue
-            item, fingerprint = _field(line, "item"), _field(line, "fingerprint")
-            if item is not None and (_field(line, "stage"), _field(line, "status")) != ("outputs", "ok"):
+            item, fingerprint = line_field(line, "item"), line_field(line, "fingerprint")
+            if item is not None and (line_field(line, "stage"), line_field(line, "status")) != (
+                "outputs",
+                "ok",
+            ):
                 continue
             if item is None:  # not the layout this writer makes: parse it whole
                 try:
@@ -92,7 +95,7 @@ class Completed:
 _DECODER = json.JSONDecoder()
 
 
-def _field(line: str, name: str) -> str | None:
+def line_field(line: str, name: str) -> str | None:
     """The string value of top-level key ``name`` in a line :meth:`Journal.record` wrote (``"name": "..."``,
     json.dumps' separators; keys before the value are fixed ones), without parsing the rest of the line."""
     at = line.find(f'"{name}": "')

@@ -142,7 +142,7 @@ def _repo(name: str, hub: bool) -> str | None:
     # under the same conditions finds the fallback's artifacts current instead of redoing them for nothing
     return (
         f"{name}@{revision}"
-        if (revision := (_hub_revision(name) if hub else None) or _cached_revision(name))
+        if (revision := (_hub_revision(name) if hub else None) or cached_revision(name))
         else None
     )
 
@@ -159,7 +159,7 @@ def _folder_digest(path: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def _cached_revision(repo: str) -> str | None:
+def cached_revision(repo: str) -> str | None:
     """The revision ``main`` points at in the Hugging Face cache (what an offline load reads)."""
     from huggingface_hub import constants  # the hub client only: no model library
 

@@ -18,7 +18,7 @@ from contracts.artifacts import LanguageId
 from contracts.report import ItemStage, RunPlan, StagePlan
 from orchestrator import layout
 from orchestrator.registry import StageSpec
-from orchestrator.run.journal import Completed, Journal, _field
+from orchestrator.run.journal import Completed, Journal, line_field
 from orchestrator.run.models import model_label, same_model
 from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner, plan_inputs
 from orchestrator.run.remote import configure as configure_remote
@@ -170,7 +170,7 @@ class Resume:
         done = self.completed.get(inp.id)
         if done is None:
             return False
-        language = _field(done.line, "text_language") if specs is not None else None
+        language = line_field(done.line, "text_language") if specs is not None else None
         if language:
             plan_aligner(inp, specs, language)
         return done.fingerprint == self.outputs_fingerprint(inp)

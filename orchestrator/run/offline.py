@@ -16,7 +16,7 @@ from pathlib import Path
 from contracts.models import HF_ALIGNERS, PYANNOTE_DEFAULT
 from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.registry import process_specs
-from orchestrator.run.models import _cached_revision, aligner_for, resolve_models, wanted_model
+from orchestrator.run.models import aligner_for, cached_revision, resolve_models, wanted_model
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def _row(stage: str, repo: str, runs: str, hub: bool, hub_info) -> ModelRow:
     if Path(repo).expanduser().exists():
         row.cached = "local"
         return row
-    row.cached = _cached_revision(repo)
+    row.cached = cached_revision(repo)
     if _names(runs, repo):
         return row
     info = hub_info(repo) if hub else None

@@ -183,7 +183,8 @@ def test_unavailable_model_is_a_clear_error_offline(tmp_path, audio_json, monkey
         AsrStage().run(_request(tmp_path, audio_json, model="no-such-model"))
 
 
-def _wav(path, samples) -> str:
+def wav_16k(path, samples) -> str:
+    """``samples`` (16 kHz, floats in [-1, 1]) written as a 16-bit PCM WAV at ``path``; the path as text."""
     import wave
 
     import numpy as np
@@ -221,9 +222,9 @@ def test_no_fragment_after_a_chunk_boundary_and_no_words_from_silence_or_noise(t
     )
     dialogue = np.load(next(tmp_path.glob("*.npy")))
     sources = {
-        "tail": _wav(tmp_path / "tail.wav", np.concatenate([dialogue[: 4 * sr], np.zeros(3 * sr)])),
-        "silence": _wav(tmp_path / "silence.wav", np.zeros(8 * sr)),
-        "noise": _wav(tmp_path / "noise.wav", 0.05 * np.random.default_rng(0).standard_normal(8 * sr)),
+        "tail": wav_16k(tmp_path / "tail.wav", np.concatenate([dialogue[: 4 * sr], np.zeros(3 * sr)])),
+        "silence": wav_16k(tmp_path / "silence.wav", np.zeros(8 * sr)),
+        "noise": wav_16k(tmp_path / "noise.wav", 0.05 * np.random.default_rng(0).standard_normal(8 * sr)),
     }
     AUDIO.run(
         StageRequest(
@@ -503,7 +504,7 @@ def distinct_clips(tmp_path_factory, media):
             start, length = float(turn[3]), float(turn[4])
             piece = samples[max(0, int((start - 0.2) * 16000)) : int((start + length + 0.2) * 16000)]
             name = f"{dialogue}_{n}"
-            sources[name] = _wav(tmp / f"{name}.wav", piece)
+            sources[name] = wav_16k(tmp / f"{name}.wav", piece)
             texts[name] = " ".join(s.strip() for s in sentences[sum(per_turn[:n]) : sum(per_turn[: n + 1])])
     for name, text in ENROLL_TEXT.items():
         sources[name], texts[name] = media / "speakers" / f"{name}.wav", text
@@ -533,7 +534,7 @@ def sentence_clips(tmp_path_factory, media, distinct_clips):
     sources, texts = {}, {}
     for n, ((start, end), text) in enumerate(zip(SPEECH_SENTENCES, sentences)):
         piece = samples[int(start * 16000) : int(end * 16000) if end else None]
-        sources[f"speech_{n}"], texts[f"speech_{n}"] = _wav(tmp / f"speech_{n}.wav", piece), text.strip()
+        sources[f"speech_{n}"], texts[f"speech_{n}"] = wav_16k(tmp / f"speech_{n}.wav", piece), text.strip()
     sources["en"] = media / "languages" / "en.ogg"
     texts["en"] = (media / "languages" / "en.txt").read_text().strip()
     audio = decode_sources(tmp, sources)

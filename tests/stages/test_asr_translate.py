@@ -12,7 +12,7 @@ from contracts import AudioArtifact, TranscriptArtifact, load_artifact
 from contracts.errors import ModelUnavailableError, SettingsError
 from stages.asr import AsrStage
 from tests.conftest import MEDIA
-from tests.stages.test_asr import _wav, decode_audio, run_asr_stage
+from tests.stages.test_asr import decode_audio, run_asr_stage, wav_16k
 
 LANGUAGES = MEDIA / "languages"
 #: the inputs of each joined window decoded (``_run`` records them)
@@ -140,8 +140,8 @@ def test_each_input_of_a_joined_window_is_translated_from_its_own_stretch_of_it(
     audio = decode_audio(
         tmp_path,
         {
-            "cold": Path(_wav(tmp_path / "cold.wav", samples[:cut])),
-            "home": Path(_wav(tmp_path / "home.wav", samples[cut:])),
+            "cold": Path(wav_16k(tmp_path / "cold.wav", samples[:cut])),
+            "home": Path(wav_16k(tmp_path / "home.wav", samples[cut:])),
         },
     )
     # the joined window's split is kept whatever its word times (else a doubted share is decoded again alone)
