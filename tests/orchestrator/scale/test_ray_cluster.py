@@ -36,7 +36,7 @@ from orchestrator import Settings  # noqa: E402 - after the importorskip of ray
 from orchestrator.registry import StageSpec  # noqa: E402 - after the importorskip of ray
 from orchestrator.run.runner import StageRunner  # noqa: E402 - after the importorskip of ray
 from orchestrator.scale.ray_executor import RayExecutor  # noqa: E402 - after the importorskip of ray
-from tests.conftest import ROOT, wait_for  # noqa: E402 - after the importorskip of ray
+from tests.conftest import ROOT, process_args, wait_for  # noqa: E402 - after the importorskip of ray
 from tests.fixtures.generate import clips  # noqa: E402 - after the importorskip of ray
 from tests.fixtures.stages import FixtureSettings, NoteArtifact  # noqa: E402 - after the importorskip of ray
 
@@ -216,26 +216,33 @@ def _replace_the_lost_node(cluster, seen: dict) -> None:
         cluster.wait_for_nodes()
 
 
-@pytest.mark.slow
-def test_a_node_lost_mid_task_has_its_unfinished_items_retried_on_another_node(cluster, settings, tmp_path):
+def _lose_the_node_holding_b(cluster, settings, tmp_path: Path, max_signal_retries: int):
+    """A decoding chunk of two items, "a" finishing at once and "b" holding its task, whose node is removed
+    while it holds b: (the runner's outcomes, its report, what the remover saw), the cluster whole again."""
     executor = _executor(settings, DECODE)
     run_dir, started, release = tmp_path / "run", tmp_path / "started", tmp_path / "release"
-    # Given a decoding chunk of two items: "a" finishes at once, "b" holds its task
-    spec = _sleeper(started, release, hold=["b"])
     seen: dict = {}
     remover = threading.Thread(
         target=_remove_the_node_holding_the_task, args=(cluster, run_dir, started, release, seen)
     )
     remover.start()
     try:
-        # When the node running the task is removed while it holds item b
-        runner = StageRunner(executor, run_dir, env={}, device="cpu", max_signal_retries=2)
-        outcomes, report = runner.run(spec, _items(tmp_path, "ab"))
+        runner = StageRunner(executor, run_dir, env={}, device="cpu", max_signal_retries=max_signal_retries)
+        outcomes, report = runner.run(_sleeper(started, release, hold=["b"]), _items(tmp_path, "ab"))
     finally:
         release.touch()
         remover.join(timeout=300)
         executor.close()
         _replace_the_lost_node(cluster, seen)
+    return outcomes, report, seen
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_task_has_its_unfinished_items_retried_on_another_node(cluster, settings, tmp_path):
+    # Given a decoding chunk of two items: "a" finishes at once, "b" holds its task
+    # When the node running the task is removed while it holds item b
+    outcomes, report, seen = _lose_the_node_holding_b(cluster, settings, tmp_path, max_signal_retries=2)
+    run_dir = tmp_path / "run"
     # Then the attempt on the lost node is reported killed, with that node, and b alone is retried on the other
     # decoding node; a, finished before the loss, is not redone
     assert seen["name"] in ("decode-1", "decode-2")
@@ -255,22 +262,8 @@ def test_a_node_lost_mid_task_has_its_unfinished_items_retried_on_another_node(c
 def test_a_node_lost_with_no_signal_retries_left_fails_its_unfinished_items_alone(
     cluster, settings, tmp_path
 ):
-    executor = _executor(settings, DECODE)
-    run_dir, started, release = tmp_path / "run", tmp_path / "started", tmp_path / "release"
-    seen: dict = {}
-    remover = threading.Thread(
-        target=_remove_the_node_holding_the_task, args=(cluster, run_dir, started, release, seen)
-    )
-    remover.start()
-    try:
-        # Given PIPELINE_MAX_SIGNAL_RETRIES=0, when the node holding item b is lost
-        runner = StageRunner(executor, run_dir, env={}, device="cpu", max_signal_retries=0)
-        outcomes, report = runner.run(_sleeper(started, release, hold=["b"]), _items(tmp_path, "ab"))
-    finally:
-        release.touch()
-        remover.join(timeout=300)
-        executor.close()
-        _replace_the_lost_node(cluster, seen)
+    # Given PIPELINE_MAX_SIGNAL_RETRIES=0, when the node holding item b is lost
+    outcomes, report, seen = _lose_the_node_holding_b(cluster, settings, tmp_path, max_signal_retries=0)
     # Then b fails alone, a stays done, and nothing was retried
     assert [(a.outcome, a.node) for a in report.attempts] == [("killed", seen["node"])]
     assert outcomes["a"].ok
@@ -289,8 +282,9 @@ STAGE_RESOURCES = {
 
 
 def _process(inputs: Path, output: str, *extra: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "orchestrator.cli", "process", str(inputs), "--output", output]
-    args += ["--no-speakers", "--embedding-profile", "embedded", "--device", "cpu", *extra]
+    args = process_args(
+        inputs, output, "--no-speakers", "--embedding-profile", "embedded", "--device", "cpu", *extra
+    )
     # each input's words must not depend on its neighbours in a joined window: chunks differ between the runs
     env = os.environ | {"ASR_JOIN_INPUTS": "false"} | env
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
