@@ -159,16 +159,22 @@ def _folder_digest(path: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def cached_revision(repo: str) -> str | None:
-    """The revision ``main`` points at in the Hugging Face cache (what an offline load reads)."""
+def repo_folder(repo: str, cache_dir: Path | None = None) -> Path:
+    """``repo``'s folder in the Hugging Face cache (``cache_dir``, default the hub client's)."""
     from huggingface_hub import constants  # the hub client only: no model library
 
-    ref = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}" / "refs" / "main"
+    return Path(cache_dir or constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+
+
+def cached_revision(repo: str, cache_dir: Path | None = None) -> str | None:
+    """The revision ``main`` points at in the Hugging Face cache (what an offline load reads), if its
+    snapshot is there."""
+    folder = repo_folder(repo, cache_dir)
     try:
-        revision = ref.read_text().strip()
+        revision = (folder / "refs" / "main").read_text().strip()
     except OSError:
         return None
-    return revision if (ref.parent.parent / "snapshots" / revision).is_dir() else None
+    return revision if (folder / "snapshots" / revision).is_dir() else None
 
 
 def _hub_revision(repo: str) -> str | None:

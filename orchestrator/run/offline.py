@@ -16,7 +16,7 @@ from pathlib import Path
 from contracts.models import HF_ALIGNERS, PYANNOTE_DEFAULT
 from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.registry import process_specs
-from orchestrator.run.models import aligner_for, cached_revision, resolve_models, wanted_model
+from orchestrator.run.models import aligner_for, cached_revision, repo_folder, resolve_models, wanted_model
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -238,10 +238,8 @@ class Check:
 def verify(repo: str, cache_dir: Path | None = None) -> Check:
     """Hash every file of ``repo``'s cached ``main`` snapshot against its blob's name: the sha256 of an LFS
     file, the git blob sha1 of any other. A snapshot file whose blob is gone is missing."""
-    from huggingface_hub import constants
-
-    folder = Path(cache_dir or constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
-    revision = _cached_revision_in(folder)
+    folder = repo_folder(repo, cache_dir)
+    revision = cached_revision(repo, cache_dir)
     check = Check(repo=repo, revision=revision)
     if revision is None:
         check.problems.append("not in the cache (run `pipeline models pull` on a connected machine)")
@@ -272,14 +270,6 @@ def cached_repo_ids(cache_dir: Path | None = None) -> list[str]:
     return sorted(
         p.name.removeprefix("models--").replace("--", "/", 1) for p in root.glob("models--*") if p.is_dir()
     )
-
-
-def _cached_revision_in(folder: Path) -> str | None:
-    try:
-        revision = (folder / "refs" / "main").read_text().strip()
-    except OSError:
-        return None
-    return revision if (folder / "snapshots" / revision).is_dir() else None
 
 
 def _sha256(path: Path) -> str:
