@@ -18,7 +18,7 @@ from typing import Any
 
 from contracts import Artifact, EmbeddingsArtifact, StageRequest, TranscriptArtifact, WorkItem
 from contracts.errors import ModelUnavailableError
-from contracts.models import EMBEDDING_PROFILES
+from contracts.models import EMBEDDING_PROFILES, portable_name
 from contracts.stage_settings import EmbeddingsSettings
 from stages.base import Member, TorchStage, save_array
 from stages.memory import is_oom
@@ -46,8 +46,8 @@ def language_note(model: str, language: str | None) -> str | None:
     """Why these embeddings may be poor: the text's language is not one ``model`` was trained for (else None)."""
     if not language or language == "en" or language == "unknown":
         return None
-    if any(marker in model.lower() for marker in ENGLISH_ONLY):
-        return f"embeddings: the text is {language!r} but {model} was trained on English only"
+    if any(marker in model.lower() for marker in ENGLISH_ONLY):  # named, never a path on this machine
+        return f"embeddings: the text is {language!r} but {portable_name(model)} was trained on English only"
     return None
 
 

@@ -6,16 +6,18 @@ the words allow:
 
 - a line longer than the limit is allowed when it holds one word (no space) — that word cannot be cut;
 - a cue shorter than the minimum duration is allowed when the next cue starts right after it (its end is
-  the next start less the minimum gap), or it is the last and ends with the audio (``duration_s`` of the
-  ``transcript.json`` beside the file);
+  the next start less the minimum gap), or it is the last and ends with the audio or after it
+  (``duration_s`` of the ``transcript.json`` beside the file);
 - reading speed above the limit is allowed when the cue could not stay longer: it ends at the next cue
   less the gap, or ends with the audio, or lasts the maximum, or (words known from the
-  ``transcript.json`` beside the file) it ends ``max_pause_s`` after its last word. Without a
+  ``transcript.json`` beside the file, ``transcript.en.json`` for the translation's) it ends
+  ``max_pause_s`` after its last word. Without a
   transcript beside it the reading speed is not checked (the file alone cannot tell);
-- but where the run's report is known (``run-report.json`` in the folder above the input's), the cues
-  allowed by the next cue alone (too short, or too fast) are the run's to own: its notes on the input
-  count them ("captions: N of M cue(s) ..."), and more than it counts is a problem (none counted: none
-  allowed);
+- but where the notes are known (those the output folder's journal last recorded with the input's files,
+  else ``run-report.json``, in the folder above the input's), the cues allowed by the next cue alone
+  (too short, or too fast) are the notes' to own: they count them per track ("captions: N of M
+  cue(s) ...", the English translation's "captions (English): ..."), and more than they count is a
+  problem (none counted: none allowed);
 - a line of a two-line cue may end with a weak word (article, preposition) or the next line start with
   punctuation only when no other break of the same words fits the line length; a two-speaker cue (each
   line starting with "- ") breaks where the speaker changes.
@@ -32,7 +34,7 @@ import re
 import unicodedata
 from pathlib import Path
 
-from orchestrator.corpus.captions import WEAK_WORDS, CaptionRules
+from orchestrator.corpus.captions import TIGHT_NOTE, WEAK_WORDS, CaptionRules
 
 _TIME = re.compile(r"(\d+):(\d\d):(\d\d)[,.](\d\d\d)\s+-->\s+(\d+):(\d\d):(\d\d)[,.](\d\d\d)")
 TOL = 0.0015
@@ -72,7 +74,7 @@ def _script_rules(lines: list[str], language: str | None) -> CaptionRules:
 
 def _words(path: Path) -> tuple[list[tuple[float, float]], str | None, float | None]:
     """The timed words of the ``transcript.json`` beside ``path``, its language and the audio's duration."""
-    transcript = path.with_name("transcript.json")
+    transcript = path.with_name("transcript.en.json" if _english(path) else "transcript.json")
     if not transcript.exists():
         return [], None, None
     try:
@@ -106,22 +108,45 @@ def _fits_otherwise(words: list[str], cut: int, rules: CaptionRules) -> bool:
     return False
 
 
+def _english(path: Path) -> bool:
+    """The file is the English translation's (``transcript.en.srt``)."""
+    return path.name.startswith("transcript.en.")
+
+
 def _noted(path: Path) -> int | None:
-    """How many cues the run's notes on this input say break the time rules (0: none noted), or None
-    where no run report lists the input (a file written outside a run)."""
-    report = path.parent.parent / "run-report.json"
+    """How many cues the notes on this input say break the time rules in this file's track (0: none
+    noted): the notes the output folder's journal last recorded with its files (``process``, ``export`` and
+    ``speakers`` record what they wrote), else the run report's; None where neither lists the input (a
+    file written outside a run)."""
+    notes = None
+    out, item_id = path.parent.parent, path.parent.name
     try:
-        data = json.loads(report.read_text(encoding="utf-8"))
+        for line in (out / "journal.jsonl").read_text(encoding="utf-8").splitlines():
+            event = json.loads(line) if f'"{item_id}"' in line and '"outputs"' in line else {}
+            if (
+                event.get("item") == item_id
+                and event.get("stage") == "outputs"
+                and event.get("status") == "ok"
+            ):
+                notes = [str(n) for n in (event.get("summary") or {}).get("notes") or []]
     except (OSError, ValueError):
+        pass
+    if notes is None:
+        try:
+            data = json.loads((out / "run-report.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        for item in data.get("inputs", []):
+            if item.get("id") == item_id:
+                notes = [str(n) for n in item.get("notes") or []]
+    if notes is None:
         return None
-    for item in data.get("inputs", []):
-        if item.get("id") == path.parent.name:
-            for note in item.get("notes") or []:
-                found = re.match(r"captions: (\d+) of \d+ cue", note)
-                if found:
-                    return int(found.group(1))
-            return 0
-    return None
+    track = "English" if _english(path) else None
+    for note in notes:
+        found = TIGHT_NOTE.match(note)
+        if found and found.group(1) == track:
+            return int(found.group(2))
+    return 0
 
 
 def check(path: Path) -> list[str]:
@@ -138,7 +163,9 @@ def check(path: Path) -> list[str]:
         duration = end - start
         # it could not stay longer: the next cue follows right after, or (the last) the audio ends
         up_to_next = (nxt is not None and abs(end - (nxt - rules.min_gap_s)) <= TOL) or (
-            nxt is None and bool(audio_s) and abs(end - audio_s) <= TOL
+            nxt is None
+            and bool(audio_s)
+            and end >= audio_s - TOL  # a segment's times may pass the audio's end
         )
         if not lines:
             problems.append(f"{where}: empty")

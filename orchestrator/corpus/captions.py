@@ -19,6 +19,7 @@ end of the audio. A cue still too short or too fast to read joins a neighbour or
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from dataclasses import dataclass, replace
 
@@ -402,13 +403,24 @@ def cues(transcript: TranscriptArtifact, rules: CaptionRules | None = None) -> l
     return out
 
 
-def tight_note(cues: list[Cue], rules: CaptionRules) -> str | None:
-    """The run's note on the cues that break the time rules (:attr:`Cue.tight`), or None when none does."""
+def tight_note(cues: list[Cue], rules: CaptionRules, track: str | None = None) -> str | None:
+    """The note on the cues that break the time rules (:attr:`Cue.tight`), or None when none does;
+    ``track``: which captions, where an input has more than one (``"English"``: its translation)."""
     count = sum(c.tight for c in cues)
     if not count:
         return None
     return (
-        f"captions: {count} of {len(cues)} cue(s) shorter than {rules.min_s:g} s or faster than "
-        f"{rules.max_cps:g} characters a second: the words come faster than that there, and no cue "
-        "around them could hold them too"
+        f"captions{f' ({track})' if track else ''}: {count} of {len(cues)} cue(s) shorter than "
+        f"{rules.min_s:g} s or faster than {rules.max_cps:g} characters a second: the words come faster "
+        "than that there, and no cue around them could hold them too"
     )
+
+
+#: a note of :func:`tight_note` (group 1: its track or None, group 2: how many cues)
+TIGHT_NOTE = re.compile(r"captions(?: \(([^)]*)\))?: (\d+) of \d+ cue")
+
+
+def without_tight_notes(notes: list[str]) -> list[str]:
+    """``notes`` less those of :func:`tight_note`: they count the cues of one rendering, and are made again
+    with each (other caption settings, other speaker names)."""
+    return [n for n in notes if not TIGHT_NOTE.match(n)]

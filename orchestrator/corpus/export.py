@@ -21,7 +21,7 @@ from contracts.errors import DiskFullError, PipelineError
 from contracts.io import atomic_write_text, is_disk_full
 from contracts.jsonl import iter_lines
 from orchestrator import layout
-from orchestrator.corpus.captions import CaptionRules
+from orchestrator.corpus.captions import TIGHT_NOTE, CaptionRules, tight_note, without_tight_notes
 from orchestrator.corpus.labels import corpus_labels, label_transcript, read_corpus
 from orchestrator.corpus.outputs import TRANSLATED, Sources, translated_name, write_formats
 from orchestrator.corpus.page import index_page
@@ -86,7 +86,7 @@ def load_sources(
         )
 
     if not transcript.translation:
-        return sources(transcript, [])
+        return with_tight_notes(sources(transcript, []))
     # the English translation (--translate): the same speakers, labels and caption rules; each page links
     # to the other
     page = layout.FORMATS["html"]
@@ -96,7 +96,27 @@ def load_sources(
     )
     src = sources(transcript, [(original, None), ("English", translated_name(page))])
     src.translation = sources(english, [(original, page), ("English", None)])
+    return with_tight_notes(src)
+
+
+def with_tight_notes(src: Sources) -> Sources:
+    """``src`` (and its translation) with the notes counting the cues of this rendering that break the time
+    rules (:func:`~orchestrator.corpus.captions.tight_note`), in place of any an earlier rendering left:
+    each track's on both pages, so the page and the report a person reads count what the files hold."""
+    tracks = [(src, None)] + ([(src.translation, "English")] if src.translation is not None else [])
+    counted = [
+        note
+        for track, name in tracks
+        if (note := tight_note(track.cues, track.rules.for_language(track.transcript.language), name))
+    ]
+    for track, _ in tracks:
+        track.notes = without_tight_notes(track.notes) + counted
     return src
+
+
+def tight_notes(src: Sources) -> list[str]:
+    """The notes of :func:`with_tight_notes` on ``src``."""
+    return [n for n in src.notes if TIGHT_NOTE.match(n)]
 
 
 def page_notes(summary: dict | None) -> list[str]:
@@ -110,15 +130,18 @@ def page_notes(summary: dict | None) -> list[str]:
     ]
 
 
-def record_written(journal: Journal, item_id: str, event: dict, files: dict[str, str]) -> None:
-    """An input whose files were written again (``files``: name -> path) into the journal as ``process``
-    records its outputs: its last completed event (``event``) with the new files' sizes and times, so the
-    next run still finds it complete and keeps these files. Nothing is recorded without such an event
-    (the next run then checks the artifacts the full way)."""
+def record_written(journal: Journal, item_id: str, event: dict, files: dict[str, str], src: Sources) -> None:
+    """An input whose files were written again from ``src`` (``files``: name -> path) into the journal as
+    ``process`` records its outputs: its last completed event (``event``) with the new files' sizes and
+    times and the notes counting the new captions' tight cues, so the next run still finds it complete,
+    keeps these files and reports what they hold. Nothing is recorded without such an event (the next run
+    then checks the artifacts the full way)."""
     if not event or not isinstance(event.get("files"), dict):
         return
     stats = dict(event["files"])
     summary = dict(event["summary"]) if isinstance(event.get("summary"), dict) else {}
+    notes = summary.get("notes") if isinstance(summary.get("notes"), list) else []
+    summary["notes"] = without_tight_notes([str(n) for n in notes]) + tight_notes(src)
     outputs = dict(summary.get("outputs") or {})
     for file_name, path in files.items():
         path = Path(path)
@@ -264,7 +287,7 @@ def export(settings, formats: list[str], only: list[str] | None = None) -> Expor
                 continue
             result.files += len(files)
             result.written += 1
-            record_written(journal, item_id, event, files)
+            record_written(journal, item_id, event, files, src)
         try:
             write_index(out, events)
         except OSError as exc:

@@ -58,7 +58,9 @@ def notes(src) -> list[str]:
     """The run's notes for an input, as the page and the document show them atop the transcript."""
     t = src.transcript
     found = t.language_id
-    if found and found.status == "detected" and found.probability is not None:
+    if found and found.language and found.language != t.language:  # the English translation's page
+        lines = [f"Language: {t.language} (translated from {found.language})"]
+    elif found and found.status == "detected" and found.probability is not None:
         lines = [f"Language: {t.language} (detected, p={found.probability:.2f})"]
     elif found:
         lines = [f"Language: {t.language} ({found.status}{': ' + found.reason if found.reason else ''})"]

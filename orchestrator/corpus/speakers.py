@@ -381,7 +381,7 @@ def rewrite(settings, out: Path, item_ids: set[str] | list[str], corpus: CorpusS
             log.warning("%s: files not written again: %s", item_id, exc)
             continue
         written += 1
-        record_written(journal, item_id, event, files)
+        record_written(journal, item_id, event, files, src)
     return written
 
 

@@ -19,8 +19,8 @@ from contracts.artifacts import LISTEN_COPY as LISTEN_SCRATCH
 from contracts.errors import DiskFullError, PipelineError
 from contracts.io import is_disk_full
 from orchestrator import layout
-from orchestrator.corpus.captions import CaptionRules, tight_note
-from orchestrator.corpus.export import load_sources, write_index
+from orchestrator.corpus.captions import CaptionRules, without_tight_notes
+from orchestrator.corpus.export import load_sources, tight_notes, write_index
 from orchestrator.corpus.labels import overlap_seconds
 from orchestrator.corpus.outputs import write_outputs
 from orchestrator.run.remote import redact, upload
@@ -129,10 +129,8 @@ def finish(settings: Settings, inp: InputState, corpus: dict[str, tuple[str, str
             diarization,
             corpus,
         )
-        note = tight_note(src.cues, src.rules.for_language(transcript.language))
-        if note:  # cues the words come too fast for: counted once, on the page and in the report
-            inp.notes.append(note)
-            src.notes.append(note)
+        # cues the words come too fast for: counted once per track, on the pages and in the report
+        inp.notes = without_tight_notes(inp.notes) + tight_notes(src)
         inp.outputs = write_outputs(inp.directory, src, embeddings, vectors, settings.export_formats)
         if settings.output_url:
             _upload(settings, inp)

@@ -68,6 +68,7 @@ def test_every_language_is_identified_in_one_mixed_batch(mixed):
         assert by_name[f"{lang}.ogg"]["language"]["language"] == lang
         embeddings = json.loads((out / lang / "embeddings.json").read_text())
         assert (embeddings["language_note"] is None) == (lang == "en"), embeddings["language_note"]
+        assert lang == "en" or "all-MiniLM-L6-v2 (embedded) was trained" in embeddings["language_note"]
         text = " ".join(s["text"] for s in transcript["segments"])
         assert transcript["aligned"] and transcript["aligner"] == "whisper-cross-attention:whisper-base"
         words = [w for s in transcript["segments"] for w in s["words"]]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import subprocess
 import sys
 import time
@@ -233,9 +235,8 @@ def test_export_rerenders_with_current_caption_settings_and_refuses_unknown_inpu
     )
 
 
-def test_caption_rules_hold_on_long_fast_speech():
-    """Given 3 minutes of fast speech (4 words a second, pauses, speaker changes), when captioned, then
-    every cue keeps the rules the words allow (checked on the SRT as a viewer gets it)."""
+def fast_speech() -> TranscriptArtifact:
+    """3 minutes of fast speech: 4 words a second, pauses, speaker changes."""
     import random
 
     rng = random.Random(3)
@@ -259,7 +260,7 @@ def test_caption_rules_hold_on_long_fast_speech():
             }
         )
         at += rng.choice([0.0, 0.3, 3.0])
-    t = transcript().model_copy(
+    return transcript().model_copy(
         update={
             "segments": TranscriptArtifact.model_validate(
                 {**transcript().model_dump(), "segments": segments}
@@ -267,7 +268,14 @@ def test_caption_rules_hold_on_long_fast_speech():
             "duration_s": round(at, 3),  # the audio lasts as long as its words
         }
     )
+
+
+def test_caption_rules_hold_on_long_fast_speech():
+    """Given 3 minutes of fast speech, when captioned, then every cue keeps the rules the words allow
+    (checked on the SRT as a viewer gets it)."""
     from orchestrator.corpus.outputs import Sources, to_srt
+
+    t = fast_speech()
 
     started = time.perf_counter()
     text = to_srt(Sources("fast", t))
@@ -306,3 +314,44 @@ def test_cjk_captions_use_their_script_limits():
     lines = [line for c in cues(t) for line in c.text.split("\n")]
     assert all(len(line) <= 13 for line in lines) and " " not in "".join(lines)
     assert "".join(lines) == "今日はとてもいい天気ですね。散歩に行きましょうか。"
+
+
+def test_each_export_counts_its_own_tight_cues_on_the_page_and_in_the_journal(tmp_path):
+    """Given an output folder whose journal notes a count of tight cues from an earlier rendering, when
+    exported with narrower lines (more, shorter cues), then the page and the journal count the cues of the
+    files written now, once, and the caption check (which reads the page) finds nothing unowned."""
+    out = tmp_path / "out"
+    t = fast_speech()
+    save_model(t, out / "talk" / "transcript.json")
+    save_ids(out, {str(MEDIA / "speech.wav"): "talk"})
+    stale = "captions: 99 of 99 cue(s) shorter than 0.833 s or faster than 17 characters a second: old"
+    event = {
+        "item": "talk",
+        "stage": "outputs",
+        "status": "ok",
+        "files": {},
+        "summary": {"notes": ["a note of the run", stale], "duration_s": t.duration_s},
+    }
+    (out / layout.JOURNAL).write_text(json.dumps(event) + "\n")
+    counts = []
+    for chars in ("16", "42"):  # the defaults last: the session's caption check sees files of the defaults
+        result = subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", "export", str(out), "-f", "srt,html"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"CAPTION_LINE_CHARS": chars, "PATH": "/usr/bin:/bin"},
+        )
+        assert result.returncode == 0, result.stderr
+        page = (out / "talk" / "transcript.html").read_text()
+        noted = re.findall(r"<li>(captions: (\d+) of (\d+) cue[^<]*)</li>", page)
+        assert len(noted) == 1 and stale not in page and "a note of the run" in page, noted
+        cues_in_file = (out / "talk" / "transcript.srt").read_text().count(" --> ")
+        assert int(noted[0][2]) == cues_in_file
+        if chars == "42":  # the check knows the default rules only
+            assert check(out / "talk" / "transcript.srt") == []
+        last = json.loads((out / layout.JOURNAL).read_text().splitlines()[-1])
+        assert last["summary"]["notes"] == ["a note of the run", html.unescape(noted[0][0])]
+        counts.append(int(noted[0][1]))
+    assert counts[0] > counts[1], counts  # the narrow lines leave more cues no time to be read

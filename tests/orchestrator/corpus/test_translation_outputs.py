@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from contracts import DiarizationArtifact, TranscriptArtifact, load_artifact, save_model
+from contracts.artifacts import LanguageId
 from orchestrator import Settings
 from orchestrator.corpus.export import export
 from orchestrator.run.plan import save_ids
@@ -43,6 +44,7 @@ def _folder(tmp_path: Path) -> Path:
         duration_s=at,
         segments=segments,
         translation=translation,
+        language_id=LanguageId(status="detected", language="de", probability=0.93),
     )
     save_model(transcript, out / "talk" / "transcript.json")
     diarization = DiarizationArtifact(
@@ -102,6 +104,9 @@ def test_export_writes_both_tracks_with_the_same_speakers_rules_and_a_language_s
     page, english_page = (talk / "transcript.html").read_text(), (talk / "transcript.en.html").read_text()
     assert '<nav class="languages">' in page and 'href="transcript.en.html"' in page
     assert 'href="transcript.html"' in english_page and 'lang="en"' in english_page
+    # each page names its own track's language
+    assert "<li>Language: de (detected, p=0.93)</li>" in page
+    assert "<li>Language: en (translated from de)</li>" in english_page
     # back to the default rules, which the session's caption check holds every file to
     export(Settings(_env_file=None, output_dir=out), ["srt", "vtt"])
 
