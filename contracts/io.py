@@ -149,17 +149,18 @@ def save_large(model: BaseModel, field: str, path: str | Path, *copies: str | Pa
 
 def load_model(path: str | Path, cls: type[M]) -> M:
     """Read and validate a JSON contract file; any problem names the file."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
+    try:  # not pathlib: a resume reads every artifact of a corpus
+        with open(path, "rb") as fh:
+            raw = fh.read()
     except FileNotFoundError:
-        raise ArtifactError(path, "missing") from None
+        raise ArtifactError(Path(path), "missing") from None
     except OSError as exc:
-        raise ArtifactError(path, f"unreadable ({exc.strerror})") from exc
+        raise ArtifactError(Path(path), f"unreadable ({exc.strerror})") from exc
     try:  # pydantic's own JSON parsing: several times faster (a resume reads every artifact of a corpus)
         return cls.model_validate_json(raw)
     except ValidationError:
         pass  # said as ever, by the path below: not valid JSON, or the first field that does not match
+    path = Path(path)
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -173,16 +174,16 @@ def load_model(path: str | Path, cls: type[M]) -> M:
 def load_artifact(path: str | Path, cls: type[M]) -> M:
     """Like :func:`load_model`, then check the artifact's sidecar file, if any."""
     artifact = load_model(path, cls)
-    check_sidecar(artifact, Path(path))
+    check_sidecar(artifact, path)
     return artifact
 
 
-def check_sidecar(artifact: BaseModel, artifact_path: Path) -> None:
+def check_sidecar(artifact: BaseModel, artifact_path: str | Path) -> None:
     sidecar = getattr(artifact, "sidecar", None)
     expected = getattr(artifact, "sha256", None)
     if sidecar is None or expected is None:
         return
-    data_path = Path(artifact_path).parent / sidecar
+    data_path = Path(os.path.join(os.path.dirname(artifact_path), sidecar))
     if not data_path.is_file():
         raise ArtifactError(data_path, f"sidecar of {Path(artifact_path).name} is missing")
     actual = sha256_file(data_path)

@@ -41,11 +41,11 @@ def work_item(spec: StageSpec, inp: InputState, previous: StageSpec | None) -> W
     if previous is None:
         inputs = {"source": str(inp.source)}
     else:  # artifacts a fast path went on without are left out (stages treat them as optional)
-        inputs = {key: str(inp.artifact(key)) for key in input_keys(spec, previous) if key not in inp.skipped}
+        inputs = {key: inp.artifact_file(key) for key in input_keys(spec, previous) if key not in inp.skipped}
     return WorkItem(
         id=inp.id,
         inputs=inputs,
-        output=str(inp.artifact(spec.kind)),
+        output=inp.artifact_file(spec.kind),
         fingerprint=inp.fingerprints[spec.name],
         source_version=inp.planned if previous is None and not inp.url else None,
         vocabulary=list(inp.plan.vocabulary) if spec.vocabulary else [],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,18 +88,19 @@ def artifact_state(
     item: WorkItem, output: type[Artifact], quiet: bool = False
 ) -> tuple[Artifact | None, str]:
     """(the current artifact or None, why not: "missing", "unreadable: ...", "stale")."""
-    path = Path(item.output)
-    if not path.exists():
+    if not os.path.exists(item.output):  # not pathlib: a resume checks every artifact of a corpus
         return None, "missing"
     try:
-        artifact = load_artifact(path, output)
+        artifact = load_artifact(item.output, output)
     except ArtifactError as exc:
         if not quiet:
             log.warning("redoing %s: %s", item.id, exc)
         return None, f"unreadable ({exc.reason})"
     if artifact.fingerprint != item.fingerprint or artifact.item_id != item.id:
         if not quiet:
-            log.info("redoing %s: %s is stale (inputs or settings changed)", item.id, path.name)
+            log.info(
+                "redoing %s: %s is stale (inputs or settings changed)", item.id, os.path.basename(item.output)
+            )
         return artifact, "stale"
     return artifact, "current"
 

@@ -93,3 +93,6 @@ class InputState:
 
     def artifact(self, kind: str) -> Path:
         return self.plan.artifact(kind)
+
+    def artifact_file(self, kind: str) -> str:
+        return self.plan.artifact_file(kind)
