@@ -236,8 +236,12 @@ def aligner_for(language: str | None, hub: bool) -> str:
     the same conditions finds the transcript current, and one that can now have the wav2vec2 model redoes it."""
     if language in TORCHAUDIO_ALIGNERS:
         bundle, file = TORCHAUDIO_ALIGNERS[language]
-        on_disk = os.path.isfile(os.path.join(_torch_hub_home(), "checkpoints", file))
-        return f"wav2vec2:{bundle}" if on_disk or (hub and _reachable(TORCHAUDIO_SERVER)) else WORD_TIMING
+        key = ("file", file)
+        if key not in _ANSWERS:  # asked for every input of a corpus
+            _ANSWERS[key] = os.path.isfile(os.path.join(_torch_hub_home(), "checkpoints", file))
+        return (
+            f"wav2vec2:{bundle}" if _ANSWERS[key] or (hub and _reachable(TORCHAUDIO_SERVER)) else WORD_TIMING
+        )
     if language in HF_ALIGNERS:
         name = HF_ALIGNERS[language]
         key = ("repo", name, hub)
