@@ -184,11 +184,21 @@ def main() -> None:
         )
         again, again_rss, _ = pipeline("process", str(corpus), "--output", str(out), "-q")
         print(f"resume check (outputs already current): {again:.1f} s wall, {CPU[-1]:.1f} s CPU", flush=True)
+        journaled, journaled_rss, _ = pipeline("process", str(corpus), "--output", str(out), "--dry-run")
+        print(
+            f"--dry-run after a run journaled them: {journaled:.1f} s wall, {CPU[-1]:.1f} s CPU", flush=True
+        )
 
-        dry_cpu, first_cpu, again_cpu = CPU[-3:]
+        dry_cpu, first_cpu, again_cpu, journaled_cpu = CPU[-4:]
         print(f"\n| {args.inputs:,} inputs | seconds (wall / CPU) | goal |\n|---|---:|---:|")
         print(f"| planning (in process) | {planning:.1f} | |")
-        print(f"| `--dry-run` (whole command) | {dry:.1f} / {dry_cpu:.1f} | < 20 |")
+        print(
+            "| `--dry-run` (whole command), no journal entries: every artifact validated | "
+            f"{dry:.1f} / {dry_cpu:.1f} | < 20 |"
+        )
+        print(
+            f"| `--dry-run` (whole command) after a run journaled them | {journaled:.1f} / {journaled_cpu:.1f} | < 20 |"
+        )
         print(
             "| first rerun: outputs step for every input (the folder was made without a run) | "
             f"{first:.1f} / {first_cpu:.1f} | |"
@@ -197,8 +207,8 @@ def main() -> None:
             f"| resume check of the complete folder (whole command) | {again:.1f} / {again_cpu:.1f} | < 20 |"
         )
         print(
-            f"| parent peak RSS, MiB: dry run / first rerun / resume check | {dry_rss:.0f} / {first_rss:.0f} / "
-            f"{again_rss:.0f} | < 1024 |"
+            "| parent peak RSS, MiB: dry run / first rerun / resume check / journaled dry run | "
+            f"{dry_rss:.0f} / {first_rss:.0f} / {again_rss:.0f} / {journaled_rss:.0f} | < 1024 |"
         )
     finally:
         if not args.keep:
