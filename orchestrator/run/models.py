@@ -231,7 +231,8 @@ def same_model(label: str, resolved: str) -> bool:
 
 def aligner_for(language: str | None, hub: bool) -> str:
     """The aligner the alignment stage will run for a transcript in ``language``: whisperX's wav2vec2 model
-    for it (``wav2vec2:<name>``) when it is on disk or can be downloaded this run, else the ASR model's own
+    for it (``wav2vec2:<bundle>``; ``wav2vec2:<org/name>@<revision>`` for a Hugging Face one, the revision the
+    child will load) when it is on disk or can be downloaded this run, else the ASR model's own
     cross-attention (:data:`WORD_TIMING`). Answers as :func:`aligner_ran` reads an artifact, so a rerun under
     the same conditions finds the transcript current, and one that can now have the wav2vec2 model redoes it."""
     if language in TORCHAUDIO_ALIGNERS:
@@ -247,7 +248,7 @@ def aligner_for(language: str | None, hub: bool) -> str:
         key = ("repo", name, hub)
         if key not in _ANSWERS:
             _ANSWERS[key] = _repo(name, hub)
-        return f"wav2vec2:{name}" if _ANSWERS[key] else WORD_TIMING
+        return f"wav2vec2:{_ANSWERS[key]}" if _ANSWERS[key] else WORD_TIMING
     return WORD_TIMING
 
 
