@@ -36,7 +36,7 @@ from pathlib import Path
 
 from contracts import Artifact, AudioArtifact, DiarizationArtifact, SpeakerTurn, StageRequest, WorkItem
 from contracts.errors import ModelUnavailableError
-from contracts.models import PYANNOTE_DEFAULT
+from contracts.models import PYANNOTE_DEFAULT, portable_name
 from contracts.stage_settings import DiarizationSettings
 from stages.base import Member, TorchStage
 from stages.memory import is_oom
@@ -100,7 +100,7 @@ class DiarizationStage(TorchStage):
                     finally:
                         if said.getvalue().strip():
                             log.debug("diarization: pyannote said: %s", " ".join(said.getvalue().split()))
-                self.model_name = f"pyannote:{name}"
+                self.model_name = f"pyannote:{cached_name(name)}"
                 return self.model_name
             except Exception as exc:
                 if is_oom(exc):
@@ -128,7 +128,14 @@ class DiarizationStage(TorchStage):
                 max_speakers=self.max_speakers,
                 return_embeddings=True,
             )
-            raw = [(float(r.start), float(r.end), str(r.speaker)) for r in frame.itertuples()]
+            # pyannote's frames run to the end of its last (zero-padded) window: its turns can end after
+            # the audio, so they are cut where the audio ends, as the embedded diarizer's are
+            seconds = samples.size / SAMPLE_RATE
+            raw = [
+                (float(r.start), min(float(r.end), seconds), str(r.speaker))
+                for r in frame.itertuples()
+                if float(r.start) < seconds
+            ]
             voices = {str(k): np.asarray(v, np.float32) for k, v in (vectors or {}).items()}
         else:
             raw = self.embedded(samples, self.min_speakers, self.max_speakers, voices)
@@ -216,6 +223,19 @@ class DiarizationStage(TorchStage):
 
     def close(self) -> None:
         self.pipeline = self.embedded = None
+
+
+def cached_name(name: str) -> str:
+    """The pyannote pipeline ``name`` as artifacts and the plan name it: ``org/name@revision`` for a hub
+    repository the Hugging Face cache holds (what the load just read from it, or downloaded into it),
+    ``folder (local)`` for a local folder, ``name`` itself where the cache does not say."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if name.count("/") == 1 and not Path(name).expanduser().exists():
+        cached = try_to_load_from_cache(name, "config.yaml")
+        if isinstance(cached, str):  # not None (not cached) nor the "known missing" sentinel
+            return portable_name(str(Path(cached).parent))
+    return portable_name(name)
 
 
 def _kept(raw: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
