@@ -25,6 +25,7 @@ from tests.fixtures.pyannote_standin import (
     COMMUNITY_FILES,
     COMMUNITY_REPO,
     COMMUNITY_REVISION,
+    EMBEDDING_STATE_SIZE,
     build_pyannote_community,
     standin_root,
 )
@@ -65,6 +66,7 @@ def done(hf_home, tmp_path_factory):
 
 def test_the_stand_in_is_laid_out_as_the_cache_holds_the_repository(hf_home):
     import numpy as np
+    from pyannote.audio import Model
     from pyannote.audio.core.plda import PLDA
 
     from stages.weights import weight_path
@@ -91,6 +93,9 @@ def test_the_stand_in_is_laid_out_as_the_cache_holds_the_repository(hf_home):
     assert (snapshot / "segmentation" / "pytorch_model.bin").read_bytes() == weight_path(
         "segmentation"
     ).read_bytes()
+    embedding = Model.from_pretrained(str(snapshot), subfolder="embedding")
+    assert type(embedding).__name__ == "WeSpeakerResNet34" and embedding.dimension == 256
+    assert sum(v.numel() for v in embedding.state_dict().values()) == EMBEDDING_STATE_SIZE
     transform, plda = (
         np.load(snapshot / "plda" / "xvec_transform.npz"),
         np.load(snapshot / "plda" / "plda.npz"),
