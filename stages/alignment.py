@@ -43,6 +43,7 @@ from contracts.stage_settings import AlignmentSettings
 from stages.base import TorchStage
 from stages.memory import is_oom
 from stages.speech import Decoded, keep_segments
+from stages.weights import cached_name
 
 log = logging.getLogger(__name__)
 
@@ -249,20 +250,8 @@ class AlignmentStage(TorchStage):
         model, metadata = wxa.load_align_model(language, self.device, model_cache_only=not self.allow_hub)
         _sentences_without_download(wxa, self.allow_hub)
         if name in wxa.DEFAULT_ALIGN_MODELS_HF.values():
-            name = hub_revision_name(name)
+            name = cached_name(name)
         return model, metadata, name
-
-
-def hub_revision_name(repo: str) -> str:
-    """``org/name@revision`` for the Hugging Face repository just loaded (the snapshot ``main`` points at in the
-    cache, where ``from_pretrained`` read it), as the planner names a cached model; ``repo`` where the cache
-    does not say."""
-    from huggingface_hub import try_to_load_from_cache
-
-    from contracts.models import portable_name
-
-    path = try_to_load_from_cache(repo, "config.json")
-    return portable_name(os.path.dirname(path)) if isinstance(path, str) else repo
 
 
 def _sentences_without_download(wxa, allow_hub: bool) -> None:

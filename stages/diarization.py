@@ -40,6 +40,7 @@ from contracts.models import PYANNOTE_DEFAULT
 from contracts.stage_settings import DiarizationSettings
 from stages.base import Member, TorchStage
 from stages.memory import is_oom
+from stages.weights import cached_name
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class DiarizationStage(TorchStage):
                     finally:
                         if said.getvalue().strip():
                             log.debug("diarization: pyannote said: %s", " ".join(said.getvalue().split()))
-                self.model_name = f"pyannote:{name}"
+                self.model_name = f"pyannote:{cached_name(name, 'config.yaml')}"
                 return self.model_name
             except Exception as exc:
                 if is_oom(exc):
@@ -128,7 +129,14 @@ class DiarizationStage(TorchStage):
                 max_speakers=self.max_speakers,
                 return_embeddings=True,
             )
-            raw = [(float(r.start), float(r.end), str(r.speaker)) for r in frame.itertuples()]
+            # pyannote's frames run to the end of its last (zero-padded) window: its turns can end after
+            # the audio, so they are cut where the audio ends, as the embedded diarizer's are
+            seconds = samples.size / SAMPLE_RATE
+            raw = [
+                (float(r.start), min(float(r.end), seconds), str(r.speaker))
+                for r in frame.itertuples()
+                if float(r.start) < seconds
+            ]
             voices = {str(k): np.asarray(v, np.float32) for k, v in (vectors or {}).items()}
         else:
             raw = self.embedded(samples, self.min_speakers, self.max_speakers, voices)

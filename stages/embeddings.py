@@ -22,6 +22,7 @@ from contracts.models import EMBEDDING_PROFILES, portable_name
 from contracts.stage_settings import EmbeddingsSettings
 from stages.base import Member, TorchStage, save_array
 from stages.memory import is_oom
+from stages.weights import cached_revision
 
 log = logging.getLogger(__name__)
 
@@ -179,19 +180,6 @@ def _model_type(name: str, allow_hub: bool, trust_remote_code: bool) -> str | No
         log.debug("embeddings: no config for %s: %s", name, exc)
         return None
     return getattr(config, "model_type", None)
-
-
-def cached_revision(name: str) -> str | None:
-    """The snapshot of hub model ``name`` in the Hugging Face cache (what ``main`` points at: what an offline
-    load read, and what a download this run left there); None for a local folder or an uncached name."""
-    if name.count("/") != 1 or Path(name).expanduser().exists():
-        return None
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(name, "config.json")
-    if not isinstance(found, str):  # None (not cached) or the "known missing" sentinel
-        return None
-    return Path(found).parent.name
 
 
 def load_sentence_transformer(name: str, device: str, allow_hub: bool):

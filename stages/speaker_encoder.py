@@ -33,7 +33,7 @@ from torch import nn
 
 from contracts.errors import ModelUnavailableError
 from stages.memory import is_oom
-from stages.weights import weight_path
+from stages.weights import cached_name, weight_path
 
 log = logging.getLogger(__name__)
 
@@ -333,17 +333,6 @@ def _windows(waveform: np.ndarray) -> list[np.ndarray]:
 # -- SpeechBrain ECAPA ------------------------------------------------------------
 
 
-def _cached_name(repo: str) -> str:
-    """``org/name@revision`` of the hub repository ``repo`` as SpeechBrain just loaded it from the Hugging
-    Face cache (``repo`` alone where the cache does not say)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    from contracts.models import portable_name
-
-    cached = try_to_load_from_cache(repo, "hyperparams.yaml")
-    return portable_name(str(Path(cached).parent)) if isinstance(cached, str) else repo
-
-
 class EcapaEncoder:
     """SpeechBrain ECAPA-TDNN through ``EncoderClassifier.from_hparams`` (local dir, HF cache or hub)."""
 
@@ -375,7 +364,7 @@ class EcapaEncoder:
         self.device = device
         probe = self.model.encode_batch(torch.zeros(1, SAMPLE_RATE))
         self.dimension = int(probe.shape[-1])
-        self.name = f"{ECAPA}:{source if local else _cached_name(str(source))}"
+        self.name = f"{ECAPA}:{source if local else cached_name(str(source), 'hyperparams.yaml')}"
 
     @torch.inference_mode()
     def embed(self, waveforms: list[np.ndarray], batch_size: int) -> np.ndarray:

@@ -29,6 +29,29 @@ from pathlib import Path
 
 from contracts.errors import ModelUnavailableError
 
+
+def cached_name(name: str, probe: str = "config.json") -> str:
+    """Model ``name`` as artifacts and the plan name it: ``org/name@revision`` for a hub repository the
+    Hugging Face cache holds (the snapshot ``main`` points at: what a load just read from it, or downloaded
+    into it; ``probe``: a file every snapshot of the repository has), ``folder (local)`` for a local folder,
+    ``name`` itself where the cache does not say."""
+    from contracts.models import portable_name
+
+    if name.count("/") == 1 and not Path(name).expanduser().exists():
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, probe)
+        if isinstance(found, str):  # not None (not cached) nor the "known missing" sentinel
+            return portable_name(os.path.dirname(found))
+    return portable_name(name)
+
+
+def cached_revision(name: str, probe: str = "config.json") -> str | None:
+    """The revision of :func:`cached_name` (None: a local folder, or not cached)."""
+    named = cached_name(name, probe)
+    return named.rsplit("@", 1)[1] if named.startswith(f"{name}@") else None
+
+
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,6 +26,7 @@ from contracts import TranscriptArtifact, load_artifact
 from orchestrator import layout
 from tests.conftest import MEDIA, ROOT, pipeline
 from tests.fixtures.hub_audio_standins import (
+    HF_ALIGNER_FILES,
     PT_ALIGNER_LANGUAGE,
     PT_ALIGNER_REPO,
     PT_ALIGNER_REVISION,
@@ -100,14 +101,7 @@ def test_the_stand_in_has_xlsr_53s_shapes_and_the_languages_vocabulary(hf_home):
     folder = hf_home / "hub" / f"models--{PT_ALIGNER_REPO.replace('/', '--')}"
     assert (folder / "refs" / "main").read_text() == PT_ALIGNER_REVISION
     snapshot = folder / "snapshots" / PT_ALIGNER_REVISION
-    assert sorted(p.name for p in snapshot.iterdir()) == [
-        "config.json",
-        "preprocessor_config.json",
-        "pytorch_model.bin",
-        "special_tokens_map.json",
-        "tokenizer_config.json",
-        "vocab.json",
-    ]
+    assert sorted(p.name for p in snapshot.iterdir()) == sorted(HF_ALIGNER_FILES)
     config = Wav2Vec2Config.from_pretrained(snapshot)
     assert (config.hidden_size, config.num_attention_heads, config.intermediate_size) == (1024, 16, 4096)
     assert (config.feat_extract_norm, config.do_stable_layer_norm, config.conv_bias) == ("layer", True, True)

@@ -283,3 +283,25 @@ def test_the_runtime_is_not_part_of_the_artifacts_identity():
         DiarizationSettings(runtime="torch", **common).identity()
         != DiarizationSettings(runtime="torch", **{**common, "max_speakers": 2}).identity()
     )
+
+
+def test_the_pyannote_pipeline_is_named_by_the_revision_the_cache_holds(tmp_path, monkeypatch):
+    """Given a pipeline in the Hugging Face cache, a local pipeline folder and an uncached name, when each is
+    named for the artifacts, then the cached one is ``org/name@revision``, the folder ``name (local)`` (never
+    its path) and the uncached one its name."""
+    from huggingface_hub import constants
+
+    from stages.weights import cached_name
+
+    revision = "ab" * 20
+    snapshot = tmp_path / "hub" / "models--org--pipe" / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.yaml").write_text("pipeline: {}\n")
+    (tmp_path / "hub" / "models--org--pipe" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--pipe" / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert cached_name("org/pipe", "config.yaml") == f"org/pipe@{revision}"
+    assert cached_name("org/other", "config.yaml") == "org/other"
+    local = tmp_path / "my-pipeline"
+    local.mkdir()
+    assert cached_name(str(local), "config.yaml") == "my-pipeline (local)"
