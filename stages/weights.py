@@ -10,8 +10,11 @@ weights directory and checked against their own pinned sha256, and the rest is
 thrown away. After that everything runs offline.
 
 ``bin/pipeline`` and ``bin/test`` call ``python -m stages.weights`` on every
-start (a no-op once the files are there). Stdlib only: it runs before any
+start (a no-op once the files are there). Stdlib only at import: it runs before any
 heavy import, and in the parent it is never imported.
+
+:func:`cached_name` is how every stage names a hub model it loaded from the Hugging Face
+cache (``org/name@revision``, as the plan names it), importing ``huggingface_hub`` when asked.
 """
 
 from __future__ import annotations
