@@ -5,8 +5,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from orchestrator import layout
 from orchestrator.corpus.captions import CaptionRules, cues
 from orchestrator.run.plan import save_ids
 from tests.caption_rules import check
-from tests.conftest import MEDIA, ROOT
+from tests.conftest import MEDIA, pipeline
 
 SENTENCES = [
     ("Host", "Thanks for joining us. What got you interested in mapping the old roads of the county?"),
@@ -109,13 +107,7 @@ def out(tmp_path_factory) -> Path:
         )
         + "\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "export", str(out), "--format", "all"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = pipeline("export", str(out), "--format", "all", timeout=120)
     assert result.returncode == 0, result.stderr
     assert "1 inputs, 11 files" in result.stderr
     return out
@@ -190,25 +182,8 @@ def test_index_lists_every_input_with_status_and_links(out):
 
 def test_export_rerenders_with_current_caption_settings_and_refuses_unknown_inputs(out, tmp_path):
     env = {"CAPTION_LINE_CHARS": "20", "CAPTION_LINES": "3", "PATH": "/usr/bin:/bin"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "orchestrator.cli",
-            "export",
-            str(out),
-            "-f",
-            "srt",
-            "--inputs",
-            "talk",
-            "--inputs",
-            str(MEDIA / "speech.wav"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
+    result = pipeline(
+        "export", str(out), "-f", "srt", "--inputs", "talk", "--inputs", str(MEDIA / "speech.wav"), env=env
     )
     assert result.returncode == 0, result.stderr
     lines = [
@@ -217,22 +192,10 @@ def test_export_rerenders_with_current_caption_settings_and_refuses_unknown_inpu
         if x and "-->" not in x and not x.isdigit()
     ]
     assert max(map(len, lines)) <= 20
-    result = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "export", str(out), "--inputs", "nope"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = pipeline("export", str(out), "--inputs", "nope", timeout=120)
     assert result.returncode == 2 and "UNKNOWN nope" in result.stderr
     # back to the defaults, so the session's caption check sees files of the default rules
-    subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "export", str(out), "-f", "srt"],
-        cwd=ROOT,
-        timeout=120,
-        check=True,
-        capture_output=True,
-    )
+    assert pipeline("export", str(out), "-f", "srt", timeout=120).returncode == 0
 
 
 def fast_speech() -> TranscriptArtifact:
@@ -335,13 +298,8 @@ def test_each_export_counts_its_own_tight_cues_on_the_page_and_in_the_journal(tm
     (out / layout.JOURNAL).write_text(json.dumps(event) + "\n")
     counts = []
     for chars in ("16", "42"):  # the defaults last: the session's caption check sees files of the defaults
-        result = subprocess.run(
-            [sys.executable, "-m", "orchestrator.cli", "export", str(out), "-f", "srt,html"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={"CAPTION_LINE_CHARS": chars, "PATH": "/usr/bin:/bin"},
+        result = pipeline(
+            "export", str(out), "-f", "srt,html", env={"CAPTION_LINE_CHARS": chars, "PATH": "/usr/bin:/bin"}
         )
         assert result.returncode == 0, result.stderr
         page = (out / "talk" / "transcript.html").read_text()
