@@ -154,17 +154,25 @@ def stop(proc, grace_s: float = 5.0) -> None:
 
 def stop_tree(pid: int, grace_s: float) -> str | None:
     """Stop ``pid`` (not our child) and its descendants; None when they are gone, else why not."""
-    try:
-        root = psutil.Process(pid)
-        procs = [*root.children(recursive=True), root]
-    except psutil.NoSuchProcess:
-        return None
-    except psutil.Error as exc:
-        return str(exc)
+    return stop_trees([pid], grace_s)
+
+
+def stop_trees(pids: Sequence[int], grace_s: float) -> str | None:
+    """Stop every process of ``pids`` (not our children) and their descendants at once: all asked to stop,
+    then one ``grace_s`` for all of them before the rest are killed. None when they are gone, else why not."""
+    procs = []
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs += [*root.children(recursive=True), root]
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.Error as exc:
+            return str(exc)
     try:
         left = terminate_wait_kill([_Other(p) for p in procs], grace_s)
     except psutil.Error as exc:
-        return f"cannot signal pid {pid}: {exc}"
+        return f"cannot signal pid {', '.join(map(str, pids))}: {exc}"
     return f"still running: {[t.proc.pid for t in left]}" if left else None
 
 
