@@ -261,8 +261,7 @@ def aligner_ran(aligner: str | None) -> str | None:
 
 def _torch_hub_home() -> str:
     """``torch.hub.get_dir()`` without importing torch: ``$TORCH_HOME/hub``, else ``$XDG_CACHE_HOME/torch/hub``
-    (torch's own rule; read here as torch reads it, in the child that loads the aligner). Text, not a Path:
-    planning asks once per input."""
+    (torch's own rule; read here as torch reads it, in the child that loads the aligner)."""
     home = os.environ.get("TORCH_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "torch")
     return os.path.join(os.path.expanduser(home), "hub")
 

@@ -66,13 +66,14 @@ def needs(
     for index in range(len(specs) - 1, -1, -1):
         spec = specs[index]
         previous = specs[index - 1] if index else None
-        item = work_item(spec, inp, previous)
         if force:
             artifact, state = None, "forced (--force)"
         elif spec.name == "alignment" and aligned is not None:
             artifact, state = aligned
         else:
-            artifact, state = artifact_state(item, spec.output, quiet=reasons is not None)
+            artifact, state = artifact_state(
+                work_item(spec, inp, previous), spec.output, quiet=reasons is not None
+            )
         states[spec.name] = (artifact, state)
         needed[spec.name] = state != "current" and (spec.keep or spec.kind in read)
         if needed[spec.name]:
