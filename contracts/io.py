@@ -183,14 +183,14 @@ def check_sidecar(artifact: BaseModel, artifact_path: str | Path) -> None:
     expected = getattr(artifact, "sha256", None)
     if sidecar is None or expected is None:
         return
-    data_path = Path(os.path.join(os.path.dirname(artifact_path), sidecar))
-    if not data_path.is_file():
-        raise ArtifactError(data_path, f"sidecar of {Path(artifact_path).name} is missing")
+    data_path = os.path.join(os.path.dirname(artifact_path), sidecar)  # text: a resume checks a corpus's
+    if not os.path.isfile(data_path):
+        raise ArtifactError(Path(data_path), f"sidecar of {os.path.basename(artifact_path)} is missing")
     actual = sha256_file(data_path)
     if actual != expected:
         raise ArtifactError(
-            data_path,
-            f"sha256 {actual[:12]}… does not match {expected[:12]}… recorded in {Path(artifact_path).name}",
+            Path(data_path),
+            f"sha256 {actual[:12]}… does not match {expected[:12]}… recorded in {os.path.basename(artifact_path)}",
         )
 
 

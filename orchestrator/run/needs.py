@@ -70,9 +70,13 @@ def needs(
             artifact, state = None, "forced (--force)"
         elif spec.name == "alignment" and aligned is not None:
             artifact, state = aligned
-        else:
+        else:  # no work item: planning a corpus asks this of every artifact
             artifact, state = artifact_state(
-                work_item(spec, inp, previous), spec.output, quiet=reasons is not None
+                inp.artifact_file(spec.kind),
+                inp.id,
+                inp.fingerprints[spec.name],
+                spec.output,
+                reasons is not None,
             )
         states[spec.name] = (artifact, state)
         needed[spec.name] = state != "current" and (spec.keep or spec.kind in read)
@@ -108,11 +112,11 @@ def _alignment_state(inp: InputState, specs: list[StageSpec], quiet: bool) -> tu
     index = next((i for i, s in enumerate(specs) if s.name == "alignment"), None)
     if index is None:
         return None
-    spec, previous = specs[index], specs[index - 1] if index else None
-    artifact, state = artifact_state(work_item(spec, inp, previous), spec.output, quiet=True)
+    spec = specs[index]
+    path = inp.artifact_file(spec.kind)
+    artifact, state = artifact_state(path, inp.id, inp.fingerprints[spec.name], spec.output, quiet=True)
     if artifact is not None and plan_aligner(inp, specs, getattr(artifact, "language", None)):
-        item = work_item(spec, inp, previous)
-        current = artifact.fingerprint == item.fingerprint and artifact.item_id == item.id
+        current = artifact.fingerprint == inp.fingerprints[spec.name] and artifact.item_id == inp.id
         state = "current" if current else "stale"
     if state == "stale" and not quiet:
         log.info("redoing %s: transcript.json is stale (inputs, settings or aligner changed)", inp.id)
@@ -163,6 +167,18 @@ class Resume:
         written files (captions, where outputs go, langid-only), so a change of either rewrites them."""
         blob = json.dumps(inp.fingerprints, sort_keys=True) + self._shaping
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+    def plan(self, inp: InputState, specs: list[StageSpec]) -> bool:
+        """Chain ``inp``'s fingerprints once: the aligner is planned first for the transcript's language the
+        journal names, so an input it saw is not chained again for it (a corpus has 100,000). Then
+        :meth:`resumed`."""
+        done = self.completed.get(inp.id)
+        language = line_field(done.line, "text_language") if done is not None else None
+        if language:
+            plan_aligner(inp, specs, language)
+        if len(inp.fingerprints) < len(specs):  # no aligner to plan, or it chained nothing
+            chain_fingerprints(inp, specs)
+        return done is not None and done.fingerprint == self.outputs_fingerprint(inp)
 
     def resumed(self, inp: InputState, specs: list[StageSpec] | None = None) -> bool:
         """The journal saw ``inp`` completed with its current outputs fingerprint (the progress's count).
@@ -276,7 +292,7 @@ def dry_run(settings: Settings, specs: list[StageSpec], paths: list[str | Path],
     redo: dict[str, Counter] = {spec.name: Counter() for spec in specs}
     complete = 0
     for inp in inputs:
-        chain_fingerprints(inp, specs)
+        resume.plan(inp, specs)
         reasons: dict[str, str] = {}
         needed = stages_needed(resume, inp, specs, settings.force, reasons)
         complete += not any(needed.values())

@@ -42,7 +42,7 @@ from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.models import english_only, planned, resolve_models
 from orchestrator.run.needs import OUTPUTS_VERSION, Resume, dry_run
-from orchestrator.run.plan import chain_fingerprints, plan_inputs
+from orchestrator.run.plan import plan_inputs
 from orchestrator.run.progress import LogProgress, Progress
 from orchestrator.run.remote import configure as configure_remote
 from orchestrator.run.remote import staging_dir
@@ -192,11 +192,9 @@ class Orchestrator:
                     f"output directory {out} is full before the run: {disk_line(exc, out)}"
                 ) from None
             raise
-        for inp in inputs:
-            chain_fingerprints(inp, specs)
         journal = Journal(layout.path(out, layout.JOURNAL), run_id)
         resume = Resume(self.settings, {} if self.settings.force else journal.completed())
-        resumed = sum(resume.resumed(inp, specs) for inp in inputs)
+        resumed = sum(resume.plan(inp, specs) for inp in inputs)  # fingerprints chained
         size = self.settings.chunk_size
         chunks = whole_group_chunks(
             inputs, lambda inp: (inp.group, None) if inp.group else (None, inp.id), size

@@ -44,8 +44,8 @@ from orchestrator.run.remote import (
     without_credentials,
 )
 from orchestrator.run.runner import fingerprint
+from orchestrator.run.vocabulary import FOLDER_FILE, INPUT_SUFFIX, vocabulary_files
 from orchestrator.run.vocabulary import identity as vocabulary_identity
-from orchestrator.run.vocabulary import vocabulary_files
 
 if TYPE_CHECKING:
     from orchestrator.run.state import InputState
@@ -68,17 +68,24 @@ class Found:
     parts: tuple[str, ...]
     #: the directory argument a local file was found under (where its vocabulary files are looked for up to)
     root: Path | None = None
+    #: what the walk saw of a file it found: its ``stat``, and its absolute path as text
+    seen: os.stat_result | None = None
+    absolute: str | None = None
 
 
 def find_inputs(
-    paths: list[str | Path], output: Path | None = None, skipped: list[str] | None = None
+    paths: list[str | Path],
+    output: Path | None = None,
+    skipped: list[str] | None = None,
+    listing: dict[str, frozenset[str]] | None = None,
 ) -> list[Found]:
     """Files stay as given (missing ones too: they fail alone later); directories give their media files in
     sorted order, each with its path relative to the directory. A directory without media stays itself, to
     fail alone with that reason. fsspec URLs (strings) are expanded the same way and stay URLs.
 
     A directory's walk never enters this run's ``output`` folder nor any other output folder
-    (:func:`iter_media`): each such folder is named once, in ``skipped`` when given, else in a warning."""
+    (:func:`iter_media`): each such folder is named once, in ``skipped`` when given, else in a warning.
+    ``listing`` gets the vocabulary file names of each folder walked (see :func:`_walk`)."""
     out: list[Found] = []
     passed: list[Path] = []
     for raw in paths:
@@ -96,13 +103,16 @@ def find_inputs(
             continue
         path = Path(raw)
         if path.is_dir():
-            files = _media_under(path, output, passed)
+            files = _media_under(path, output, passed, listing)
             name = path.absolute().resolve().name if path.name in ("", ".", "..") else path.name
             if not files:
                 out.append(Found(path, (name or "input",)))
-            for file in files:
-                rel = file.relative_to(path)
-                out.append(Found(file, (name or "input", *rel.parent.parts, rel.stem), root=path))
+            absolute = str(path.absolute())
+            for file, rel, seen in files:  # as text: a corpus has many files
+                base = os.path.basename(file)
+                parts = (name or "input", *rel, os.path.splitext(base)[0])
+                where = os.path.join(absolute, *rel, base)
+                out.append(Found(Path(file), parts, root=path, seen=seen, absolute=where))
         else:
             out.append(Found(path, (path.stem,)))
     names = list(dict.fromkeys(shown(p) for p in passed))
@@ -114,7 +124,7 @@ def find_inputs(
 
 
 def iter_media(root: Path, out: Path | None = None, skipped: list[Path] | None = None) -> Iterator[Path]:
-    """Media-named files below ``root`` as the walk meets them (folders in sorted order); linked folders
+    """Media files below ``root`` as the walk meets them (folders in sorted order); linked folders
     are followed once (no loops). A caller may stop early (the API's bounded walk).
 
     No file the pipeline wrote is taken: the walk does not enter this run's output folder ``out`` nor any
@@ -122,38 +132,78 @@ def iter_media(root: Path, out: Path | None = None, skipped: list[Path] | None =
     added to ``skipped``. Where ``root`` is in or is an output folder (``--output`` above the inputs), the
     folders of that folder's inputs (its index) and its run-level folders are left out; a ``root`` inside
     an input's folder is skipped whole."""
+    for path, _rel, _stat in _walk(str(root), out, skipped, None):
+        yield Path(path)
+
+
+def _walk(
+    root: str, out: Path | None, skipped: list[Path] | None, listing: dict[str, frozenset[str]] | None
+) -> Iterator[tuple[str, tuple[str, ...], os.stat_result]]:
+    """:func:`iter_media`'s walk, as text: each regular media file (links followed) as (its path, the names
+    of the folders between ``root`` and it, its ``stat``). One ``scandir`` a folder, one ``stat`` a folder
+    and a file: the listing tells which folders are output folders, and ``listing`` (absolute folder ->
+    the names of its vocabulary files) keeps what the vocabulary lookup would otherwise ask the disk."""
     seen: set[tuple[int, int]] = set()
     own = _identity(out) if out is not None else None
-    home, ids = _output_around(root)
+    home, ids = _output_around(Path(root))
     if home is not None and _within(os.path.relpath(os.path.abspath(root), home), ids):
         if skipped is not None:
-            skipped.append(root)
+            skipped.append(Path(root))
         return
-    for directory, dirs, files in os.walk(root, followlinks=True):
+    absolute = str(Path(root).absolute()) if listing is not None else ""
+    stack: list[tuple[str, tuple[str, ...]]] = [(root, ())]
+    while stack:
+        directory, rel = stack.pop()
         try:
             st = os.stat(directory)
+            with os.scandir(directory) as listed:
+                entries = list(listed)
         except OSError:
-            dirs[:] = []
             continue
-        if (st.st_dev, st.st_ino) in seen:
-            dirs[:] = []
+        names = {entry.name for entry in entries}
+        if rel and (
+            any(marker in names for marker in layout.MARKERS)
+            or (own is not None and (st.st_dev, st.st_ino) == own)
+        ):  # an output folder (any run's, or this run's whatever it holds yet): never entered
+            if skipped is not None:
+                skipped.append(Path(directory))
+            continue
+        if (st.st_dev, st.st_ino) in seen:  # a linked folder met again
             continue
         seen.add((st.st_dev, st.st_ino))
-        base = Path(directory)
-        keep = []
-        for name in sorted(dirs):
-            sub = base / name
-            if home is not None:
-                rel = os.path.relpath(os.path.abspath(sub), home)
-                if rel in ids or (os.sep not in rel and name in layout.RUN_LEVEL):
-                    continue  # an input's folder (or .runs) of the output folder the walk is in
-            if layout.is_output(sub) or (own is not None and _identity(sub) == own):
-                if skipped is not None:
-                    skipped.append(sub)
+        if listing is not None:
+            found = frozenset(n for n in names if n.endswith(VOCABULARY_NAMES))
+            listing[os.path.join(absolute, *rel)] = found or _NONE
+        subs: list[str] = []
+        for entry in sorted(entries, key=_name):
+            name = entry.name
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
                 continue
-            keep.append(name)
-        dirs[:] = keep
-        yield from (base / f for f in files if os.path.splitext(f)[1].lower() in MEDIA_SUFFIXES)
+            if is_dir:
+                if home is not None:
+                    sub = os.path.relpath(os.path.abspath(entry.path), home)
+                    if sub in ids or (os.sep not in sub and name in layout.RUN_LEVEL):
+                        continue  # an input's folder (or .runs) of the output folder the walk is in
+                subs.append(name)
+            elif os.path.splitext(name)[1].lower() in MEDIA_SUFFIXES:
+                try:
+                    file_stat = entry.stat()
+                except OSError:
+                    continue
+                if stat.S_ISREG(file_stat.st_mode):
+                    yield entry.path, rel, file_stat
+        stack.extend((os.path.join(directory, name), (*rel, name)) for name in reversed(subs))
+
+
+#: what a vocabulary file's name ends with (``orchestrator.run.vocabulary``)
+VOCABULARY_NAMES = (FOLDER_FILE, INPUT_SUFFIX)
+_NONE: frozenset[str] = frozenset()
+
+
+def _name(entry: os.DirEntry) -> str:
+    return entry.name
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -183,9 +233,16 @@ def _within(rel: str, ids: set[str]) -> bool:
     return any(os.sep.join(parts[:n]) in ids for n in range(1, len(parts) + 1))
 
 
-def _media_under(root: Path, out: Path | None = None, skipped: list[Path] | None = None) -> list[Path]:
-    """Media files below ``root`` in sorted order (see :func:`iter_media`)."""
-    return [p for p in sorted(iter_media(root, out, skipped)) if p.is_file()]
+def _media_under(
+    root: Path,
+    out: Path | None = None,
+    skipped: list[Path] | None = None,
+    listing: dict[str, frozenset[str]] | None = None,
+) -> list[tuple[str, tuple[str, ...], os.stat_result]]:
+    """:func:`_walk`'s files in the order of their paths' parts (as ``sorted`` orders ``Path`` objects)."""
+    return sorted(
+        _walk(str(root), out, skipped, listing), key=lambda found: (*found[1], os.path.basename(found[0]))
+    )
 
 
 def expand_inputs(paths: list[str | Path]) -> list[Path | str]:
@@ -371,18 +428,19 @@ def plan_inputs(
     """The run's inputs, one per distinct source, with ids (the index updated on disk unless ``dry``) and
     notes for sources given more than once. The walk leaves out the pipeline's own output folders
     (:func:`find_inputs`: named in ``skipped`` when given, else in a warning)."""
-    found = find_inputs(paths, out, skipped)
+    listing: dict[str, frozenset[str]] = {}
+    found = find_inputs(paths, out, skipped, listing)
     unique: dict[tuple, Found] = {}
     also: dict[tuple, list[str]] = {}
     for item in found:
-        same = same_source(item.source)
+        same = ("file", item.seen.st_dev, item.seen.st_ino) if item.seen else same_source(item.source)
         if same in unique:
             also.setdefault(same, []).append(shown(item.source))
         else:
             unique[same] = item
     index = load_ids(out)
     kept = list(unique.values())
-    keys = [source_key(f.source) for f in kept]
+    keys = [shown(f.absolute) if f.absolute else source_key(f.source) for f in kept]
     ids = assign_ids(kept, index, keys)
     new = dict(zip(keys, ids))
     if not dry and (any(index.get(k) != v for k, v in new.items()) or _stored(out) != index):
@@ -392,7 +450,7 @@ def plan_inputs(
     for (same, item), item_id in zip(unique.items(), ids):
         inp = _input(item_id, item.source, out, dry)
         if not is_url(item.source):
-            vocabulary = vocabulary_files(Path(item.source), item.root, folders)
+            vocabulary = vocabulary_files(Path(item.source), item.root, folders, listing, item.absolute)
             if vocabulary:
                 inp = dataclasses.replace(inp, vocabulary=vocabulary)
         if same in also:

@@ -80,27 +80,26 @@ def _spec_json(spec: StageSpec) -> tuple[str, str, str, str]:
 
 def current_artifact(item: WorkItem, output: type[Artifact]) -> Artifact | None:
     """The item's artifact if it is on disk, valid, and made from the same inputs and settings."""
-    artifact, state = artifact_state(item, output)
+    artifact, state = artifact_state(item.output, item.id, item.fingerprint, output)
     return artifact if state == "current" else None
 
 
 def artifact_state(
-    item: WorkItem, output: type[Artifact], quiet: bool = False
+    path: str, item_id: str, expected: str, output: type[Artifact], quiet: bool = False
 ) -> tuple[Artifact | None, str]:
-    """(the current artifact or None, why not: "missing", "unreadable: ...", "stale")."""
-    if not os.path.exists(item.output):  # not pathlib: a resume checks every artifact of a corpus
+    """The artifact at ``path`` for input ``item_id``, made with fingerprint ``expected``: (the artifact or
+    None, its state: "current", "missing", "unreadable: ...", "stale")."""
+    if not os.path.exists(path):  # not pathlib: a resume checks every artifact of a corpus
         return None, "missing"
     try:
-        artifact = load_artifact(item.output, output)
+        artifact = load_artifact(path, output)
     except ArtifactError as exc:
         if not quiet:
-            log.warning("redoing %s: %s", item.id, exc)
+            log.warning("redoing %s: %s", item_id, exc)
         return None, f"unreadable ({exc.reason})"
-    if artifact.fingerprint != item.fingerprint or artifact.item_id != item.id:
+    if artifact.fingerprint != expected or artifact.item_id != item_id:
         if not quiet:
-            log.info(
-                "redoing %s: %s is stale (inputs or settings changed)", item.id, os.path.basename(item.output)
-            )
+            log.info("redoing %s: %s is stale (inputs or settings changed)", item_id, os.path.basename(path))
         return artifact, "stale"
     return artifact, "current"
 

@@ -48,21 +48,31 @@ def _read(path: str, level: str) -> VocabularyFile | None:
 
 
 def vocabulary_files(
-    source: Path, root: Path | None = None, folders: dict[str, VocabularyFile | None] | None = None
+    source: Path,
+    root: Path | None = None,
+    folders: dict[str, VocabularyFile | None] | None = None,
+    listing: dict[str, frozenset[str]] | None = None,
+    absolute: str | None = None,
 ) -> tuple[VocabularyFile, ...]:
     """The vocabulary files that apply to the local ``source``: the nearest ``vocabulary.txt`` from its own
     folder up to ``root`` (the directory argument it was found under; None: its own folder only), then its
     own ``<input>.vocabulary.txt``. ``folders`` (folder -> its ``vocabulary.txt``, or None) is what one
-    planning has read already: a corpus's inputs share their parent folders.
+    planning has read already: a corpus's inputs share their parent folders. ``listing`` (absolute folder
+    -> the names in it that end as vocabulary files do) is what the input walk saw: a folder it lists is
+    not asked again whether such a file is there. ``absolute``: the source's absolute path, when known.
 
     Paths as text (``Path.absolute()``'s, then ``os.path``): planning calls this once per input."""
     out: list[VocabularyFile] = []
-    own = folder = str(source.parent.absolute())
+    own = folder = os.path.dirname(absolute) if absolute else str(source.parent.absolute())
+    names = listing.get(own) if listing is not None else None
     stop = str((root or source.parent).absolute())
     if stop != folder and not folder.startswith(stop.rstrip(os.sep) + os.sep):
         stop = folder
     while True:
-        if folders is None:
+        listed = listing.get(folder) if listing is not None else None
+        if listed is not None and FOLDER_FILE not in listed:
+            found = None
+        elif folders is None:
             found = _read(os.path.join(folder, FOLDER_FILE), "folder")
         elif folder in folders:
             found = folders[folder]
@@ -76,6 +86,8 @@ def vocabulary_files(
             break
         folder = parent
     for name in (source.name + INPUT_SUFFIX, source.stem + INPUT_SUFFIX):
+        if names is not None and name not in names:
+            continue
         found = _read(os.path.join(own, name), "input")
         if found is not None:
             out.append(found)
