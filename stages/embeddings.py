@@ -193,7 +193,15 @@ def load_sentence_transformer(name: str, device: str, allow_hub: bool):
         log.info("embeddings: %s runs in %s on %s", name, dtype, device)
         kwargs["model_kwargs"] = dtype_kwargs(getattr(torch, dtype))
     model = SentenceTransformer(
-        name, device=device, trust_remote_code=trust, local_files_only=not allow_hub, **kwargs
+        name,
+        device=device,
+        trust_remote_code=trust,
+        local_files_only=not allow_hub,
+        # encoding reads no key/value cache; gte-Qwen2's own modelling code (a copy of transformers 4.41's
+        # Qwen2) sets one up when the cache is on and asks it for ``get_usable_length``, which transformers
+        # >= 4.56 no longer has: every forward would fail there
+        config_kwargs={"use_cache": False},
+        **kwargs,
     )
     if last_token_pooling(model):
         # the last real token at the same place in every row of a batch; the pooling reads it either way
