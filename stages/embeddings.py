@@ -156,9 +156,11 @@ BF16_MODEL_TYPES = frozenset({"qwen2", "qwen3"})
 
 
 def cuda_dtype(model_type: str | None, bf16_supported: bool) -> str:
-    """The dtype a model of ``model_type`` runs in on CUDA: bfloat16 for :data:`BF16_MODEL_TYPES` where the
-    card supports it, else float16."""
-    return "bfloat16" if model_type in BF16_MODEL_TYPES and bf16_supported else "float16"
+    """The dtype a model of ``model_type`` runs in on CUDA: bfloat16 for :data:`BF16_MODEL_TYPES`, or float32
+    on a card without bfloat16 (float16 overflows in them); float16 for the others."""
+    if model_type in BF16_MODEL_TYPES:
+        return "bfloat16" if bf16_supported else "float32"
+    return "float16"
 
 
 def dtype_kwargs(dtype) -> dict:

@@ -178,11 +178,13 @@ def test_texts_of_several_inputs_share_one_stream_and_are_split_back(tmp_path, r
 
 
 def test_qwen2_runs_in_bfloat16_on_cuda_and_the_rest_in_float16():
-    """float16 overflows in Qwen2's MLPs (inf/NaN vectors): bfloat16 where the card has it."""
+    """float16 overflows in Qwen2's MLPs (inf/NaN vectors): bfloat16 where the card has it, else float32
+    (never float16)."""
     from stages.embeddings import cuda_dtype
 
     assert cuda_dtype("qwen2", bf16_supported=True) == "bfloat16"
-    assert cuda_dtype("qwen2", bf16_supported=False) == "float16"
+    assert cuda_dtype("qwen2", bf16_supported=False) == "float32"
+    assert cuda_dtype("qwen3", bf16_supported=False) == "float32"
     assert cuda_dtype("bert", bf16_supported=True) == "float16"
     assert cuda_dtype(None, bf16_supported=True) == "float16"
 
