@@ -199,3 +199,12 @@ def test_an_empty_configured_prompt_leaves_the_card_instruction():
     name = "BAAI/bge-small-en-v1.5@5c38ec7c405ec4b44b94cc5a9bb96e735b38267a"
     assert prompt_for(Model(), name, "query") == QUERY_PROMPTS["BAAI/bge-small-en-v1.5"]
     assert prompt_for(Model(), name, "document") == ""
+
+
+def test_models_load_without_a_key_value_cache():
+    """Encoding reads no cache; gte-Qwen2's own modelling code fails on transformers >= 4.56 with one on (it
+    asks the cache for ``get_usable_length``). Its stand-in: ``tests/scenarios/test_hub_models.py``."""
+    from stages.embeddings import load_sentence_transformer
+
+    model = load_sentence_transformer(str(embedded_model_path()), "cpu", allow_hub=False)
+    assert model[0].auto_model.config.use_cache is False
