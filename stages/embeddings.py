@@ -156,9 +156,11 @@ BF16_MODEL_TYPES = frozenset({"qwen2", "qwen3"})
 
 
 def cuda_dtype(model_type: str | None, bf16_supported: bool) -> str:
-    """The dtype a model of ``model_type`` runs in on CUDA: bfloat16 for :data:`BF16_MODEL_TYPES` where the
-    card supports it, else float16."""
-    return "bfloat16" if model_type in BF16_MODEL_TYPES and bf16_supported else "float16"
+    """The dtype a model of ``model_type`` runs in on CUDA: bfloat16 for :data:`BF16_MODEL_TYPES`, or float32
+    on a card without bfloat16 (float16 overflows in them); float16 for the others."""
+    if model_type in BF16_MODEL_TYPES:
+        return "bfloat16" if bf16_supported else "float32"
+    return "float16"
 
 
 def dtype_kwargs(dtype) -> dict:
@@ -193,7 +195,15 @@ def load_sentence_transformer(name: str, device: str, allow_hub: bool):
         log.info("embeddings: %s runs in %s on %s", name, dtype, device)
         kwargs["model_kwargs"] = dtype_kwargs(getattr(torch, dtype))
     model = SentenceTransformer(
-        name, device=device, trust_remote_code=trust, local_files_only=not allow_hub, **kwargs
+        name,
+        device=device,
+        trust_remote_code=trust,
+        local_files_only=not allow_hub,
+        # encoding reads no key/value cache; gte-Qwen2's own modelling code (a copy of transformers 4.41's
+        # Qwen2) sets one up when the cache is on and asks it for ``get_usable_length``, which transformers
+        # >= 4.56 no longer has: every forward would fail there
+        config_kwargs={"use_cache": False},
+        **kwargs,
     )
     if last_token_pooling(model):
         # the last real token at the same place in every row of a batch; the pooling reads it either way

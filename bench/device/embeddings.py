@@ -10,8 +10,8 @@ directory of the real architecture and configuration with random weights is buil
   transcripts, encoding in the stage's groups of ``GROUP_BATCHES`` batches, writing artifacts and ``.npy``
   sidecars), and end to end (spawn to exit);
 - ``plain``: ``SentenceTransformer(dir).encode(texts, batch_size=B)`` in one fresh process, loaded with the
-  same arguments as the stage (on CUDA: bfloat16 for Qwen2, float16 otherwise; left padding for last-token
-  pooling) and the environment stage children get: the first call
+  same arguments as the stage (on CUDA: bfloat16 for Qwen2, float16 otherwise; no key/value cache; left
+  padding for last-token pooling) and the environment stage children get: the first call
   (``cold``: what the stage's compute also pays), a second one (``warm``), and the texts in the stage's
   groups (``grouped``, warm), then the stage's artifacts for those rows written as the stage writes them
   (``artifact_writes_s``: atomic, fsynced, one JSON and one ``.npy`` per input): where a gap between the two
@@ -298,7 +298,9 @@ def plain_main(model_dir: str, texts_path: str, device: str, batch: int, writes:
         dtype = cuda_dtype(model_type, torch.cuda.is_bf16_supported())
         kwargs = {"model_kwargs": dtype_kwargs(getattr(torch, dtype))}
     started = time.perf_counter()
-    model = SentenceTransformer(model_dir, device=device, local_files_only=True, **kwargs)
+    model = SentenceTransformer(
+        model_dir, device=device, local_files_only=True, config_kwargs={"use_cache": False}, **kwargs
+    )  # as the stage: no key/value cache
     if last_token_pooling(model):  # as the stage: left padding for last-token pooling
         model.tokenizer.padding_side = "left"
     load_s = time.perf_counter() - started

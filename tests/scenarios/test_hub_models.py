@@ -163,6 +163,75 @@ def test_a_query_gets_its_instruction_and_a_document_none(client, profile):
     )
 
 
+#: run in a child with the stand-in cache: gte-Qwen2 as the stage loads it, probed (JSON on stdout)
+GTE_PROBE = """
+import json
+import numpy as np
+import torch
+from stages.embeddings import load_sentence_transformer
+
+texts = json.loads(__import__("sys").argv[1])
+model = load_sentence_transformer("Alibaba-NLP/gte-Qwen2-1.5B-instruct", "cpu", False)
+auto = model[0].auto_model
+out = {"module": type(auto).__module__, "use_cache": auto.config.use_cache,
+       "padding_side": model.tokenizer.padding_side}
+ids = model.tokenizer(texts[1])["input_ids"]
+later = list(ids)
+later[-2] = ids[3]  # the last word's token (the end token follows it) changed
+for implementation in ("sdpa", "eager"):
+    auto.config._attn_implementation = implementation
+    with torch.no_grad():
+        first = [auto(input_ids=torch.tensor([row])).last_hidden_state[0, 0] for row in (ids, later)]
+    row = {"first_token_change": float((first[0] - first[1]).abs().max())}
+    for side in ("left", "right"):
+        model.tokenizer.padding_side = side
+        batched = model.encode(texts, batch_size=len(texts))
+        single = np.stack([model.encode([text])[0] for text in texts])
+        row[side] = float(np.abs(batched - single).max())
+    out[implementation] = row
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def gte_probe(hf_home):
+    """gte-Qwen2's stand-in as the stage loads it, probed once: its attention and its padding."""
+    texts = [TEXTS[0], TEXTS[1] + " From the store, too.", "Six spoons"]  # three lengths: padding in a batch
+    done = subprocess.run(
+        [sys.executable, "-c", GTE_PROBE, json.dumps(texts)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**_offline_env(hf_home), "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_gte_runs_its_own_modelling_code_without_a_cache(gte_probe):
+    """The repository's ``modeling_qwen.py`` (``trust_remote_code``), with the key/value cache off: that file
+    asks the cache for ``get_usable_length``, which transformers >= 4.56 lacks."""
+    assert gte_probe["module"].endswith(".modeling_qwen"), gte_probe["module"]
+    assert gte_probe["use_cache"] is False
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_gte_attention_is_bidirectional(gte_probe, implementation):
+    """The first token's state changes when a later token changes: no causal mask (under one, the first token
+    sees itself only and its state stays exactly the same)."""
+    assert gte_probe[implementation]["first_token_change"] > 1e-3
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_gte_batched_texts_embed_as_each_alone(gte_probe, implementation, side):
+    """Texts of three lengths encoded in one padded batch give the vectors each gives alone: padding is
+    masked for every query, before and after it (the stage pads on the left)."""
+    assert gte_probe["padding_side"] == "left"
+    assert gte_probe[implementation][side] < 1e-5
+
+
 def test_the_standins_are_laid_out_as_the_hub_client_caches(hf_home):
     """snapshots/<rev>/ files are links into blobs/, refs/main names the revision, and the revision resolves
     as the parent reads it (``orchestrator.run.models``)."""

@@ -178,11 +178,13 @@ def test_texts_of_several_inputs_share_one_stream_and_are_split_back(tmp_path, r
 
 
 def test_qwen2_runs_in_bfloat16_on_cuda_and_the_rest_in_float16():
-    """float16 overflows in Qwen2's MLPs (inf/NaN vectors): bfloat16 where the card has it."""
+    """float16 overflows in Qwen2's MLPs (inf/NaN vectors): bfloat16 where the card has it, else float32
+    (never float16)."""
     from stages.embeddings import cuda_dtype
 
     assert cuda_dtype("qwen2", bf16_supported=True) == "bfloat16"
-    assert cuda_dtype("qwen2", bf16_supported=False) == "float16"
+    assert cuda_dtype("qwen2", bf16_supported=False) == "float32"
+    assert cuda_dtype("qwen3", bf16_supported=False) == "float32"
     assert cuda_dtype("bert", bf16_supported=True) == "float16"
     assert cuda_dtype(None, bf16_supported=True) == "float16"
 
@@ -197,3 +199,12 @@ def test_an_empty_configured_prompt_leaves_the_card_instruction():
     name = "BAAI/bge-small-en-v1.5@5c38ec7c405ec4b44b94cc5a9bb96e735b38267a"
     assert prompt_for(Model(), name, "query") == QUERY_PROMPTS["BAAI/bge-small-en-v1.5"]
     assert prompt_for(Model(), name, "document") == ""
+
+
+def test_models_load_without_a_key_value_cache():
+    """Encoding reads no cache; gte-Qwen2's own modelling code fails on transformers >= 4.56 with one on (it
+    asks the cache for ``get_usable_length``). Its stand-in: ``tests/scenarios/test_hub_models.py``."""
+    from stages.embeddings import load_sentence_transformer
+
+    model = load_sentence_transformer(str(embedded_model_path()), "cpu", allow_hub=False)
+    assert model[0].auto_model.config.use_cache is False
