@@ -142,9 +142,16 @@ def save_large(model: BaseModel, field: str, path: str | Path, *copies: str | Pa
             yield (b"," if number else b"") + element.model_dump_json().encode()
         yield f"]{after}\n".encode()
 
-    for copy in copies:
-        atomic_write_bytes(copy, pieces)
-    return atomic_write_bytes(path, pieces)
+    atomic_write_bytes(path, pieces)
+    for copy in copies:  # the written file's bytes: serialised once
+        atomic_write_bytes(copy, lambda: _blocks(path))
+    return Path(path)
+
+
+def _blocks(path: str | Path) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        while block := fh.read(_CHUNK):
+            yield block
 
 
 def load_model(path: str | Path, cls: type[M]) -> M:

@@ -474,8 +474,9 @@ def _input(item_id: str, source: Path | str, out: Path, dry: bool = False) -> In
             directory=directory,
             url=source,
         )
-    source = Path(source)
-    plain = shown(source) == str(source)
+    source = source if isinstance(source, Path) else Path(source)
+    text = str(source)
+    plain = text.isascii() or shown(source) == text  # a name that is not UTF-8 has escapes: not ASCII
     if not plain and dry:  # the same identity as through the link (its real path)
         return Input(id=item_id, source=source, directory=directory, shown_source=shown(source))
     if not plain:
@@ -499,8 +500,9 @@ def _safe_suffix(path: Path) -> str:
 
 def _source_identity(inp: InputState) -> str:
     """The local source's path, size and modification time; what was seen is kept for the first stage."""
+    source = str(inp.source)  # as text: a corpus plans 100,000 of these
     try:
-        st = inp.source.stat()
+        st = os.stat(source)
     except OSError:
         inp.planned = None
         return f"unreadable:{inp.source.absolute()}"
@@ -510,9 +512,16 @@ def _source_identity(inp: InputState) -> str:
     path = (
         os.fsencode(os.path.realpath(inp.source)).decode("utf-8", "backslashreplace")
         if inp.shown_source
-        else inp.source.absolute()
+        else _absolute(source)
     )
     return f"{path}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _absolute(path: str) -> str:
+    """``str(Path(path).absolute())`` for the text of a ``Path``, without making one."""
+    if os.path.isabs(path):
+        return path
+    return os.getcwd() if path == "." else os.path.join(os.getcwd(), path)
 
 
 def input_keys(spec: StageSpec, previous: StageSpec | None) -> tuple[str, ...]:
