@@ -11,11 +11,13 @@ previous run is being resumed.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from contracts.jsonl import append_line, iter_lines, read_lines, repair_tail
+from contracts.jsonl import append_line, read_lines, repair_tail
 from orchestrator import layout
 
 JOURNAL_NAME = layout.JOURNAL
@@ -47,11 +49,13 @@ class Journal:
         return read_lines(self.path)
 
     def completed(self) -> dict[str, Completed]:
-        """item id -> its last completed run (stage "outputs", status "ok"): the outputs fingerprint, and the
-        event's line, parsed only when it is used (:meth:`Completed.event`): 100,000 parsed events would
-        take gigabytes, their lines a tenth of that."""
+        """item id -> its last completed run (stage "outputs", status "ok"): the outputs fingerprint, the
+        transcript's language, and where the event's line is in the file, read and parsed only when it is used
+        (:meth:`Completed.event`): 100,000 parsed events would take gigabytes, their lines 170 MB, their
+        places a tenth of that."""
         done: dict[str, Completed] = {}
-        for line in iter_lines(self.path):
+        lines = _Lines(self.path)
+        for offset, line, size in _lines_at(self.path):
             if '"outputs"' not in line or '"ok"' not in line:
                 continue
             item, fingerprint = line_field(line, "item"), line_field(line, "fingerprint")
@@ -60,6 +64,7 @@ class Journal:
                 "ok",
             ):
                 continue
+            language = line_field(line, "text_language")
             if item is None:  # not the layout this writer makes: parse it whole
                 try:
                     event = json.loads(line)
@@ -70,23 +75,75 @@ class Journal:
                 if (event.get("stage"), event.get("status")) != ("outputs", "ok"):
                     continue
                 item, fingerprint = event.get("item"), event.get("fingerprint")
+                summary = event.get("summary")
+                language = summary.get("text_language") if isinstance(summary, dict) else None
             if isinstance(item, str):
-                done[item] = Completed(fingerprint if isinstance(fingerprint, str) else "", line)
+                done[item] = Completed(
+                    fingerprint if isinstance(fingerprint, str) else "",
+                    sys.intern(language) if isinstance(language, str) else None,
+                    lines,
+                    offset,
+                    size,
+                )
         return done
 
 
-@dataclass(frozen=True)
+def _lines_at(path: Path):
+    """Each non-blank line of ``path`` (as :func:`contracts.jsonl.iter_lines` reads it) with the byte offset
+    and length of its raw line."""
+    try:
+        fh = open(path, "rb")
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    offset = 0
+    with fh:
+        for raw in fh:
+            line = raw.decode("utf-8", errors="replace").strip()
+            if line:
+                yield offset, line, len(raw)
+            offset += len(raw)
+
+
+class _Lines:
+    """The journal file, read back at the places :meth:`Journal.completed` found (the file is only ever
+    appended to: a place stays where it was). One descriptor, closed with the last :class:`Completed`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def read(self, offset: int, size: int) -> str:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        return os.pread(self._fd, size, offset).decode("utf-8", errors="replace").strip()
+
+    def __del__(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+
+
+@dataclass(frozen=True, slots=True)
 class Completed:
-    """An input's last completed run, as the journal holds it."""
+    """An input's last completed run, as the journal holds it: what planning reads of it, and where the
+    rest is."""
 
     fingerprint: str
-    line: str
+    #: the transcript's language the event's summary names (its aligner is planned from it)
+    text_language: str | None
+    lines: _Lines
+    offset: int
+    size: int
+
+    @property
+    def line(self) -> str:
+        """The event's line, read from the journal again."""
+        return self.lines.read(self.offset, self.size)
 
     def event(self) -> dict:
         """The whole event ({} if its line does not parse: it is then checked the full way)."""
         try:
             event = json.loads(self.line)
-        except ValueError:
+        except (OSError, ValueError):
             return {}
         ok = isinstance(event, dict) and event.get("stage") == "outputs" and event.get("status") == "ok"
         return event if ok else {}

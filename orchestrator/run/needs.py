@@ -18,7 +18,7 @@ from contracts.artifacts import LanguageId
 from contracts.report import ItemStage, RunPlan, StagePlan
 from orchestrator import layout
 from orchestrator.registry import StageSpec
-from orchestrator.run.journal import Completed, Journal, line_field
+from orchestrator.run.journal import Completed, Journal
 from orchestrator.run.models import model_label, same_model
 from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner, plan_inputs
 from orchestrator.run.remote import configure as configure_remote
@@ -173,7 +173,7 @@ class Resume:
         journal names, so an input it saw is not chained again for it (a corpus has 100,000). Then
         :meth:`resumed`."""
         done = self.completed.get(inp.id)
-        language = line_field(done.line, "text_language") if done is not None else None
+        language = done.text_language if done is not None else None
         if language:
             plan_aligner(inp, specs, language)
         if len(inp.fingerprints) < len(specs):  # no aligner to plan, or it chained nothing
@@ -183,11 +183,11 @@ class Resume:
     def resumed(self, inp: InputState, specs: list[StageSpec] | None = None) -> bool:
         """The journal saw ``inp`` completed with its current outputs fingerprint (the progress's count).
         With ``specs``, the aligner is first planned for the transcript's language the journal names, as
-        :meth:`complete` will (read from its line without parsing the rest)."""
+        :meth:`complete` will (the journal line's, kept apart when the journal was read)."""
         done = self.completed.get(inp.id)
         if done is None:
             return False
-        language = line_field(done.line, "text_language") if specs is not None else None
+        language = done.text_language if specs is not None else None
         if language:
             plan_aligner(inp, specs, language)
         return done.fingerprint == self.outputs_fingerprint(inp)

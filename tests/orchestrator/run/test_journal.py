@@ -46,3 +46,30 @@ def test_reading_a_torn_journal_writes_nothing(tmp_path):
     before = path.read_bytes()
     assert set(Journal(path, "plan").completed()) == {"a"}
     assert path.read_bytes() == before
+
+
+def test_completed_runs_keep_their_place_in_the_file_not_their_lines(tmp_path):
+    """A corpus's journal holds 100,000 completed inputs of ~1.7 kB each: planning keeps where they are."""
+    import tracemalloc
+
+    path = tmp_path / "journal.jsonl"
+    journal = Journal(path, "first")
+    summary = {"notes": ["n" * 1500], "text_language": "pt", "outputs": {"txt": "/x/transcript.txt"}}
+    for number in range(2000):
+        journal.record(f"talks/{number:04d}", "outputs", "ok", fingerprint=f"f{number}", summary=summary)
+    # Given the journal read as a run reads it
+    tracemalloc.start()
+    try:
+        completed = Journal(path, "plan").completed()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # Then what is held is a small part of the 3.5 MB of lines, and each input's language is at hand
+    assert path.stat().st_size > 2000 * 1500
+    assert held < 2000 * 600, held
+    assert completed["talks/0007"].text_language == "pt"
+    # and a later run's appends leave each place where it was: the event read back is the one recorded
+    Journal(path, "second").record("talks/0007", "outputs", "ok", fingerprint="new", summary={})
+    event = completed["talks/0007"].event()
+    assert (event["item"], event["fingerprint"], event["summary"]) == ("talks/0007", "f7", summary)
+    assert Journal(path, "plan").completed()["talks/0007"].fingerprint == "new"
