@@ -150,32 +150,30 @@ def _walk(
         if skipped is not None:
             skipped.append(Path(root))
         return
-    absolute = str(Path(root).absolute()) if listing is not None else ""
-    stack: list[tuple[str, tuple[str, ...]]] = [(root, ())]
+    # (folder as the walk names it, the folder names from root to it, its absolute path as text)
+    stack: list[tuple[str, tuple[str, ...], str]] = [(root, (), str(Path(root).absolute()))]
     while stack:
-        directory, rel = stack.pop()
+        directory, rel, absolute = stack.pop()
         try:
             st = os.stat(directory)
             with os.scandir(directory) as listed:
-                entries = list(listed)
+                entries = sorted(listed, key=_name)
         except OSError:
             continue
-        names = {entry.name for entry in entries}
-        if rel and (
-            any(marker in names for marker in layout.MARKERS)
-            or (own is not None and (st.st_dev, st.st_ino) == own)
-        ):  # an output folder (any run's, or this run's whatever it holds yet): never entered
+        identity = (st.st_dev, st.st_ino)
+        if rel and (identity == own or any(entry.name in _MARKERS for entry in entries)):
+            # an output folder (any run's, or this run's whatever it holds yet): never entered
             if skipped is not None:
                 skipped.append(Path(directory))
             continue
-        if (st.st_dev, st.st_ino) in seen:  # a linked folder met again
+        if identity in seen:  # a linked folder met again
             continue
-        seen.add((st.st_dev, st.st_ino))
+        seen.add(identity)
         if listing is not None:
-            found = frozenset(n for n in names if n.endswith(VOCABULARY_NAMES))
-            listing[os.path.join(absolute, *rel)] = found or _NONE
+            found = [entry.name for entry in entries if entry.name.endswith(VOCABULARY_NAMES)]
+            listing[absolute] = frozenset(found) if found else _NONE
         subs: list[str] = []
-        for entry in sorted(entries, key=_name):
+        for entry in entries:
             name = entry.name
             try:
                 is_dir = entry.is_dir()
@@ -194,12 +192,14 @@ def _walk(
                     continue
                 if stat.S_ISREG(file_stat.st_mode):
                     yield entry.path, rel, file_stat
-        stack.extend((os.path.join(directory, name), (*rel, name)) for name in reversed(subs))
+        for name in reversed(subs):
+            stack.append((os.path.join(directory, name), (*rel, name), os.path.join(absolute, name)))
 
 
 #: what a vocabulary file's name ends with (``orchestrator.run.vocabulary``)
 VOCABULARY_NAMES = (FOLDER_FILE, INPUT_SUFFIX)
 _NONE: frozenset[str] = frozenset()
+_MARKERS = frozenset(layout.MARKERS)
 
 
 def _name(entry: os.DirEntry) -> str:
