@@ -12,19 +12,22 @@ import json
 import logging
 import os
 import time
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from contracts import DiarizationArtifact, TranscriptArtifact, load_artifact
 from contracts.artifacts import SpeakerEmbeddingsArtifact
 from contracts.errors import DiskFullError, PipelineError
-from contracts.io import atomic_write_text, is_disk_full
+from contracts.io import atomic_write_bytes, is_disk_full
 from contracts.jsonl import iter_lines
 from orchestrator import layout
 from orchestrator.corpus.captions import TIGHT_NOTE, CaptionRules, tight_note, without_tight_notes
 from orchestrator.corpus.labels import corpus_labels, label_transcript, read_corpus
 from orchestrator.corpus.outputs import TRANSLATED, Sources, translated_name, write_formats
-from orchestrator.corpus.page import index_page
+from orchestrator.corpus.page import index_pieces
 from orchestrator.run.journal import Journal
 from orchestrator.run.lock import OutputLock
 from orchestrator.run.plan import load_ids
@@ -163,10 +166,19 @@ def journal_for(out: Path, command: str) -> Journal:
     )
 
 
-def outputs_events(journal: Path) -> dict[str, dict]:
-    """item id -> its last "outputs" event, with only what the index shows (status, error, duration,
-    damage): read a line at a time, so a journal of 100,000 inputs is never held whole."""
-    events: dict[str, dict] = {}
+class LastOutputs(NamedTuple):
+    """What the index shows of an input's last "outputs" event."""
+
+    status: str | None
+    error: str | None
+    damage: str | None
+    duration_s: float | None
+
+
+def outputs_events(journal: Path) -> dict[str, LastOutputs]:
+    """item id -> what the index shows of its last "outputs" event (status, error, damage, duration): read a
+    line at a time and kept as a tuple, so a journal of 100,000 inputs is never held whole nor as dicts."""
+    events: dict[str, LastOutputs] = {}
     for line in iter_lines(journal):
         if '"outputs"' not in line:
             continue
@@ -181,47 +193,59 @@ def outputs_events(journal: Path) -> dict[str, dict]:
         ):
             continue
         summary = event.get("summary") if isinstance(event.get("summary"), dict) else {}
-        events[event["item"]] = {
-            "status": event.get("status"),
-            "error": event.get("error"),
-            "summary": {"damage": summary.get("damage"), "duration_s": summary.get("duration_s")},
-        }
+        events[event["item"]] = LastOutputs(
+            event.get("status"), event.get("error"), summary.get("damage"), summary.get("duration_s")
+        )
     return events
 
 
-def index_rows(out: Path, events: dict[str, dict] | None = None) -> list[dict]:
-    """One row per input the output folder knows (its index of ids, and the journal): last status, files."""
+def _status(event: LastOutputs | None) -> str:
+    if event is None:
+        return "not finished"
+    if event.status == "ok":
+        return "partial" if event.damage else "ok"
+    return "failed" if event.status == "failed" else "not finished"
+
+
+def index_rows(
+    out: Path, events: dict[str, LastOutputs] | None = None, sources: dict[str, str] | None = None
+) -> Iterator[dict]:
+    """One row per input the output folder knows (its index of ids, and the journal): last status, files;
+    made one at a time, in the order of the ids (``sources``: id -> source, from the index)."""
+    if events is None:
+        events = outputs_events(layout.path(out, layout.JOURNAL))
+    if sources is None:
+        sources = {item_id: source for source, item_id in load_ids(out).items()}
+    for item_id in sorted(set(sources) | set(events)):
+        event = events.get(item_id)
+        directory = os.path.join(out, item_id)  # text: 100,000 rows
+        files = sorted(name for name in FORMAT_NAMES if os.path.isfile(os.path.join(directory, name)))
+        yield {
+            "id": item_id,
+            "status": _status(event),
+            "source": sources.get(item_id, ""),
+            "duration_s": event.duration_s if event else None,
+            "error": event.error if event else None,
+            "files": files,
+        }
+
+
+def write_index(out: Path, events: dict[str, LastOutputs] | None = None) -> Path:
+    """The output folder's ``index.html``, written a row at a time (atomic)."""
     if events is None:
         events = outputs_events(layout.path(out, layout.JOURNAL))
     sources = {item_id: source for source, item_id in load_ids(out).items()}
-    rows = []
-    for item_id in sorted(set(sources) | {i for i in events if isinstance(i, str)}):
-        event = events.get(item_id) or {}
-        summary = event.get("summary") or {}
-        status = (
-            ("partial" if summary.get("damage") else "ok")
-            if event.get("status") == "ok"
-            else "failed"
-            if event.get("status") == "failed"
-            else "not finished"
-        )
-        directory = out / item_id
-        files = sorted(name for name in layout.FORMATS.values() if (directory / name).is_file())
-        rows.append(
-            {
-                "id": item_id,
-                "status": status,
-                "source": sources.get(item_id, ""),
-                "duration_s": summary.get("duration_s"),
-                "error": event.get("error"),
-                "files": files,
-            }
-        )
-    return rows
+    counts = Counter(_status(events.get(item_id)) for item_id in set(sources) | set(events))
+
+    def pieces():
+        for piece in index_pieces(index_rows(out, events, sources), counts):
+            yield piece.encode("utf-8")
+
+    return atomic_write_bytes(layout.path(out, layout.INDEX), pieces)
 
 
-def write_index(out: Path, events: dict[str, dict] | None = None) -> Path:
-    return atomic_write_text(layout.path(out, layout.INDEX), index_page(index_rows(out, events)))
+#: the file names the index links to, when an input's folder has them
+FORMAT_NAMES = tuple(layout.FORMATS.values())
 
 
 @dataclass
@@ -272,7 +296,8 @@ def export(settings, formats: list[str], only: list[str] | None = None) -> Expor
                 continue
             done = completed.pop(item_id, None)
             # its last completed run, unless a later one failed (that run's state is not this event's)
-            last_ok = (events.get(item_id) or {}).get("status") == "ok"
+            last = events.get(item_id)
+            last_ok = last is not None and last.status == "ok"
             event = done.event() if done and last_ok else {}
             try:
                 src = load_sources(

@@ -8,6 +8,7 @@ none yet points at its source). Words the aligner scored below :data:`LOW_SCORE`
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from html import escape
 from urllib.parse import quote
 
@@ -147,33 +148,44 @@ def index_page(rows: list[dict]) -> str:
     """The output folder's index: one row per input (id, status, duration, links to its files).
 
     ``rows``: ``{"id", "status", "source", "duration_s", "error", "files": [names in OUT/<id>/]}``."""
-    lines = []
-    for row in rows:
-        base = quote(row["id"]) + "/"
-        links = " ".join(
-            f'<a href="{base}{quote(name)}">{escape(name.removeprefix("transcript."))}</a>'
-            for name in row.get("files") or []
-        )
-        page = layout.FORMATS["html"]
-        name = (
-            f'<a href="{base}{page}">{escape(row["id"])}</a>'
-            if page in (row.get("files") or [])
-            else escape(row["id"])
-        )
-        duration = _clock(row["duration_s"]) if row.get("duration_s") else ""
-        status = escape(row["status"]) + (f": {escape(row['error'])}" if row.get("error") else "")
-        lines.append(
-            f'<tr><td>{name}</td><td class="{escape(row["status"])}">{status}</td><td>{duration}</td>'
-            f"<td>{links}</td><td>{escape(row.get('source') or '')}</td></tr>"
-        )
-    counts = {}
+    counts: dict[str, int] = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
+    return "".join(index_pieces(rows, counts))
+
+
+def index_pieces(rows: Iterable[dict], counts: dict[str, int]) -> Iterator[str]:
+    """:func:`index_page` a piece at a time (``counts``: status -> inputs, for the line above the table):
+    the index of 100,000 inputs is written without being held whole."""
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    return (
+    yield (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>Transcripts</title>'
         f"<style>{_STYLE}body{{max-width:80rem}}</style></head>\n<body>\n<h1>Transcripts</h1>\n"
-        f"<p>{len(rows)} inputs: {summary or 'none'}</p>\n"
+        f"<p>{sum(counts.values())} inputs: {summary or 'none'}</p>\n"
         "<table><thead><tr><th>input</th><th>status</th><th>length</th><th>files</th><th>source</th></tr>"
-        "</thead><tbody>\n" + "\n".join(lines) + "\n</tbody></table>\n</body></html>\n"
+        "</thead><tbody>\n"
+    )
+    for row in rows:
+        yield index_row(row) + "\n"
+    yield "</tbody></table>\n</body></html>\n"
+
+
+def index_row(row: dict) -> str:
+    """One input's row of the index."""
+    base = quote(row["id"]) + "/"
+    links = " ".join(
+        f'<a href="{base}{quote(name)}">{escape(name.removeprefix("transcript."))}</a>'
+        for name in row.get("files") or []
+    )
+    page = layout.FORMATS["html"]
+    name = (
+        f'<a href="{base}{page}">{escape(row["id"])}</a>'
+        if page in (row.get("files") or [])
+        else escape(row["id"])
+    )
+    duration = _clock(row["duration_s"]) if row.get("duration_s") else ""
+    status = escape(row["status"]) + (f": {escape(row['error'])}" if row.get("error") else "")
+    return (
+        f'<tr><td>{name}</td><td class="{escape(row["status"])}">{status}</td><td>{duration}</td>'
+        f"<td>{links}</td><td>{escape(row.get('source') or '')}</td></tr>"
     )

@@ -313,3 +313,29 @@ def test_each_export_counts_its_own_tight_cues_on_the_page_and_in_the_journal(tm
         assert last["summary"]["notes"] == ["a note of the run", html.unescape(noted[0][0])]
         counts.append(int(noted[0][1]))
     assert counts[0] > counts[1], counts  # the narrow lines leave more cues no time to be read
+
+
+def test_the_index_of_a_large_folder_is_written_a_row_at_a_time(tmp_path):
+    """A corpus's index has a row per input: the page is streamed to disk, never held whole."""
+    import tracemalloc
+
+    from orchestrator.corpus.export import write_index
+
+    out = tmp_path / "out"
+    count, error = 2000, "could not decode: " + "x" * 5000
+    save_ids(out, {f"/corpus/{n:04d}/audio.wav": f"corpus/{n:04d}/audio" for n in range(count)})
+    with layout.path(out, layout.JOURNAL).open("w") as fh:
+        for n in range(count):
+            event = {"item": f"corpus/{n:04d}/audio", "stage": "outputs", "status": "failed", "error": error}
+            fh.write(json.dumps(event) + "\n")
+    tracemalloc.start()
+    try:
+        write_index(out)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    page = layout.path(out, layout.INDEX).read_text()
+    # Then every input has its row and the count above the table, and the peak holds the errors about once
+    # (the journal's), not again as rows, the page and its bytes
+    assert page.count("<tr><td>") == count and f"<p>{count} inputs: {count} failed</p>" in page
+    assert peak < 1.6 * count * len(error), (peak, count * len(error))
