@@ -143,9 +143,29 @@ def save_large(model: BaseModel, field: str, path: str | Path, *copies: str | Pa
         yield f"]{after}\n".encode()
 
     atomic_write_bytes(path, pieces)
-    for copy in copies:  # the written file's bytes: serialised once
-        atomic_write_bytes(copy, lambda: _blocks(path))
+    for copy in copies:
+        link_or_copy(path, copy)
     return Path(path)
+
+
+def link_or_copy(path: str | Path, copy: str | Path) -> Path:
+    """``copy`` made the file at ``path`` atomically: a hard link where the filesystem allows (nothing written:
+    a report of 100,000 inputs is 140 MB; every write here replaces a file, so the two never change
+    together), else its bytes copied."""
+    copy = Path(copy)
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    tmp = copy.with_name(f".{copy.name}.{os.getpid()}.link")
+    try:
+        os.link(path, tmp)
+        os.replace(tmp, copy)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return atomic_write_bytes(copy, lambda: _blocks(path))
+    _fsync_dir(copy.parent)
+    return copy
 
 
 def _blocks(path: str | Path) -> Iterator[bytes]:

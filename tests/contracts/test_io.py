@@ -193,9 +193,16 @@ def test_a_large_model_is_written_one_element_at_a_time_and_reads_back_equal(tmp
     )
     save_large(report, "inputs", tmp_path / "a.json", tmp_path / "b.json")
     assert load_model(tmp_path / "a.json", RunReport) == report == load_model(tmp_path / "b.json", RunReport)
+    # the copy is the written file itself (a link: a 140 MB report is not written twice) ...
+    assert (tmp_path / "a.json").stat().st_ino == (tmp_path / "b.json").stat().st_ino
     empty = report.model_copy(update={"inputs": []})
     save_large(empty, "inputs", tmp_path / "c.json")
     assert load_model(tmp_path / "c.json", RunReport) == empty
+    # ... and the next report written in its place leaves the copy as it was (a run's own report)
+    save_large(empty, "inputs", tmp_path / "a.json", tmp_path / "d.json")
+    assert load_model(tmp_path / "b.json", RunReport) == report
+    assert load_model(tmp_path / "a.json", RunReport) == empty == load_model(tmp_path / "d.json", RunReport)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")], "no temporary file left"
 
 
 def test_a_file_reads_as_the_python_parser_read_it_and_a_bad_one_is_worded_as_ever(tmp_path):
