@@ -44,9 +44,13 @@ def build_report(
     stage_runs: list[StageRun],
     fetched: list[str],
 ) -> RunReport:
-    """The run's report: one entry per input, the counts, the stage runs, the models substituted."""
+    """The run's report: one entry per input, the counts, the stage runs, the models substituted.
+
+    Each input's entry shares its run state's values (``model_construct``: no copy of 100,000 inputs'
+    outputs, stages and notes); every entry is validated where the report is written
+    (``contracts.io.save_large``, ``save_model``)."""
     reports = [
-        InputReport(
+        InputReport.model_construct(
             id=inp.id,
             source=inp.shown,
             status=inp.status,

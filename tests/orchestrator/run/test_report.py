@@ -146,3 +146,28 @@ def test_a_full_disk_is_one_line_with_what_failed_and_the_space_left(tmp_path):
     assert disk_line(DiskFullError("writing   x\nneeds 5 MiB"), tmp_path).startswith(
         "writing x needs 5 MiB; "
     )
+
+
+def test_each_entry_shares_its_run_states_values_and_is_validated_where_it_is_written(tmp_path):
+    from contracts.errors import ArtifactError
+    from orchestrator.run.report import save_report
+
+    outputs = {"srt": str(tmp_path / "a" / "transcript.srt")}
+    notes = ["captions: 0 of 3 cue(s) ..."]
+    good = _state(tmp_path, "a", complete=True, duration_s=3.0, outputs=outputs, notes=notes)
+    report = _report(tmp_path, [good])
+    # no copy of 100,000 inputs' outputs and notes: the report's entry holds the run state's own
+    assert report.inputs[0].outputs is outputs and report.inputs[0].notes is notes
+    settings = Settings(_env_file=None, output_dir=tmp_path)
+    assert save_report(settings, report, tmp_path, tmp_path / ".runs" / "r") is None
+    assert json.loads((tmp_path / layout.REPORT).read_text())["inputs"][0]["outputs"] == outputs
+    # a value of the wrong type is refused where the report is written (small and large reports alike)
+    bad = _state(tmp_path, "b", complete=True, duration_s=1.0, outputs={"srt": 5})
+    for count in (1, 1001):
+        broken = _report(tmp_path, [bad] * count)
+        try:
+            save_report(settings, broken, tmp_path, tmp_path / ".runs" / "r")
+        except ArtifactError as exc:
+            assert "refusing to write an invalid RunReport" in str(exc)
+        else:
+            raise AssertionError("an invalid report was written")
