@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from contracts import WorkItem
+from contracts import SourceVersion, WorkItem
 from contracts.artifacts import LanguageId
 from contracts.report import ItemStage, RunPlan, StagePlan
 from orchestrator import layout
@@ -47,7 +47,9 @@ def work_item(spec: StageSpec, inp: InputState, previous: StageSpec | None) -> W
         inputs=inputs,
         output=inp.artifact_file(spec.kind),
         fingerprint=inp.fingerprints[spec.name],
-        source_version=inp.planned if previous is None and not inp.url else None,
+        source_version=SourceVersion(size=inp.planned[0], mtime_ns=inp.planned[1])
+        if previous is None and inp.planned and not inp.url
+        else None,
         vocabulary=list(inp.plan.vocabulary) if spec.vocabulary else [],
     )
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from contracts import SourceVersion
 from contracts.artifacts import VocabularyFile
 from contracts.io import atomic_write_text
 from contracts.models import ALIGNER_BY_LANGUAGE
@@ -506,7 +505,7 @@ def _source_identity(inp: InputState) -> str:
     except OSError:
         inp.planned = None
         return f"unreadable:{inp.source.absolute()}"
-    inp.planned = SourceVersion(size=st.st_size, mtime_ns=st.st_mtime_ns)
+    inp.planned = (st.st_size, st.st_mtime_ns)
     # a name that is not UTF-8 is read through our link in the output directory: the identity is the
     # file it points at, so it does not depend on where the outputs go
     path = (

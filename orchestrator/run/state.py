@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contracts import SourceVersion
 from contracts.artifacts import LanguageId
 from contracts.report import ItemStage
 from orchestrator.run.plan import Input
@@ -36,8 +35,9 @@ class InputState:
     substitutions: list[str] = field(default_factory=list)
     #: the source was damaged part-way: how much decoded (the input is complete but ``partial``)
     damage: str | None = None
-    #: the local source as its fingerprint saw it: the audio stage refuses it if it changed since
-    planned: SourceVersion | None = None
+    #: the local source as its fingerprint saw it, (size, mtime_ns) (a tuple: 100,000 of them are held): the
+    #: audio stage refuses it if it changed since
+    planned: tuple[int, int] | None = None
     #: language identification (the transcript's)
     language: LanguageId | None = None
     #: seconds of two or more voices at once (the diarization's; None: no diarization)
