@@ -170,29 +170,18 @@ class Resume:
         blob = json.dumps(inp.fingerprints, sort_keys=True) + self._shaping
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
-    def plan(self, inp: InputState, specs: list[StageSpec]) -> bool:
-        """Chain ``inp``'s fingerprints once: the aligner is planned first for the transcript's language the
-        journal names, so an input it saw is not chained again for it (a corpus has 100,000). Then
-        :meth:`resumed`."""
-        done = self.completed.get(inp.id)
-        language = done.text_language if done is not None else None
-        if language:
-            plan_aligner(inp, specs, language)
-        if len(inp.fingerprints) < len(specs):  # no aligner to plan, or it chained nothing
-            chain_fingerprints(inp, specs)
-        return done is not None and done.fingerprint == self.outputs_fingerprint(inp)
-
     def resumed(self, inp: InputState, specs: list[StageSpec] | None = None) -> bool:
         """The journal saw ``inp`` completed with its current outputs fingerprint (the progress's count).
-        With ``specs``, the aligner is first planned for the transcript's language the journal names, as
-        :meth:`complete` will (the journal line's, kept apart when the journal was read)."""
+        With ``specs``, its fingerprints are chained first, once: the aligner is planned for the
+        transcript's language the journal names (as :meth:`complete` will) before the chain, so an input
+        the journal saw is not chained again for it (a corpus has 100,000)."""
         done = self.completed.get(inp.id)
-        if done is None:
-            return False
-        language = done.text_language if specs is not None else None
-        if language:
-            plan_aligner(inp, specs, language)
-        return done.fingerprint == self.outputs_fingerprint(inp)
+        if specs is not None:
+            if done is not None and done.text_language:
+                plan_aligner(inp, specs, done.text_language)
+            if len(inp.fingerprints) < len(specs):  # no aligner to plan, or it chained nothing
+                chain_fingerprints(inp, specs)
+        return done is not None and done.fingerprint == self.outputs_fingerprint(inp)
 
     def complete(self, inp: InputState, specs: list[StageSpec]) -> bool:
         """An input the journal saw completed with the same outputs fingerprint, whose files are still the
@@ -294,7 +283,7 @@ def dry_run(settings: Settings, specs: list[StageSpec], paths: list[str | Path],
     redo: dict[str, Counter] = {spec.name: Counter() for spec in specs}
     complete = 0
     for inp in inputs:
-        resume.plan(inp, specs)
+        resume.resumed(inp, specs)  # fingerprints chained
         reasons: dict[str, str] = {}
         needed = stages_needed(resume, inp, specs, settings.force, reasons)
         complete += not any(needed.values())

@@ -194,7 +194,7 @@ class Orchestrator:
             raise
         journal = Journal(layout.path(out, layout.JOURNAL), run_id)
         resume = Resume(self.settings, {} if self.settings.force else journal.completed())
-        resumed = sum(resume.plan(inp, specs) for inp in inputs)  # fingerprints chained
+        resumed = sum(resume.resumed(inp, specs) for inp in inputs)  # fingerprints chained
         size = self.settings.chunk_size
         chunks = whole_group_chunks(
             inputs, lambda inp: (inp.group, None) if inp.group else (None, inp.id), size
