@@ -119,12 +119,21 @@ def read_lines(path: str | Path, model: type[M] | TypeAdapter | None = None) -> 
 def iter_lines(path: str | Path):
     """The non-blank lines of ``path`` (split at ``\\n`` only), one at a time: a journal of 100,000 inputs is
     never held whole. Nothing when the file does not exist."""
+    for _offset, line, _size in iter_lines_at(path):
+        yield line
+
+
+def iter_lines_at(path: str | Path):
+    """:func:`iter_lines`, each line with the byte offset and length of its raw line in the file (to read it
+    back later with ``os.pread``)."""
     try:
         fh = open(path, "rb")
     except (FileNotFoundError, NotADirectoryError):
         return
+    offset = 0
     with fh:
         for raw in fh:
             line = raw.decode("utf-8", errors="replace").strip()
             if line:
-                yield line
+                yield offset, line, len(raw)
+            offset += len(raw)

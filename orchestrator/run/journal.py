@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from contracts.jsonl import append_line, read_lines, repair_tail
+from contracts.jsonl import append_line, iter_lines_at, read_lines, repair_tail
 from orchestrator import layout
 
 JOURNAL_NAME = layout.JOURNAL
@@ -55,7 +55,7 @@ class Journal:
         places a tenth of that."""
         done: dict[str, Completed] = {}
         lines = _Lines(self.path)
-        for offset, line, size in _lines_at(self.path):
+        for offset, line, size in iter_lines_at(self.path):
             if '"outputs"' not in line or '"ok"' not in line:
                 continue
             item, fingerprint = line_field(line, "item"), line_field(line, "fingerprint")
@@ -86,22 +86,6 @@ class Journal:
                     size,
                 )
         return done
-
-
-def _lines_at(path: Path):
-    """Each non-blank line of ``path`` (as :func:`contracts.jsonl.iter_lines` reads it) with the byte offset
-    and length of its raw line."""
-    try:
-        fh = open(path, "rb")
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    offset = 0
-    with fh:
-        for raw in fh:
-            line = raw.decode("utf-8", errors="replace").strip()
-            if line:
-                yield offset, line, len(raw)
-            offset += len(raw)
 
 
 class _Lines:
