@@ -29,9 +29,8 @@ _CHUNK = 1 << 20
 
 def sha256_file(path: str | Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(_CHUNK):
-            digest.update(block)
+    for block in _blocks(path):
+        digest.update(block)
     return digest.hexdigest()
 
 
