@@ -203,10 +203,9 @@ def main() -> None:
     }.items():
         extra = timed.compute_s - base.compute_s if "kept" in tag else 0.0
         print(
-            f"  {tag:44s} load {result.load_s:.2f} s, compute {result.compute_s:.2f} s, wall {wall:.2f} s: "(
-                f"{result.compute_s / base.compute_s:.1%}, "
-                f"{(result.load_s + result.compute_s) / (base.load_s + base.compute_s):.1%}"
-            )
+            f"  {tag:44s} load {result.load_s:.2f} s, compute {result.compute_s:.2f} s, wall {wall:.2f} s: "
+            f"{result.compute_s / base.compute_s:.1%}, "
+            f"{(result.load_s + result.compute_s) / (base.load_s + base.compute_s):.1%}"
             + (
                 f"; with the ASR stage's extra {(result.compute_s + extra) / base.compute_s:.1%}"
                 if extra
@@ -226,7 +225,7 @@ def joined(paths, times: int, work: Path) -> Path:
     import av
     import numpy as np
 
-    from bench.asr_packing import RATE, write_wav
+    from bench.common import RATE, write_wav
 
     pieces = []
     for path in paths:

@@ -61,7 +61,7 @@ def mixed_inputs(
     """``count`` WAVs of evenly spread lengths, each the fixtures joined in a shuffled order (0.4 s gaps)."""
     import numpy as np
 
-    from bench.asr_packing import RATE, decode, write_wav
+    from bench.common import RATE, decode, write_wav
     from contracts import AudioArtifact, load_artifact
 
     directory.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Shared by the bench scripts: input copies and the one-process baseline."""
+"""Shared by the bench scripts: input copies, the audio stage in this process, WAV writing and the one-process
+baseline."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import os
 import shutil
 import subprocess
 import sys
+import wave
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RATE = 16000
 
 # The same stage code as the isolated run, all stages in this one process:
 # imports once, one model load per stage, no children.
@@ -74,3 +77,43 @@ def run_in_process(sources: list[str], out: Path) -> dict:
         env=env,
     )
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def decode(paths: list[Path], out: Path, ids: list[str] | None = None) -> list[Path]:
+    """The audio stage, in this process: one audio.json per path."""
+    from contracts import StageRequest, WorkItem
+    from orchestrator.registry import stage_settings
+    from orchestrator.settings import Settings
+    from stages.audio import STAGE as AUDIO
+
+    ids = ids or [p.stem for p in paths]
+    items = [
+        WorkItem(id=i, inputs={"source": str(p)}, output=str(out / f"{i}.audio.json"), fingerprint="x")
+        for i, p in zip(ids, paths)
+    ]
+    AUDIO.import_libraries()
+    result = AUDIO.run(
+        StageRequest(
+            request_id="a",
+            stage="audio",
+            module="stages.audio",
+            batch_size=1,
+            settings=stage_settings("audio", Settings()).model_dump(mode="json"),
+            result_path=str(out / "a.json"),
+            items=items,
+        )
+    )
+    assert all(r.ok for r in result.items), [r.error for r in result.items if not r.ok]
+    return [out / f"{i}.audio.json" for i in ids]
+
+
+def write_wav(path: Path, samples) -> None:
+    """16 kHz mono 16-bit PCM."""
+    import numpy as np
+
+    pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(RATE)
+        w.writeframes(pcm.tobytes())

@@ -13,7 +13,8 @@
    the planner expects (what a finished run leaves, byte for byte apart from those).
 5. Times ``bin/pipeline process CORPUS --dry-run`` and the resume run
    ``bin/pipeline process CORPUS`` over the complete folder (it must start no child
-   and reuse every input), each in its own process, with the parent's peak RSS.
+   and reuse every input: the run directory's child logs and the run report are
+   checked), each in its own process, with the parent's peak RSS.
 
 Goals on the 2-core machine: the dry run < 20 s, the resume check < 20 s, the parent's RSS < 1 GiB
 in every step. Each command's CPU seconds are shown beside its wall time (a shared machine's wall time
@@ -183,7 +184,17 @@ def main() -> None:
             flush=True,
         )
         again, again_rss, _ = pipeline("process", str(corpus), "--output", str(out), "-q")
-        print(f"resume check (outputs already current): {again:.1f} s wall, {CPU[-1]:.1f} s CPU", flush=True)
+        report = json.loads((out / "run-report.json").read_text())
+        children = len(list(sorted((out / ".runs").iterdir())[-1].glob("chunk*.log")))
+        reused = sum(
+            all(s["status"] == "reused" for s in item["stages"].values()) for item in report["inputs"]
+        )
+        assert report["ok"] == reused == args.inputs and children == 0, (report["ok"], reused, children)
+        print(
+            f"resume check (outputs already current): {again:.1f} s wall, {CPU[-1]:.1f} s CPU, "
+            f"{children} children, {reused:,} inputs with nothing redone",
+            flush=True,
+        )
         journaled, journaled_rss, _ = pipeline("process", str(corpus), "--output", str(out), "--dry-run")
         print(
             f"--dry-run after a run journaled them: {journaled:.1f} s wall, {CPU[-1]:.1f} s CPU", flush=True

@@ -200,8 +200,8 @@ class AsrOptions(SettingsGroup):
     #: join the short speech windows (short inputs, the short tails of long ones) of several inputs of one join
     #: group (5 inputs, fixed per output folder: orchestrator/run/groups.py) that share a language into one
     #: Whisper window, 2 s of silence apart, and split the words back by time; an input whose words cannot
-    #: be placed with certainty is decoded again alone (bench/asr_packing.py: 48 clips of 4-10 s decode in
-    #: about half the time)
+    #: be placed with certainty is decoded again alone (measured on 48 clips of 4-10 s: they decode in about
+    #: half the time)
     asr_join_inputs: bool = True
     #: what runs Whisper: "ctranslate2" (whisperX / faster-whisper), "torch" (transformers, SDPA attention,
     #: float16 on CUDA: for machines CTranslate2 cannot use, such as CUDA 13 drivers), or "auto": CTranslate2

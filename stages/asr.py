@@ -35,7 +35,7 @@ for crash blame.
 Cross-input packing: windows (joined or not) share decoder batches of
 ``batch_size``. With ``pack_inputs`` off a batch holds the windows of one window's
 inputs only (one input's, without joining: what whisperX does per file). "auto"
-packs on CUDA, and on the CPU when joining (bench/asr_packing.py: joined windows
+packs on CUDA, and on the CPU when joining (measured on 48 short clips: joined windows
 decode in half the time in batches, and the VAD runs of the inputs are not
 interleaved with decodes); without joining on the CPU, packing measured no gain.
 """

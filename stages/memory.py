@@ -94,7 +94,7 @@ def configure_heap(policy: str | None = None) -> str:
     OpenMP's) an arena of its own, unmap a thread arena's whole heap when it empties and
     ``mmap`` every block over 32 MiB; each new activation tensor then faults in fresh zeroed
     pages: 36 million page faults, and 72 of the ASR stage's 198 CPU seconds spent in the kernel,
-    on ``bench/batch.py``'s 28-minute batch (``bench/allocator.py`` compares the two). The trim
+    on ``bench/batch.py``'s 28-minute batch (the two compared: CHANGELOG.md). The trim
     threshold is an int, so "no trimming" means none below 2 GiB free. The cost is that a child's memory
     stays at its peak until it exits, which a stage child does after its chunk. Call it
     before the stage's libraries start their threads (a thread keeps the arena it has).
