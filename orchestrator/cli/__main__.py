@@ -2,4 +2,5 @@
 
 from orchestrator.cli import main
 
-main()
+if __name__ == "__main__":  # importing it (every parent module is imported by a test) runs nothing
+    main()
