@@ -552,7 +552,7 @@ def test_the_libraries_debug_logs_are_redacted(caplog, name):
 
 
 def test_the_clis_log_lines_are_redacted_whatever_logger_says_them(capsys):
-    from orchestrator.cli import VERBOSE, setup_logging
+    from orchestrator.cli.common import VERBOSE, setup_logging
 
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
