@@ -20,7 +20,7 @@ REPORT = "run-report.json"
 JOURNAL = "journal.jsonl"
 #: source -> id, so ids stay stable across runs and never collide
 IDS = ".ids.json"
-#: one run per output directory (``orchestrator.run.lock``)
+#: one run per output directory (``orchestrator.books.lock``)
 LOCK = ".lock"
 #: one folder per run: requests, results, children's logs
 RUNS = ".runs"

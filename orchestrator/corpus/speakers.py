@@ -40,11 +40,11 @@ from contracts.errors import ArtifactError, PipelineError, SettingsError
 from contracts.io import sha256_file
 from contracts.stage_settings import DEFAULT_THRESHOLDS
 from orchestrator import layout
+from orchestrator.books.lock import OutputLock
 from orchestrator.corpus.captions import CaptionRules
 from orchestrator.corpus.export import journal_for, load_sources, page_notes, record_written
 from orchestrator.corpus.labels import corpus_labels, overlap_spans, read_corpus
 from orchestrator.corpus.outputs import write_formats, write_outputs
-from orchestrator.run.lock import OutputLock
 from orchestrator.run.plan import load_ids
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from contracts import SourceVersion, WorkItem
 from contracts.artifacts import LanguageId
 from contracts.report import ItemStage, RunPlan, StagePlan
 from orchestrator import layout
+from orchestrator.books.journal import Completed, Journal
 from orchestrator.registry import StageSpec
-from orchestrator.run.journal import Completed, Journal
 from orchestrator.run.models import model_label, same_model
 from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner, plan_inputs
 from orchestrator.run.remote import configure as configure_remote

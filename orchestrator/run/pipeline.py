@@ -30,6 +30,8 @@ from contracts.errors import DiskFullError, SettingsError
 from contracts.io import is_disk_full
 from contracts.report import RunPlan, RunReport
 from orchestrator import layout
+from orchestrator.books.journal import Journal
+from orchestrator.books.lock import OutputLock
 from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.process.hooks import default_hooks
@@ -38,8 +40,6 @@ from orchestrator.run.chunk import RunContext, run_chunk
 from orchestrator.run.finish import write_index
 from orchestrator.run.groups import GROUP_SIZE, plan_groups, whole_group_chunks
 from orchestrator.run.hub import cached_repos, downloads, resolve_hub
-from orchestrator.run.journal import Journal
-from orchestrator.run.lock import OutputLock
 from orchestrator.run.models import english_only, planned, resolve_models
 from orchestrator.run.needs import OUTPUTS_VERSION, Resume, dry_run
 from orchestrator.run.plan import plan_inputs
@@ -117,7 +117,7 @@ class Orchestrator:
 
         Rerunning with the same output directory resumes: valid, current artifacts
         are reused, missing/corrupt/stale ones are redone (``force`` redoes all). One run
-        at a time per output directory (:class:`~orchestrator.run.lock.OutputLock`).
+        at a time per output directory (:class:`~orchestrator.books.lock.OutputLock`).
         """
         with OutputLock(Path(self.settings.output_dir), wait=self.settings.wait_for_output):
             return self._process(paths, progress)

@@ -108,13 +108,13 @@ def test_the_run_uses_the_products_only_where_it_finishes_an_input():
 #: the journal (export, speakers); enroll runs its one child through the hub check and the stage runner
 CORPUS_USES_OF_RUN = {
     "orchestrator/corpus/enroll.py": {"orchestrator.run.hub", "orchestrator.run.runner"},
-    "*": {"orchestrator.run.lock", "orchestrator.run.plan", "orchestrator.run.journal"},
+    "*": {"orchestrator.books.lock", "orchestrator.run.plan", "orchestrator.books.journal"},
 }
 
 
 def _corpus_may_use(path: str, name: str) -> bool:
     allowed = CORPUS_USES_OF_RUN.get(path, set()) | CORPUS_USES_OF_RUN["*"]
-    # `from orchestrator.run.lock import OutputLock` also names orchestrator.run.lock.OutputLock
+    # `from orchestrator.books.lock import OutputLock` also names orchestrator.books.lock.OutputLock
     return any(name == module or name.startswith(module + ".") for module in allowed)
 
 

@@ -206,7 +206,7 @@ def test_export_keeps_the_runs_notes_on_the_page_and_in_the_document(processed):
 
 
 def test_export_records_what_it_wrote_so_the_next_run_keeps_it(processed):
-    from orchestrator.run.journal import Journal
+    from orchestrator.books.journal import Journal
 
     # When export writes the SRT with other caption settings (and a format the run did not write)
     done = cli("export", str(processed), "-f", "srt,txt", env={"CAPTION_LINE_CHARS": "20"})

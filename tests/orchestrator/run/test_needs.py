@@ -8,8 +8,8 @@ from pathlib import Path
 
 from contracts.artifacts import LanguageId
 from orchestrator import Settings
+from orchestrator.books.journal import Journal
 from orchestrator.registry import process_specs
-from orchestrator.run.journal import Journal
 from orchestrator.run.needs import REUSED, Resume, completion, dry_run, needs, work_item
 from orchestrator.run.plan import Input, chain_fingerprints
 from orchestrator.run.state import InputState
