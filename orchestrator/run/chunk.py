@@ -25,13 +25,13 @@ from contracts.errors import DiskFullError, PipelineError
 from contracts.report import ItemStage, StageRun
 from orchestrator.books.journal import Journal
 from orchestrator.registry import StageSpec
+from orchestrator.remote import FetchLimits, fetch
 from orchestrator.run.finish import Corpus, finish, place_speakers
 from orchestrator.run.groups import with_groups
 from orchestrator.run.models import actual_model, aligner_ran
 from orchestrator.run.needs import REUSED, Resume, completion, stages_needed, work_item
 from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner
 from orchestrator.run.progress import Progress
-from orchestrator.run.remote import FetchLimits, fetch
 from orchestrator.run.runner import ItemOutcome, StageRunner
 from orchestrator.run.state import InputState
 from orchestrator.settings import Settings

@@ -19,10 +19,10 @@ from contracts.report import ItemStage, RunPlan, StagePlan
 from orchestrator import layout
 from orchestrator.books.journal import Completed, Journal
 from orchestrator.registry import StageSpec
+from orchestrator.remote import configure as configure_remote
+from orchestrator.remote import without_credentials
 from orchestrator.run.models import model_label, same_model
 from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner, plan_inputs
-from orchestrator.run.remote import configure as configure_remote
-from orchestrator.run.remote import without_credentials
 from orchestrator.run.runner import artifact_state
 from orchestrator.run.state import InputState
 from orchestrator.settings import Settings

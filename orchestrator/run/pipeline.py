@@ -36,6 +36,8 @@ from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import BY_NAME, StageSpec, process_specs
+from orchestrator.remote import configure as configure_remote
+from orchestrator.remote import staging_dir
 from orchestrator.run.chunk import RunContext, run_chunk
 from orchestrator.run.finish import write_index
 from orchestrator.run.groups import GROUP_SIZE, plan_groups, whole_group_chunks
@@ -44,8 +46,6 @@ from orchestrator.run.models import english_only, planned, resolve_models
 from orchestrator.run.needs import OUTPUTS_VERSION, Resume, dry_run
 from orchestrator.run.plan import plan_inputs
 from orchestrator.run.progress import LogProgress, Progress
-from orchestrator.run.remote import configure as configure_remote
-from orchestrator.run.remote import staging_dir
 from orchestrator.run.report import REPORT_NAME, build_report, disk_line, save_report
 from orchestrator.run.runner import StageRunner
 from orchestrator.run.state import InputState

@@ -33,7 +33,7 @@ from contracts.io import atomic_write_text
 from contracts.models import ALIGNER_BY_LANGUAGE
 from orchestrator import layout
 from orchestrator.registry import StageSpec
-from orchestrator.run.remote import (
+from orchestrator.remote import (
     expand_url,
     is_url,
     redact,
