@@ -66,7 +66,7 @@ class StageSpec:
     gpu: bool = True
     #: the stage's code version (``StageDef.version``): part of the fingerprint
     version: int = 1
-    #: the model this run will use, as ``orchestrator.run.models`` resolved it (None: no model, or not
+    #: the model this run will use, as ``orchestrator.models.choice`` resolved it (None: no model, or not
     #: resolved): part of the fingerprint
     model: str | None = None
     #: the stage reads each input's vocabulary files (``WorkItem.vocabulary``; part of its fingerprint)

@@ -24,11 +24,11 @@ from contracts import load_artifact, save_model
 from contracts.errors import DiskFullError, PipelineError
 from contracts.report import ItemStage, StageRun
 from orchestrator.books.journal import Journal
+from orchestrator.models.choice import actual_model, aligner_ran
 from orchestrator.registry import StageSpec
 from orchestrator.remote import FetchLimits, fetch
 from orchestrator.run.finish import Corpus, finish, place_speakers
 from orchestrator.run.groups import with_groups
-from orchestrator.run.models import actual_model, aligner_ran
 from orchestrator.run.needs import REUSED, Resume, completion, stages_needed, work_item
 from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner
 from orchestrator.run.progress import Progress

@@ -18,10 +18,10 @@ from contracts.artifacts import LanguageId
 from contracts.report import ItemStage, RunPlan, StagePlan
 from orchestrator import layout
 from orchestrator.books.journal import Completed, Journal
+from orchestrator.models.choice import model_label, same_model
 from orchestrator.registry import StageSpec
 from orchestrator.remote import configure as configure_remote
 from orchestrator.remote import without_credentials
-from orchestrator.run.models import model_label, same_model
 from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner, plan_inputs
 from orchestrator.run.runner import artifact_state
 from orchestrator.run.state import InputState

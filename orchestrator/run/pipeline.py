@@ -33,6 +33,8 @@ from orchestrator import layout
 from orchestrator.books.journal import Journal
 from orchestrator.books.lock import OutputLock
 from orchestrator.gpu.sizing import resolve_auto
+from orchestrator.models.choice import english_only, planned, resolve_models
+from orchestrator.models.hub import cached_repos, downloads, resolve_hub
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import BY_NAME, StageSpec, process_specs
@@ -41,8 +43,6 @@ from orchestrator.remote import staging_dir
 from orchestrator.run.chunk import RunContext, run_chunk
 from orchestrator.run.finish import write_index
 from orchestrator.run.groups import GROUP_SIZE, plan_groups, whole_group_chunks
-from orchestrator.run.hub import cached_repos, downloads, resolve_hub
-from orchestrator.run.models import english_only, planned, resolve_models
 from orchestrator.run.needs import OUTPUTS_VERSION, Resume, dry_run
 from orchestrator.run.plan import plan_inputs
 from orchestrator.run.progress import LogProgress, Progress
@@ -88,7 +88,7 @@ class Orchestrator:
 
     def stage_specs(self) -> list[StageSpec]:
         """The stages this run needs, from the registry (``auto`` settings resolved for the GPU at hand), each
-        with the model it will run (``orchestrator.run.models``)."""
+        with the model it will run (``orchestrator.models.choice``)."""
         unknown = sorted(set(self.settings.ray_stage_resources) - set(BY_NAME))
         if unknown:  # a misspelt stage would silently keep the default resources
             raise SettingsError(

@@ -553,9 +553,9 @@ def plan_aligner(
     inp: InputState, specs: list[StageSpec], language: str | None, ran: str | None = None
 ) -> bool:
     """The alignment stage's model for ``inp``: the aligner that ran (``ran``, when an artifact names one),
-    else the one it will run for ``language`` (``orchestrator.run.models.aligner_for``); the fingerprints
+    else the one it will run for ``language`` (``orchestrator.models.choice.aligner_for``); the fingerprints
     chained again. False where the stage chooses no aligner per language (alignment off, not run)."""
-    from orchestrator.run.models import aligner_for
+    from orchestrator.models.choice import aligner_for
 
     index = next((i for i, s in enumerate(specs) if s.name == "alignment"), None)
     if index is None or specs[index].model != ALIGNER_BY_LANGUAGE:

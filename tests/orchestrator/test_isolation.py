@@ -107,7 +107,7 @@ def test_the_run_uses_the_products_only_where_it_finishes_an_input():
 #: what the products of an output folder use of the run's machinery: the output lock, the plan's ids and
 #: the journal (export, speakers); enroll runs its one child through the hub check and the stage runner
 CORPUS_USES_OF_RUN = {
-    "orchestrator/corpus/enroll.py": {"orchestrator.run.hub", "orchestrator.run.runner"},
+    "orchestrator/corpus/enroll.py": {"orchestrator.models.hub", "orchestrator.run.runner"},
     "*": {"orchestrator.books.lock", "orchestrator.run.plan", "orchestrator.books.journal"},
 }
 

@@ -269,7 +269,7 @@ def _torch_hub_home() -> str:
 def _reachable(endpoint: str) -> bool:
     key = ("reachable", endpoint)
     if key not in _ANSWERS:
-        from orchestrator.run.hub import hub_reachable
+        from orchestrator.models.hub import hub_reachable
 
         _ANSWERS[key] = hub_reachable(endpoint, 3.0)[0]
     return bool(_ANSWERS[key])
