@@ -1,7 +1,7 @@
 """The output directory's run-level files and folders: the one place their names live.
 
 Inputs get folders of their own in the same directory (``OUT/<id>/``, ids from
-``orchestrator.run.plan``). An id's top-level name is never one of
+``orchestrator.planning.inputs``). An id's top-level name is never one of
 :data:`RUN_LEVEL` (compared case-insensitively): the planner reads that set from
 here, so a run-level file added later is reserved the day it is added, for
 ``process``, ``langid`` and API jobs alike. ``tests/orchestrator/test_layout.py``
@@ -34,7 +34,7 @@ INDEX = "index.html"
 #: corpus speakers: which input's speaker is which voice across the folder (``orchestrator.corpus.speakers``)
 SPEAKERS = "speakers.json"
 #: which inputs may share a Whisper window: input id -> join group, fixed when the folder first sees an input
-#: (``orchestrator.run.groups``)
+#: (``orchestrator.planning.groups``)
 JOIN_GROUPS = ".join-groups.json"
 
 RUN_LEVEL: frozenset[str] = frozenset(
@@ -63,7 +63,7 @@ LISTEN = "audio.ogg"
 
 #: what marks a folder as an output folder of the pipeline (any run's, whatever ``--output`` named it): every
 #: run makes ``.runs/<run>/`` before it walks its inputs, and writes the index; the input walk never
-#: takes a file below such a folder (``orchestrator.run.plan.iter_media``)
+#: takes a file below such a folder (``orchestrator.planning.inputs.iter_media``)
 MARKERS: tuple[str, ...] = (RUNS, IDS)
 
 

@@ -198,7 +198,7 @@ class AsrOptions(SettingsGroup):
     #: on the CPU when windows are joined (asr_join_inputs; without joining it did not pay on the CPU)
     asr_pack_inputs: bool | Literal["auto"] = "auto"
     #: join the short speech windows (short inputs, the short tails of long ones) of several inputs of one join
-    #: group (5 inputs, fixed per output folder: orchestrator/run/groups.py) that share a language into one
+    #: group (5 inputs, fixed per output folder: orchestrator/planning/groups.py) that share a language into one
     #: Whisper window, 2 s of silence apart, and split the words back by time; an input whose words cannot
     #: be placed with certainty is decoded again alone (bench/asr_packing.py: 48 clips of 4-10 s decode in
     #: about half the time)

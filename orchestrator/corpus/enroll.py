@@ -17,10 +17,11 @@ from pathlib import Path
 from contracts import VoiceProfile, WorkItem, load_model
 from contracts.errors import InputError, PipelineError, SettingsError, StageError
 from orchestrator.models.hub import resolve_hub
+from orchestrator.planning.fingerprints import fingerprint
 from orchestrator.process.executor import LocalExecutor, Watchdog
 from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import VOICE_PROFILE
-from orchestrator.run.runner import StageRunner, fingerprint
+from orchestrator.run.runner import StageRunner
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from orchestrator.corpus.captions import TIGHT_NOTE, CaptionRules, tight_note, w
 from orchestrator.corpus.labels import corpus_labels, label_transcript, read_corpus
 from orchestrator.corpus.outputs import TRANSLATED, Sources, translated_name, write_formats
 from orchestrator.corpus.page import index_pieces
-from orchestrator.run.plan import load_ids
+from orchestrator.planning.inputs import load_ids
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from orchestrator.corpus.captions import CaptionRules
 from orchestrator.corpus.export import journal_for, load_sources, page_notes, record_written
 from orchestrator.corpus.labels import corpus_labels, overlap_spans, read_corpus
 from orchestrator.corpus.outputs import write_formats, write_outputs
-from orchestrator.run.plan import load_ids
+from orchestrator.planning.inputs import load_ids
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Which model each stage will run, resolved once per run in the parent, without loading anything.
 
-The answer is part of the stage's fingerprint (``orchestrator.run.runner.fingerprint``):
+The answer is part of the stage's fingerprint (``orchestrator.planning.fingerprints.fingerprint``):
 the name the user gave plus what pins its weights (a hub revision, an embedded
 package's version, a local folder's files), or the fallback the stage will take
 when the asked-for model cannot be had. So when the model that runs changes

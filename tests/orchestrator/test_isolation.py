@@ -108,7 +108,7 @@ def test_the_run_uses_the_products_only_where_it_finishes_an_input():
 #: the journal (export, speakers); enroll runs its one child through the hub check and the stage runner
 CORPUS_USES_OF_RUN = {
     "orchestrator/corpus/enroll.py": {"orchestrator.models.hub", "orchestrator.run.runner"},
-    "*": {"orchestrator.books.lock", "orchestrator.run.plan", "orchestrator.books.journal"},
+    "*": {"orchestrator.books.lock", "orchestrator.planning.inputs", "orchestrator.books.journal"},
 }
 
 

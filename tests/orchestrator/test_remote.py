@@ -19,8 +19,8 @@ import pytest
 from contracts import TranscriptArtifact
 from contracts.errors import InputError
 from orchestrator import Orchestrator, Settings
+from orchestrator.planning.inputs import MEDIA_SUFFIXES, expand_inputs, item_ids
 from orchestrator.remote import FetchLimits, expand_url, fetch, is_url, redact, url_identity, url_suffix
-from orchestrator.run.plan import MEDIA_SUFFIXES, expand_inputs, item_ids
 from orchestrator.run.progress import Progress
 from tests.conftest import ROOT
 from tests.fixtures.generate import clips
@@ -606,7 +606,7 @@ def remote_defaults():
 def test_planning_a_url_that_never_answers_gives_up_within_the_remote_timeouts(
     silent_server, memfs, caplog, tmp_path, remote_defaults
 ):
-    from orchestrator.run.needs import dry_run
+    from orchestrator.planning.needs import dry_run
 
     memfs.pipe("/in/good.wav", b"RIFF....")
     settings = Settings(
@@ -647,8 +647,9 @@ def test_a_presigned_s3_url_under_a_new_signature_is_the_same_input_and_is_fetch
     import boto3
     from botocore.config import Config
 
-    from orchestrator.run.plan import chain_fingerprints, plan_inputs
-    from orchestrator.run.state import InputState
+    from orchestrator.planning.fingerprints import chain_fingerprints
+    from orchestrator.planning.inputs import plan_inputs
+    from orchestrator.planning.state import InputState
 
     fs, env = s3
     fs.pipe("media/talk.wav", b"RIFF" + bytes(5000))
