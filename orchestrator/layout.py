@@ -7,12 +7,20 @@ here, so a run-level file added later is reserved the day it is added, for
 ``process``, ``langid`` and API jobs alike. ``tests/orchestrator/test_layout.py``
 checks that a real run writes nothing at the top of ``OUT`` that is not an
 input's folder or named here.
+
+Beside them, the name a voice profile's file gets in a profiles folder
+(:func:`profile_file_name`: ``pipeline enroll`` and ``pipeline speakers name`` write
+them).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
+
+from contracts.errors import SettingsError
 
 #: the run report (also kept per run in ``.runs/<run>/``)
 REPORT = "run-report.json"
@@ -85,3 +93,22 @@ def path(out: str | Path, name: str) -> Path:
     if name not in RUN_LEVEL:
         raise ValueError(f"{name!r} is not a run-level name of orchestrator.layout")
     return Path(out) / name
+
+
+#: the longest readable part of a profile's file name (the rest of the name is in its hash)
+STEM_CHARS = 80
+
+
+def profile_file_name(name: str) -> str:
+    """A readable, filesystem-safe file stem for a speaker's name, one per name: the name itself where it
+    is one already (``Host``), else a slug and a short hash of the exact name (``Dr_Lee~5d41402abc``), so
+    ``Dr Lee`` and ``Dr/Lee`` get two files. ``~`` is never in a name kept as it is: a slug cannot be
+    taken for another name's stem. The profile itself keeps the exact name."""
+    name = name.strip()
+    if not name:
+        raise SettingsError("a speaker's name cannot be empty")
+    slug = re.sub(r"[^\w.-]+", "_", name).strip("._-")[:STEM_CHARS].rstrip("._-")
+    if slug == name:
+        return slug
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{slug or 'speaker'}~{digest}"

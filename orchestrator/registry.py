@@ -6,7 +6,7 @@ without importing its code: the module a child runs, the artifact it writes
 are built from :class:`~orchestrator.settings.Settings`), when it runs at all,
 its batch size, what its models need on the GPU, and whether the fast path may
 go on without it. ``process`` (``orchestrator.run.pipeline``), ``enroll``
-(``orchestrator.corpus.enroll``), VRAM sizing (``orchestrator.gpu.sizing``) and the
+(``orchestrator.run.enroll``), VRAM sizing (``orchestrator.gpu.sizing``) and the
 GPU guard all read this table; nothing else names a stage's module.
 """
 

@@ -552,7 +552,7 @@ def name(settings, out: Path, sid: str, new_name: str, profile: bool = True, for
     directory is set). Another profile of that name (an enrolled one, another folder's speaker's) or in
     that file is replaced only with ``force``: else a :class:`SettingsError` says which it would replace.
     The speaker's own profile under a former name is removed once the new one is written."""
-    from orchestrator.corpus.enroll import profile_file_name
+    from orchestrator.layout import profile_file_name
 
     new_name = new_name.strip()
     if not new_name:

@@ -17,9 +17,9 @@ import pytest
 from contracts import ExitCode, ProfileClip, VoiceProfile, load_model, save_model
 from orchestrator import layout
 from orchestrator.corpus.captions import TIGHT_NOTE, without_tight_notes
-from orchestrator.corpus.enroll import profile_file_name
 from orchestrator.corpus.labels import read_corpus
 from orchestrator.corpus.speakers import name, place, voice_profile
+from orchestrator.layout import profile_file_name
 from orchestrator.settings import Settings
 from tests.conftest import ROOT, pipeline
 from tests.fixtures.disk import fill, tmpfs
