@@ -75,7 +75,7 @@ def setup_logging(verbosity: int, console=None) -> None:
             force=True,
         )
     logging.getLogger("asyncssh").setLevel(logging.WARNING)  # sftp:// logs every channel at INFO
-    from orchestrator.run.remote import redact_logs
+    from orchestrator.remote import redact_logs
 
     redact_logs(logging.getLogger().handlers)  # no URL password or signature in any line (-v: fsspec's too)
     if verbosity == NORMAL:  # progress lines (and this command's own) at INFO
@@ -272,9 +272,9 @@ def process(
     from rich.console import Console
 
     from orchestrator import Orchestrator
+    from orchestrator.remote import is_url
     from orchestrator.run.pipeline import REPORT_NAME
     from orchestrator.run.progress import LogProgress, Progress, RichProgress, summary_table
-    from orchestrator.run.remote import is_url
 
     console = Console(stderr=True)
     verbosity = _verbosity(verbose, quiet)
@@ -496,7 +496,7 @@ def enroll(
 ) -> None:
     """Build a voice profile NAME from CLIPS (its own stage child); `process --profiles DIR` then names the speaker."""
     from orchestrator import Settings
-    from orchestrator.corpus.enroll import enroll as run_enroll
+    from orchestrator.run.enroll import enroll as run_enroll
 
     setup_logging(_verbosity(verbose))
     overrides = {"speaker_encoder": encoder, "speaker_threshold": threshold, "profiles_dir": profiles}
@@ -746,7 +746,7 @@ def gpu(
 
     from orchestrator import Settings
     from orchestrator.gpu.nvml import NvmlReader
-    from orchestrator.gpu.status import as_json, render, render_cleanup
+    from orchestrator.process.gpu_status import as_json, render, render_cleanup
     from orchestrator.process.pidfiles import ChildRegistry
 
     setup_logging(NORMAL)
@@ -920,8 +920,8 @@ def _model_rows(asr_model, embedding_profile, diarization_model, speaker_encoder
     """The settings' models (``orchestrator.run.offline.model_rows``), ``allow_hub`` resolved as `process`
     resolves it."""
     from contracts.errors import SettingsError
-    from orchestrator.run.hub import resolve_hub
-    from orchestrator.run.offline import model_rows
+    from orchestrator.models.cache import model_rows
+    from orchestrator.models.hub import resolve_hub
 
     settings = _settings(
         {
@@ -999,7 +999,7 @@ def models_pull(
 ) -> None:
     """On a machine that reaches the hub: fetch every model these settings need into the Hugging Face cache
     (HF_HOME), resuming an earlier pull; HF_TOKEN for gated models. Carry HF_HOME to the offline machine."""
-    from orchestrator.run.offline import PullError, pull
+    from orchestrator.models.cache import PullError, pull
 
     setup_logging(_verbosity(verbose))
     rows = _model_rows(asr_model, embedding_profile, diarization_model, speaker_encoder, languages, False)
@@ -1035,7 +1035,7 @@ def models_verify(
 ) -> None:
     """Hash every cached file of the settings' models against its blob's name (sha256 / git sha1); name the
     missing and corrupt ones. Exit 1 when any is bad."""
-    from orchestrator.run.offline import cached_repo_ids, verify
+    from orchestrator.models.cache import cached_repo_ids, verify
 
     setup_logging(_verbosity(verbose))
     if every:
