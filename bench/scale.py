@@ -112,8 +112,9 @@ def main() -> None:
 
     from contracts import load_model
     from orchestrator import Orchestrator, Settings
-    from orchestrator.run.plan import chain_fingerprints, plan_aligner, plan_inputs
-    from orchestrator.run.state import InputState
+    from orchestrator.planning.fingerprints import chain_fingerprints, plan_aligner
+    from orchestrator.planning.inputs import plan_inputs
+    from orchestrator.planning.state import InputState
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="scale-"))
     corpus, out, template_out = work / "corpus", work / "out", work / "template-out"

@@ -1,7 +1,7 @@
 """What the model settings name: shared by the stages that load the models and the parent that plans.
 
 Data only. The parent resolves, once per run and without loading anything, which model each stage will
-run (``orchestrator.run.models``); that identity is part of the stage's fingerprint.
+run (``orchestrator.models.choice``); that identity is part of the stage's fingerprint.
 """
 
 from __future__ import annotations

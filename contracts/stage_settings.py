@@ -38,7 +38,7 @@ class StageSettings(BaseModel):
 
     #: fields that say where or how to reach things, not what the output is: left out of the fingerprint
     #: (whether the hub answers, cache and weights paths; the model that actually runs is fingerprinted
-    #: on its own, see ``orchestrator.run.models``)
+    #: on its own, see ``orchestrator.models.choice``)
     ENVIRONMENT: ClassVar[frozenset[str]] = frozenset({"allow_hub", "weights_dir", "profiles_dir", "roots"})
 
     def identity(self) -> dict[str, Any]:

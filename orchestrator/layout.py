@@ -1,18 +1,26 @@
 """The output directory's run-level files and folders: the one place their names live.
 
 Inputs get folders of their own in the same directory (``OUT/<id>/``, ids from
-``orchestrator.run.plan``). An id's top-level name is never one of
+``orchestrator.planning.inputs``). An id's top-level name is never one of
 :data:`RUN_LEVEL` (compared case-insensitively): the planner reads that set from
 here, so a run-level file added later is reserved the day it is added, for
 ``process``, ``langid`` and API jobs alike. ``tests/orchestrator/test_layout.py``
 checks that a real run writes nothing at the top of ``OUT`` that is not an
 input's folder or named here.
+
+Beside them, the name a voice profile's file gets in a profiles folder
+(:func:`profile_file_name`: ``pipeline enroll`` and ``pipeline speakers name`` write
+them).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
+
+from contracts.errors import SettingsError
 
 #: the run report (also kept per run in ``.runs/<run>/``)
 REPORT = "run-report.json"
@@ -20,7 +28,7 @@ REPORT = "run-report.json"
 JOURNAL = "journal.jsonl"
 #: source -> id, so ids stay stable across runs and never collide
 IDS = ".ids.json"
-#: one run per output directory (``orchestrator.run.lock``)
+#: one run per output directory (``orchestrator.books.lock``)
 LOCK = ".lock"
 #: one folder per run: requests, results, children's logs
 RUNS = ".runs"
@@ -34,7 +42,7 @@ INDEX = "index.html"
 #: corpus speakers: which input's speaker is which voice across the folder (``orchestrator.corpus.speakers``)
 SPEAKERS = "speakers.json"
 #: which inputs may share a Whisper window: input id -> join group, fixed when the folder first sees an input
-#: (``orchestrator.run.groups``)
+#: (``orchestrator.planning.groups``)
 JOIN_GROUPS = ".join-groups.json"
 
 RUN_LEVEL: frozenset[str] = frozenset(
@@ -63,7 +71,7 @@ LISTEN = "audio.ogg"
 
 #: what marks a folder as an output folder of the pipeline (any run's, whatever ``--output`` named it): every
 #: run makes ``.runs/<run>/`` before it walks its inputs, and writes the index; the input walk never
-#: takes a file below such a folder (``orchestrator.run.plan.iter_media``)
+#: takes a file below such a folder (``orchestrator.planning.inputs.iter_media``)
 MARKERS: tuple[str, ...] = (RUNS, IDS)
 
 
@@ -85,3 +93,22 @@ def path(out: str | Path, name: str) -> Path:
     if name not in RUN_LEVEL:
         raise ValueError(f"{name!r} is not a run-level name of orchestrator.layout")
     return Path(out) / name
+
+
+#: the longest readable part of a profile's file name (the rest of the name is in its hash)
+STEM_CHARS = 80
+
+
+def profile_file_name(name: str) -> str:
+    """A readable, filesystem-safe file stem for a speaker's name, one per name: the name itself where it
+    is one already (``Host``), else a slug and a short hash of the exact name (``Dr_Lee~5d41402abc``), so
+    ``Dr Lee`` and ``Dr/Lee`` get two files. ``~`` is never in a name kept as it is: a slug cannot be
+    taken for another name's stem. The profile itself keeps the exact name."""
+    name = name.strip()
+    if not name:
+        raise SettingsError("a speaker's name cannot be empty")
+    slug = re.sub(r"[^\w.-]+", "_", name).strip("._-")[:STEM_CHARS].rstrip("._-")
+    if slug == name:
+        return slug
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{slug or 'speaker'}~{digest}"

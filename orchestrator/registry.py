@@ -6,7 +6,7 @@ without importing its code: the module a child runs, the artifact it writes
 are built from :class:`~orchestrator.settings.Settings`), when it runs at all,
 its batch size, what its models need on the GPU, and whether the fast path may
 go on without it. ``process`` (``orchestrator.run.pipeline``), ``enroll``
-(``orchestrator.corpus.enroll``), VRAM sizing (``orchestrator.gpu.sizing``) and the
+(``orchestrator.run.enroll``), VRAM sizing (``orchestrator.gpu.sizing``) and the
 GPU guard all read this table; nothing else names a stage's module.
 """
 
@@ -66,7 +66,7 @@ class StageSpec:
     gpu: bool = True
     #: the stage's code version (``StageDef.version``): part of the fingerprint
     version: int = 1
-    #: the model this run will use, as ``orchestrator.run.models`` resolved it (None: no model, or not
+    #: the model this run will use, as ``orchestrator.models.choice`` resolved it (None: no model, or not
     #: resolved): part of the fingerprint
     model: str | None = None
     #: the stage reads each input's vocabulary files (``WorkItem.vocabulary``; part of its fingerprint)

@@ -139,7 +139,7 @@ class DeviceOptions(SettingsGroup):
     #: "auto" (CUDA when a child sees a GPU, else CPU), "cpu", "cuda" or "cuda:N"
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     #: let children download from the Hugging Face hub (otherwise HF_HUB_OFFLINE=1): "auto" (default) checks once
-    #: per run whether the hub endpoint answers (orchestrator.run.hub); true / false force it
+    #: per run whether the hub endpoint answers (orchestrator.models.hub); true / false force it
     allow_hub: bool | Literal["auto"] = "auto"
     #: seconds the "auto" check waits for the hub endpoint (HF_ENDPOINT, else huggingface.co)
     hub_check_timeout_s: float = Field(1.5, gt=0, le=30)
@@ -198,7 +198,7 @@ class AsrOptions(SettingsGroup):
     #: on the CPU when windows are joined (asr_join_inputs; without joining it did not pay on the CPU)
     asr_pack_inputs: bool | Literal["auto"] = "auto"
     #: join the short speech windows (short inputs, the short tails of long ones) of several inputs of one join
-    #: group (5 inputs, fixed per output folder: orchestrator/run/groups.py) that share a language into one
+    #: group (5 inputs, fixed per output folder: orchestrator/planning/groups.py) that share a language into one
     #: Whisper window, 2 s of silence apart, and split the words back by time; an input whose words cannot
     #: be placed with certainty is decoded again alone (measured on 48 clips of 4-10 s: they decode in about
     #: half the time)
@@ -688,7 +688,7 @@ class Settings(*reversed(GROUPS), BaseSettings):
     @property
     def hub(self) -> bool:
         """Children may use the hub: only when ``allow_hub`` is true, or "auto" resolved to true by
-        ``orchestrator.run.hub.resolve_hub`` (an unresolved "auto" is offline)."""
+        ``orchestrator.models.hub.resolve_hub`` (an unresolved "auto" is offline)."""
         return self.allow_hub is True
 
     def memory(self) -> MemorySettings:

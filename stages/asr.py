@@ -22,7 +22,7 @@ input window, as when it is decoded alone. An input whose share cannot be truste
 (a word timed within reach of a neighbour's stretch, no word, more or fewer words
 than its speech holds: ``joining.doubts``) is decoded again alone, with its
 neighbours in the window. Only inputs of one join group share a window (the
-item's ``join_group`` input; orchestrator/run/groups.py), and the group's other
+item's ``join_group`` input; orchestrator/planning/groups.py), and the group's other
 members named in ``join_members`` that the request does not ask for are decoded
 with it all the same (never written), so a group is always laid out alike. A joined window that cannot be split
 (its words could not be timed) or that fails is decoded again input by input, so
@@ -74,7 +74,7 @@ from stages.speech import better_loop, clean_pieces, compression_ratio, repeats_
 log = logging.getLogger(__name__)
 
 #: work item inputs naming the item's join group and its members as JSON [[id, audio.json], ...] in the group's
-#: order (the orchestrator's ``orchestrator.run.groups.GROUP_KEY`` / ``MEMBERS_KEY``)
+#: order (the orchestrator's ``orchestrator.planning.groups.GROUP_KEY`` / ``MEMBERS_KEY``)
 GROUP_INPUT = "join_group"
 MEMBERS_INPUT = "join_members"
 
@@ -368,7 +368,7 @@ class AsrStage(TorchStage):
     ) -> Iterator[tuple[WorkItem, Artifact | str, bool]]:
         """``entries`` with, in their join group's order, the group's members not asked for (True: a partner,
         decoded for its place in the group's windows and never written): a group of which only some inputs
-        are left to do is decoded whole, as it was the first time (orchestrator/run/groups.py)."""
+        are left to do is decoded whole, as it was the first time (orchestrator/planning/groups.py)."""
         for item, audio in entries:
             members = _members(item) if self.join else []
             ids = [member for member, _, _ in members]

@@ -704,8 +704,9 @@ def _seed_transcripts(settings, inputs: list[Path], texts: list[list[str]]) -> N
     from contracts import save_model
     from contracts.artifacts import Segment, TranscriptArtifact
     from orchestrator import Orchestrator
-    from orchestrator.run.plan import chain_fingerprints, plan_inputs
-    from orchestrator.run.state import InputState
+    from orchestrator.planning.fingerprints import chain_fingerprints
+    from orchestrator.planning.inputs import plan_inputs
+    from orchestrator.planning.state import InputState
 
     with Orchestrator(settings) as orch:
         specs = orch.stage_specs()

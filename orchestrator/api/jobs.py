@@ -39,9 +39,9 @@ from contracts.api import FINISHED, JOB_ID, CancelAsked, JobInput, JobRecord, Jo
 from contracts.errors import ApiError, ArtifactError, PipelineError
 from contracts.jsonl import repair_tail
 from contracts.report import RunReport
-from orchestrator.run.lock import OutputLock
+from orchestrator.books.lock import OutputLock
+from orchestrator.planning.inputs import iter_media, plan_inputs, shown
 from orchestrator.run.pipeline import Orchestrator
-from orchestrator.run.plan import iter_media, plan_inputs, shown
 from orchestrator.run.progress import LogProgress
 from orchestrator.settings import Settings
 

@@ -63,7 +63,7 @@ from orchestrator.api.transcriptions import form_text, model_name, redact, save_
 from orchestrator.api.workers import EmbeddingPool
 from orchestrator.corpus.captions import CaptionRules
 from orchestrator.gpu.nvml import NvmlReader
-from orchestrator.run.hub import resolve_hub
+from orchestrator.models.hub import resolve_hub
 from orchestrator.run.pipeline import REPORT_NAME
 from orchestrator.settings import Settings
 

@@ -76,7 +76,7 @@ def setup_logging(verbosity: int, console=None) -> None:
             force=True,
         )
     logging.getLogger("asyncssh").setLevel(logging.WARNING)  # sftp:// logs every channel at INFO
-    from orchestrator.run.remote import redact_logs
+    from orchestrator.remote import redact_logs
 
     redact_logs(logging.getLogger().handlers)  # no URL password or signature in any line (-v: fsspec's too)
     if verbosity == NORMAL:  # progress lines (and this command's own) at INFO

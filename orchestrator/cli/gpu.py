@@ -31,7 +31,7 @@ def gpu(
 
     from orchestrator import Settings
     from orchestrator.gpu.nvml import NvmlReader
-    from orchestrator.gpu.status import as_json, render, render_cleanup
+    from orchestrator.process.gpu_status import as_json, render, render_cleanup
     from orchestrator.process.pidfiles import ChildRegistry
 
     setup_logging(NORMAL)

@@ -31,11 +31,11 @@ ModelLanguagesOpt = Annotated[
 
 
 def _model_rows(asr_model, embedding_profile, diarization_model, speaker_encoder, languages, allow_hub):
-    """The settings' models (``orchestrator.run.offline.model_rows``), ``allow_hub`` resolved as `process`
+    """The settings' models (``orchestrator.models.cache.model_rows``), ``allow_hub`` resolved as `process`
     resolves it."""
     from contracts.errors import SettingsError
-    from orchestrator.run.hub import resolve_hub
-    from orchestrator.run.offline import model_rows
+    from orchestrator.models.cache import model_rows
+    from orchestrator.models.hub import resolve_hub
 
     settings = settings_from(
         {
@@ -113,7 +113,7 @@ def models_pull(
 ) -> None:
     """On a machine that reaches the hub: fetch every model these settings need into the Hugging Face cache
     (HF_HOME), resuming an earlier pull; HF_TOKEN for gated models. Carry HF_HOME to the offline machine."""
-    from orchestrator.run.offline import PullError, pull
+    from orchestrator.models.cache import PullError, pull
 
     setup_logging(verbosity_of(verbose))
     rows = _model_rows(asr_model, embedding_profile, diarization_model, speaker_encoder, languages, False)
@@ -149,7 +149,7 @@ def models_verify(
 ) -> None:
     """Hash every cached file of the settings' models against its blob's name (sha256 / git sha1); name the
     missing and corrupt ones. Exit 1 when any is bad."""
-    from orchestrator.run.offline import cached_repo_ids, verify
+    from orchestrator.models.cache import cached_repo_ids, verify
 
     setup_logging(verbosity_of(verbose))
     if every:

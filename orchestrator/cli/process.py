@@ -176,9 +176,9 @@ def process(
     from rich.console import Console
 
     from orchestrator import Orchestrator
+    from orchestrator.remote import is_url
     from orchestrator.run.pipeline import REPORT_NAME
     from orchestrator.run.progress import LogProgress, Progress, RichProgress, summary_table
-    from orchestrator.run.remote import is_url
 
     console = Console(stderr=True)
     verbosity = verbosity_of(verbose, quiet)

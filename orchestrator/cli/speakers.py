@@ -39,7 +39,7 @@ def enroll(
 ) -> None:
     """Build a voice profile NAME from CLIPS (its own stage child); `process --profiles DIR` then names the speaker."""
     from orchestrator import Settings
-    from orchestrator.corpus.enroll import enroll as run_enroll
+    from orchestrator.run.enroll import enroll as run_enroll
 
     setup_logging(verbosity_of(verbose))
     overrides = {"speaker_encoder": encoder, "speaker_threshold": threshold, "profiles_dir": profiles}

@@ -24,13 +24,13 @@ from contracts.errors import DiskFullError, PipelineError
 from contracts.io import atomic_write_bytes, is_disk_full
 from contracts.jsonl import iter_lines
 from orchestrator import layout
+from orchestrator.books.journal import Journal
+from orchestrator.books.lock import OutputLock
 from orchestrator.corpus.captions import TIGHT_NOTE, CaptionRules, tight_note, without_tight_notes
 from orchestrator.corpus.labels import corpus_labels, label_transcript, read_corpus
 from orchestrator.corpus.outputs import TRANSLATED, Sources, translated_name, write_formats
 from orchestrator.corpus.page import index_pieces
-from orchestrator.run.journal import Journal
-from orchestrator.run.lock import OutputLock
-from orchestrator.run.plan import load_ids
+from orchestrator.planning.inputs import load_ids
 
 log = logging.getLogger(__name__)
 

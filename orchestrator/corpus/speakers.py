@@ -40,12 +40,12 @@ from contracts.errors import ArtifactError, PipelineError, SettingsError
 from contracts.io import sha256_file
 from contracts.stage_settings import DEFAULT_THRESHOLDS
 from orchestrator import layout
+from orchestrator.books.lock import OutputLock
 from orchestrator.corpus.captions import CaptionRules
 from orchestrator.corpus.export import journal_for, load_sources, page_notes, record_written
 from orchestrator.corpus.labels import corpus_labels, overlap_spans, read_corpus
 from orchestrator.corpus.outputs import write_formats, write_outputs
-from orchestrator.run.lock import OutputLock
-from orchestrator.run.plan import load_ids
+from orchestrator.planning.inputs import load_ids
 
 log = logging.getLogger(__name__)
 
@@ -552,7 +552,7 @@ def name(settings, out: Path, sid: str, new_name: str, profile: bool = True, for
     directory is set). Another profile of that name (an enrolled one, another folder's speaker's) or in
     that file is replaced only with ``force``: else a :class:`SettingsError` says which it would replace.
     The speaker's own profile under a former name is removed once the new one is written."""
-    from orchestrator.corpus.enroll import profile_file_name
+    from orchestrator.layout import profile_file_name
 
     new_name = new_name.strip()
     if not new_name:

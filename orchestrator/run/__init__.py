@@ -1,4 +1,6 @@
-"""One run: planning, stage-major chunks, the stage runner, the one retry policy, journal, lock, progress.
+"""One run: stage-major chunks, the stage runner, the one retry policy, finishing an input, the report,
+progress, and enrolling a voice profile (one child through the same runner).
 
-The products of an output folder (files, captions, corpus speakers, export, enroll) live in
-``orchestrator.corpus``."""
+What the run will do is decided in ``orchestrator.planning``, which models run in ``orchestrator.models``,
+the output folder's journal and lock are ``orchestrator.books``; the products of an output folder (files,
+captions, corpus speakers, export) live in ``orchestrator.corpus``."""

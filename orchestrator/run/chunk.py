@@ -1,7 +1,7 @@
 """One chunk of a run, stage-major: each stage runs in one child over all of the chunk's inputs that need it.
 
 :func:`run_chunk` is the list of its steps, each a function over the run's :class:`RunContext` (what every
-chunk shares) and the chunk's inputs' run states (:class:`~orchestrator.run.state.InputState`)::
+chunk shares) and the chunk's inputs' run states (:class:`~orchestrator.planning.state.InputState`)::
 
     plan_chunk       which stages each input needs (none: complete by the journal)
     fetch_sources    URL inputs fetched just before their first stage
@@ -23,17 +23,17 @@ from dataclasses import dataclass, field
 from contracts import load_artifact, save_model
 from contracts.errors import DiskFullError, PipelineError
 from contracts.report import ItemStage, StageRun
+from orchestrator.books.journal import Journal
+from orchestrator.models.choice import actual_model, aligner_ran
+from orchestrator.planning.fingerprints import chain_fingerprints, input_keys, plan_aligner
+from orchestrator.planning.groups import with_groups
+from orchestrator.planning.needs import REUSED, Resume, completion, stages_needed, work_item
+from orchestrator.planning.state import InputState
 from orchestrator.registry import StageSpec
+from orchestrator.remote import FetchLimits, fetch
 from orchestrator.run.finish import Corpus, finish, place_speakers
-from orchestrator.run.groups import with_groups
-from orchestrator.run.journal import Journal
-from orchestrator.run.models import actual_model, aligner_ran
-from orchestrator.run.needs import REUSED, Resume, completion, stages_needed, work_item
-from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner
 from orchestrator.run.progress import Progress
-from orchestrator.run.remote import FetchLimits, fetch
 from orchestrator.run.runner import ItemOutcome, StageRunner
-from orchestrator.run.state import InputState
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -23,9 +23,9 @@ from orchestrator.corpus.captions import CaptionRules, without_tight_notes
 from orchestrator.corpus.export import load_sources, tight_notes, write_index
 from orchestrator.corpus.labels import overlap_seconds
 from orchestrator.corpus.outputs import write_outputs
-from orchestrator.run.remote import redact, upload
+from orchestrator.planning.state import InputState
+from orchestrator.remote import redact, upload
 from orchestrator.run.report import model_substitutions
-from orchestrator.run.state import InputState
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)

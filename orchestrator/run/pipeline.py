@@ -7,9 +7,9 @@ with Orchestrator(Settings(output_dir="out")) as orch:
 
 The class keeps what a run shares: the settings, the output lock, the chunks (one after another, or several
 at a time), Ctrl-C. One chunk's stage-major steps are ``orchestrator.run.chunk``; what each input needs,
-``orchestrator.run.needs``; finishing inputs, ``orchestrator.run.finish``; the report,
-``orchestrator.run.report``. The plan (``orchestrator.run.plan.Input``) is apart from each input's run
-state (``orchestrator.run.state.InputState``).
+``orchestrator.planning.needs``; finishing inputs, ``orchestrator.run.finish``; the report,
+``orchestrator.run.report``. The plan (``orchestrator.planning.inputs.Input``) is apart from each input's run
+state (``orchestrator.planning.state.InputState``).
 """
 
 from __future__ import annotations
@@ -30,25 +30,25 @@ from contracts.errors import DiskFullError, SettingsError
 from contracts.io import is_disk_full
 from contracts.report import RunPlan, RunReport
 from orchestrator import layout
+from orchestrator.books.journal import Journal
+from orchestrator.books.lock import OutputLock
 from orchestrator.gpu.sizing import resolve_auto
+from orchestrator.models.choice import english_only, planned, resolve_models
+from orchestrator.models.hub import cached_repos, downloads, resolve_hub
+from orchestrator.planning.groups import GROUP_SIZE, plan_groups, whole_group_chunks
+from orchestrator.planning.inputs import plan_inputs
+from orchestrator.planning.needs import OUTPUTS_VERSION, Resume, dry_run
+from orchestrator.planning.state import InputState
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import BY_NAME, StageSpec, process_specs
+from orchestrator.remote import configure as configure_remote
+from orchestrator.remote import staging_dir
 from orchestrator.run.chunk import RunContext, run_chunk
 from orchestrator.run.finish import write_index
-from orchestrator.run.groups import GROUP_SIZE, plan_groups, whole_group_chunks
-from orchestrator.run.hub import cached_repos, downloads, resolve_hub
-from orchestrator.run.journal import Journal
-from orchestrator.run.lock import OutputLock
-from orchestrator.run.models import english_only, planned, resolve_models
-from orchestrator.run.needs import OUTPUTS_VERSION, Resume, dry_run
-from orchestrator.run.plan import plan_inputs
 from orchestrator.run.progress import LogProgress, Progress
-from orchestrator.run.remote import configure as configure_remote
-from orchestrator.run.remote import staging_dir
 from orchestrator.run.report import REPORT_NAME, build_report, disk_line, save_report
 from orchestrator.run.runner import StageRunner
-from orchestrator.run.state import InputState
 from orchestrator.settings import Settings
 from orchestrator.telemetry.perf_log import child_env as perf_log_env
 
@@ -88,7 +88,7 @@ class Orchestrator:
 
     def stage_specs(self) -> list[StageSpec]:
         """The stages this run needs, from the registry (``auto`` settings resolved for the GPU at hand), each
-        with the model it will run (``orchestrator.run.models``)."""
+        with the model it will run (``orchestrator.models.choice``)."""
         unknown = sorted(set(self.settings.ray_stage_resources) - set(BY_NAME))
         if unknown:  # a misspelt stage would silently keep the default resources
             raise SettingsError(
@@ -117,7 +117,7 @@ class Orchestrator:
 
         Rerunning with the same output directory resumes: valid, current artifacts
         are reused, missing/corrupt/stale ones are redone (``force`` redoes all). One run
-        at a time per output directory (:class:`~orchestrator.run.lock.OutputLock`).
+        at a time per output directory (:class:`~orchestrator.books.lock.OutputLock`).
         """
         with OutputLock(Path(self.settings.output_dir), wait=self.settings.wait_for_output):
             return self._process(paths, progress)

@@ -15,8 +15,8 @@ from contracts.errors import DiskFullError
 from contracts.io import atomic_write_text, is_disk_full, save_large
 from contracts.report import InputReport, RunReport, StageRun
 from orchestrator import layout
-from orchestrator.run.remote import redact, upload
-from orchestrator.run.state import InputState
+from orchestrator.planning.state import InputState
+from orchestrator.remote import redact, upload
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)

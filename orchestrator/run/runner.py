@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from json.encoder import encode_basestring_ascii
 from pathlib import Path
 
-from contracts import Artifact, ItemResult, StageRequest, WorkItem, load_artifact
-from contracts.errors import ArtifactError, DiskFullError
+from contracts import Artifact, ItemResult, StageRequest, WorkItem
+from contracts.errors import DiskFullError
 from contracts.jsonl import read_lines
 from contracts.report import Attempt, StageRun
 from contracts.stage_settings import MemorySettings
+from orchestrator.planning.fingerprints import artifact_state
 from orchestrator.process.executor import Executor, WarmChild
 from orchestrator.process.outcome import Outcome
 from orchestrator.registry import StageSpec
@@ -39,69 +36,10 @@ class ItemOutcome:
     retries: int = 0
 
 
-def fingerprint(spec: StageSpec, upstream: str, model: str | None = None) -> str:
-    """Identity of an artifact-to-be: what determines it and nothing else. The stage and its code version,
-    the settings that change results (not hub reachability, cache or weights paths), the model that runs
-    (``model``, else the one the run resolved for the stage) and its input's identity.
-
-    The hashed text is ``json.dumps`` of those six keys (sorted); what comes from ``spec`` alone is made
-    once per spec (:func:`_spec_json`): a corpus of 100,000 inputs chains 400,000 of these."""
-    module, settings, stage, version = _spec_json(spec)
-    model = model or spec.model
-    blob = (  # json.dumps of a str is encode_basestring_ascii's
-        f'{{"model": {"null" if model is None else encode_basestring_ascii(model)}, "module": {module}, '
-        f'"settings": {settings}, "stage": {stage}, "upstream": {encode_basestring_ascii(upstream)}, '
-        f'"version": {version}}}'
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-#: id(spec) -> (the spec, its JSON parts): specs and their settings are frozen, the spec is kept so its
-#: id is not reused
-_SPEC_JSON: dict[int, tuple[StageSpec, tuple[str, str, str, str]]] = {}
-
-
-def _spec_json(spec: StageSpec) -> tuple[str, str, str, str]:
-    """The JSON (sorted keys) of ``spec``'s module, settings identity, name and version."""
-    cached = _SPEC_JSON.get(id(spec))
-    if cached is not None and cached[0] is spec:
-        return cached[1]
-    parts = (
-        json.dumps(spec.module),
-        json.dumps(spec.settings.identity(), sort_keys=True),
-        json.dumps(spec.name),
-        json.dumps(spec.version),
-    )
-    if len(_SPEC_JSON) > 256:
-        _SPEC_JSON.clear()
-    _SPEC_JSON[id(spec)] = (spec, parts)
-    return parts
-
-
 def current_artifact(item: WorkItem, output: type[Artifact]) -> Artifact | None:
     """The item's artifact if it is on disk, valid, and made from the same inputs and settings."""
     artifact, state = artifact_state(item.output, item.id, item.fingerprint, output)
     return artifact if state == "current" else None
-
-
-def artifact_state(
-    path: str, item_id: str, expected: str, output: type[Artifact], quiet: bool = False
-) -> tuple[Artifact | None, str]:
-    """The artifact at ``path`` for input ``item_id``, made with fingerprint ``expected``: (the artifact or
-    None, its state: "current", "missing", "unreadable: ...", "stale")."""
-    if not os.path.exists(path):  # not pathlib: a resume checks every artifact of a corpus
-        return None, "missing"
-    try:
-        artifact = load_artifact(path, output)
-    except ArtifactError as exc:
-        if not quiet:
-            log.warning("redoing %s: %s", item_id, exc)
-        return None, f"unreadable ({exc.reason})"
-    if artifact.fingerprint != expected or artifact.item_id != item_id:
-        if not quiet:
-            log.info("redoing %s: %s is stale (inputs or settings changed)", item_id, os.path.basename(path))
-        return artifact, "stale"
-    return artifact, "current"
 
 
 class StageRunner:

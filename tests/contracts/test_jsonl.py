@@ -48,7 +48,7 @@ def test_a_short_write_does_not_tear_a_journal_line(tmp_path, monkeypatch):
     journal records events, then every line is whole and every event reads back."""
     import os
 
-    from orchestrator.run.journal import Journal
+    from orchestrator.books.journal import Journal
 
     real = os.write
     calls = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import graphlib
 import json
 import subprocess
 import sys
@@ -89,8 +90,8 @@ def _offenders(folder: str, forbidden: str, allowed=lambda path, name: False) ->
 
 def test_the_process_layer_knows_nothing_of_runs_or_their_products():
     # what happened to a child (process/) is told upwards; the run decides what follows
-    assert _offenders("orchestrator/process", "orchestrator.run") == []
-    assert _offenders("orchestrator/process", "orchestrator.corpus") == []
+    for room in ("run", "planning", "models", "corpus", "books"):
+        assert _offenders("orchestrator/process", f"orchestrator.{room}") == []
 
 
 def test_the_run_uses_the_products_only_where_it_finishes_an_input():
@@ -104,22 +105,161 @@ def test_the_run_uses_the_products_only_where_it_finishes_an_input():
     )
 
 
-#: what the products of an output folder use of the run's machinery: the output lock, the plan's ids and
-#: the journal (export, speakers); enroll runs its one child through the hub check and the stage runner
-CORPUS_USES_OF_RUN = {
-    "orchestrator/corpus/enroll.py": {"orchestrator.run.hub", "orchestrator.run.runner"},
-    "*": {"orchestrator.run.lock", "orchestrator.run.plan", "orchestrator.run.journal"},
+#: orchestrator's rooms (a subpackage folder, or a top-level module; ``__init__`` is the package's face,
+#: ``orchestrator/__init__.py``) and the rooms each may import. A room not in the table may import none.
+#: run: the run (chunks, runner, retries, finishing, report, progress, enroll); planning: what a run will do;
+#: models: which model each stage runs and the model cache; books: the output folder's journal and lock;
+#: corpus: the output folder's products; process: the children; the rest: one module each.
+ROOM_ARROWS: dict[str, set[str]] = {
+    "__init__": {"run", "settings"},
+    "api": {"books", "corpus", "gpu", "models", "planning", "process", "run", "settings"},
+    "books": {"layout"},
+    "corpus": {"books", "layout", "models", "planning"},
+    "gpu": {"settings"},
+    "layout": set(),
+    "models": {"gpu", "registry", "settings"},
+    "planning": {"books", "layout", "models", "registry", "remote", "settings"},
+    "process": {"gpu", "registry", "settings", "telemetry"},
+    "registry": {"gpu", "settings"},
+    "remote": {"process"},
+    "run": {
+        "books",
+        "corpus",
+        "gpu",
+        "layout",
+        "models",
+        "planning",
+        "process",
+        "registry",
+        "remote",
+        "scale",
+        "settings",
+        "telemetry",
+    },
+    "scale": {"process", "settings"},
+    "settings": {"layout"},
+    "settings_doc": {"settings"},
+    "telemetry": {"layout"},
 }
+#: the command line stands above every other room (a module, or a package once split)
+ROOM_ARROWS["cli"] = set(ROOM_ARROWS)
 
 
-def _corpus_may_use(path: str, name: str) -> bool:
-    allowed = CORPUS_USES_OF_RUN.get(path, set()) | CORPUS_USES_OF_RUN["*"]
-    # `from orchestrator.run.lock import OutputLock` also names orchestrator.run.lock.OutputLock
-    return any(name == module or name.startswith(module + ".") for module in allowed)
+def _room(root, package: str, dotted: str) -> str | None:
+    """The room of ``package`` that ``dotted`` (a module, or a name in one) is in under ``root``; a name of
+    the package itself (``from orchestrator import Settings``) is its face, ``__init__``."""
+    parts = dotted.split(".")
+    if parts[0] != package:
+        return None
+    if len(parts) > 1 and (
+        (root / package / parts[1]).is_dir() or (root / package / f"{parts[1]}.py").is_file()
+    ):
+        return parts[1]
+    return "__init__"
 
 
-def test_the_products_use_only_the_runs_lock_plan_journal_and_for_enroll_its_runner():
-    assert _offenders("orchestrator/corpus", "orchestrator.run", _corpus_may_use) == []
+def _written(path, root):
+    """Each import of ``path`` (also inside functions) as the dotted name it names: ``import a.b`` -> a.b,
+    ``from a.b import c`` -> a.b, ``from a import b`` -> a.b (``b`` may be a module); relative ones
+    resolved against ``path``'s package under ``root``."""
+    package = path.relative_to(root).with_suffix("").parts[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            if "." in base:
+                yield base
+            else:
+                yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def room_arrows(root, package: str = "orchestrator") -> list[tuple[str, str, str, str]]:
+    """(room, room it imports, file, what it imports) for each import of one of ``package``'s rooms from
+    another, in every file under ``root/package``."""
+    arrows = []
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root / package)
+        room = rel.parts[0].removesuffix(".py") if len(rel.parts) > 1 else rel.stem
+        for name in _written(path, root):
+            target = _room(root, package, name)
+            if target is not None and target != room:
+                arrows.append((room, target, path.relative_to(root).as_posix(), name))
+    return arrows
+
+
+def room_offenders(root, rules: dict[str, set[str]], package: str = "orchestrator") -> list[str]:
+    """``file: module`` for each import from one room of ``package`` into another that ``rules`` (room ->
+    the rooms it may import) does not allow."""
+    return sorted(
+        f"{file}: {name}"
+        for room, target, file, name in room_arrows(root, package)
+        if target not in rules.get(room, ())
+    )
+
+
+def test_each_room_imports_only_the_rooms_the_table_allows():
+    # corpus/ uses no run/ (enroll is the run's); process/ never the run, planning, models, products or books
+    assert room_offenders(ROOT, ROOM_ARROWS) == []
+
+
+def test_a_forbidden_arrow_is_reported_with_its_file_and_module(tmp_path):
+    # Given a tiny tree where planning/x.py imports the run's chunk loop (inside a function) and run/ may
+    # import planning/
+    files = {
+        "orchestrator/__init__.py": "",
+        "orchestrator/layout.py": "",
+        "orchestrator/planning/__init__.py": "",
+        "orchestrator/planning/x.py": (
+            "from orchestrator import layout\n\n\ndef f():\n    import orchestrator.run.chunk\n"
+        ),
+        "orchestrator/run/__init__.py": "",
+        "orchestrator/run/chunk.py": "from orchestrator.planning.x import f\nfrom . import pipeline\n",
+        "orchestrator/run/pipeline.py": "from ..planning import x\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    rules = {"planning": {"layout"}, "run": {"planning"}, "layout": set()}
+    # Then that import, and only it, is reported
+    assert room_offenders(tmp_path, rules) == ["orchestrator/planning/x.py: orchestrator.run.chunk"]
+    # and allowed, nothing is
+    assert room_offenders(tmp_path, rules | {"planning": {"layout", "run"}}) == []
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        return exc.args[1]
+    return None
+
+
+def test_no_circle_between_rooms():
+    # neither in the table nor in the tree (whose arrows the table holds, but also a room it does not name)
+    assert _circle(ROOM_ARROWS) is None
+    real: dict[str, set[str]] = {}
+    for room, target, _, _ in room_arrows(ROOT):
+        real.setdefault(room, set()).add(target)
+    assert _circle(real) is None
+
+
+def test_no_circle_between_files():
+    # every import of one of orchestrator's modules by another, also inside functions
+    modules = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in (ROOT / "orchestrator").rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        for name in _written(path, ROOT):
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                graph.setdefault(module, set()).add(name)
+    assert _circle(graph) is None
 
 
 def test_no_module_imports_a_private_name_of_another_module():

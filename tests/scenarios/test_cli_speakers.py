@@ -226,7 +226,7 @@ def test_naming_relabels_every_file_and_the_profile_names_that_voice_next_time(r
     """`speakers name` rewrites the files (no model runs) and writes a profile from the corpus speaker's
     voice; matched against the voice this run's enrollment embedded for the stranger, it names her."""
     from contracts import SpeakerEmbeddingsArtifact, VoiceProfile, load_artifact, load_model
-    from orchestrator.corpus.enroll import profile_file_name
+    from orchestrator.layout import profile_file_name
     from stages.enrollment import match_speakers
 
     copy, stranger, profiles = renamed

@@ -19,8 +19,8 @@ import pytest
 from contracts import EmbeddingsArtifact, TranscriptArtifact, load_artifact
 from contracts.models import EMBEDDING_FALLBACK
 from orchestrator import layout
+from orchestrator.planning.fingerprints import fingerprint
 from orchestrator.registry import process_specs
-from orchestrator.run.runner import fingerprint
 from orchestrator.settings import Settings
 from tests.conftest import ROOT
 from tests.fixtures.generate import clips

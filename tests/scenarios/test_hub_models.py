@@ -234,7 +234,7 @@ def test_gte_batched_texts_embed_as_each_alone(gte_probe, implementation, side):
 
 def test_the_standins_are_laid_out_as_the_hub_client_caches(hf_home):
     """snapshots/<rev>/ files are links into blobs/, refs/main names the revision, and the revision resolves
-    as the parent reads it (``orchestrator.run.models``)."""
+    as the parent reads it (``orchestrator.models.choice``)."""
     for repo in (BGE, GTE):
         root = hf_home / "hub" / f"models--{repo.replace('/', '--')}"
         assert (root / "refs" / "main").read_text() == REVISIONS[repo]
@@ -242,7 +242,7 @@ def test_the_standins_are_laid_out_as_the_hub_client_caches(hf_home):
         files = [p for p in snapshot.rglob("*") if not p.is_dir()]
         assert files and all(p.is_symlink() and p.resolve().parent == root / "blobs" for p in files)
     code = (
-        "from orchestrator.run.models import _repo; "
+        "from orchestrator.models.choice import _repo; "
         f"print(_repo({BGE!r}, False)); print(_repo({GTE!r}, False))"
     )
     done = subprocess.run(

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from orchestrator import Orchestrator, Settings, layout
-from orchestrator.run.plan import item_ids, load_ids, source_key
+from orchestrator.planning.inputs import item_ids, load_ids, source_key
 from tests.conftest import MEDIA
 
 

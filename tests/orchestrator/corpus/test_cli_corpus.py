@@ -17,9 +17,9 @@ import pytest
 from contracts import ExitCode, ProfileClip, VoiceProfile, load_model, save_model
 from orchestrator import layout
 from orchestrator.corpus.captions import TIGHT_NOTE, without_tight_notes
-from orchestrator.corpus.enroll import profile_file_name
 from orchestrator.corpus.labels import read_corpus
 from orchestrator.corpus.speakers import name, place, voice_profile
+from orchestrator.layout import profile_file_name
 from orchestrator.settings import Settings
 from tests.conftest import ROOT, pipeline
 from tests.fixtures.disk import fill, tmpfs
@@ -206,7 +206,7 @@ def test_export_keeps_the_runs_notes_on_the_page_and_in_the_document(processed):
 
 
 def test_export_records_what_it_wrote_so_the_next_run_keeps_it(processed):
-    from orchestrator.run.journal import Journal
+    from orchestrator.books.journal import Journal
 
     # When export writes the SRT with other caption settings (and a format the run did not write)
     done = cli("export", str(processed), "-f", "srt,txt", env={"CAPTION_LINE_CHARS": "20"})

@@ -13,7 +13,7 @@ import pytest
 from contracts import DiarizationArtifact, TranscriptArtifact, save_model
 from orchestrator import layout
 from orchestrator.corpus.captions import CaptionRules, cues
-from orchestrator.run.plan import save_ids
+from orchestrator.planning.inputs import save_ids
 from tests.caption_rules import check
 from tests.conftest import MEDIA, pipeline
 

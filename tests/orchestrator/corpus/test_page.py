@@ -14,7 +14,7 @@ from orchestrator import layout
 from orchestrator.corpus.captions import CaptionRules
 from orchestrator.corpus.export import load_sources, write_index
 from orchestrator.corpus.outputs import write_formats
-from orchestrator.run.plan import save_ids
+from orchestrator.planning.inputs import save_ids
 from tests.conftest import MEDIA
 from tests.orchestrator.corpus.test_export import transcript
 

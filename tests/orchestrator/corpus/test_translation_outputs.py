@@ -9,7 +9,7 @@ from contracts import DiarizationArtifact, TranscriptArtifact, load_artifact, sa
 from contracts.artifacts import LanguageId
 from orchestrator import Settings
 from orchestrator.corpus.export import export
-from orchestrator.run.plan import save_ids
+from orchestrator.planning.inputs import save_ids
 from tests.conftest import MEDIA
 
 ORIGINAL = [

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator import Settings
+from orchestrator.planning.fingerprints import chain_fingerprints
+from orchestrator.planning.inputs import Input
+from orchestrator.planning.needs import REUSED, Resume
+from orchestrator.planning.state import InputState
 from orchestrator.registry import process_specs
 from orchestrator.run.chunk import RunContext, fetch_sources, record, select, warm_next
-from orchestrator.run.needs import REUSED, Resume
-from orchestrator.run.plan import Input, chain_fingerprints
 from orchestrator.run.runner import ItemOutcome
-from orchestrator.run.state import InputState
 
 SETTINGS = Settings(_env_file=None)
 SPECS = process_specs(SETTINGS)  # audio, asr, diarization, alignment, embeddings

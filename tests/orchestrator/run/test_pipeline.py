@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from orchestrator.run.plan import expand_inputs, item_ids
+from orchestrator.planning.inputs import expand_inputs, item_ids
 from tests.conftest import MEDIA, ROOT
 from tests.orchestrator.test_isolation import HEAVY
 

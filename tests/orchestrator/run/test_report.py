@@ -13,7 +13,8 @@ from contracts.artifacts import LanguageId, LanguageScore
 from contracts.errors import DiskFullError
 from contracts.report import ItemStage
 from orchestrator import Settings, layout
-from orchestrator.run.plan import Input
+from orchestrator.planning.inputs import Input
+from orchestrator.planning.state import InputState
 from orchestrator.run.report import (
     LANGID_COLUMNS,
     build_report,
@@ -21,7 +22,6 @@ from orchestrator.run.report import (
     model_substitutions,
     write_langid_tables,
 )
-from orchestrator.run.state import InputState
 
 
 def _state(tmp_path: Path, item_id: str, **run) -> InputState:

@@ -1,4 +1,5 @@
-"""Planning a run: inputs -> ids -> fingerprints -> what each stage has to do. Starts no child.
+"""A run's inputs: the walk over the arguments, each source's id and the output folder's index of them
+(``.ids.json``), and what identifies a source. Starts no child.
 
 Ids are built, not hashed. An input found under a directory argument keeps its
 path relative to it, led by the directory's own name, so the output tree mirrors
@@ -26,28 +27,12 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
 
 from contracts.artifacts import VocabularyFile
 from contracts.io import atomic_write_text
-from contracts.models import ALIGNER_BY_LANGUAGE
 from orchestrator import layout
-from orchestrator.registry import StageSpec
-from orchestrator.run.remote import (
-    expand_url,
-    is_url,
-    redact,
-    url_identity,
-    url_stem,
-    url_suffix,
-    without_credentials,
-)
-from orchestrator.run.runner import fingerprint
-from orchestrator.run.vocabulary import FOLDER_FILE, INPUT_SUFFIX, vocabulary_files
-from orchestrator.run.vocabulary import identity as vocabulary_identity
-
-if TYPE_CHECKING:
-    from orchestrator.run.state import InputState
+from orchestrator.planning.vocabulary import FOLDER_FILE, INPUT_SUFFIX, vocabulary_files
+from orchestrator.remote import expand_url, is_url, redact, url_stem, url_suffix, without_credentials
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +180,7 @@ def _walk(
             stack.append((os.path.join(directory, name), (*rel, name), os.path.join(absolute, name)))
 
 
-#: what a vocabulary file's name ends with (``orchestrator.run.vocabulary``)
+#: what a vocabulary file's name ends with (``orchestrator.planning.vocabulary``)
 VOCABULARY_NAMES = (FOLDER_FILE, INPUT_SUFFIX)
 _NONE: frozenset[str] = frozenset()
 _MARKERS = frozenset(layout.MARKERS)
@@ -389,7 +374,7 @@ def save_ids(out: Path, index: dict[str, str]) -> None:
 @dataclass(frozen=True, slots=True)
 class Input:
     """One input as planned (immutable): its id, where its source is, its folder. What a run learns and
-    does about it is its :class:`~orchestrator.run.state.InputState`."""
+    does about it is its :class:`~orchestrator.planning.state.InputState`."""
 
     id: str
     #: the local file the first stage reads (for a URL input: where it is fetched to)
@@ -401,7 +386,7 @@ class Input:
     shown_source: str | None = None
     #: what planning noticed (the same source given more than once)
     notes: tuple[str, ...] = ()
-    #: the vocabulary files that apply to it (``orchestrator.run.vocabulary``; local sources only)
+    #: the vocabulary files that apply to it (``orchestrator.planning.vocabulary``; local sources only)
     vocabulary: tuple[VocabularyFile, ...] = ()
 
     @property
@@ -495,76 +480,3 @@ def _input(item_id: str, source: Path | str, out: Path, dry: bool = False) -> In
 def _safe_suffix(path: Path) -> str:
     suffix = path.suffix.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     return suffix if suffix.isascii() and "\ufffd" not in suffix else ""
-
-
-def _source_identity(inp: InputState) -> str:
-    """The local source's path, size and modification time; what was seen is kept for the first stage."""
-    source = str(inp.source)  # as text: a corpus plans 100,000 of these
-    try:
-        st = os.stat(source)
-    except OSError:
-        inp.planned = None
-        return f"unreadable:{inp.source.absolute()}"
-    inp.planned = (st.st_size, st.st_mtime_ns)
-    # a name that is not UTF-8 is read through our link in the output directory: the identity is the
-    # file it points at, so it does not depend on where the outputs go
-    path = (
-        os.fsencode(os.path.realpath(inp.source)).decode("utf-8", "backslashreplace")
-        if inp.shown_source
-        else _absolute(source)
-    )
-    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def _absolute(path: str) -> str:
-    """``str(Path(path).absolute())`` for the text of a ``Path``, without making one."""
-    if os.path.isabs(path):
-        return path
-    return os.getcwd() if path == "." else os.path.join(os.getcwd(), path)
-
-
-def input_keys(spec: StageSpec, previous: StageSpec | None) -> tuple[str, ...]:
-    """The artifacts (by key) ``spec`` reads; the first stage reads the source."""
-    if previous is None:
-        return ()
-    return spec.inputs if spec.inputs is not None else (previous.kind,)
-
-
-def chain_fingerprints(inp: InputState, specs: list[StageSpec], start: int = 0) -> None:
-    """Each stage's expected fingerprint from its inputs' (a skipped input counts as "skipped"), into the
-    input's run state. From stage ``start`` on: the ones before it are taken as already chained (the
-    alignment's aligner changed: its fingerprint and those after it change, not the source's)."""
-    by_key: dict[str, str] = {spec.kind: inp.fingerprints[spec.name] for spec in specs[:start]}
-    for index in range(start, len(specs)):
-        spec = specs[index]
-        keys = input_keys(spec, specs[index - 1] if index else None)
-        if not keys:
-            upstream = url_identity(inp.url) if inp.url else _source_identity(inp)
-        else:
-            upstream = "|".join(f"skipped:{k}" if k in inp.skipped else by_key[k] for k in keys)
-        if spec.vocabulary and inp.plan.vocabulary:  # the input's vocabulary files: its own, not the run's
-            upstream += f"|vocabulary:{vocabulary_identity(inp.plan.vocabulary)}"
-        by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(
-            spec, upstream, inp.models.get(spec.name)
-        )
-
-
-def plan_aligner(
-    inp: InputState, specs: list[StageSpec], language: str | None, ran: str | None = None
-) -> bool:
-    """The alignment stage's model for ``inp``: the aligner that ran (``ran``, when an artifact names one),
-    else the one it will run for ``language`` (``orchestrator.run.models.aligner_for``); the fingerprints
-    chained again. False where the stage chooses no aligner per language (alignment off, not run)."""
-    from orchestrator.run.models import aligner_for
-
-    index = next((i for i, s in enumerate(specs) if s.name == "alignment"), None)
-    if index is None or specs[index].model != ALIGNER_BY_LANGUAGE:
-        return False
-    spec = specs[index]
-    inp.text_language = language
-    model = ran or aligner_for(language, bool(getattr(spec.settings, "allow_hub", False)))
-    if inp.models.get(spec.name) != model:
-        inp.models[spec.name] = model
-        # the stages before the alignment keep their fingerprints (chained already, or chained now)
-        chain_fingerprints(inp, specs, index if all(s.name in inp.fingerprints for s in specs[:index]) else 0)
-    return True

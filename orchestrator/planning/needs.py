@@ -17,14 +17,14 @@ from contracts import SourceVersion, WorkItem
 from contracts.artifacts import LanguageId
 from contracts.report import ItemStage, RunPlan, StagePlan
 from orchestrator import layout
+from orchestrator.books.journal import Completed, Journal
+from orchestrator.models.choice import model_label, same_model
+from orchestrator.planning.fingerprints import artifact_state, chain_fingerprints, input_keys, plan_aligner
+from orchestrator.planning.inputs import plan_inputs
+from orchestrator.planning.state import InputState
 from orchestrator.registry import StageSpec
-from orchestrator.run.journal import Completed, Journal
-from orchestrator.run.models import model_label, same_model
-from orchestrator.run.plan import chain_fingerprints, input_keys, plan_aligner, plan_inputs
-from orchestrator.run.remote import configure as configure_remote
-from orchestrator.run.remote import without_credentials
-from orchestrator.run.runner import artifact_state
-from orchestrator.run.state import InputState
+from orchestrator.remote import configure as configure_remote
+from orchestrator.remote import without_credentials
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def needs(
 
 def _alignment_state(inp: InputState, specs: list[StageSpec], quiet: bool) -> tuple | None:
     """:func:`artifact_state` of the transcript, its fingerprint made with the aligner that would run now for
-    its language (``orchestrator.run.plan.plan_aligner``): a transcript timed by Whisper's cross-attention is
+    its language (``orchestrator.planning.inputs.plan_aligner``): a transcript timed by Whisper's cross-attention is
     redone once the wav2vec2 aligner of its language can be had, and kept while it cannot. None without an
     alignment stage."""
     index = next((i for i, s in enumerate(specs) if s.name == "alignment"), None)

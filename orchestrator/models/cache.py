@@ -2,7 +2,7 @@
 Hugging Face cache on a connected machine (``pull``), and checking the cache's files (``verify``).
 
 Called in the parent process: only the hub client (``huggingface_hub``), never a model library. What
-``list`` says runs is what ``process`` plans: the same resolution (``orchestrator.run.models``).
+``list`` says runs is what ``process`` plans: the same resolution (``orchestrator.models.choice``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from contracts.models import HF_ALIGNERS, PYANNOTE_DEFAULT
 from orchestrator.gpu.sizing import resolve_auto
+from orchestrator.models.choice import aligner_for, cached_revision, repo_folder, resolve_models, wanted_model
 from orchestrator.registry import process_specs
-from orchestrator.run.models import aligner_for, cached_revision, repo_folder, resolve_models, wanted_model
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class ModelRow:
 
 def model_rows(settings: Settings, hub_info=None) -> list[ModelRow]:
     """Each hub model the stages of ``settings`` ask for, with what runs now (``settings.allow_hub`` must be
-    resolved: ``orchestrator.run.hub.resolve_hub``). ``hub_info(repo)``: the hub's answer for a repository
+    resolved: ``orchestrator.models.hub.resolve_hub``). ``hub_info(repo)``: the hub's answer for a repository
     or the exception it raised (default: one ``model_info`` request each, only when the hub is allowed)."""
     hub = bool(settings.hub)
     specs = process_specs(resolve_auto(settings))

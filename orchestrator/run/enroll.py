@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -16,33 +15,16 @@ from pathlib import Path
 
 from contracts import VoiceProfile, WorkItem, load_model
 from contracts.errors import InputError, PipelineError, SettingsError, StageError
+from orchestrator.layout import profile_file_name
+from orchestrator.models.hub import resolve_hub
+from orchestrator.planning.fingerprints import fingerprint
 from orchestrator.process.executor import LocalExecutor, Watchdog
 from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import VOICE_PROFILE
-from orchestrator.run.hub import resolve_hub
-from orchestrator.run.runner import StageRunner, fingerprint
+from orchestrator.run.runner import StageRunner
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-#: the longest readable part of a profile's file name (the rest of the name is in its hash)
-STEM_CHARS = 80
-
-
-def profile_file_name(name: str) -> str:
-    """A readable, filesystem-safe file stem for a speaker's name, one per name: the name itself where it
-    is one already (``Host``), else a slug and a short hash of the exact name (``Dr_Lee~5d41402abc``), so
-    ``Dr Lee`` and ``Dr/Lee`` get two files. ``~`` is never in a name kept as it is: a slug cannot be
-    taken for another name's stem. The profile itself keeps the exact name."""
-    name = name.strip()
-    if not name:
-        raise SettingsError("a speaker's name cannot be empty")
-    slug = re.sub(r"[^\w.-]+", "_", name).strip("._-")[:STEM_CHARS].rstrip("._-")
-    if slug == name:
-        return slug
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{slug or 'speaker'}~{digest}"
 
 
 def enroll(

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from orchestrator.run.journal import Journal
+from orchestrator.books.journal import Journal
 
 # a writer that appends one whole event, then half of the next one, and waits to be killed
 _WRITER = """

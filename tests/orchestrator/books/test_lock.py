@@ -11,11 +11,11 @@ import time
 import pytest
 
 from contracts.errors import OutputBusyError
-from orchestrator.run.lock import OutputLock
+from orchestrator.books.lock import OutputLock
 from tests.conftest import ROOT, wait_for
 
 HOLD = (
-    "import sys, time; from orchestrator.run.lock import OutputLock\n"
+    "import sys, time; from orchestrator.books.lock import OutputLock\n"
     "with OutputLock(__import__('pathlib').Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(600)\n"
 )
 

@@ -8,11 +8,12 @@ from pathlib import Path
 
 from contracts.artifacts import LanguageId
 from orchestrator import Settings
+from orchestrator.books.journal import Journal
+from orchestrator.planning.fingerprints import chain_fingerprints
+from orchestrator.planning.inputs import Input
+from orchestrator.planning.needs import REUSED, Resume, completion, dry_run, needs, work_item
+from orchestrator.planning.state import InputState
 from orchestrator.registry import process_specs
-from orchestrator.run.journal import Journal
-from orchestrator.run.needs import REUSED, Resume, completion, dry_run, needs, work_item
-from orchestrator.run.plan import Input, chain_fingerprints
-from orchestrator.run.state import InputState
 
 SETTINGS = Settings(_env_file=None, speakers=False)
 SPECS = process_specs(SETTINGS)  # audio (scratch), asr, alignment, embeddings
@@ -131,7 +132,7 @@ def test_a_fingerprint_hashes_the_same_text_as_ever_with_the_specs_part_made_onc
     import hashlib
     import json
 
-    from orchestrator.run.runner import fingerprint
+    from orchestrator.planning.fingerprints import fingerprint
 
     for spec in SPECS:
         for upstream, model in [("src:1:2", None), ('quo"te|ü\\x', "wav2vec2:x"), ("", "")]:
@@ -153,7 +154,7 @@ def test_a_new_aligner_chains_again_from_the_alignment_as_a_whole_chain_would(tm
     import dataclasses
 
     from contracts.models import ALIGNER_BY_LANGUAGE
-    from orchestrator.run.plan import plan_aligner
+    from orchestrator.planning.fingerprints import plan_aligner
 
     specs = [dataclasses.replace(s, model=ALIGNER_BY_LANGUAGE) if s.name == "alignment" else s for s in SPECS]
     (tmp_path / "a.wav").write_bytes(b"RIFF")
@@ -171,7 +172,7 @@ def test_a_new_aligner_chains_again_from_the_alignment_as_a_whole_chain_would(tm
 
 def test_the_resumed_count_plans_the_aligner_for_the_journalled_language_first(tmp_path):
     from orchestrator import Orchestrator
-    from orchestrator.run.plan import plan_aligner
+    from orchestrator.planning.fingerprints import plan_aligner
 
     # Given the run's stages with the aligner chosen per transcript language, and an input completed in English
     specs = Orchestrator(SETTINGS).stage_specs()

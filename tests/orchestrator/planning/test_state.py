@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.run.plan import Input
-from orchestrator.run.state import InputState
+from orchestrator.planning.inputs import Input
+from orchestrator.planning.state import InputState
 
 
 def _plan(tmp_path: Path, notes: tuple[str, ...] = ()) -> Input:

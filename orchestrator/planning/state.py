@@ -1,5 +1,5 @@
 """One input's run state: what a run learns and does about a planned input (fingerprints, each stage's
-outcome, the outputs, what the report says). The plan (:class:`~orchestrator.run.plan.Input`) stays as it
+outcome, the outputs, what the report says). The plan (:class:`~orchestrator.planning.inputs.Input`) stays as it
 was planned; the chunk loop reads and writes this."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from contracts.artifacts import LanguageId
 from contracts.report import ItemStage
-from orchestrator.run.plan import Input
+from orchestrator.planning.inputs import Input
 
 
 @dataclass(slots=True)
@@ -47,7 +47,7 @@ class InputState:
     models: dict[str, str] = field(default_factory=dict)
     #: the transcript's language the aligner was chosen for (kept in the journal for the fast resume)
     text_language: str | None = None
-    #: the join group whose inputs may share a Whisper window with it (``orchestrator.run.groups``)
+    #: the join group whose inputs may share a Whisper window with it (``orchestrator.planning.groups``)
     group: str | None = None
 
     def __post_init__(self) -> None:

@@ -7,11 +7,12 @@ import os
 from pathlib import Path
 
 from orchestrator import Settings
+from orchestrator.planning.fingerprints import chain_fingerprints
+from orchestrator.planning.inputs import plan_inputs
+from orchestrator.planning.needs import work_item
+from orchestrator.planning.state import InputState
+from orchestrator.planning.vocabulary import read_terms, vocabulary_files
 from orchestrator.registry import process_specs
-from orchestrator.run.needs import work_item
-from orchestrator.run.plan import chain_fingerprints, plan_inputs
-from orchestrator.run.state import InputState
-from orchestrator.run.vocabulary import read_terms, vocabulary_files
 
 SETTINGS = Settings(_env_file=None, speakers=False)
 

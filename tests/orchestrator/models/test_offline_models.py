@@ -12,10 +12,10 @@ from huggingface_hub import constants
 from huggingface_hub.utils import filter_repo_objects
 
 from orchestrator import Orchestrator
-from orchestrator.run.offline import model_rows
+from orchestrator.models.cache import model_rows
 from orchestrator.settings import Settings
 from tests.conftest import MEDIA, ROOT, pipeline
-from tests.orchestrator.run.standin_hub import Repo, StandinHub
+from tests.orchestrator.models.standin_hub import Repo, StandinHub
 
 EMBED = "standin/tiny-embed"
 GATED = "standin/gated-diarizer"

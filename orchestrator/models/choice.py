@@ -1,6 +1,6 @@
 """Which model each stage will run, resolved once per run in the parent, without loading anything.
 
-The answer is part of the stage's fingerprint (``orchestrator.run.runner.fingerprint``):
+The answer is part of the stage's fingerprint (``orchestrator.planning.fingerprints.fingerprint``):
 the name the user gave plus what pins its weights (a hub revision, an embedded
 package's version, a local folder's files), or the fallback the stage will take
 when the asked-for model cannot be had. So when the model that runs changes
@@ -269,7 +269,7 @@ def _torch_hub_home() -> str:
 def _reachable(endpoint: str) -> bool:
     key = ("reachable", endpoint)
     if key not in _ANSWERS:
-        from orchestrator.run.hub import hub_reachable
+        from orchestrator.models.hub import hub_reachable
 
         _ANSWERS[key] = hub_reachable(endpoint, 3.0)[0]
     return bool(_ANSWERS[key])

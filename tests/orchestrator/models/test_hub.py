@@ -11,11 +11,11 @@ import time
 import pytest
 
 from contracts import WorkItem, load_model
+from orchestrator.models.hub import resolve_hub
 from orchestrator.process.executor import LocalExecutor
 from orchestrator.process.hooks import default_hooks
 from orchestrator.process.pidfiles import ChildRegistry
 from orchestrator.registry import StageSpec
-from orchestrator.run.hub import resolve_hub
 from orchestrator.run.runner import StageRunner
 from orchestrator.settings import Settings
 from tests.fixtures.stages import FixtureSettings, NoteArtifact
@@ -117,7 +117,7 @@ def test_unresolved_auto_is_offline_for_children():
 
 
 def test_what_the_children_downloaded_is_named_once_per_repository(tmp_path):
-    from orchestrator.run.hub import cached_repos, downloads
+    from orchestrator.models.hub import cached_repos, downloads
     from tests.orchestrator.gpu.test_vram import write_cache
 
     write_cache(tmp_path, "Systran/faster-whisper-small", {"config.json": b"{}"})

@@ -19,9 +19,9 @@ import pytest
 from contracts import TranscriptArtifact
 from contracts.errors import InputError
 from orchestrator import Orchestrator, Settings
-from orchestrator.run.plan import MEDIA_SUFFIXES, expand_inputs, item_ids
+from orchestrator.planning.inputs import MEDIA_SUFFIXES, expand_inputs, item_ids
+from orchestrator.remote import FetchLimits, expand_url, fetch, is_url, redact, url_identity, url_suffix
 from orchestrator.run.progress import Progress
-from orchestrator.run.remote import FetchLimits, expand_url, fetch, is_url, redact, url_identity, url_suffix
 from tests.conftest import ROOT
 from tests.fixtures.generate import clips
 
@@ -513,7 +513,7 @@ def test_redact_hides_any_password_and_every_signing_parameter():
 
 
 def test_a_urls_identity_leaves_out_credentials_wherever_they_sit():
-    from orchestrator.run.remote import without_credentials
+    from orchestrator.remote import without_credentials
 
     aws = "https://b.s3.amazonaws.com/a.wav?X-Amz-Algorithm=A&X-Amz-Date=1&X-Amz-Signature=s&X-Amz-Expires=9"
     gcs = "https://storage.googleapis.com/b/a.wav?X-Goog-Algorithm=A&X-Goog-Credential=c&X-Goog-Signature=s"
@@ -524,7 +524,7 @@ def test_a_urls_identity_leaves_out_credentials_wherever_they_sit():
     assert without_credentials("https://h/a.wav?versionId=3&token=t") == "https://h/a.wav?versionId=3"
     assert without_credentials("https://h/stream.wav?st=30") == "https://h/stream.wav?st=30"
     # the setting adds names (a trailing "*": a prefix)
-    from orchestrator.run.remote import configure
+    from orchestrator.remote import configure
 
     try:
         configure(Settings(remote_secret_params=["SessionId", "x-my-*"]))
@@ -598,7 +598,7 @@ def silent_server():
 def remote_defaults():
     """Planning's remote settings back to the defaults after the test (a run's settings stay set)."""
     yield
-    from orchestrator.run import remote
+    from orchestrator import remote
 
     remote.configure(Settings())
 
@@ -606,7 +606,7 @@ def remote_defaults():
 def test_planning_a_url_that_never_answers_gives_up_within_the_remote_timeouts(
     silent_server, memfs, caplog, tmp_path, remote_defaults
 ):
-    from orchestrator.run.needs import dry_run
+    from orchestrator.planning.needs import dry_run
 
     memfs.pipe("/in/good.wav", b"RIFF....")
     settings = Settings(
@@ -647,8 +647,9 @@ def test_a_presigned_s3_url_under_a_new_signature_is_the_same_input_and_is_fetch
     import boto3
     from botocore.config import Config
 
-    from orchestrator.run.plan import chain_fingerprints, plan_inputs
-    from orchestrator.run.state import InputState
+    from orchestrator.planning.fingerprints import chain_fingerprints
+    from orchestrator.planning.inputs import plan_inputs
+    from orchestrator.planning.state import InputState
 
     fs, env = s3
     fs.pipe("media/talk.wav", b"RIFF" + bytes(5000))

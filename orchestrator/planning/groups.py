@@ -34,7 +34,7 @@ from contracts.io import atomic_write_text
 from orchestrator import layout
 
 if TYPE_CHECKING:
-    from orchestrator.run.state import InputState
+    from orchestrator.planning.state import InputState
 
 log = logging.getLogger(__name__)
 

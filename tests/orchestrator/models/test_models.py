@@ -12,8 +12,8 @@ from huggingface_hub import constants
 from contracts import EmbeddingsArtifact
 from contracts.models import DIARIZATION_EMBEDDED, EMBEDDING_FALLBACK, EMBEDDING_PROFILES, PYANNOTE_DEFAULT
 from contracts.stage_settings import EmbeddingsSettings
+from orchestrator.models.choice import actual_model, model_label, planned, resolve_models, same_model
 from orchestrator.registry import StageSpec, process_specs
-from orchestrator.run.models import actual_model, model_label, planned, resolve_models, same_model
 from orchestrator.settings import Settings
 
 
@@ -98,7 +98,7 @@ def test_a_local_model_folder_is_named_by_its_files(tmp_path, hub_cache):
 
 def test_one_repository_is_resolved_once_per_run(hub_cache, monkeypatch):
     # two stages naming the same repository: it is looked up once (one hub question at most)
-    import orchestrator.run.models as models
+    import orchestrator.models.choice as models
 
     calls = []
     real = models.Path.exists

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from contracts.errors import InputError, SettingsError
-from orchestrator.corpus.enroll import enroll, profile_file_name
+from orchestrator.layout import profile_file_name
+from orchestrator.run.enroll import enroll
 from orchestrator.settings import Settings
 
 

@@ -1,4 +1,4 @@
-"""Join groups: fixed once per output folder, chunks of whole groups (orchestrator/run/groups.py)."""
+"""Join groups: fixed once per output folder, chunks of whole groups (orchestrator/planning/groups.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from contracts import WorkItem
 from contracts.artifacts import VocabularyFile
 from orchestrator import layout
-from orchestrator.run.groups import (
+from orchestrator.planning.groups import (
     GROUP_KEY,
     MEMBERS_KEY,
     assign_groups,
@@ -16,8 +16,8 @@ from orchestrator.run.groups import (
     whole_group_chunks,
     with_groups,
 )
-from orchestrator.run.plan import Input
-from orchestrator.run.state import InputState
+from orchestrator.planning.inputs import Input
+from orchestrator.planning.state import InputState
 
 
 def test_new_inputs_form_groups_in_the_planned_order_and_known_ones_keep_theirs():

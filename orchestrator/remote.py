@@ -549,9 +549,7 @@ def _watch(
 
     status.unlink(missing_ok=True)
     partial.unlink(missing_ok=True)
-    proc = spawn(
-        "orchestrator.run.remote:download_main", (url, str(partial), str(status), limits), name="fetch"
-    )
+    proc = spawn("orchestrator.remote:download_main", (url, str(partial), str(status), limits), name="fetch")
     try:
         began = last = time.monotonic()
         received, said = 0, None

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator import layout
-from orchestrator.run.plan import Found, assign_ids, find_inputs, load_ids, plan_inputs, save_ids, source_key
+from orchestrator.planning.inputs import (
+    Found,
+    assign_ids,
+    find_inputs,
+    load_ids,
+    plan_inputs,
+    save_ids,
+    source_key,
+)
 from tests.conftest import ROOT
 from tests.fixtures.generate import speech, write_wav
 
