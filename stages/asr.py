@@ -60,7 +60,7 @@ from contracts import (
     WorkItem,
     load_artifact,
 )
-from contracts.artifacts import LanguageId, VocabularyFile, VocabularyUse
+from contracts.artifacts import LanguageId, VocabularyUse
 from contracts.errors import ModelUnavailableError
 from contracts.models import portable_name
 from contracts.stage_settings import AsrSettings
@@ -69,6 +69,13 @@ from stages.runtime.memory import is_oom
 from stages.whisper import language as langid
 from stages.whisper.joining import GAP_S as JOIN_GAP_S
 from stages.whisper.joining import MAX_WORDS_PER_S, MIN_WORDS_PER_S, Joined, Joiner, doubts, split_words
+from stages.whisper.runtime import (
+    CTRANSLATE2,
+    TORCH,
+    default_compute_type,
+    is_transformers_whisper,
+    torch_compute_type,
+)
 from stages.whisper.speech import (
     better_loop,
     clean_pieces,
@@ -76,13 +83,9 @@ from stages.whisper.speech import (
     repeats_itself,
     whisper_says_silence,
 )
+from stages.whisper.windows import GROUP_INPUT, _in_input_time, _jobs, _members
 
 log = logging.getLogger(__name__)
-
-#: work item inputs naming the item's join group and its members as JSON [[id, audio.json], ...] in the group's
-#: order (the orchestrator's ``orchestrator.run.groups.GROUP_KEY`` / ``MEMBERS_KEY``)
-GROUP_INPUT = "join_group"
-MEMBERS_INPUT = "join_members"
 
 #: languages whose words are not separated by spaces (faster-whisper's tokenizer splits their words by character)
 NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
@@ -109,27 +112,14 @@ def resolve_model(requested: str, weights_dir: str | None = None) -> tuple[str, 
     return requested, english_only
 
 
-def default_compute_type(device: str) -> str:
-    return "float16" if device.startswith("cuda") else "int8"
-
-
 #: Whisper's audio: 16 kHz, 30 s windows, 10 ms mel frames
 SAMPLE_RATE = 16_000
 N_SAMPLES = SAMPLE_RATE * 30
 HOP_LENGTH = 160
 N_FRAMES = N_SAMPLES // HOP_LENGTH
-CTRANSLATE2, TORCH = "ctranslate2", "torch"
 #: seconds of a joined window's encoder output kept either side of an input's stretch when that input is
 #: translated alone from it (its neighbours are ``JOIN_GAP_S`` away)
 TRANSLATE_MARGIN_S = 0.2
-
-
-def torch_compute_type(compute_type: str, device: str) -> str:
-    """The torch dtype for a CTranslate2 compute type: float16 on CUDA and float32 on the CPU unless float32 or
-    bfloat16 is asked for (torch has no int8 Whisper here: int8 types take the device's float type)."""
-    if compute_type in ("float32", "bfloat16", "float16"):
-        return compute_type if device.startswith("cuda") or compute_type == "float32" else "float32"
-    return "float16" if device.startswith("cuda") else "float32"
 
 
 class AsrStage(TorchStage):
@@ -1031,38 +1021,6 @@ def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:
             job.words[i] = None
 
 
-def _in_input_time(words: list, start: float) -> list:
-    """Words timed in a window's time, moved to the input's time (the window starts ``start`` s into it)."""
-    return [
-        w.model_copy(update={"start": round(start + w.start, 3), "end": round(start + w.end, 3)})
-        for w in words
-    ]
-
-
-def _members(item: WorkItem) -> list[tuple[str, str, list[VocabularyFile]]]:
-    """``item``'s join group: its members' ids, audio artifacts and vocabulary files, in the group's order
-    (none named: []). A member's vocabulary decides which windows it shares, as when it is asked for."""
-    import json
-
-    try:
-        return [
-            (
-                str(entry[0]),
-                str(entry[1]),
-                [VocabularyFile.model_validate(f) for f in (entry[2] if len(entry) > 2 else [])],
-            )
-            for entry in json.loads(item.inputs.get(MEMBERS_INPUT) or "[]")
-        ]
-    except (ValueError, TypeError, IndexError):
-        log.warning("asr: %s: unreadable join group members; decoded without its group", item.id)
-        return []
-
-
-def _jobs(windows: list[Joined]) -> list[_Input]:
-    """The inputs whose speech these windows hold, in order."""
-    return list(dict.fromkeys(job for window in windows for job, _ in window.parts))
-
-
 def _joined_samples(window: Joined):
     """A window's samples: its inputs' speech, ``window.gap_s`` of silence apart."""
     if len(window.parts) == 1:
@@ -1076,14 +1034,6 @@ def _joined_samples(window: Joined):
         want = int(round((job.windows[i][1] - job.windows[i][0]) * SAMPLE_RATE))
         pieces += [gap, np.pad(piece[:want], (0, max(0, want - piece.shape[0])))]
     return np.concatenate(pieces[1:]).astype(np.float32, copy=False)
-
-
-def is_transformers_whisper(path: str) -> bool:
-    """``path`` is a local transformers Whisper directory (weights for torch, not CTranslate2's ``model.bin``)."""
-    folder = Path(path) if path else None
-    if folder is None or not folder.is_dir() or (folder / "model.bin").is_file():
-        return False
-    return any((folder / name).is_file() for name in ("model.safetensors", "pytorch_model.bin"))
 
 
 def _import_ctranslate2() -> None:

@@ -121,6 +121,6 @@ def test_a_share_without_words_or_with_more_or_fewer_than_its_speech_holds_is_do
 
 def test_the_stage_reads_the_join_group_keys_the_orchestrator_writes():
     from orchestrator.run.groups import GROUP_KEY, MEMBERS_KEY
-    from stages import asr
+    from stages.whisper import windows
 
-    assert (asr.GROUP_INPUT, asr.MEMBERS_INPUT) == (GROUP_KEY, MEMBERS_KEY)
+    assert (windows.GROUP_INPUT, windows.MEMBERS_INPUT) == (GROUP_KEY, MEMBERS_KEY)
