@@ -83,7 +83,7 @@ from stages.whisper.speech import (
     repeats_itself,
     whisper_says_silence,
 )
-from stages.whisper.windows import GROUP_INPUT, _in_input_time, _jobs, _members
+from stages.whisper.windows import GROUP_INPUT, group_members, in_input_time
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ class AsrStage(TorchStage):
         decoded for its place in the group's windows and never written): a group of which only some inputs
         are left to do is decoded whole, as it was the first time (orchestrator/run/groups.py)."""
         for item, audio in entries:
-            members = _members(item) if self.join else []
+            members = group_members(item) if self.join else []
             ids = [member for member, _, _ in members]
             at = ids.index(item.id) if item.id in ids else len(ids)
             last = not any(member in asked for member in ids[at + 1 :])
@@ -620,9 +620,7 @@ class AsrStage(TorchStage):
                     continue
                 job.texts[i] = text
                 job.logprobs[i], job.no_speech[i] = scores[k]
-                job.words[i] = (
-                    (_in_input_time(words, job.windows[i][0]) or None) if self.word_timing else None
-                )
+                job.words[i] = (in_input_time(words, job.windows[i][0]) or None) if self.word_timing else None
         if temperature == 0:  # the windows of inputs to translate too, over the same encoder output (an input
             # window decoded again alone is translated then)
             self._translate(batch, encoded, search, skip=set(redo))
@@ -762,7 +760,7 @@ class AsrStage(TorchStage):
                     continue
                 if len(window.parts) == 1:
                     job, i = window.parts[0]
-                    job.words[i] = _in_input_time(out[k], job.windows[i][0])
+                    job.words[i] = in_input_time(out[k], job.windows[i][0])
         return out
 
     def _encode(self, pieces: list):
@@ -1019,6 +1017,11 @@ def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:
     for window in windows:
         for job, i in window.parts:
             job.words[i] = None
+
+
+def _jobs(windows: list[Joined]) -> list[_Input]:
+    """The inputs whose speech these windows hold, in order."""
+    return list(dict.fromkeys(job for window in windows for job, _ in window.parts))
 
 
 def _joined_samples(window: Joined):

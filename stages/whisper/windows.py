@@ -1,20 +1,14 @@
 """How the ``asr`` stage's inputs become decode windows beyond what ``joining`` decides: the work item
 inputs that name an input's join group and its members (the orchestrator's ``orchestrator.run.groups``),
-the inputs whose speech a batch of windows holds, and words timed in a window's time moved back into
-their input's time.
+and words timed in a window's time moved back into their input's time.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from contracts import WorkItem
 from contracts.artifacts import VocabularyFile
-from stages.whisper.joining import Joined
-
-if TYPE_CHECKING:
-    from stages.asr import _Input
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +18,7 @@ GROUP_INPUT = "join_group"
 MEMBERS_INPUT = "join_members"
 
 
-def _in_input_time(words: list, start: float) -> list:
+def in_input_time(words: list, start: float) -> list:
     """Words timed in a window's time, moved to the input's time (the window starts ``start`` s into it)."""
     return [
         w.model_copy(update={"start": round(start + w.start, 3), "end": round(start + w.end, 3)})
@@ -32,7 +26,7 @@ def _in_input_time(words: list, start: float) -> list:
     ]
 
 
-def _members(item: WorkItem) -> list[tuple[str, str, list[VocabularyFile]]]:
+def group_members(item: WorkItem) -> list[tuple[str, str, list[VocabularyFile]]]:
     """``item``'s join group: its members' ids, audio artifacts and vocabulary files, in the group's order
     (none named: []). A member's vocabulary decides which windows it shares, as when it is asked for."""
     import json
@@ -49,8 +43,3 @@ def _members(item: WorkItem) -> list[tuple[str, str, list[VocabularyFile]]]:
     except (ValueError, TypeError, IndexError):
         log.warning("asr: %s: unreadable join group members; decoded without its group", item.id)
         return []
-
-
-def _jobs(windows: list[Joined]) -> list[_Input]:
-    """The inputs whose speech these windows hold, in order."""
-    return list(dict.fromkeys(job for window in windows for job, _ in window.parts))
