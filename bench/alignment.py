@@ -44,9 +44,9 @@ def main() -> None:
 
     import stages.asr as asr_module
     from contracts import AudioArtifact, StageRequest, TranscriptArtifact, WorkItem, load_artifact
-    from stages import whisper_align
     from stages.alignment import AlignmentStage
     from stages.audio import AudioStage
+    from stages.whisper import align as whisper_align
     from tests.conftest import DIALOGUE_TEXT, SPEECH_TEXT, stage_settings, wer
 
     clips = {

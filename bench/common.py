@@ -22,7 +22,7 @@ t0 = time.perf_counter()
 from importlib import import_module
 from contracts import StageRequest, WorkItem
 from orchestrator import Orchestrator, Settings
-from stages.memory import configure_heap
+from stages.runtime.memory import configure_heap
 configure_heap()  # PIPELINE_CHILD_HEAP, as a stage child does first
 out, sources = sys.argv[1], sys.argv[2:]
 specs = Orchestrator(Settings(output_dir=out, embedding_profile="embedded")).stage_specs()

@@ -4,7 +4,7 @@
 
 Both models are loaded once in this process (CTranslate2 int8 on the CPU, the
 ASR stage's own settings) and run the ASR stage's work on each input: VAD,
-language identification (stages/language.py; whisper-base only, tiny.en cannot
+language identification (stages/whisper/language.py; whisper-base only, tiny.en cannot
 identify) and batched transcription. Prints, per model:
 
 * WER on the English fixtures (speech.wav, languages/en.ogg, the two speaker
@@ -57,7 +57,7 @@ def other_set() -> dict[str, tuple[Path, str]]:
 
 
 def run_one(model, samples, multilingual: bool):
-    from stages import language
+    from stages.whisper import language
 
     found = None
     forced = "en"
@@ -78,7 +78,7 @@ def main() -> int:
     from faster_whisper import decode_audio
 
     from stages.asr import embedded_model_path
-    from stages.weights import whisper_base_path
+    from stages.runtime.weights import whisper_base_path
     from tests.conftest import wer
 
     english, other = english_set(), other_set()

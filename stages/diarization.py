@@ -11,7 +11,7 @@ The embedded diarizer is built from real pretrained parts and a kept library:
    ``Model`` from its checkpoint file), run on 10 s windows every
    ``STEP_S`` seconds; each window gives frame-level activity of up to three
    *local* speakers;
-2. **embeddings**: the CAM++ encoder (:mod:`stages.speaker_encoder`) over each
+2. **embeddings**: the CAM++ encoder (:mod:`stages.voices.encoders`) over each
    local speaker's non-overlapped speech in each window;
 3. **clustering**: scipy's agglomerative clustering (average linkage, cosine
    distance) of those embeddings, cut at a distance threshold, or within
@@ -38,9 +38,9 @@ from contracts import Artifact, AudioArtifact, DiarizationArtifact, SpeakerTurn,
 from contracts.errors import ModelUnavailableError
 from contracts.models import PYANNOTE_DEFAULT
 from contracts.stage_settings import DiarizationSettings
-from stages.base import Member, TorchStage
-from stages.memory import is_oom
-from stages.weights import cached_name
+from stages.runtime.base import Member, TorchStage
+from stages.runtime.memory import is_oom
+from stages.runtime.weights import cached_name
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class DiarizationStage(TorchStage):
         import torch
         import whisperx.diarize  # noqa: F401 - the pyannote pipeline
 
-        import stages.speaker_encoder  # noqa: F401 - the embedded diarizer's CAM++
+        import stages.voices.encoders  # noqa: F401 - the embedded diarizer's CAM++
 
     def load(self, request: StageRequest, device: str) -> str:
         settings: DiarizationSettings = self.settings
@@ -248,13 +248,13 @@ class EmbeddedDiarizer:
     """pyannote segmentation-3.0 + CAM++ + scipy agglomerative clustering, all offline."""
 
     def __init__(self, device: str, weights_dir: str | None, batch_size: int, runtime: str = "onnx") -> None:
-        """``runtime="onnx"``: both models in ONNX Runtime on the CPU (:mod:`stages.onnx_models`; each one
+        """``runtime="onnx"``: both models in ONNX Runtime on the CPU (:mod:`stages.voices.onnx_runtime`; each one
         that cannot be had stays on torch, logged); "torch": the torch modules."""
         from pyannote.audio import Inference, Model
         from pyannote.audio.utils.reproducibility import fix_reproducibility
 
-        from stages.speaker_encoder import CamPlusPlusEncoder
-        from stages.weights import weight_path
+        from stages.runtime.weights import weight_path
+        from stages.voices.encoders import CamPlusPlusEncoder
 
         path = weight_path("segmentation", weights_dir)
         try:
@@ -278,7 +278,7 @@ class EmbeddedDiarizer:
         self.step_samples = round(STEP_S * SAMPLE_RATE)
         self.onnx = None
         if runtime == "onnx" and device == "cpu":
-            from stages.onnx_models import session
+            from stages.voices.onnx_runtime import session
 
             probe = 0.1 * torch.randn(2, 1, self.window_samples, generator=torch.Generator().manual_seed(0))
             self.onnx = session(

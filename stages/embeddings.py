@@ -20,9 +20,9 @@ from contracts import Artifact, EmbeddingsArtifact, StageRequest, TranscriptArti
 from contracts.errors import ModelUnavailableError
 from contracts.models import EMBEDDING_PROFILES, portable_name
 from contracts.stage_settings import EmbeddingsSettings
-from stages.base import Member, TorchStage, save_array
-from stages.memory import is_oom
-from stages.weights import cached_revision
+from stages.runtime.base import Member, TorchStage, save_array
+from stages.runtime.memory import is_oom
+from stages.runtime.weights import cached_revision
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class LoadedModel:
 def load_model(profile: str, device: str, allow_hub: bool = False, fallback: bool = True) -> LoadedModel:
     """Load the profile's model on ``device``; offline, fall back to the embedded model (logged) when allowed.
 
-    Shared by the embeddings stage and the API's embedding worker (stages.embedding_worker).
+    Shared by the embeddings stage and the API's embedding worker (stages.runtime.embedding_worker).
     """
     requested = resolve_model(profile)
     try:

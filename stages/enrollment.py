@@ -30,7 +30,7 @@ from contracts import (
 )
 from contracts.errors import ArtifactError, InputError
 from contracts.stage_settings import EnrollmentSettings
-from stages.base import Member, TorchStage, save_array
+from stages.runtime.base import Member, TorchStage, save_array
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class EnrollmentStage(TorchStage):
         global np, speaker_encoder
         import numpy as np
 
-        import stages.speaker_encoder as speaker_encoder
+        import stages.voices.encoders as speaker_encoder
 
     def load(self, request: StageRequest, device: str) -> str:
         settings: EnrollmentSettings = self.settings

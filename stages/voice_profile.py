@@ -13,7 +13,7 @@ from pathlib import Path
 
 from contracts import InputError, ProfileClip, StageRequest, VoiceProfile, WorkItem, sha256_file
 from contracts.stage_settings import DEFAULT_THRESHOLDS, VoiceProfileSettings
-from stages.base import TorchStage
+from stages.runtime.base import TorchStage
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class VoiceProfileStage(TorchStage):
         import numpy as np
 
         import stages.audio as audio
-        import stages.speaker_encoder as speaker_encoder
+        import stages.voices.encoders as speaker_encoder
 
         audio.STAGE.import_libraries()
 

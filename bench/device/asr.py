@@ -149,7 +149,7 @@ def _throughput(whisper, prompt, windows, batch_size: int, device: str, **search
 
 
 def base_alone(ctx: Context, files: list[Path], base_dir: Path) -> dict:
-    from stages.whisper_torch import TorchWhisper, TorchWhisperModel
+    from stages.whisper.torch_model import TorchWhisper, TorchWhisperModel
 
     whisper = TorchWhisper(str(base_dir), ctx.device)
     tokenizer = TorchWhisperModel(whisper).tokenizer("en")
@@ -175,7 +175,7 @@ def large_v3_shape(ctx: Context, files: list[Path], tokenizer_dir: Path) -> dict
     import torch
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    from stages.whisper_torch import TorchWhisper, TorchWhisperModel
+    from stages.whisper.torch_model import TorchWhisper, TorchWhisperModel
 
     shape = dict(LARGE_V3)
     if ctx.quick:  # the same code on the CPU, a shape that runs in seconds
@@ -245,7 +245,7 @@ def one_process(ctx: Context, files: list[Path], base_dir: Path, embedding_model
     """The same work in one process, models loaded in turn: decode every file, transcribe its 30 s windows on
     the torch runtime (batch 16, beam 5: the pipeline's defaults), embed the segments' text."""
     started = time.perf_counter()
-    from stages.whisper_torch import TorchWhisper, TorchWhisperModel
+    from stages.whisper.torch_model import TorchWhisper, TorchWhisperModel
 
     whisper = TorchWhisper(str(base_dir), ctx.device)
     tokenizer = TorchWhisperModel(whisper).tokenizer("en")

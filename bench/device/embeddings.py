@@ -371,7 +371,7 @@ def _write_like_the_stage(vectors, out: Path, model_dir: str, device: str, batch
     """Seconds to write one embeddings artifact and its ``.npy`` sidecar per ``SEGMENTS`` rows, as the
     stage writes them (atomic, fsynced, sha256)."""
     from contracts import EmbeddingsArtifact, save_model
-    from stages.base import save_array
+    from stages.runtime.base import save_array
 
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -19,7 +19,7 @@ spawned as in production, the GPU guard's NVML checks) and is recorded even when
   that the first child finishes shows that nothing finished is redone.
 - ``pressure``: a ballast process (a separate Python child holding a torch tensor) brings the card to 75 %,
   then 88 %, of its memory while a pipeline run goes. The ballast takes its own memory checkpoint with the
-  stage children's code (``stages.memory.MemoryCheckpoints``), so the NOTICE and WARNING lines are the real
+  stage children's code (``stages.runtime.memory.MemoryCheckpoints``), so the NOTICE and WARNING lines are the real
   ones from real CUDA readings; the stage child's own checkpoint lines and the parent's warning about other
   processes on the GPU are captured as well. (A child's thresholds are on what *its* torch allocator holds,
   so the stage child itself is not expected to warn because of another process's memory.)
@@ -281,7 +281,7 @@ def ballast(device: str = "cuda") -> int:
     import torch
 
     from contracts import StageRequest, WorkItem
-    from stages.memory import MemoryCheckpoints
+    from stages.runtime.memory import MemoryCheckpoints
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     said: list[str] = []
@@ -290,7 +290,7 @@ def ballast(device: str = "cuda") -> int:
         def emit(self, record: logging.LogRecord) -> None:
             said.append(f"{record.levelname} {record.name}: {record.getMessage()}")
 
-    logging.getLogger("stages.memory").addHandler(Keep())
+    logging.getLogger("stages.runtime.memory").addHandler(Keep())
     request = StageRequest(
         request_id="ballast",
         stage="ballast",

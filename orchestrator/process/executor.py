@@ -33,7 +33,7 @@ from orchestrator.process.toolkit import following, spawn, stop
 log = logging.getLogger(__name__)
 
 #: the spawn target of every stage child
-CHILD_ENTRY = "stages.child:main"
+CHILD_ENTRY = "stages.runtime.child:main"
 
 
 @dataclass

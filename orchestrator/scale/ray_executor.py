@@ -39,7 +39,7 @@ from orchestrator.process.toolkit import following
 
 log = logging.getLogger(__name__)
 
-#: how the stage child logs (stages.child.LOG_FORMAT): the task's own lines join the same file
+#: how the stage child logs (stages.runtime.child.LOG_FORMAT): the task's own lines join the same file
 _TASK_LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 

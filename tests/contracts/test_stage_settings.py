@@ -50,7 +50,7 @@ def test_the_parent_sends_every_field_and_the_child_reads_every_field(name):
     # Then the stage's code reads exactly those fields (speaker_encoder.load_configured reads the encoder's)
     reads = _reads(definition.module)
     if name in ("enrollment", "voice_profile"):
-        reads |= _reads("stages.speaker_encoder")
+        reads |= _reads("stages.voices.encoders")
     assert reads == fields, (
         f"{name}: sent but never read {fields - reads}; read but never sent {reads - fields}"
     )

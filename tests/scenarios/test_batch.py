@@ -6,7 +6,7 @@ import pytest
 
 from contracts import TranscriptArtifact
 from orchestrator import Orchestrator, Settings
-from stages.speech import repeats_itself
+from stages.whisper.speech import repeats_itself
 from tests.fixtures.generate import clips
 
 pytestmark = pytest.mark.slow

@@ -126,9 +126,9 @@ def test_child_logs_go_to_their_files_not_the_console(run):
     done, out = run
     [run_dir] = (out / ".runs").iterdir()
     logs = {path.name.split("-")[1]: path.read_text() for path in run_dir.glob("chunk001-*-1.log")}
-    assert "stages.child: asr: pid" in logs["asr"]
+    assert "stages.runtime.child: asr: pid" in logs["asr"]
     # the ASR child was started while the audio stage ran, and imported whisperX ahead of its request
-    assert "stages.child: stages.asr: imported ahead in" in logs["asr"]
+    assert "stages.runtime.child: stages.asr: imported ahead in" in logs["asr"]
     assert "stages.embeddings: embeddings: model 'BAAI/bge-small-en-v1.5'" in logs["embeddings"]
     assert "[asr]" not in done.stderr, (
         "the console shows them only with -v (tests/scenarios/test_cli_console.py)"

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from stages.noise import KNOWN_WARNINGS
+from stages.runtime.noise import KNOWN_WARNINGS
 from tests.conftest import MEDIA
 from tests.scenarios.test_cli import pipeline
 
@@ -79,7 +79,7 @@ def test_verbose_streams_the_children_and_quiet_prints_the_summary_only(first, t
         "embedded",
     )
     assert verbose.returncode == 0, verbose.stderr[-3000:]
-    assert "[asr] stages.base: asr: speech done in" in verbose.stderr
+    assert "[asr] stages.runtime.base: asr: speech done in" in verbose.stderr
 
 
 def test_every_known_warning_is_narrowed_to_a_module():

@@ -58,7 +58,7 @@ def test_enroll_writes_a_profile_in_its_own_child(run):
     host, _, profiles, _ = run
     profile = json.loads((profiles / "Host.json").read_text())
     assert profile["name"] == "Host" and profile["encoder"] == "campplus" and len(profile["clips"]) == 2
-    assert "[voice_profile] stages.child: voice_profile: pid" in host.stderr
+    assert "[voice_profile] stages.runtime.child: voice_profile: pid" in host.stderr
 
 
 def test_enrolled_speakers_are_named_in_the_srt_and_the_stranger_is_not(run):
@@ -158,7 +158,7 @@ def test_each_speaker_stage_ran_in_its_own_child(run):
     pids = [r["attempts"][0]["pid"] for r in runs.values()]
     assert len(set(pids)) == len(pids)
     for stage in ("diarization", "enrollment", "alignment"):
-        assert f"[{stage}] stages.child: {stage}: pid" in done.stderr
+        assert f"[{stage}] stages.runtime.child: {stage}: pid" in done.stderr
     item = report["inputs"][0]["stages"]
     assert item["enrollment"]["batch_size"] == 4 and item["diarization"]["status"] == "ok"
 

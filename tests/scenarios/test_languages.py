@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from stages.language import combine, decide, spread
+from stages.whisper.language import combine, decide, spread
 from tests.conftest import MEDIA, wer
 from tests.scenarios.test_cli import pipeline
 

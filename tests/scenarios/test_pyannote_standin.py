@@ -69,7 +69,7 @@ def test_the_stand_in_is_laid_out_as_the_cache_holds_the_repository(hf_home):
     from pyannote.audio import Model
     from pyannote.audio.core.plda import PLDA
 
-    from stages.weights import weight_path
+    from stages.runtime.weights import weight_path
 
     repo = hf_home / "hub" / f"models--{COMMUNITY_REPO.replace('/', '--')}"
     assert (repo / "refs" / "main").read_text() == COMMUNITY_REVISION

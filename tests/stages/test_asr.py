@@ -140,12 +140,12 @@ def test_words_are_timed_while_decoding_and_the_alignment_stage_then_runs_no_mod
 def test_a_failing_word_timing_leaves_the_transcript_standing(tmp_path, audio_json, monkeypatch):
     """Word timing is a bonus of the decode: if it fails (not out of memory), the input is still transcribed,
     its segments have no words, and the alignment stage will time them (tested above)."""
-    import stages.whisper_align
+    import stages.whisper.align
 
     def broken(*args, **kwargs):
         raise RuntimeError("alignment heads missing")
 
-    monkeypatch.setattr(stages.whisper_align, "timed_words", broken)
+    monkeypatch.setattr(stages.whisper.align, "timed_words", broken)
     result = AsrStage().run(_request(tmp_path, audio_json))
     assert result.items[0].ok, result.items[0].error
     transcript = load_artifact(tmp_path / "transcript.json", TranscriptArtifact)
@@ -397,9 +397,9 @@ def test_word_timing_failing_for_one_input_spares_the_others_in_its_batch(
 ):
     """Windows of several inputs share a decoder batch: word timing failing for the windows of one input
     leaves those without words (the alignment stage times them) and every other window of the batch timed."""
-    import stages.whisper_align
+    import stages.whisper.align
 
-    timed = stages.whisper_align.timed_words
+    timed = stages.whisper.align.timed_words
     markers = {"fox", "shells", "stella", "store"}  # words of the speech clip, not of the dialogues
 
     def fails_on_the_speech_clip(tokenizer, tokens, *args):
@@ -407,7 +407,7 @@ def test_word_timing_failing_for_one_input_spares_the_others_in_its_batch(
             raise ValueError("no alignment for this window")
         return timed(tokenizer, tokens, *args)
 
-    monkeypatch.setattr(stages.whisper_align, "timed_words", fails_on_the_speech_clip)
+    monkeypatch.setattr(stages.whisper.align, "timed_words", fails_on_the_speech_clip)
     result, transcripts, seen = _run_several(tmp_path, several_audio, 4, pack=True)
     assert all(r.ok for r in result.items), result.items
     assert any({"speech", "dialogue"} <= set(ids) for ids in seen), seen  # a batch held both
@@ -752,7 +752,7 @@ def test_a_window_that_repeats_itself_is_decoded_again_at_rising_temperatures_re
     tmp_path, audio_json, caplog
 ):
     """With a guard no text can pass (compression ratio above 1.01), every window is decoded again by sampling at
-    0.2, 0.4 ... 1.0 and keeps the least looped, else likeliest, decode (stages.speech.better_loop): the
+    0.2, 0.4 ... 1.0 and keeps the least looped, else likeliest, decode (stages.whisper.speech.better_loop): the
     transcript stays as good as the greedy one, its words are timed for the text kept, and a second run gives the
     same text (the sampling is seeded)."""
     check_repetition_guard(tmp_path, audio_json, caplog)

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 import stages.asr
-from stages.asr import AsrStage, torch_compute_type
+from stages.asr import AsrStage
+from stages.whisper.runtime import torch_compute_type
 from tests.conftest import stage_settings
 
 

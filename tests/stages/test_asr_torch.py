@@ -1,4 +1,4 @@
-"""The ASR stage on the torch runtime (stages/whisper_torch.py) against CTranslate2, through the real stage.
+"""The ASR stage on the torch runtime (stages/whisper/torch_model.py) against CTranslate2, through the real stage.
 
 The embedded tiny.en transcribes the espeak clip, the two committed dialogues and pyannote.audio's own sample (a
 telephone call; its reference transcript ships beside it, ``sample.stm``) on both runtimes, each loaded once for
@@ -272,9 +272,9 @@ def decoders(english_audio):
 
     from contracts import AudioArtifact, load_artifact
     from stages.asr import embedded_model_path
-    from stages.weights import DEFAULT_DIR
-    from stages.whisper_convert import torch_whisper_dir
-    from stages.whisper_torch import TorchWhisper
+    from stages.runtime.weights import DEFAULT_DIR
+    from stages.whisper.convert import torch_whisper_dir
+    from stages.whisper.torch_model import TorchWhisper
 
     audio = load_artifact(english_audio["speech"], AudioArtifact)
     speech = np.load(english_audio["speech"].parent / audio.sidecar)

@@ -182,7 +182,7 @@ def test_the_run_is_refused_before_it_starts_with_an_english_only_model(tmp_path
 
 @pytest.mark.slow
 def test_translation_runs_on_the_torch_runtime_too(tmp_path):
-    """The same translate task on the torch runtime (stages/whisper_torch.py), joined inputs too."""
+    """The same translate task on the torch runtime (stages/whisper/torch_model.py), joined inputs too."""
     audio = decode_audio(tmp_path, {"es": LANGUAGES / "es.ogg", "es2": LANGUAGES / "es.ogg"})
     JOINED.clear()
     translated = _run(tmp_path, audio, translate=True, runtime="torch")

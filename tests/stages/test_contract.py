@@ -19,7 +19,7 @@ from contracts import (
     VoiceProfile,
 )
 from orchestrator import Orchestrator, Settings
-from stages.base import Stage
+from stages.runtime.base import Stage
 
 STAGE_MODULES = {
     "audio": "stages.audio",

@@ -291,7 +291,7 @@ def test_the_pyannote_pipeline_is_named_by_the_revision_the_cache_holds(tmp_path
     its path) and the uncached one its name."""
     from huggingface_hub import constants
 
-    from stages.weights import cached_name
+    from stages.runtime.weights import cached_name
 
     revision = "ab" * 20
     snapshot = tmp_path / "hub" / "models--org--pipe" / "snapshots" / revision

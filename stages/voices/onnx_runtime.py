@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from contracts.io import atomic_write_bytes
-from stages.memory import is_oom
+from stages.runtime.memory import is_oom
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stages.speech import (
+from stages.whisper.speech import (
     Decoded,
     better_loop,
     clean_pieces,
@@ -48,7 +48,7 @@ def test_segments_outside_speech_or_scored_as_non_speech_are_dropped():
 
 
 def test_whisper_silence_needs_both_of_its_signals():
-    from stages.speech import whisper_says_silence
+    from stages.whisper.speech import whisper_says_silence
 
     assert whisper_says_silence(0.9, -1.5)  # likely no speech, and the words it found are improbable
     assert not whisper_says_silence(0.9, -0.3)  # confident words: keep, whatever the no-speech token says

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from stages.asr import embedded_model_path
-from stages.weights import DEFAULT_DIR, WHISPER_BASE_DIR
-from stages.whisper_convert import MARKER, read_model_bin, torch_whisper_dir
+from stages.runtime.weights import DEFAULT_DIR, WHISPER_BASE_DIR
+from stages.whisper.convert import MARKER, read_model_bin, torch_whisper_dir
 from tests.conftest import MAX_WER, SPEECH_TEXT, wer
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ MAX_TEXT_WER = 0.02
 def _source(name: str) -> Path:
     source = SOURCES[name]
     if not (source / "model.bin").is_file():
-        pytest.skip(f"{source} is not there (python -m stages.weights fetches it)")
+        pytest.skip(f"{source} is not there (python -m stages.runtime.weights fetches it)")
     return source
 
 
@@ -268,7 +268,7 @@ def test_int8_weights_are_dequantized(converted, tmp_path):
 
 
 def test_command_line(converted, tmp_path):
-    from stages.whisper_convert import main
+    from stages.whisper.convert import main
 
     # the device kit's entry point, SRC OUT: a finished directory is reused
     out = converted("tiny.en")

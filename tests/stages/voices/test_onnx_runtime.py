@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import torch
 
-from stages.onnx_models import session
+from stages.voices.onnx_runtime import session
 
 
 def _module(tmp_path):
@@ -40,7 +40,7 @@ def test_a_module_is_exported_once_and_computes_what_torch_computes(tmp_path):
 
 def test_a_session_beyond_the_tolerance_is_refused_and_torch_kept(tmp_path, caplog):
     module, weights = _module(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="stages.onnx_models"):
+    with caplog.at_level(logging.WARNING, logger="stages.voices.onnx_runtime"):
         assert (
             session("tiny", module, weights, torch.randn(2, 3, 40), "x", {0: "batch"}, tolerance=-1.0) is None
         )
@@ -53,7 +53,7 @@ def test_an_export_that_fails_keeps_torch(tmp_path, caplog):
             return torch.from_numpy(np.sort(x.numpy(), axis=-1))  # leaves torch: the tracer cannot follow
 
     _, weights = _module(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="stages.onnx_models"):
+    with caplog.at_level(logging.WARNING, logger="stages.voices.onnx_runtime"):
         model = session(
             "broken", Unexportable(), weights, torch.randn(2, 3, 4), "x", {0: "batch"}, tolerance=1e-4
         )

@@ -22,7 +22,7 @@ decodes each of them again alone.
 windows per language, in arrival order (what keeps an input's wait short);
 a window that leaves no room for another input's speech (``min_room_s``) is
 decoded alone, as it would be without joining. :func:`split_words` is the way
-back. No model, no I/O: unit-tested in tests/stages/test_joining.py.
+back. No model, no I/O: unit-tested in tests/stages/whisper/test_joining.py.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ before decoding) and the alignment stage (segments, once their words are timed):
   her, tell her, ..." over a second of audio): text whose zlib compression ratio is
   above 2.4 is decoded again (alone, then at rising temperatures).
 
-No model, no I/O: unit-tested in tests/stages/test_speech.py.
+No model, no I/O: unit-tested in tests/stages/whisper/test_speech.py.
 """
 
 from __future__ import annotations

