@@ -77,8 +77,8 @@ def main() -> int:
     import whisperx.asr as whisperx_asr
     from faster_whisper import decode_audio
 
-    from stages.asr import embedded_model_path
     from stages.runtime.weights import whisper_base_path
+    from stages.whisper.models import embedded_model_path
     from tests.conftest import wer
 
     english, other = english_set(), other_set()

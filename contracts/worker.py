@@ -22,7 +22,7 @@ class WorkerConfig(Strict):
     #: "speed", "quality", "embedded" or a model name (stages.embeddings.resolve_model)
     profile: str
     #: the module whose ``load_embedder(config)`` builds the encoder (tests swap in fixtures)
-    module: str = Field("stages.runtime.embedding_worker", pattern=r"^[A-Za-z_][\w.]*$")
+    module: str = Field("stages.workers.embeddings", pattern=r"^[A-Za-z_][\w.]*$")
     device: str = "auto"
     allow_hub: bool = False
     fallback: bool = True

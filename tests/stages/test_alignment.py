@@ -260,7 +260,7 @@ def test_segments_outside_the_decoded_speech_are_dropped_and_counted():
 @pytest.mark.slow
 def test_offline_words_are_timed_by_the_asr_models_cross_attention(inputs, monkeypatch, tmp_path):
     """No wav2vec2 on disk: the embedded Whisper model that "wrote" the transcript times its words."""
-    from stages.asr import embedded_model_path
+    from stages.whisper.models import embedded_model_path
     from tests.conftest import SPEECH_TEXT
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -9,8 +9,9 @@ import pytest
 
 from contracts import AudioArtifact, StageRequest, TranscriptArtifact, WorkItem, load_artifact
 from contracts.errors import ModelUnavailableError
-from stages.asr import AsrStage, embedded_model_path, resolve_model
+from stages.asr import AsrStage
 from stages.audio import STAGE as AUDIO
+from stages.whisper.models import embedded_model_path, resolve_model
 from tests.conftest import DIALOGUE_TEXT, MAX_WER, SPEECH_TEXT, normalise, stage_settings, wer
 
 pytestmark = pytest.mark.slow

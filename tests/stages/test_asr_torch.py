@@ -271,9 +271,9 @@ def decoders(english_audio):
     from faster_whisper.transcribe import get_ctranslate2_storage
 
     from contracts import AudioArtifact, load_artifact
-    from stages.asr import embedded_model_path
     from stages.runtime.weights import DEFAULT_DIR
     from stages.whisper.convert import torch_whisper_dir
+    from stages.whisper.models import embedded_model_path
     from stages.whisper.torch_model import TorchWhisper
 
     audio = load_artifact(english_audio["speech"], AudioArtifact)

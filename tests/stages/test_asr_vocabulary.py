@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from contracts.artifacts import VocabularyFile
-from stages.asr import AsrStage, fit_vocabulary
+from stages.asr import AsrStage
+from stages.whisper.prompt import fit_vocabulary
 from tests.conftest import MAX_WER, SPEECH_TEXT, wer
 from tests.stages.test_asr import LOWER_CASE_PROMPT, decode_audio, run_asr_stage
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from stages.asr import embedded_model_path
 from stages.runtime.weights import DEFAULT_DIR, WHISPER_BASE_DIR
 from stages.whisper.convert import MARKER, read_model_bin, torch_whisper_dir
+from stages.whisper.models import embedded_model_path
 from tests.conftest import MAX_WER, SPEECH_TEXT, wer
 
 pytestmark = pytest.mark.slow

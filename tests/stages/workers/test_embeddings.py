@@ -19,7 +19,7 @@ from contracts.worker import (
     StopWorker,
     WorkerConfig,
 )
-from stages.runtime.embedding_worker import serve
+from stages.workers.embeddings import serve
 
 pytestmark = pytest.mark.slow
 
