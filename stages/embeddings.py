@@ -22,7 +22,7 @@ from contracts.models import EMBEDDING_PROFILES, portable_name
 from contracts.stage_settings import EmbeddingsSettings
 from stages.runtime.base import Member, TorchStage, save_array
 from stages.runtime.memory import is_oom
-from stages.runtime.weights import cached_revision
+from stages.runtime.weights import cached_revision, incomplete_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,8 @@ def load_model(profile: str, device: str, allow_hub: bool = False, fallback: boo
     """
     requested = resolve_model(profile)
     try:
+        if not allow_hub and (incomplete := incomplete_snapshot(requested, "sentence-transformers")):
+            raise ModelUnavailableError(incomplete)
         model = load_sentence_transformer(requested, device, allow_hub)
         return LoadedModel(model, requested, profile, requested, None, cached_revision(requested))
     except Exception as exc:

@@ -67,8 +67,9 @@ def models_list(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Per stage: the model the settings ask for, whether the Hugging Face cache holds it (which revision),
-    and what `process` would run now (the model, or the embedded fallback and why)."""
+    """Per stage (`process`'s, and `enroll`'s encoder): the model the settings ask for, whether the Hugging
+    Face cache holds it (which revision) or it is embedded, and what would run now (the model, or the
+    embedded fallback and why)."""
     import dataclasses
     import json
 
@@ -85,7 +86,7 @@ def models_list(
         head, at, revision = name.partition("@")
         return f"{head}@{revision[:12]}" if at and len(revision) == 40 else name
 
-    table = Table(title=None if rows else "no stage of these settings needs a hub model")
+    table = Table()
     for column in (
         "stage",
         "asks for",
@@ -96,7 +97,7 @@ def models_list(
     ):
         table.add_column(column, overflow="fold")
     for r in rows:
-        asked = r.repo if r.local else f"{r.repo}@{r.revision}"
+        asked = f"{r.repo}@{r.revision}" if r.revision else r.repo
         cached = "no" if r.cached is None else r.cached[:12]
         table.add_row(r.stage, asked, cached, short(r.runs), r.fallback_reason or "-", r.terms or "-")
     Console(width=200).print(table)
@@ -120,7 +121,19 @@ def models_pull(
     summary: list[str] = []  # one line per model, after huggingface_hub's progress bars
     for row in rows:
         if row.local:
-            summary.append(f"local {row.stage}: {row.repo} is a folder on this machine: carry it yourself")
+            summary.append(
+                f"local {row.stage}: {row.repo} is a folder on this machine: carry it yourself"
+                if row.cached
+                else f"FAILED {row.stage}: {row.repo}: {row.fallback_reason}"
+            )
+            continue
+        if row.source == "torch":
+            summary.append(
+                f"skipped {row.stage}: {row.repo} is torchaudio's, not a hub model: a run that reaches "
+                "download.pytorch.org fetches it into $TORCH_HOME/hub/checkpoints; carry that file"
+            )
+            continue
+        if not row.hub:  # embedded: ships with the project
             continue
         try:
             summary.append(f"pulled {pull(row)}")
@@ -147,23 +160,35 @@ def models_verify(
     ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Hash every cached file of the settings' models against its blob's name (sha256 / git sha1); name the
-    missing and corrupt ones. Exit 1 when any is bad."""
+    """Check each cached model of the settings: every file its stage loads is there, and every file's hash
+    matches its blob's name (sha256 / git sha1). Names the missing, corrupt and unhashable files; exit 1
+    when any is, or (--all) when nothing is cached."""
+    from huggingface_hub import constants
+
+    from contracts.snapshots import STAGE_KINDS
     from orchestrator.models.cache import cached_repo_ids, verify
 
     setup_logging(verbosity_of(verbose))
     if every:
-        repos = cached_repo_ids()
+        repos = {repo: None for repo in cached_repo_ids()}
+        if not repos:
+            typer.echo(f"nothing cached: no model in {constants.HF_HUB_CACHE} (is HF_HOME set?)", err=True)
+            raise typer.Exit(ExitCode.FAILED)
     else:
         rows = _model_rows(asr_model, embedding_profile, diarization_model, speaker_encoder, languages, False)
-        repos = [r.repo for r in rows if not r.local]
+        repos = {r.repo: STAGE_KINDS.get(r.stage.split(", ", 1)[0]) for r in rows if r.hub}
+        if not repos:
+            typer.echo("no model of these settings comes from the hub: nothing to verify", err=True)
+            raise typer.Exit(ExitCode.OK)
     bad = 0
-    for repo in repos:
-        check = verify(repo)
-        if check.problems:
+    for repo, kind in repos.items():
+        check = verify(repo, kind=kind)
+        for problem in check.problems:
+            typer.echo(f"BAD {repo}: {problem}", err=True)
+        for file in check.unhashed:
+            typer.echo(f"UNHASHED {repo}: {file}", err=True)
+        if check.problems or check.unhashed:
             bad += 1
-            for problem in check.problems:
-                typer.echo(f"BAD {repo}: {problem}", err=True)
         else:
             typer.echo(f"ok {repo}@{check.revision} ({check.files} files)", err=True)
     raise typer.Exit(ExitCode.FAILED if bad else ExitCode.OK)

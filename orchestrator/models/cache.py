@@ -13,10 +13,27 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contracts.models import HF_ALIGNERS, PYANNOTE_DEFAULT
+from contracts.models import (
+    ALIGNER_BY_LANGUAGE,
+    HF_ALIGNERS,
+    PYANNOTE_DEFAULT,
+    TORCHAUDIO_ALIGNERS,
+    WORD_TIMING,
+)
+from contracts.snapshots import STAGE_KINDS, kind_of, missing_files
 from orchestrator.gpu.sizing import resolve_auto
-from orchestrator.models.choice import aligner_for, cached_revision, repo_folder, resolve_models, wanted_model
-from orchestrator.registry import process_specs
+from orchestrator.models.choice import (
+    TORCHAUDIO_SERVER,
+    aligner_for,
+    cached_revision,
+    loadable_revision,
+    repo_folder,
+    resolve_models,
+    snapshot_missing,
+    torch_hub_home,
+    wanted_model,
+)
+from orchestrator.registry import BY_NAME, VOICE_PROFILE, StageSpec, process_specs
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,14 +75,16 @@ class PullError(Exception):
 
 @dataclass
 class ModelRow:
-    """One model a stage of the settings asks for, and what would run now."""
+    """One model a stage of the settings can load, and what would run now."""
 
     stage: str
-    #: the hub repository (or local folder) the settings ask for
+    #: the hub repository (or local folder, or embedded model) the settings ask for
     repo: str
-    #: the revision asked for (the settings pin none: the hub's ``main``)
-    revision: str = "main"
-    #: the revision ``main`` points at in the cache (None: not cached; "local" for a folder)
+    #: the revision asked for (the settings pin none: the hub's ``main``; None: not a hub model)
+    revision: str | None = "main"
+    #: the revision ``main`` points at in the cache when its snapshot can load (None: not cached, or a file
+    #: the stage loads is missing); "local" for a folder, "embedded" for a model that ships with the project,
+    #: "torch hub" for a torchaudio aligner's checkpoint in ``$TORCH_HOME/hub/checkpoints``
     cached: str | None = None
     #: what ``process`` would run now, in the plan's words
     runs: str = ""
@@ -73,35 +92,98 @@ class ModelRow:
     fallback_reason: str | None = None
     #: licence or gate, when known
     terms: str | None = None
+    #: where the model comes from: "hub" (pulled, verified), "local" (a folder), "embedded", "torch"
+    source: str = field(default="hub", repr=False)
     allow_patterns: list[str] | None = field(default=None, repr=False)
     ignore_patterns: list[str] | None = field(default=None, repr=False)
 
     @property
     def local(self) -> bool:
-        return self.cached == "local"
+        return self.source == "local"
+
+    @property
+    def hub(self) -> bool:
+        return self.source == "hub"
+
+    @property
+    def kind(self) -> str | None:
+        """The kind of model its (first) stage loads (``contracts.snapshots``)."""
+        return STAGE_KINDS.get(self.stage.split(", ", 1)[0])
+
+
+def model_specs(settings: Settings) -> list[StageSpec]:
+    """Every stage that can load a model under ``settings``, whichever command runs it: ``process``'s, the
+    enrollment stage even before a voice profile exists (``process`` runs it once one does), and
+    ``pipeline enroll``'s encoder (``voice_profile``)."""
+    specs = process_specs(settings)
+    names = {spec.name for spec in specs}
+    if "diarization" in names and "enrollment" not in names:
+        specs.append(BY_NAME["enrollment"].spec(settings))
+    specs.append(VOICE_PROFILE.spec(settings))
+    return specs
 
 
 def model_rows(settings: Settings, hub_info=None) -> list[ModelRow]:
-    """Each hub model the stages of ``settings`` ask for, with what runs now (``settings.allow_hub`` must be
-    resolved: ``orchestrator.models.hub.resolve_hub``). ``hub_info(repo)``: the hub's answer for a repository
-    or the exception it raised (default: one ``model_info`` request each, only when the hub is allowed)."""
+    """Each model the stages of ``settings`` can load (:func:`model_specs`), with what runs now
+    (``settings.allow_hub`` must be resolved: ``orchestrator.models.hub.resolve_hub``): hub models, local
+    folders, embedded models and the aligners per language. ``hub_info(repo)``: the hub's answer for a
+    repository or the exception it raised (default: one ``model_info`` request each, only when the hub is
+    allowed). Stages that load the same model share one row (``enrollment, voice_profile``)."""
     hub = bool(settings.hub)
-    specs = process_specs(resolve_auto(settings))
+    settings = resolve_auto(settings)
+    specs = model_specs(settings)
     runs = resolve_models(specs, hub)
     if hub_info is None:
         hub_info = _hub_info
     rows: list[ModelRow] = []
     for spec in specs:
         wanted = wanted_model(spec)
-        if wanted is not None:
+        if spec.name == "alignment":
+            rows += _aligner_rows(settings, hub, hub_info) if getattr(spec.settings, "align", False) else []
+        elif wanted is not None:
             rows.append(_row(spec.name, wanted, runs.get(spec.name, ""), hub, hub_info))
-        if spec.name == "alignment" and getattr(spec.settings, "align", False):
-            languages = [settings.asr_language] if settings.asr_language else list(settings.asr_languages)
-            for language in languages:
-                if language in HF_ALIGNERS:
-                    rows.append(
-                        _row("alignment", HF_ALIGNERS[language], aligner_for(language, hub), hub, hub_info)
-                    )
+        elif spec.name in runs:
+            asked = getattr(spec.settings, "model", None) or getattr(spec.settings, "profile", None)
+            asked = getattr(spec.settings, "encoder", None) or asked
+            rows.append(_embedded(spec.name, str(asked), runs[spec.name]))
+    merged: dict[tuple[str, str], ModelRow] = {}
+    for row in rows:
+        if (row.repo, row.runs) in merged:
+            merged[row.repo, row.runs].stage += f", {row.stage}"
+        else:
+            merged[row.repo, row.runs] = row
+    return list(merged.values())
+
+
+def _embedded(stage: str, asked: str, runs: str) -> ModelRow:
+    """A model that ships with the project (a wheel, or pinned weights): no hub, nothing to pull."""
+    return ModelRow(stage=stage, repo=asked, revision=None, cached="embedded", runs=runs, source="embedded")
+
+
+def _aligner_rows(settings: Settings, hub: bool, hub_info) -> list[ModelRow]:
+    """The alignment stage's aligner for each language the settings name (none named: one row, the aligner
+    chosen per detected language)."""
+    languages = [settings.asr_language] if settings.asr_language else list(settings.asr_languages)
+    if not languages:
+        return [_embedded("alignment", ALIGNER_BY_LANGUAGE, ALIGNER_BY_LANGUAGE)]
+    rows = []
+    for language in languages:
+        runs = aligner_for(language, hub)
+        if language in HF_ALIGNERS:
+            rows.append(_row("alignment", HF_ALIGNERS[language], runs, hub, hub_info))
+        elif language in TORCHAUDIO_ALIGNERS:
+            bundle, file = TORCHAUDIO_ALIGNERS[language]
+            checkpoints = Path(torch_hub_home()) / "checkpoints"
+            row = ModelRow(stage="alignment", repo=bundle, revision=None, runs=runs, source="torch")
+            row.cached = "torch hub" if (checkpoints / file).is_file() else None
+            if runs == WORD_TIMING:
+                row.fallback_reason = (
+                    f"not in {checkpoints}, and {TORCHAUDIO_SERVER} is off: not a hub model, "
+                    "run once with that server reachable (or copy the file there)"
+                )
+            rows.append(row)
+        else:
+            rows.append(_embedded("alignment", WORD_TIMING, runs))
     return rows
 
 
@@ -111,11 +193,26 @@ def _row(stage: str, repo: str, runs: str, hub: bool, hub_info) -> ModelRow:
         row.allow_patterns = ASR_FILES
     elif stage in ("embeddings", "alignment"):
         row.ignore_patterns = OTHER_FORMATS
-    if Path(repo).expanduser().exists():
-        row.cached = "local"
+    path = Path(repo).expanduser()
+    if path.exists():
+        row.cached, row.revision, row.source = "local", None, "local"
         return row
-    row.cached = cached_revision(repo)
+    if repo.count("/") != 1 or repo.startswith(("/", ".", "~")):
+        row.revision, row.source = None, "local"
+        row.fallback_reason = (
+            f"no such folder on this machine ({path})"
+            if repo.startswith(("/", ".", "~")) or repo.count("/") > 1
+            else "neither a hub repository (org/name) nor a folder on this machine"
+        )
+        return row
+    row.cached = loadable_revision(repo, row.kind)
     if _names(runs, repo):
+        return row
+    if missing := snapshot_missing(repo, row.kind):
+        row.fallback_reason = (
+            f"not cached: its snapshot {cached_revision(repo)} lacks {', '.join(missing)} "
+            "(a pull cut off between files?): `models pull` again"
+        )
         return row
     info = hub_info(repo) if hub else None
     if isinstance(info, Exception):
@@ -221,7 +318,7 @@ def pull(row: ModelRow) -> str:
     return f"{row.stage}: {row.repo}@{Path(path).name} ({len(files)} files, {size / 2**20:.1f} MiB)"
 
 
-# -- verify: the cache's files against their blob names ------------------------------------------------
+# -- verify: the cache's files against their blob names, and the files each loader opens ----------------
 
 
 @dataclass
@@ -233,32 +330,72 @@ class Check:
     files: int = 0
     #: "file: why" for each missing or corrupt file (empty: sound)
     problems: list[str] = field(default_factory=list)
+    #: "file: why" for each file whose hash nothing in the cache records (a copy that dereferenced the
+    #: cache's links: its name is not its hash); not "ok", not known bad
+    unhashed: list[str] = field(default_factory=list)
 
 
-def verify(repo: str, cache_dir: Path | None = None) -> Check:
-    """Hash every file of ``repo``'s cached ``main`` snapshot against its blob's name: the sha256 of an LFS
-    file, the git blob sha1 of any other. A snapshot file whose blob is gone is missing."""
+def verify(repo: str, cache_dir: Path | None = None, kind: str | None = None) -> Check:
+    """Check ``repo``'s cached ``main`` snapshot: every file a loader of ``kind`` opens is there (default:
+    the kind its files show, ``contracts.snapshots``), and every file's content matches its hash: the blob
+    it links to is named by it (the sha256 of an LFS file, the git blob sha1 of any other). A file copied
+    without its link (``cp -rL``, ``rsync -L``) is hashed and looked up among the cache's blob names; one
+    that matches none is corrupt when a blob of its size matches no file (same size, other bytes), else
+    unhashed. A snapshot file whose blob is gone is missing."""
     folder = repo_folder(repo, cache_dir)
     revision = cached_revision(repo, cache_dir)
     check = Check(repo=repo, revision=revision)
     if revision is None:
         check.problems.append("not in the cache (run `pipeline models pull` on a connected machine)")
         return check
-    for link in sorted((folder / "snapshots" / revision).rglob("*")):
+    snapshot = folder / "snapshots" / revision
+    blobs = {
+        p.name: p.stat().st_size for p in (folder / "blobs").glob("*") if _HEX.match(p.name) and p.is_file()
+    }
+    claimed: set[str] = set()
+    copies: list[tuple[str, int]] = []  # dereferenced files that match no blob: (name, size)
+    gone: set[str] = set()
+    for link in sorted(snapshot.rglob("*")):
         if link.is_dir():
             continue
         check.files += 1
-        name = link.relative_to(folder / "snapshots" / revision).as_posix()
+        name = link.relative_to(snapshot).as_posix()
+        if not link.is_symlink():
+            sha256, sha1 = _hashes(link)
+            if sha256 in blobs or sha1 in blobs:
+                claimed.add(sha256 if sha256 in blobs else sha1)
+            else:
+                copies.append((name, link.stat().st_size))
+            continue
         blob = link.resolve()
         if not blob.is_file():
             check.problems.append(f"{name}: missing (its blob is gone)")
+            gone.add(name)
             continue
         expected = blob.name
+        claimed.add(expected)
         if not _HEX.match(expected):
-            continue  # not a cache blob (a file copied in by hand): nothing to check it against
-        actual = _sha256(blob) if len(expected) == 64 else _git_sha1(blob)
+            check.unhashed.append(f"{name}: links outside the cache's blobs ({blob}): no hash to check")
+            continue
+        sha256, sha1 = _hashes(blob)
+        actual = sha256 if len(expected) == 64 else sha1
         if actual != expected:
             check.problems.append(f"{name}: corrupt (hash {actual[:12]}..., blob {expected[:12]}...)")
+    unmatched = {size for blob, size in blobs.items() if blob not in claimed}
+    for name, size in copies:
+        if size in unmatched:
+            check.problems.append(
+                f"{name}: corrupt (a copy without its link: its content matches no blob of the cache, "
+                "and a blob of its size matches no file)"
+            )
+        else:
+            check.unhashed.append(
+                f"{name}: could not be hashed (a copy without the cache's links, and no blob of the cache "
+                "holds its content: copy HF_HOME keeping links, rsync -a)"
+            )
+    for name in missing_files(snapshot, kind or kind_of(snapshot)):
+        if name not in gone:
+            check.problems.append(f"{name}: missing (the stage loads it: a pull cut off between files?)")
     return check
 
 
@@ -272,17 +409,12 @@ def cached_repo_ids(cache_dir: Path | None = None) -> list[str]:
     )
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def _hashes(path: Path) -> tuple[str, str]:
+    """(sha256, git blob sha1) of ``path``'s content, in one read: what the cache names a blob by."""
+    sha256 = hashlib.sha256()
+    sha1 = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())  # git's object id, not for security
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(2**20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _git_sha1(path: Path) -> str:
-    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())  # git's object id, not for security
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(2**20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+            sha256.update(chunk)
+            sha1.update(chunk)
+    return sha256.hexdigest(), sha1.hexdigest()

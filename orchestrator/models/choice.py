@@ -33,6 +33,7 @@ from contracts.models import (
     TORCHAUDIO_ALIGNERS,
     WORD_TIMING,
 )
+from contracts.snapshots import STAGE_KINDS, kind_of, missing_files
 from orchestrator.gpu.sizing import ASR_REPOS
 from orchestrator.registry import StageSpec
 
@@ -58,31 +59,32 @@ def resolve_models(specs: list[StageSpec], hub: bool) -> dict[str, str]:
     cache: dict[str, str | None] = {}
     _ANSWERS.clear()
 
-    def repo(name: str) -> str | None:
+    def repo(name: str, kind: str | None) -> str | None:
         if name not in cache:
-            cache[name] = _repo(name, hub)
+            cache[name] = _repo(name, hub, kind)
         return cache[name]
 
     for spec in specs:
         s = spec.settings
         wanted = wanted_model(spec)
+        kind = STAGE_KINDS.get(spec.name)
         if spec.name == "asr":
-            resolved[spec.name] = _asr(s.model, repo)
+            resolved[spec.name] = _asr(s.model, lambda name: repo(name, "whisper"))
         elif spec.name == "diarization":
-            resolved[spec.name] = (repo(wanted) if wanted else None) or DIARIZATION_EMBEDDED
+            resolved[spec.name] = (repo(wanted, kind) if wanted else None) or DIARIZATION_EMBEDDED
         elif spec.name == "embeddings":
             if wanted is None:
                 resolved[spec.name] = EMBEDDING_FALLBACK
             else:
-                resolved[spec.name] = repo(wanted) or (
+                resolved[spec.name] = repo(wanted, kind) or (
                     EMBEDDING_FALLBACK if s.fallback else f"{wanted} (unavailable)"
                 )
         elif spec.name == "alignment" and getattr(s, "align", None) is not None:
             # the aligner depends on each input's language: :func:`aligner_for` names it per input
             resolved[spec.name] = ALIGNER_BY_LANGUAGE if s.align else "none"
-        elif spec.name == "enrollment":
+        elif spec.name in ("enrollment", "voice_profile"):
             resolved[spec.name] = (
-                "campplus (embedded)" if wanted is None else (repo(wanted) or f"{wanted} (unavailable)")
+                "campplus (embedded)" if wanted is None else (repo(wanted, kind) or f"{wanted} (unavailable)")
             )
     return resolved
 
@@ -97,7 +99,7 @@ def wanted_model(spec: StageSpec) -> str | None:
         return None if s.model == "embedded" else PYANNOTE_DEFAULT if s.model == "auto" else s.model
     if spec.name == "embeddings":
         return None if s.profile == "embedded" else EMBEDDING_PROFILES.get(s.profile, s.profile)
-    if spec.name == "enrollment":
+    if spec.name in ("enrollment", "voice_profile"):
         return None if s.encoder == "campplus" else s.ecapa_source
     return None
 
@@ -129,9 +131,10 @@ def _version(package: str) -> str:
         return "?"
 
 
-def _repo(name: str, hub: bool) -> str | None:
+def _repo(name: str, hub: bool, kind: str | None = None) -> str | None:
     """``name@revision`` for a hub repository (the hub's revision when the run may download it, else the
-    cached one), ``path (files digest)`` for a local folder, None when it cannot be had."""
+    cached one if its snapshot holds what a loader of ``kind`` opens: :func:`loadable_revision`),
+    ``path (files digest)`` for a local folder, None when it cannot be had."""
     path = Path(name).expanduser()
     if path.exists():  # the folder's name and its files, not where it lies: a moved folder is the same model
         return f"{path.name} (local {_folder_digest(path)})"
@@ -142,7 +145,7 @@ def _repo(name: str, hub: bool) -> str | None:
     # under the same conditions finds the fallback's artifacts current instead of redoing them for nothing
     return (
         f"{name}@{revision}"
-        if (revision := (_hub_revision(name) if hub else None) or cached_revision(name))
+        if (revision := (_hub_revision(name) if hub else None) or loadable_revision(name, kind))
         else None
     )
 
@@ -175,6 +178,30 @@ def cached_revision(repo: str, cache_dir: Path | None = None) -> str | None:
     except OSError:
         return None
     return revision if (folder / "snapshots" / revision).is_dir() else None
+
+
+def snapshot_missing(repo: str, kind: str | None, cache_dir: Path | None = None) -> list[str]:
+    """The files the cached snapshot of ``repo`` (``main``) lacks that a loader of ``kind`` opens (None:
+    known by the snapshot's own files; see ``contracts.snapshots``); empty when it is not cached."""
+    revision = cached_revision(repo, cache_dir)
+    if revision is None:
+        return []
+    snapshot = repo_folder(repo, cache_dir) / "snapshots" / revision
+    return missing_files(snapshot, kind or kind_of(snapshot))
+
+
+def loadable_revision(repo: str, kind: str | None, cache_dir: Path | None = None) -> str | None:
+    """:func:`cached_revision` when its snapshot can load (no file a loader of ``kind`` opens is missing, as
+    a pull cut off between files leaves it), else None: the model is not cached, for the plan."""
+    revision = cached_revision(repo, cache_dir)
+    if revision is None:
+        return None
+    if missing := snapshot_missing(repo, kind, cache_dir):
+        log.debug(
+            "%s@%s in the Hugging Face cache lacks %s: not loadable", repo, revision, ", ".join(missing)
+        )
+        return None
+    return revision
 
 
 def _hub_revision(repo: str) -> str | None:
@@ -239,7 +266,7 @@ def aligner_for(language: str | None, hub: bool) -> str:
         bundle, file = TORCHAUDIO_ALIGNERS[language]
         key = ("file", file)
         if key not in _ANSWERS:  # asked for every input of a corpus
-            _ANSWERS[key] = os.path.isfile(os.path.join(_torch_hub_home(), "checkpoints", file))
+            _ANSWERS[key] = os.path.isfile(os.path.join(torch_hub_home(), "checkpoints", file))
         return (
             f"wav2vec2:{bundle}" if _ANSWERS[key] or (hub and _reachable(TORCHAUDIO_SERVER)) else WORD_TIMING
         )
@@ -247,7 +274,7 @@ def aligner_for(language: str | None, hub: bool) -> str:
         name = HF_ALIGNERS[language]
         key = ("repo", name, hub)
         if key not in _ANSWERS:
-            _ANSWERS[key] = _repo(name, hub)
+            _ANSWERS[key] = _repo(name, hub, STAGE_KINDS["alignment"])
         return f"wav2vec2:{_ANSWERS[key]}" if _ANSWERS[key] else WORD_TIMING
     return WORD_TIMING
 
@@ -259,7 +286,7 @@ def aligner_ran(aligner: str | None) -> str | None:
     return WORD_TIMING if aligner.startswith(WORD_TIMING) else f"wav2vec2:{aligner}"
 
 
-def _torch_hub_home() -> str:
+def torch_hub_home() -> str:
     """``torch.hub.get_dir()`` without importing torch: ``$TORCH_HOME/hub``, else ``$XDG_CACHE_HOME/torch/hub``
     (torch's own rule; read here as torch reads it, in the child that loads the aligner)."""
     home = os.environ.get("TORCH_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "torch")

@@ -55,6 +55,28 @@ def cached_revision(name: str, probe: str = "config.json") -> str | None:
     return named.rsplit("@", 1)[1] if named.startswith(f"{name}@") else None
 
 
+def incomplete_snapshot(name: str, kind: str) -> str | None:
+    """Why the Hugging Face cache's snapshot of hub model ``name`` (the one ``main`` points at) cannot load:
+    the files a loader of ``kind`` opens that it lacks, as a pull cut off between files leaves it (None: not
+    cached, a local folder, or nothing missing). Said before the load, whose own error would not name them."""
+    if name.count("/") != 1 or Path(name).expanduser().exists():
+        return None
+    from huggingface_hub import constants
+
+    from contracts.snapshots import missing_files
+
+    folder = Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}"
+    try:
+        revision = (folder / "refs" / "main").read_text().strip()
+    except OSError:
+        return None
+    snapshot = folder / "snapshots" / revision
+    missing = missing_files(snapshot, kind) if snapshot.is_dir() else []
+    if not missing:
+        return None
+    return f"{name}@{revision} in the Hugging Face cache lacks {', '.join(missing)}: `pipeline models pull` again"
+
+
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]

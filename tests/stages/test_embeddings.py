@@ -208,3 +208,25 @@ def test_models_load_without_a_key_value_cache():
 
     model = load_sentence_transformer(str(embedded_model_path()), "cpu", allow_hub=False)
     assert model[0].auto_model.config.use_cache is False
+
+
+def test_a_cached_snapshot_without_its_weights_falls_back_naming_the_file(
+    tmp_path, transcript_json, monkeypatch
+):
+    """A pull cut off between files leaves bge-small's snapshot without ``model.safetensors``: the fallback's
+    reason names that file, not the loader's ``'NoneType' object has no attribute 'endswith'``."""
+    from huggingface_hub import constants
+
+    revision = "5" * 40
+    folder = tmp_path / "hub" / "models--BAAI--bge-small-en-v1.5"
+    (folder / "snapshots" / revision).mkdir(parents=True)
+    (folder / "snapshots" / revision / "config.json").write_text('{"model_type": "bert"}')
+    (folder / "snapshots" / revision / "modules.json").write_text("[]")
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    result = EmbeddingsStage().run(_request(tmp_path, transcript_json, profile="speed"))
+    assert result.items[0].ok
+    art = load_artifact(tmp_path / "embeddings.json", EmbeddingsArtifact)
+    assert art.model == EMBEDDING_FALLBACK
+    assert "lacks model.safetensors (or pytorch_model.bin)" in art.fallback_reason, art.fallback_reason

@@ -16,6 +16,19 @@ from orchestrator.models.choice import actual_model, model_label, planned, resol
 from orchestrator.registry import StageSpec, process_specs
 from orchestrator.settings import Settings
 
+#: a snapshot every stage's loader can load: the files each kind opens (``contracts.snapshots``)
+LOADABLE = (
+    "config.json",
+    "model.safetensors",
+    "model.bin",
+    "tokenizer.json",
+    "vocabulary.json",
+    "preprocessor_config.json",
+    "vocab.json",
+    "config.yaml",
+    "hyperparams.yaml",
+)
+
 
 def _spec(name: str, **settings) -> StageSpec:
     return StageSpec(
@@ -36,6 +49,8 @@ def hub_cache(tmp_path, monkeypatch):
     def add(repo: str, revision: str) -> None:
         folder = cache / f"models--{repo.replace('/', '--')}"
         (folder / "snapshots" / revision).mkdir(parents=True)
+        for name in LOADABLE:
+            (folder / "snapshots" / revision / name).write_text("{}")
         (folder / "refs").mkdir()
         (folder / "refs" / "main").write_text(revision + "\n")
 
@@ -179,3 +194,56 @@ def test_the_planned_fallback_keeps_the_embeddings_child_off_the_hub():
     assert planned(spec).settings.allow_hub is False
     real = dataclasses.replace(spec, model="BAAI/bge-small-en-v1.5@c1")
     assert planned(real).settings.allow_hub is True
+
+
+@pytest.mark.parametrize(
+    ("stage", "settings", "repo", "files", "lacks"),
+    [
+        (
+            "embeddings",
+            {"profile": "org/st", "fallback": True},
+            "org/st",
+            ["config.json", "modules.json"],
+            "model.safetensors (or pytorch_model.bin)",
+        ),
+        (
+            "asr",
+            {"model": "org/ct2"},
+            "org/ct2",
+            ["config.json", "tokenizer.json", "vocabulary.txt"],
+            "model.bin",
+        ),
+        (
+            "diarization",
+            {"model": "org/pipe"},
+            "org/pipe",
+            ["config.yaml", "segmentation/pytorch_model.bin"],
+            "embedding",
+        ),
+        (
+            "enrollment",
+            {"encoder": "ecapa", "ecapa_source": "org/sb"},
+            "org/sb",
+            ["hyperparams.yaml"],
+            "embedding_model.ckpt",
+        ),
+    ],
+)
+def test_a_snapshot_that_lacks_a_file_its_loader_opens_is_not_cached(
+    hub_cache, tmp_path, stage, settings, repo, files, lacks
+):
+    """A pull cut off between files: the plan must not claim the model runs (its fallback would be redone
+    forever), and the child's reason names the file."""
+    from contracts.snapshots import STAGE_KINDS, missing_files
+
+    hub_cache(repo, "r1")
+    snapshot = tmp_path / "hf" / f"models--{repo.replace('/', '--')}" / "snapshots" / "r1"
+    for name in snapshot.iterdir():
+        name.unlink()
+    for name in files:
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / name).write_text(
+            "$model/segmentation $model/embedding\n<pretrained_path>/embedding_model.ckpt"
+        )
+    assert missing_files(snapshot, STAGE_KINDS[stage]) == [lacks]
+    assert not str(_one(stage, **settings)).startswith(f"{repo}@")

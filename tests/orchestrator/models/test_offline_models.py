@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tests.orchestrator.models.standin_hub import Repo, StandinHub
 EMBED = "standin/tiny-embed"
 GATED = "standin/gated-diarizer"
 BIG = "standin/big-embed"
+ECAPA = "standin/ecapa"
 #: huggingface_hub writes a download in pieces of this size: a cut-off pull keeps the whole pieces it read
 PIECE = constants.DOWNLOAD_CHUNK_SIZE
 #: weights of more than one piece (random, so no layer of the transfer can compress them)
@@ -41,6 +43,14 @@ def repos() -> dict[str, Repo]:
         ),
         GATED: Repo(files={"config.yaml": b"pipeline: {}"}, gated=True, license="cc-by-4.0"),
         BIG: Repo(files={"config.json": b"{}", "model.safetensors": BIG_WEIGHTS}, lfs={"model.safetensors"}),
+        ECAPA: Repo(
+            files={
+                "hyperparams.yaml": b"pretrainer:\n  paths:\n    embedding_model: "
+                b"!ref <pretrained_path>/embedding_model.ckpt\n",
+                "embedding_model.ckpt": b"ecapa weights" * 100,
+            },
+            lfs={"embedding_model.ckpt"},
+        ),
     }
 
 
@@ -71,6 +81,11 @@ def lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]
 
 
+def hub_rows(stdout: str) -> list[dict]:
+    """The rows of `models list --json` that name a hub model (not the embedded ones)."""
+    return [row for row in json.loads(stdout) if row["cached"] not in ("embedded", "local")]
+
+
 def test_pull_fills_an_empty_cache_and_an_offline_run_plans_the_model(hub, tmp_path):
     # Given an empty HF_HOME and a hub that serves the embeddings profile's model
     home = tmp_path / "hf"
@@ -88,7 +103,7 @@ def test_pull_fills_an_empty_cache_and_an_offline_run_plans_the_model(hub, tmp_p
         hub, home, "models", "list", "--json", "--embedding-profile", EMBED, *ONLY_EMBEDDINGS, **offline
     )
     assert listed.returncode == 0, listed.stderr
-    rows = json.loads(listed.stdout)
+    rows = hub_rows(listed.stdout)
     assert rows == [
         {
             "stage": "embeddings",
@@ -140,7 +155,7 @@ def test_list_without_the_model_names_the_fallback_and_why(hub, tmp_path):
         *ONLY_EMBEDDINGS,
     )
     assert listed.returncode == 0, listed.stderr
-    (row,) = json.loads(listed.stdout)
+    (row,) = hub_rows(listed.stdout)
     assert row["cached"] is None and row["runs"] == "all-MiniLM-L6-v2 (embedded)"
     assert "hub is off" in row["fallback_reason"]
 
@@ -167,7 +182,7 @@ def test_a_gated_model_gives_a_one_line_hint(hub, tmp_path):
         assert line.endswith(f"set HF_TOKEN to a token of it{extra}"), line
     # And `models list` says why the embedded diarizer runs, and names the gate
     listed = cli(hub, tmp_path / "hf", "models", "list", "--json", "--allow-hub", *args[2:])
-    (row,) = json.loads(listed.stdout)
+    (row,) = hub_rows(listed.stdout)
     assert row["runs"] == "embedded (segmentation-3.0 + CAM++)", row
     assert row["fallback_reason"].startswith("not cached, and gated: accept its conditions"), row
     assert row["terms"] == "cc-by-4.0, gated: accept its conditions on hf.co, then HF_TOKEN", row
@@ -175,7 +190,7 @@ def test_a_gated_model_gives_a_one_line_hint(hub, tmp_path):
     pulled = cli(hub, tmp_path / "hf", *args, HF_TOKEN=hub.token)
     assert pulled.returncode == 0, pulled.stderr
     listed = cli(hub, tmp_path / "hf", "models", "list", "--json", *args[2:], HF_HUB_OFFLINE="1")
-    (row,) = json.loads(listed.stdout)
+    (row,) = hub_rows(listed.stdout)
     assert row["runs"] == f"{GATED}@{repos()[GATED].sha}" and row["fallback_reason"] is None, row
 
 
@@ -251,11 +266,17 @@ def test_verify_finds_a_corrupt_and_a_missing_blob(hub, tmp_path):
     ],
 )
 def test_list_says_what_process_plans(tmp_path, monkeypatch, fields):
-    # Given a cache holding some of the settings' models (the embeddings model, the small Whisper)
+    # Given a cache holding some of the settings' models (the embeddings model, the small Whisper), whole
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
-    for repo, revision in ((EMBED, "e" * 40), ("Systran/faster-whisper-small", "5" * 40)):
+    whole = {
+        EMBED: ("config.json", "modules.json", "model.safetensors"),
+        "Systran/faster-whisper-small": ("config.json", "model.bin", "tokenizer.json", "vocabulary.json"),
+    }
+    for (repo, files), revision in zip(whole.items(), ("e" * 40, "5" * 40), strict=True):
         folder = tmp_path / "hf" / f"models--{repo.replace('/', '--')}"
         (folder / "snapshots" / revision).mkdir(parents=True)
+        for name in files:
+            (folder / "snapshots" / revision / name).write_text("{}")
         (folder / "refs").mkdir()
         (folder / "refs" / "main").write_text(revision)
     settings = Settings(allow_hub=False, device="cpu", output_dir=tmp_path / "out", **fields)
@@ -263,12 +284,16 @@ def test_list_says_what_process_plans(tmp_path, monkeypatch, fields):
     rows = model_rows(settings)
     with Orchestrator(settings) as orch:
         planned = {spec.name: spec.model for spec in orch.stage_specs()}
-    # Then every row's "runs" is the planned model of its stage, and a row runs its model exactly when cached
+    # Then every row of a planned stage "runs" its planned model, and a hub row runs its model exactly when
+    # cached (`pipeline enroll`'s encoder is listed too, with no stage of `process`)
     assert rows, fields
+    assert any(row.stage.endswith("voice_profile") for row in rows)
     for row in rows:
-        assert row.runs == planned[row.stage], (row, planned)
+        stage = row.stage.split(", ", 1)[0]
+        if stage in planned:
+            assert row.runs == planned[stage], (row, planned)
         assert (row.fallback_reason is None) == (row.cached is not None), row
-        if row.cached:
+        if row.hub and row.cached:
             assert row.runs == f"{row.repo}@{row.cached}"
 
 
@@ -285,14 +310,141 @@ def test_an_asr_pull_takes_the_files_either_runtime_loads(tmp_path, monkeypatch)
         ],
     }
     for repo, wanted in files.items():
-        (row,) = model_rows(
-            Settings(
-                allow_hub=False, asr_model=repo, embedding_profile="embedded", diarization_model="embedded"
+        (row,) = [
+            row
+            for row in model_rows(
+                Settings(
+                    allow_hub=False,
+                    asr_model=repo,
+                    embedding_profile="embedded",
+                    diarization_model="embedded",
+                )
             )
-        )
+            if row.stage == "asr"
+        ]
         # Then the files each runtime loads are fetched, other formats are not
         assert row.repo == repo
         fetched = filter_repo_objects(
             [*wanted, "flax_model.msgpack", "README.md"], allow_patterns=row.allow_patterns
         )
         assert sorted(fetched) == sorted(wanted)
+
+
+def test_a_pull_cut_off_between_files_is_bad_and_not_cached(hub, tmp_path):
+    # Given a pulled model whose weights never arrived (the pull stopped after the small files)
+    home = tmp_path / "hf"
+    assert cli(hub, home, "models", "pull", "--embedding-profile", EMBED, *ONLY_EMBEDDINGS).returncode == 0
+    sha = repos()[EMBED].sha
+    (home / "hub" / "models--standin--tiny-embed" / "snapshots" / sha / "model.safetensors").unlink()
+    # When the cache is verified
+    verified = cli(hub, home, "models", "verify", "--all")
+    # Then the missing weights are named and the exit is 1
+    assert verified.returncode == 1, verified.stderr
+    assert lines(verified.stderr) == [
+        f"BAD {EMBED}: model.safetensors (or pytorch_model.bin): missing (the stage loads it: "
+        "a pull cut off between files?)"
+    ], verified.stderr
+    # And `models list` does not claim the model runs: not cached, the missing file named
+    offline = {"HF_HUB_OFFLINE": "1"}
+    listed = cli(
+        hub, home, "models", "list", "--json", "--embedding-profile", EMBED, *ONLY_EMBEDDINGS, **offline
+    )
+    (row,) = hub_rows(listed.stdout)
+    assert row["cached"] is None and row["runs"] == "all-MiniLM-L6-v2 (embedded)", row
+    assert "lacks model.safetensors (or pytorch_model.bin)" in row["fallback_reason"], row
+    # And `process` plans the fallback that will run (a rerun finds its vectors current)
+    planned = cli(
+        hub,
+        home,
+        "process",
+        "--dry-run",
+        "--offline",
+        "--embedding-profile",
+        EMBED,
+        "-o",
+        str(tmp_path / "out"),
+        str(MEDIA / "speech.wav"),
+        **offline,
+        DIARIZATION_MODEL="embedded",
+        ASR_MODEL="embedded",
+    )
+    assert planned.returncode == 0, planned.stderr
+    assert "embeddings [all-MiniLM-L6-v2 (embedded)]" in planned.stdout, planned.stdout
+
+
+def test_a_dereferenced_copy_is_hashed_against_the_blobs_or_said_unhashed(hub, tmp_path):
+    # Given a pulled cache copied with its links dereferenced (cp -rL, rsync -L)
+    home = tmp_path / "hf"
+    assert cli(hub, home, "models", "pull", "--embedding-profile", EMBED, *ONLY_EMBEDDINGS).returncode == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(home, copy, symlinks=False)
+    snapshot = copy / "hub" / "models--standin--tiny-embed" / "snapshots" / repos()[EMBED].sha
+    assert not (snapshot / "model.safetensors").is_symlink()
+    # Then each file is found among the blobs by its hash
+    verified = cli(hub, copy, "models", "verify", "--all")
+    assert verified.returncode == 0, verified.stderr
+    assert lines(verified.stderr) == [f"ok {EMBED}@{repos()[EMBED].sha} (3 files)"]
+    # When the copied weights rot (same size, other bytes)
+    weights = snapshot / "model.safetensors"
+    weights.write_bytes(b"\1" * weights.stat().st_size)
+    verified = cli(hub, copy, "models", "verify", "--all")
+    # Then they are corrupt
+    assert verified.returncode == 1, verified.stderr
+    (line,) = lines(verified.stderr)
+    assert line.startswith(f"BAD {EMBED}: model.safetensors: corrupt (a copy without its link"), line
+    # And a copy of the snapshots alone (no blobs to compare with) is never "ok": its files are unhashed
+    shutil.rmtree(snapshot.parents[1] / "blobs")
+    verified = cli(hub, copy, "models", "verify", "--all")
+    assert verified.returncode == 1, verified.stderr
+    unhashed = lines(verified.stderr)
+    assert len(unhashed) == 3 and all(line.startswith(f"UNHASHED {EMBED}: ") for line in unhashed), unhashed
+    assert "could not be hashed" in unhashed[0] and not any(line.startswith("ok") for line in unhashed)
+
+
+def test_verify_all_of_an_empty_cache_says_so(hub, tmp_path):
+    verified = cli(hub, tmp_path / "hf", "models", "verify", "--all")
+    assert verified.returncode == 1, verified.stderr
+    (line,) = lines(verified.stderr)
+    assert line.startswith("nothing cached: no model in "), line
+
+
+def test_list_and_pull_take_every_model_the_settings_can_load(hub, tmp_path):
+    # Given the ECAPA encoder (no voice profiles: `process` would not enroll; `pipeline enroll` would)
+    home = tmp_path / "hf"
+    ecapa = ("--speaker-encoder", "ecapa", *ONLY_EMBEDDINGS[:2], "--embedding-profile", "embedded")
+    listed = cli(hub, home, "models", "list", "--json", "--offline", *ecapa, ECAPA_SOURCE=ECAPA)
+    # Then `models list` lists it, for both stages that load it
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["stage"]: row for row in json.loads(listed.stdout)}
+    assert rows["enrollment, voice_profile"]["repo"] == ECAPA, rows
+    assert "hub is off" in rows["enrollment, voice_profile"]["fallback_reason"]
+    # And the stages that run an embedded model have rows too, needing no hub
+    assert rows["asr"] == {
+        "stage": "asr",
+        "repo": "embedded",
+        "revision": None,
+        "cached": "embedded",
+        "runs": rows["asr"]["runs"],
+        "fallback_reason": None,
+        "terms": None,
+    }
+    assert rows["asr"]["runs"].startswith("whisper tiny.en (embedded")
+    assert rows["alignment"]["cached"] == "embedded" and rows["alignment"]["runs"] == "aligner by language"
+    # And `models pull` fetches it, and offline it is listed as what runs
+    pulled = cli(hub, home, "models", "pull", *ecapa, ECAPA_SOURCE=ECAPA)
+    assert pulled.returncode == 0, pulled.stderr
+    sha = repos()[ECAPA].sha
+    assert lines(pulled.stderr) == [f"pulled enrollment, voice_profile: {ECAPA}@{sha} (2 files, 0.0 MiB)"]
+    listed = cli(hub, home, "models", "list", "--json", *ecapa, ECAPA_SOURCE=ECAPA, HF_HUB_OFFLINE="1")
+    (row,) = hub_rows(listed.stdout)
+    assert row["runs"] == f"{ECAPA}@{sha}" and row["fallback_reason"] is None, row
+
+
+def test_a_local_model_folder_that_does_not_exist_is_named_so(hub, tmp_path):
+    missing = tmp_path / "nonexistent" / "dir"
+    listed = cli(hub, tmp_path / "hf", "models", "list", "--json", "--offline", "--asr-model", str(missing))
+    (row,) = [row for row in json.loads(listed.stdout) if row["stage"] == "asr"]
+    assert row["fallback_reason"] == f"no such folder on this machine ({missing})", row
+    pulled = cli(hub, tmp_path / "hf", "models", "pull", "--asr-model", str(missing), *ONLY_EMBEDDINGS[:2])
+    assert pulled.returncode == 1
+    assert f"FAILED asr: {missing}: no such folder on this machine" in pulled.stderr, pulled.stderr
