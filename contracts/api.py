@@ -69,6 +69,9 @@ class EmbeddingResponse(Strict):
     #: the model actually used (after any offline fallback)
     model: str
     usage: EmbeddingUsage
+    #: only when the request named an ``input_type``: whether it changed what the model saw (False for a
+    #: model without query/document prompts, all-MiniLM-L6-v2: the vectors are those of an untyped request)
+    input_type_applied: bool | None = None
 
 
 class ErrorDetail(Strict):

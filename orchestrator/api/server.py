@@ -162,7 +162,13 @@ async def wait_for_rows(ticket, request: Request, settings: Settings, metrics: M
     )
 
 
-def embedding_response(vectors, tokens: list[int], model: str, encoding_format: str) -> EmbeddingResponse:
+#: answers a request that named an ``input_type``: "true" or "false" (did it change what the model saw)
+INPUT_TYPE_HEADER = "X-Input-Type-Applied"
+
+
+def embedding_response(
+    vectors, tokens: list[int], model: str, encoding_format: str, input_type_applied: bool | None = None
+) -> EmbeddingResponse:
     if encoding_format == "base64":
         rows = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors]
     else:
@@ -172,6 +178,7 @@ def embedding_response(vectors, tokens: list[int], model: str, encoding_format: 
         data=[EmbeddingObject(index=i, embedding=row) for i, row in enumerate(rows)],
         model=model,
         usage=EmbeddingUsage(prompt_tokens=total, total_tokens=total),
+        input_type_applied=input_type_applied,
     )
 
 
@@ -349,13 +356,15 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         profile, texts = check_embedding_request(body, settings)
         ticket = pool.ticket(profile, texts, loop_lag.seconds, body.input_type)
         result = await wait_for_rows(ticket, request, settings, metrics)
+        applied = result.input_type_applied if body.input_type else None
         answer = embedding_response(
-            result.vectors, result.tokens, result.model, body.encoding_format
-        ).model_dump_json()
+            result.vectors, result.tokens, result.model, body.encoding_format, applied
+        ).model_dump_json(exclude_none=True)
         arrived = request.scope.get("state", {}).get("arrived")
         if arrived is not None:
             ticket.worker.answered(ticket, time.monotonic() - arrived)
-        return Response(answer, media_type="application/json")
+        headers = None if applied is None else {INPUT_TYPE_HEADER: str(applied).lower()}
+        return Response(answer, media_type="application/json", headers=headers)
 
     @app.post(
         "/v1/jobs",

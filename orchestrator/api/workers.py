@@ -91,7 +91,7 @@ class _Request:
         #: seconds the queue expected it to take at admission (uncalibrated; 0 before any measurement)
         self.estimate = 0.0
 
-    def fill(self, start: int, rows: np.ndarray, tokens: list[int], model: str) -> None:
+    def fill(self, start: int, rows: np.ndarray, tokens: list[int], model: str, typed: bool = False) -> None:
         if self.done:
             return
         if self.vectors is None:
@@ -103,7 +103,7 @@ class _Request:
         if self.left == 0:
             self.done = True
             try:
-                self.future.set_result(EmbedResult(self.vectors, self.tokens, model))
+                self.future.set_result(EmbedResult(self.vectors, self.tokens, model, typed))
             except concurrent.futures.InvalidStateError:
                 pass  # cancelled by its waiter meanwhile
 
@@ -155,6 +155,8 @@ class EmbedResult:
     tokens: list[int]
     #: the model actually used
     model: str
+    #: whether ``input_type`` changed what that model saw (its query and document prompts differ)
+    input_type_applied: bool = False
 
 
 def _safe(name: str) -> str:
@@ -545,6 +547,7 @@ class ProfileWorker:
     def _deliver(self, parts: list[_Part], reply: Embedded, worker: WorkerProcess) -> None:
         rows = np.frombuffer(reply.vectors, dtype="<f4").reshape(reply.count, reply.dimension)
         model = worker.ready.model if worker.ready else self.profile
+        typed = worker.ready.applies_input_types if worker.ready else False
         worker.batches += 1
         recycle = (
             bool(self.settings.worker_recycle_after) and worker.batches >= self.settings.worker_recycle_after
@@ -562,6 +565,7 @@ class ProfileWorker:
                 rows[offset : offset + part.count],
                 reply.tokens[offset : offset + part.count],
                 model,
+                typed,
             )
             offset += part.count
         if recycle:
