@@ -295,6 +295,7 @@ class ProfileWorker:
             running=ready is not None,
             pid=worker.pid if ready else None,
             model=ready.model if ready else None,
+            dimension=ready.dimension if ready else None,
             fallback_reason=ready.fallback_reason if ready else None,
             device=ready.device if ready else None,
             batches=worker.batches if worker else 0,
