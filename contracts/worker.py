@@ -60,6 +60,8 @@ class Ready(Strict):
     dimension: int = Field(gt=0)
     max_seq_length: int | None = None
     load_s: float = Field(ge=0)
+    #: whether ``input_type`` changes what the model sees (its query and document prompts differ)
+    applies_input_types: bool = False
 
 
 class Embedded(Strict):
@@ -69,7 +71,7 @@ class Embedded(Strict):
     vectors: bytes
     count: int = Field(ge=1)
     dimension: int = Field(gt=0)
-    #: tokens per text as the model saw them (special tokens included, after truncation)
+    #: tokens per text as the model saw them (its prompt and special tokens included, after truncation)
     tokens: list[int]
     seconds: float = Field(ge=0)
 

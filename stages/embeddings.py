@@ -78,6 +78,30 @@ def prompt_for(model: Any, name: str, input_type: str | None) -> str | None:
     return QUERY_PROMPTS.get(name.split("@", 1)[0], "") if input_type == "query" else ""
 
 
+def encoded_prompt(model: Any, name: str, input_type: str | None) -> str:
+    """The prompt ``model`` actually puts before a text of ``input_type``: :func:`prompt_for`'s, or for no
+    type the model's default prompt (``default_prompt_name``), as sentence-transformers resolves it."""
+    prompt = prompt_for(model, name, input_type)
+    if prompt is None:
+        default = getattr(model, "default_prompt_name", None)
+        prompt = (getattr(model, "prompts", None) or {}).get(default) if default else None
+    return prompt or ""
+
+
+def encoded_texts(model: Any, name: str, texts: list[str], input_types: list[str | None] | None) -> list[str]:
+    """``texts`` as the model encodes them, each behind its prompt (:func:`encoded_prompt`): what token
+    counts are counted on."""
+    types = input_types or [None] * len(texts)
+    prompts = {kind: encoded_prompt(model, name, kind) for kind in set(types)}
+    return [prompts[kind] + text for text, kind in zip(texts, types)]
+
+
+def applies_input_types(model: Any, name: str) -> bool:
+    """Whether ``input_type`` changes what ``model`` sees: its query and document prompts differ. False for a
+    model without prompts (all-MiniLM-L6-v2): a query, a document and an untyped text are embedded alike."""
+    return encoded_prompt(model, name, "query") != encoded_prompt(model, name, "document")
+
+
 def encode_typed(model: Any, name: str, texts: list[str], input_types: list[str | None] | None, **kwargs):
     """``model.encode`` of ``texts``, each with the prompt of its input type (:func:`prompt_for`); texts of
     one type are encoded together and the rows come back in the texts' order."""

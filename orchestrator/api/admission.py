@@ -6,20 +6,22 @@ request's wait from the work queued ahead of it and the throughput they measured
 :func:`refusal` whether to take it. A refused request's ``Retry-After`` is when the work ahead will have
 shrunk enough for it to fit, so a client that honours it is not refused again for the same reason.
 
-Two things keep that true under heavy overload (1,000 clients on one worker):
+Three things keep that true:
 
-- **Return slots** (:class:`Slots`). Refused at the same moment, a thousand clients told "in 2 s" come
-  back together and are refused together again: the refusals themselves then take the CPU the worker
-  needs. Each refused request is instead given the next free slot after the time it would fit, and the
-  slot after it is its own compute time later, so refused clients come back one after another at the
-  rate the worker drains the queue, not all at once.
+- **An empty queue is empty.** With nothing queued or in flight for a profile, a request is admitted
+  whatever its size (it gets its chance alone), and nothing else counts as work ahead of it
+  (:func:`work_ahead`).
+- **Retry-After is the queue ahead, not more.** A refused request fits once the work ahead has shrunk
+  enough, or at the latest once the queue is empty (:func:`refusal`); refused clients are spread over
+  that queue's drain time (``spread``), so they do not all come back at once. A refused request is not
+  work: it adds nothing to the estimate or the ``Retry-After`` of the requests after it.
 - **Calibration** (:class:`Lateness`). The estimate counts the worker's compute; the server's own time
   (HTTP, JSON, the event loop shared by every connection) is not in it and grows with the number of
   connections. Each answered request's measured time is compared with its estimate, and estimates are
   scaled by that ratio (never below 1), so an accepted request still finishes within its deadline.
-- **The event loop's lag** (:class:`LoopLag`). Time a request spends before the server's code sees it
-  (a burst of a thousand connections queues behind one event loop) is in no estimate and no measure
-  of the server's; how late a periodic timer fires is. It counts as work ahead of every request.
+  Likewise the **event loop's lag** (:class:`LoopLag`): time a request spends before the server's code
+  sees it (a burst of a thousand connections queues behind one event loop) is in no estimate; how late a
+  periodic timer fires is, and it lengthens the work ahead of a request (when there is any).
 """
 
 from __future__ import annotations
@@ -31,18 +33,27 @@ import math
 MARGIN = 0.8
 
 
+def work_ahead(queue_s: float, lag_s: float) -> float:
+    """Seconds of work ahead of a request arriving now: the queue's (``queue_s``: its texts and the
+    micro-batch in flight) lengthened by the event loop's lag ``lag_s``. Nothing when nothing is queued or
+    in flight: the lag delays work, it is none, and an empty queue stays empty however late the loop runs."""
+    return queue_s + max(lag_s, 0.0) if queue_s > 0 else 0.0
+
+
 def refusal(
     ahead_s: float, own_s: float, deadline_s: float, margin: float = MARGIN, spread: float = 0.0
 ) -> int | None:
     """None to admit a request expected to wait ``ahead_s`` for the work before it and ``own_s`` for its
-    own; else the seconds after which it would fit (``Retry-After``, at least 1), plus ``spread`` (a
-    share in [0, 1), drawn by the caller) of ``ahead_s``: refused clients come back spread over the
-    queue's drain time, not all at once. An empty queue admits anything (a request larger than its
-    deadline still gets its chance, alone)."""
+    own; else the seconds after which it would be admitted (``Retry-After``, at least 1): when the work
+    ahead has shrunk enough for it to fit, or, for a request larger than its budget, when the queue is
+    empty; never later than ``ahead_s``. Plus ``spread`` (a share in [0, 1), drawn by the caller) of
+    ``ahead_s``: refused clients come back spread over the queue's drain time, not all at once. An empty
+    queue admits anything (a request larger than its deadline still gets its chance, alone)."""
     budget = deadline_s * margin
     if ahead_s <= 0 or ahead_s + own_s <= budget:
         return None
-    return max(1, math.ceil(ahead_s + own_s - budget + spread * ahead_s))
+    fits_in = ahead_s - max(0.0, budget - own_s)
+    return max(1, math.ceil(fits_in + spread * ahead_s))
 
 
 def drain_retry(drain_s: float, floor_s: int, spread: float = 0.0) -> int:
@@ -50,22 +61,6 @@ def drain_retry(drain_s: float, floor_s: int, spread: float = 0.0) -> int:
     already past its budget): when the work queued now is expected to be done, spread like
     :func:`refusal`; never less than ``floor_s`` (``PIPELINE_RETRY_AFTER_S``)."""
     return max(floor_s, math.ceil(drain_s * (0.5 + spread)))
-
-
-class Slots:
-    """When refused requests should come back: one after another, each its own compute time after the
-    one before, from when the first would fit. Slots in the past are forgotten (a client that did not
-    come back does not hold up the others for long)."""
-
-    def __init__(self) -> None:
-        self.free_at = 0.0
-
-    def take(self, now: float, fits_in_s: float, own_s: float) -> int:
-        """``Retry-After`` (whole seconds, at least 1) for a request refused at ``now`` that would fit
-        in ``fits_in_s`` and takes ``own_s`` itself."""
-        slot = max(now + fits_in_s, self.free_at)
-        self.free_at = slot + max(own_s, 0.0)
-        return max(1, math.ceil(slot - now))
 
 
 class LoopLag:

@@ -36,6 +36,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts import EmbeddingsArtifact, TranscriptArtifact, load_artifact, load_model
 from contracts.api import (
+    EMBEDDED_MODEL_NAME,
+    EMBEDDING_DIMENSIONS,
     FINISHED,
     PROFILES,
     TRANSCRIPTION_FORMATS,
@@ -50,9 +52,13 @@ from contracts.api import (
     JobRecord,
     JobRequest,
     JobResult,
+    ModelCard,
+    ModelList,
     TranscriptionVerbose,
+    WorkerHealth,
 )
 from contracts.errors import ApiError, ArtifactError
+from contracts.models import EMBEDDING_PROFILES
 from contracts.report import RunReport
 from orchestrator.api.admission import LoopLag, refusal
 from orchestrator.api.errors import error_response
@@ -116,15 +122,53 @@ def check_embedding_request(body: EmbeddingRequest, settings: Settings) -> tuple
                 code="invalid_unicode",
             ) from None
     if body.model not in PROFILES and body.model not in settings.embedding_models:
-        known = ", ".join(sorted(set(PROFILES) | set(settings.embedding_models)))
-        raise ApiError(
-            404,
-            f"the model {body.model!r} does not exist on this server; use one of: {known}",
-            type="invalid_request_error",
-            param="model",
-            code="model_not_found",
-        )
+        raise unknown_model(body.model, sorted(set(PROFILES) | set(settings.embedding_models)))
     return body.model, texts
+
+
+def unknown_model(name: str, known: list[str]) -> ApiError:
+    """404 in OpenAI's shape for a model this server does not serve, naming those it does."""
+    return ApiError(
+        404,
+        f"the model {name!r} does not exist on this server; use one of: {', '.join(known)}",
+        type="invalid_request_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+#: the name /v1/models gives the transcription model (any name is taken: OpenAI's is listed)
+TRANSCRIPTION_MODEL_ID = "whisper-1"
+
+
+def model_cards(settings: Settings, workers: list[WorkerHealth], created: int) -> list[ModelCard]:
+    """What ``GET /v1/models`` lists: each embedding profile and configured model name (by the name a
+    request sends; a configured path is left out, answers name no path on the server) with the model it
+    names, its dimensions where known and the model its worker runs now; then the transcription model.
+    Read from the settings and the workers' health: nothing is loaded."""
+    running = {w.profile: w for w in workers if w.running}
+    names = {"speed": EMBEDDING_PROFILES["speed"], "quality": EMBEDDING_PROFILES["quality"]}
+    names["embedded"] = EMBEDDED_MODEL_NAME
+    for name in settings.embedding_models:
+        if not (Path(name).is_absolute() or name.startswith((".", "~"))):
+            names.setdefault(name, name.split("@", 1)[0])
+    cards = []
+    for profile, model in names.items():
+        worker = running.get(profile)
+        cards.append(
+            ModelCard(
+                id=profile,
+                created=created,
+                kind="embeddings",
+                model=model,
+                dimensions=EMBEDDING_DIMENSIONS.get(model),
+                running_model=worker.model if worker else None,
+                running_dimensions=worker.dimension if worker else None,
+            )
+        )
+    asr = model_name(str(settings.asr_model))
+    cards.append(ModelCard(id=TRANSCRIPTION_MODEL_ID, created=created, kind="transcriptions", model=asr))
+    return cards
 
 
 async def _disconnected(request: Request) -> None:
@@ -162,7 +206,13 @@ async def wait_for_rows(ticket, request: Request, settings: Settings, metrics: M
     )
 
 
-def embedding_response(vectors, tokens: list[int], model: str, encoding_format: str) -> EmbeddingResponse:
+#: answers a request that named an ``input_type``: "true" or "false" (did it change what the model saw)
+INPUT_TYPE_HEADER = "X-Input-Type-Applied"
+
+
+def embedding_response(
+    vectors, tokens: list[int], model: str, encoding_format: str, input_type_applied: bool | None = None
+) -> EmbeddingResponse:
     if encoding_format == "base64":
         rows = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors]
     else:
@@ -172,6 +222,7 @@ def embedding_response(vectors, tokens: list[int], model: str, encoding_format: 
         data=[EmbeddingObject(index=i, embedding=row) for i, row in enumerate(rows)],
         model=model,
         usage=EmbeddingUsage(prompt_tokens=total, total_tokens=total),
+        input_type_applied=input_type_applied,
     )
 
 
@@ -349,13 +400,32 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         profile, texts = check_embedding_request(body, settings)
         ticket = pool.ticket(profile, texts, loop_lag.seconds, body.input_type)
         result = await wait_for_rows(ticket, request, settings, metrics)
+        applied = result.input_type_applied if body.input_type else None
         answer = embedding_response(
-            result.vectors, result.tokens, result.model, body.encoding_format
-        ).model_dump_json()
+            result.vectors, result.tokens, result.model, body.encoding_format, applied
+        ).model_dump_json(exclude_none=True)
         arrived = request.scope.get("state", {}).get("arrived")
         if arrived is not None:
             ticket.worker.answered(ticket, time.monotonic() - arrived)
-        return Response(answer, media_type="application/json")
+        headers = None if applied is None else {INPUT_TYPE_HEADER: str(applied).lower()}
+        return Response(answer, media_type="application/json", headers=headers)
+
+    started = int(time.time())
+
+    @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
+    async def list_models() -> ModelList:
+        """OpenAI's model list: the embedding profiles and configured models (their models, dimensions and
+        the model each worker runs now) and the transcription model."""
+        return ModelList(data=model_cards(settings, pool.health(), started))
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERRORS)
+    async def get_model(model_id: str) -> ModelCard:
+        """One model of the list; 404 (``model_not_found``) for any other."""
+        cards = model_cards(settings, pool.health(), started)
+        card = next((c for c in cards if c.id == model_id), None)
+        if card is None:
+            raise unknown_model(model_id, [c.id for c in cards])
+        return card
 
     @app.post(
         "/v1/jobs",

@@ -39,6 +39,7 @@ import concurrent.futures
 import itertools
 import logging
 import os
+import random
 import re
 import threading
 import time
@@ -52,7 +53,7 @@ import numpy as np
 from contracts.api import WorkerHealth
 from contracts.errors import ApiError
 from contracts.worker import Embedded, EmbedTask, TaskFailed, WorkerConfig
-from orchestrator.api.admission import Lateness, Slots, Throughput, refusal
+from orchestrator.api.admission import Lateness, Throughput, refusal, work_ahead
 from orchestrator.api.batching import (
     WINDOW_TEXTS,
     BatchCost,
@@ -90,7 +91,7 @@ class _Request:
         #: seconds the queue expected it to take at admission (uncalibrated; 0 before any measurement)
         self.estimate = 0.0
 
-    def fill(self, start: int, rows: np.ndarray, tokens: list[int], model: str) -> None:
+    def fill(self, start: int, rows: np.ndarray, tokens: list[int], model: str, typed: bool = False) -> None:
         if self.done:
             return
         if self.vectors is None:
@@ -102,7 +103,7 @@ class _Request:
         if self.left == 0:
             self.done = True
             try:
-                self.future.set_result(EmbedResult(self.vectors, self.tokens, model))
+                self.future.set_result(EmbedResult(self.vectors, self.tokens, model, typed))
             except concurrent.futures.InvalidStateError:
                 pass  # cancelled by its waiter meanwhile
 
@@ -154,6 +155,8 @@ class EmbedResult:
     tokens: list[int]
     #: the model actually used
     model: str
+    #: whether ``input_type`` changed what that model saw (its query and document prompts differ)
+    input_type_applied: bool = False
 
 
 def _safe(name: str) -> str:
@@ -195,8 +198,6 @@ class ProfileWorker:
         self.throughput = Throughput()
         #: answered requests' time over their estimate: the server's own time, which the estimate leaves out
         self.lateness = Lateness()
-        #: when refused requests are told to come back (one after another, at the rate the queue drains)
-        self.slots = Slots()
         self._last_done, self._backlog = 0.0, False
         self._queue: deque[_Part] = deque()
         self._queued_texts = 0
@@ -222,7 +223,9 @@ class ProfileWorker:
     def ticket(self, texts: list[str], waited_s: float = 0.0, input_type: str | None = None) -> Ticket:
         """Queue ``texts`` (one unit per text, so micro-batches can group them by length); 429 when the
         queue holds ``embed_max_queued_texts`` already (a request larger than that still enters an empty queue)
-        or when it is not expected to finish within the deadline, counting ``waited_s`` (the event loop's lag)."""
+        or when it is not expected to finish within the deadline behind the work queued or in flight
+        (lengthened by ``waited_s``, the event loop's lag). With nothing queued or in flight, any request is
+        admitted; a refused one leaves nothing behind."""
         request = _Request(texts, input_type)
         bound = self.settings.embed_max_queued_texts
         with self._cond:
@@ -237,23 +240,23 @@ class ProfileWorker:
                     type="rate_limit_error",
                     code="queue_full",
                 )
-            ahead = self.throughput.queue_seconds(self._queued_texts)
+            queue_s = self.throughput.queue_seconds(self._queued_texts, self._busy)
             own = self.throughput.seconds(sum(self.tokens(n) for n in request.lengths))
             late = self.lateness.factor
-            retry = refusal(ahead * late + waited_s, own * late, self.settings.request_timeout_s)
+            ahead = work_ahead(queue_s * late, waited_s)
+            retry = refusal(ahead, own * late, self.settings.request_timeout_s, spread=random.random())
             if retry is not None:
-                retry = self.slots.take(time.monotonic(), retry, own * late)
                 self.metrics.rejected.labels(reason="expected_wait").inc()
                 raise ApiError(
                     429,
                     f"the {self.profile!r} queue would not answer within the request deadline of "
-                    f"{self.settings.request_timeout_s:g}s (about {(ahead + own) * late + waited_s:.0f}s expected "
-                    f"at the measured {self.throughput.tokens_per_s:.0f} tokens/s); retry in {retry}s",
+                    f"{self.settings.request_timeout_s:g}s (about {ahead:.0f}s of work ahead and {own * late:.0f}s "
+                    f"of its own at the measured {self.throughput.tokens_per_s:.0f} tokens/s); retry in {retry}s",
                     type="rate_limit_error",
                     code="expected_wait",
                     retry_after=retry,
                 )
-            request.estimate = ahead + own
+            request.estimate = queue_s + own
             self._queue.extend(_Part(request, i, 1) for i in range(len(texts)))
             self._queued_texts += len(texts)
             self.metrics.queue.labels(profile=self.profile).set(self._queued_texts)
@@ -292,6 +295,7 @@ class ProfileWorker:
             running=ready is not None,
             pid=worker.pid if ready else None,
             model=ready.model if ready else None,
+            dimension=ready.dimension if ready else None,
             fallback_reason=ready.fallback_reason if ready else None,
             device=ready.device if ready else None,
             batches=worker.batches if worker else 0,
@@ -445,11 +449,15 @@ class ProfileWorker:
         types = [part.request.input_type for part in parts for _ in range(part.count)]
         task = EmbedTask(task_id=next(self._task_ids), texts=texts, input_types=types if any(types) else None)
         sent = time.monotonic()
+        self._busy = True
         try:
             reply = worker.call(task, timeout=self.settings.embed_batch_timeout_s)
         except WorkerDied as exc:
             self._crashed(parts, exc)
             return None
+        finally:
+            # computed: before the answers go out, so a client's next request sees no work in flight
+            self._busy = False
         self._last_active = time.monotonic()
         if isinstance(reply, Embedded):
             self.cost.observe(reply.count * max(reply.tokens, default=0), self._last_active - sent)
@@ -540,6 +548,7 @@ class ProfileWorker:
     def _deliver(self, parts: list[_Part], reply: Embedded, worker: WorkerProcess) -> None:
         rows = np.frombuffer(reply.vectors, dtype="<f4").reshape(reply.count, reply.dimension)
         model = worker.ready.model if worker.ready else self.profile
+        typed = worker.ready.applies_input_types if worker.ready else False
         worker.batches += 1
         recycle = (
             bool(self.settings.worker_recycle_after) and worker.batches >= self.settings.worker_recycle_after
@@ -557,6 +566,7 @@ class ProfileWorker:
                 rows[offset : offset + part.count],
                 reply.tokens[offset : offset + part.count],
                 model,
+                typed,
             )
             offset += part.count
         if recycle:

@@ -57,6 +57,8 @@ class Embedder:
         self.dimension = int(self.model.get_embedding_dimension())
 
     def ready(self) -> Ready:
+        from stages.embeddings import applies_input_types
+
         return Ready(
             pid=os.getpid(),
             model=public_name(self.loaded.name),
@@ -67,6 +69,7 @@ class Embedder:
             dimension=self.dimension,
             max_seq_length=getattr(self.model, "max_seq_length", None),
             load_s=self.load_s,
+            applies_input_types=applies_input_types(self.model, self.loaded.name),
         )
 
     def encode(self, texts: list[str], normalize: bool, input_types: list[str | None] | None = None):
@@ -88,8 +91,12 @@ class Embedder:
         )
         return np.ascontiguousarray(vectors, dtype="<f4")
 
-    def count_tokens(self, texts: list[str]) -> list[int]:
-        """Tokens per text as the model sees them: special tokens included, truncated to its max length."""
+    def count_tokens(self, texts: list[str], input_types: list[str | None] | None = None) -> list[int]:
+        """Tokens per text as the model sees them: behind the prompt of its ``input_types`` entry, special
+        tokens included, truncated to its max length."""
+        from stages.embeddings import encoded_texts
+
+        texts = encoded_texts(self.model, self.loaded.name, texts, input_types)
         tokenizer = getattr(self.model, "tokenizer", None)
         if tokenizer is None:
             return [len(text.split()) for text in texts]
@@ -158,7 +165,7 @@ def _run(embedder: Embedder, task: EmbedTask, name: str) -> Embedded | TaskFaile
     try:
         typed = () if task.input_types is None else (task.input_types,)  # test encoders take two arguments
         vectors = embedder.encode(task.texts, task.normalize, *typed)
-        tokens = embedder.count_tokens(task.texts)
+        tokens = embedder.count_tokens(task.texts, *typed)
     except Exception as exc:
         message = " ".join(str(exc).split())[:300] or type(exc).__name__
         if is_oom(exc):

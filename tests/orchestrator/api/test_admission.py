@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import collections
-import math
-
-from orchestrator.api.admission import Lateness, LoopLag, Slots, Throughput, drain_retry, refusal
+from orchestrator.api.admission import Lateness, LoopLag, Throughput, drain_retry, refusal, work_ahead
 
 
 def test_an_empty_queue_admits_anything_and_a_full_one_refuses_with_when_it_would_fit():
@@ -59,16 +56,21 @@ def test_lateness_scales_estimates_by_how_late_answers_were_and_never_below_one(
     assert late.factor <= Lateness.CEILING
 
 
-def test_refused_requests_get_return_slots_one_after_another_at_the_rate_the_queue_drains():
-    slots = Slots()
-    # a thousand requests refused at the same moment, each fitting in 2 s and taking 0.05 s itself
-    retries = [slots.take(now=100.0, fits_in_s=2.0, own_s=0.05) for _ in range(1000)]
-    assert retries[0] == 2 and retries == sorted(retries)
-    assert retries[-1] == math.ceil(2.0 + 999 * 0.05), "the last comes back when the 999 before it are done"
-    per_second = collections.Counter(retries)
-    assert max(per_second.values()) <= 21, "about 1 / 0.05 s come back each second, not all at once"
-    # slots in the past are forgotten: much later, a refusal waits only for its own fit
-    assert slots.take(now=500.0, fits_in_s=3.0, own_s=0.05) == 3
+def test_the_loop_lag_counts_only_behind_work_an_empty_queue_is_empty_however_late_the_loop():
+    assert work_ahead(0.0, lag_s=0.002) == 0.0, "nothing queued or in flight: nothing ahead"
+    assert work_ahead(0.0, lag_s=30.0) == 0.0
+    assert work_ahead(5.0, lag_s=2.0) == 7.0, "behind queued work, the loop's lag is more of it"
+    # so an idle server admits a request of any size, whatever its loop's lag
+    assert refusal(work_ahead(0.0, lag_s=0.002), 2234.0, 60.0) is None
+
+
+def test_retry_after_is_never_more_than_the_queue_ahead_and_refusals_do_not_add_up():
+    # 10 s ahead, a request of 500 s (more than its 48 s budget): it fits once the queue is empty, in 10 s
+    assert refusal(10.0, 500.0, 60.0) == 10
+    assert refusal(10.0, 500.0, 60.0, spread=0.5) == 15
+    # the same request refused again and again is told the same: a refusal is not work ahead of the next
+    assert {refusal(40.0, 10.0, 60.0) for _ in range(100)} == {2}
+    assert all(refusal(40.0, 10.0, 60.0, spread=u / 100) <= 42 for u in range(100))
 
 
 def test_the_loop_lag_is_the_largest_recent_lag_fading_tick_by_tick():

@@ -73,6 +73,29 @@ def test_a_model_without_prompts_embeds_queries_and_documents_alike(client):
     np.testing.assert_allclose(query, document, atol=1e-6)
 
 
+def test_usage_counts_the_query_prompt_the_model_saw(client, prompted, reference_model):
+    query = client.embeddings.create(input=TEXTS, model=str(prompted), extra_body={"input_type": "query"})
+    plain = client.embeddings.create(input=TEXTS, model=str(prompted))
+    tokenizer = reference_model.tokenizer
+    assert plain.usage.prompt_tokens == sum(len(tokenizer(t)["input_ids"]) for t in TEXTS)
+    with_prompt = sum(len(tokenizer(QUERY_PROMPT + t)["input_ids"]) for t in TEXTS)
+    assert query.usage.prompt_tokens == query.usage.total_tokens == with_prompt > plain.usage.prompt_tokens
+
+
+def test_the_answer_says_whether_the_input_type_was_applied(client, prompted):
+    """The official client parses the extra field (and keeps it); the header says the same."""
+    for model, applied in (("embedded", False), (str(prompted), True)):
+        for input_type in ("query", "document"):
+            raw = client.embeddings.with_raw_response.create(
+                input=TEXTS, model=model, extra_body={"input_type": input_type}
+            )
+            assert raw.headers["x-input-type-applied"] == str(applied).lower(), (model, input_type)
+            parsed = raw.parse()
+            assert len(parsed.data) == len(TEXTS) and parsed.model_extra == {"input_type_applied": applied}
+    untyped = client.embeddings.with_raw_response.create(input=TEXTS, model="embedded")
+    assert "x-input-type-applied" not in untyped.headers and not untyped.parse().model_extra
+
+
 def test_an_unknown_input_type_is_refused(client):
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(input=TEXTS, model="embedded", extra_body={"input_type": "passage"})

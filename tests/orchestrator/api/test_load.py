@@ -397,12 +397,82 @@ def test_past_the_in_flight_limit_retry_after_is_when_the_queue_drains_not_a_fix
 
 def test_a_request_behind_a_lagging_event_loop_is_refused_not_accepted_to_time_out(server):
     """Time spent queued behind the event loop (a burst of connections) is in no worker's estimate; the
-    server measures how late its timer fires and counts that as work ahead of every request."""
+    server measures how late its timer fires and counts that as more of the work ahead of a request. It is
+    not work itself: with nothing queued or in flight, a request is admitted however late the loop runs."""
     lag = server.app.state.loop_lag
     assert lag.seconds < 5, "an idle server's loop does not lag"
-    lag.seconds = 1e5  # as if a burst had held the loop: it fades by 10 % a tick of 0.1 s
-    refused = _post(server, ["behind the burst"])
-    assert refused.status_code == 429 and refused.json()["error"]["code"] == "expected_wait", refused.text
+    sleeper, slept, release = _busy(server)
+    try:
+        lag.seconds = 1e5  # as if a burst had held the loop: it fades by 10 % a tick of 0.1 s
+        refused = _post(server, ["behind the burst"])
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "expected_wait", refused.text
+    finally:
+        release()
+        sleeper.join()
+    assert slept["response"].status_code == 200
+    lag.seconds = 1e5
+    assert _post(server, ["alone despite the lag"]).status_code == 200, "an empty queue admits anything"
     wait_for(lambda: lag.seconds < 1, timeout=60, what="the lag to fade")
     assert _post(server, ["after the burst"]).status_code == 200
     assert not _seen(server, "behind the burst")
+
+
+def _slow(worker) -> None:
+    """As if the worker had been measured at 1.4 tokens/s: a request of a few texts 'takes' minutes."""
+    rate = worker.throughput
+    rate.tokens_per_s, rate.tokens_per_text, rate.batch_s, rate.measured = 1.4, 10.0, 0.5, True
+    worker.lateness.factor = 1.0
+
+
+def test_sequential_requests_larger_than_their_deadline_on_an_idle_server_are_all_answered(server):
+    """Nothing queued or in flight: each request is admitted, however long it is expected to take, and a
+    request answered is not held against the next (each answer re-measures the rate, so it is slowed again)."""
+    worker = server.app.state.pool.worker("embedded")
+    lag = server.app.state.loop_lag
+    texts = [f"a text of a request far larger than its deadline, number {i}" for i in range(QUEUE_BOUND)]
+    saved = (worker.throughput.__dict__.copy(), worker.lateness.factor)
+    statuses = []
+    try:
+        for _ in range(3):
+            _slow(worker)
+            own = worker.throughput.seconds(sum(worker.tokens(len(t)) for t in texts))
+            assert own > 60, "expected to take longer than the whole deadline"
+            lag.seconds = max(lag.seconds, 0.05)  # the loop of an idle server lags a little
+            response = _post(server, texts)
+            statuses.append((response.status_code, response.headers.get("retry-after")))
+    finally:
+        worker.throughput.__dict__.update(saved[0])
+        worker.lateness.factor = saved[1]
+    assert statuses == [(200, None)] * 3, statuses
+
+
+def test_refused_requests_are_told_the_queue_ahead_and_do_not_add_to_each_other(server):
+    """Retry-After is when the work queued ahead leaves room: the same request refused again and again is
+    told about the same, not a later time for each refusal before it."""
+    worker = server.app.state.pool.worker("embedded")
+    saved = (worker.throughput.__dict__.copy(), worker.lateness.factor)
+    sleeper, slept, release = _busy(server)
+    filler, filled = _in_thread(server, [f"waiting text {i}" for i in range(QUEUE_BOUND - 1)])
+    wait_for(lambda: _queued(server) == QUEUE_BOUND - 1 or filled, timeout=60, what="the queue to fill")
+    assert not filled, filled
+    _slow(worker)
+    text = "a long request text, " * 10
+    try:
+        ahead = worker.throughput.queue_seconds(QUEUE_BOUND - 1, busy=True)
+        own = worker.throughput.seconds(worker.tokens(len(text)))
+        assert 0 < ahead + own - 48 < ahead and own < 48
+        retries = []
+        for _ in range(6):
+            refused = _post(server, [text])
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "expected_wait"
+            retries.append(int(refused.headers["retry-after"]))
+    finally:
+        worker.throughput.__dict__.update(saved[0])
+        worker.lateness.factor = saved[1]
+        release()
+        sleeper.join()
+        filler.join()
+    # fits in (ahead + own - 48) s; spread over at most the queue ahead of it, never beyond
+    assert all(ahead + own - 48 - 1 <= r <= 2 * ahead + own - 48 + 2 for r in retries), (retries, ahead, own)
+    assert slept["response"].status_code == 200 and filled["response"].status_code == 200
+    assert not _seen(server, text)

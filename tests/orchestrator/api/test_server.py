@@ -14,6 +14,7 @@ import time
 
 import httpx
 import numpy as np
+import openai
 import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -205,6 +206,38 @@ def test_health_and_metrics(server):
     assert (
         sample(metrics.text, "isostage_http_requests_total", method="GET", route="/health", status="200") >= 1
     )
+
+
+# -- models ---------------------------------------------------------------------------------
+
+
+def test_the_official_client_lists_the_models_this_server_serves(server):
+    """GET /v1/models in OpenAI's shape: the embedding profiles (with their models and dimensions) and the
+    transcription model, without loading a model in the server."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    models = {m.id: m for m in client.models.list()}
+    assert {"speed", "quality", "embedded", "whisper-1"} <= set(models)
+    assert all(m.object == "model" and m.owned_by and m.created > 0 for m in models.values())
+    speed, quality, embedded = models["speed"], models["quality"], models["embedded"]
+    assert (speed.model_extra["model"], speed.model_extra["dimensions"]) == ("BAAI/bge-small-en-v1.5", 384)
+    assert quality.model_extra["dimensions"] == 1536
+    assert embedded.model_extra["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert models["whisper-1"].model_extra["kind"] == "transcriptions"
+    one = client.models.retrieve("quality")
+    assert one.id == "quality" and one.model_extra["model"] == "Alibaba-NLP/gte-Qwen2-1.5B-instruct"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.code == "model_not_found"
+
+
+@pytest.mark.slow
+def test_models_name_the_model_a_running_worker_runs(server, api):
+    api.embed("warm", model="speed")  # offline: falls back to the embedded model
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    speed = client.models.retrieve("speed").model_extra
+    running = next(w for w in api.health().workers if w.profile == "speed")
+    assert speed["running_model"] == running.model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert speed["running_dimensions"] == 384
 
 
 # -- crash of the worker --------------------------------------------------------------

@@ -67,3 +67,40 @@ def test_an_unavailable_model_without_fallback_says_start_failed(monkeypatch):
     )
     thread.join(30)
     assert codes == [1]
+
+
+QUERY_PROMPT = "Represent this question for searching relevant passages: "
+
+
+def test_token_counts_include_the_query_prompt_the_model_saw(monkeypatch, reference_model, tmp_path):
+    """usage is what the model saw: a query's count includes its prompt. A model with a query prompt says it
+    tells input types apart; the embedded model, without prompts, says it does not."""
+    import json
+    import shutil
+
+    from stages.embeddings import embedded_model_path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = tmp_path / "minilm-prompted"
+    shutil.copytree(embedded_model_path(), folder)
+    config = folder / "config_sentence_transformers.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "prompts": {"query": QUERY_PROMPT}}))
+    conn, thread, codes = _serve_in_thread(WorkerConfig(name="embed-test", profile=str(folder), device="cpu"))
+    ready = FROM_WORKER.validate_python(conn.recv())
+    assert isinstance(ready, Ready) and ready.applies_input_types
+    conn.send(TO_WORKER.dump_python(EmbedTask(task_id=1, texts=TEXTS, input_types=["query", "document"])))
+    reply = FROM_WORKER.validate_python(conn.recv())
+    tokenizer = reference_model.tokenizer
+    assert reply.tokens == [
+        len(tokenizer(QUERY_PROMPT + TEXTS[0])["input_ids"]),
+        len(tokenizer(TEXTS[1])["input_ids"]),
+    ]
+    assert reply.tokens[0] > len(tokenizer(TEXTS[0])["input_ids"]), "the prompt's tokens are counted"
+    conn.send(TO_WORKER.dump_python(StopWorker()))
+    thread.join(30)
+
+    conn, thread, codes = _serve_in_thread(WorkerConfig(name="embed-test", profile="embedded", device="cpu"))
+    ready = FROM_WORKER.validate_python(conn.recv())
+    assert isinstance(ready, Ready) and not ready.applies_input_types, "no prompts: query == document"
+    conn.send(TO_WORKER.dump_python(StopWorker()))
+    thread.join(30)
