@@ -155,7 +155,11 @@ class VocabularyFile(Strict):
     #: "folder": ``vocabulary.txt`` of the nearest folder above the input; "input": ``<input>.vocabulary.txt``
     level: Literal["folder", "input"]
     path: str
+    #: the first ``orchestrator.planning.vocabulary.MAX_TERMS`` names and terms, in file order (empty: the
+    #: file holds none, and switches off the folders' above it)
     terms: list[str]
+    #: how many more the file holds, not read
+    left_out: int = Field(0, ge=0)
 
 
 class VocabularyUse(Strict):
