@@ -20,8 +20,9 @@ import os
 import unicodedata
 from pathlib import Path
 
-from contracts.artifacts import VocabularyFile
+from contracts.artifacts import VocabularyFile, terms_sha256
 from contracts.errors import InputError
+from contracts.io import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -149,3 +150,33 @@ def identity(files: tuple[VocabularyFile, ...] | list[VocabularyFile]) -> str:
     terms adds nothing (the terms it switches off are gone from the files above it)."""
     blob = json.dumps([[f.level, f.terms] for f in files if f.terms])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class TermStore:
+    """The run's files of vocabulary terms (``<run>/vocabulary/<sha256>.json``, a JSON list), each written
+    once: a work item names a file's terms by reference (:meth:`reference`) instead of carrying them, so an
+    input's request, and every member of its join group listed in it, stays small. Planning read each file
+    once a run, so a file's path names its terms for the run."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._sent: dict[tuple[str, str], VocabularyFile] = {}
+
+    def reference(self, file: VocabularyFile) -> VocabularyFile:
+        """``file`` with its terms by reference (one with no terms as it is)."""
+        if not file.terms or file.terms_file is not None:
+            return file
+        key = (file.level, file.path)
+        sent = self._sent.get(key)
+        if sent is None:
+            digest = terms_sha256(file.terms)
+            path = self.folder / f"{digest}.json"
+            if not path.exists():
+                self.folder.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(path, json.dumps(file.terms, ensure_ascii=False))
+            update = {"terms": [], "count": len(file.terms), "sha256": digest, "terms_file": str(path)}
+            sent = self._sent[key] = file.model_copy(update=update)
+        return sent
+
+    def references(self, files: list[VocabularyFile] | tuple[VocabularyFile, ...]) -> list[VocabularyFile]:
+        return [self.reference(f) for f in files]
