@@ -8,6 +8,8 @@ can be explained afterwards.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -149,13 +151,33 @@ class LanguageId(Strict):
     reason: str | None = None
 
 
+def terms_sha256(terms: list[str]) -> str:
+    """What names a vocabulary file's terms (their list, in order): where a work item sends them by reference
+    and an artifact records which were read."""
+    return hashlib.sha256(json.dumps(terms, ensure_ascii=False).encode()).hexdigest()
+
+
 class VocabularyFile(Strict):
-    """A vocabulary file the parent found for an input: names and terms, one a line."""
+    """A vocabulary file the parent found for an input: names and terms, one a line.
+
+    The parent reads its terms; a work item names them by reference (``terms_file``, ``sha256``), and an
+    artifact records only ``sha256`` and ``count`` (artifacts written before kept ``terms`` themselves)."""
 
     #: "folder": ``vocabulary.txt`` of the nearest folder above the input; "input": ``<input>.vocabulary.txt``
     level: Literal["folder", "input"]
     path: str
-    terms: list[str]
+    #: the first ``orchestrator.planning.vocabulary.MAX_TERMS`` names and terms, in file order (empty: the
+    #: file holds none and switches off the folders' above it, or they are in ``terms_file``; in an artifact,
+    #: see ``count``)
+    terms: list[str] = Field(default_factory=list)
+    #: how many more the file holds, not read
+    left_out: int = Field(0, ge=0)
+    #: how many terms were read (None: ``terms`` holds them)
+    count: int | None = Field(None, ge=0)
+    #: :func:`terms_sha256` of the terms read
+    sha256: str | None = None
+    #: the run's file of these terms (a JSON list, named by ``sha256``), written once a run by the parent
+    terms_file: str | None = None
 
 
 class VocabularyUse(Strict):

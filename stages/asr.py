@@ -42,6 +42,7 @@ interleaved with decodes); without joining on the CPU, packing measured no gain.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -59,8 +60,8 @@ from contracts import (
     WorkItem,
     load_artifact,
 )
-from contracts.artifacts import LanguageId, VocabularyUse
-from contracts.errors import ModelUnavailableError
+from contracts.artifacts import LanguageId, VocabularyFile, VocabularyUse, terms_sha256
+from contracts.errors import InputError, ModelUnavailableError
 from contracts.models import portable_name
 from contracts.stage_settings import AsrSettings
 from stages.runtime.base import TorchStage
@@ -176,6 +177,8 @@ class AsrStage(TorchStage):
         self.forced = settings.language
         self.compute_type = compute_type
         self._tokenizers: dict = {}
+        #: the run's files of vocabulary terms read (``_terms``), by path
+        self._vocabulary_terms: dict[str, list[str]] = {}
         self.join = settings.join_inputs and not settings.identify_only
         if self.join and request is not None and request.attempt > 1:
             # a respawned child (the last one died or ran out of memory) decodes each input's windows apart: a
@@ -766,12 +769,42 @@ class AsrStage(TorchStage):
             prefix=options.prefix,
         )
 
+    def _terms(self, file: VocabularyFile) -> list[str]:
+        """A vocabulary file's terms: in the work item, or (by reference) in the run's file of them, read
+        once a child and checked against their sha256. Raises InputError when that file is not theirs."""
+        if file.terms_file is None:
+            return file.terms
+        if file.terms_file not in self._vocabulary_terms:
+            try:
+                terms = json.loads(Path(file.terms_file).read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise InputError(f"the terms of vocabulary file {file.path} cannot be read: {exc}") from None
+            if not isinstance(terms, list) or terms_sha256(terms) != file.sha256:
+                raise InputError(
+                    f"the terms of vocabulary file {file.path} ({file.terms_file}) are not the ones planned"
+                )
+            self._vocabulary_terms[file.terms_file] = terms
+        return self._vocabulary_terms[file.terms_file]
+
+    def _recorded(self, file: VocabularyFile) -> VocabularyFile:
+        """A vocabulary file as a transcript records it: which terms (their sha256) and how many, not the
+        terms themselves (a corpus's terms would otherwise be in every input's transcript)."""
+        terms = self._terms(file)
+        update = {"terms": [], "terms_file": None, "count": len(terms), "sha256": terms_sha256(terms)}
+        return file.model_copy(update=update)
+
     def _vocabulary(self, item: WorkItem, language: str) -> tuple[VocabularyUse | None, list[int]]:
         """What ``item`` is decoded after: the run's prompt and hotwords, then its folder's and its own
-        vocabulary files (``item.vocabulary``), within Whisper's prompt budget; and its tokens."""
+        vocabulary files (``item.vocabulary``), within Whisper's prompt budget; and its tokens. The
+        transcript records the files by their terms' sha256 and count, not the terms."""
         settings: AsrSettings = self.settings
         prompt = (settings.prompt or "").strip() or None
-        terms = list(dict.fromkeys([*settings.hotwords, *(t for f in item.vocabulary for t in f.terms)]))
+        sources: list[list[str]] = []  # run, folder, input: each term once, where it first comes
+        seen: set[str] = set()
+        for source in [settings.hotwords, *(self._terms(f) for f in item.vocabulary)]:
+            sources.append([t for t in dict.fromkeys(source) if t not in seen])
+            seen.update(sources[-1])
+        terms = [t for source in sources for t in source]
         if prompt is None and not terms:
             return None, []
         tokenizer = self._tokenizer(language if language != "unknown" else "en")
@@ -780,7 +813,7 @@ class AsrStage(TorchStage):
         def encode(text: str) -> list[int]:
             return tokenizer.encode(" " + text) if text else []
 
-        text, left_out = fit_vocabulary(prompt, terms, lambda t: len(encode(t)), budget)
+        text, left_out = fit_vocabulary(prompt, sources, lambda t: len(encode(t)), budget)
         tokens = encode(text)
         note = None
         whole = len(encode(vocabulary_text(prompt, terms)))
@@ -789,13 +822,14 @@ class AsrStage(TorchStage):
             note = (
                 f"vocabulary of {whole} tokens over Whisper's prompt budget ({budget} after <|startofprev|>): "
                 f"{left_out} of its {entries} entries left out, the most general first (run prompt, run "
-                "hotwords, folder, input)" + ("" if left_out else "; its last entry cut to its last words")
+                "hotwords, folder, input; within each, its last lines)"
+                + ("" if left_out else "; its last entry cut to its last words")
             )
             log.warning("asr: %s: %s", item.id, note)
         use = VocabularyUse(
             prompt=prompt,
             hotwords=list(settings.hotwords),
-            files=list(item.vocabulary),
+            files=[self._recorded(f) for f in item.vocabulary],
             applied=text,
             tokens=len(tokens),
             note=note,

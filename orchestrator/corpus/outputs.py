@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -21,6 +22,8 @@ from contracts.io import atomic_write_bytes, atomic_write_text, save_model
 from orchestrator import layout
 from orchestrator.corpus.captions import CaptionRules, Cue, cues, label, spaced
 from orchestrator.corpus.labels import caption_segments
+
+log = logging.getLogger(__name__)
 
 FORMATS = tuple(layout.FORMATS)
 
@@ -374,13 +377,28 @@ def translated_name(name: str) -> str:
     return name.replace("transcript.", f"transcript.{TRANSLATED}.", 1)
 
 
+def _remove_translation(directory: Path) -> None:
+    """An earlier run's English track in ``directory`` removed (the transcript was rewritten without one)."""
+    names = ["transcript.json", *(layout.FORMATS[f] for f in TRANSLATED_FORMATS)]
+    stale = [p for p in (directory / translated_name(n) for n in names) if p.exists()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if stale:
+        log.info(
+            "%s: the English translation of an earlier run removed (this transcript has none)", directory.name
+        )
+
+
 def write_formats(directory: Path, src: Sources, formats: list[str] | tuple[str, ...]) -> dict[str, str]:
     """Write ``formats`` of ``src`` into ``directory`` (atomic writes), and of its English translation where
     there is one (``transcript.en.json`` and the formats of :data:`TRANSLATED_FORMATS`, same rules and
-    speakers); return file name -> path."""
+    speakers); return file name -> path. Where there is none, an earlier run's English files are removed:
+    they are of a transcript that is no more."""
     written = {}
     tracks = [(src, formats, lambda name: name)]
-    if src.translation is not None:
+    if src.translation is None:
+        _remove_translation(directory)
+    else:
         english = src.translation
         path = save_model(english.transcript, directory / translated_name("transcript.json"))
         written[path.name] = str(path)

@@ -126,7 +126,8 @@ def chain_fingerprints(inp: InputState, specs: list[StageSpec], start: int = 0) 
             upstream = url_identity(inp.url) if inp.url else _source_identity(inp)
         else:
             upstream = "|".join(f"skipped:{k}" if k in inp.skipped else by_key[k] for k in keys)
-        if spec.vocabulary and inp.plan.vocabulary:  # the input's vocabulary files: its own, not the run's
+        # the input's vocabulary files (its own, not the run's), when they hold terms
+        if spec.vocabulary and any(f.terms for f in inp.plan.vocabulary):
             upstream += f"|vocabulary:{vocabulary_identity(inp.plan.vocabulary)}"
         by_key[spec.kind] = inp.fingerprints[spec.name] = fingerprint(
             spec, upstream, inp.models.get(spec.name)

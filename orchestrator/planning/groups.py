@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from contracts import WorkItem
 from contracts.io import atomic_write_text
 from orchestrator import layout
+from orchestrator.planning.vocabulary import TermStore
 
 if TYPE_CHECKING:
     from orchestrator.planning.state import InputState
@@ -106,9 +107,15 @@ def whole_group_chunks(items: Sequence, group_of, size: int) -> list[list]:
     return chunks
 
 
-def with_groups(items: Sequence[WorkItem], todo: Sequence[InputState], chunk: Sequence[InputState]) -> list:
+def with_groups(
+    items: Sequence[WorkItem],
+    todo: Sequence[InputState],
+    chunk: Sequence[InputState],
+    terms: TermStore | None = None,
+) -> list:
     """The ASR work ``items`` (of ``todo``) with their join group and its members in ``chunk`` (all of them,
-    also those with nothing left to do: the stage decodes the group whole and writes only the items)."""
+    also those with nothing left to do: the stage decodes the group whole and writes only the items); the
+    members' vocabulary files by reference to ``terms`` (None: with their terms)."""
     members: dict[str, list[InputState]] = {}
     for inp in chunk:
         if inp.group is not None:
@@ -116,7 +123,14 @@ def with_groups(items: Sequence[WorkItem], todo: Sequence[InputState], chunk: Se
     listed = {
         group: json.dumps(
             [
-                [m.id, str(m.plan.artifact("audio")), [f.model_dump(mode="json") for f in m.plan.vocabulary]]
+                [
+                    m.id,
+                    str(m.plan.artifact("audio")),
+                    [
+                        f.model_dump(mode="json", exclude_defaults=True)
+                        for f in (terms.references(m.plan.vocabulary) if terms else m.plan.vocabulary)
+                    ],
+                ]
                 for m in group_members
             ]
         )

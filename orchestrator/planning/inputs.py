@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from contracts.artifacts import VocabularyFile
+from contracts.errors import InputError
 from contracts.io import atomic_write_text
 from orchestrator import layout
-from orchestrator.planning.vocabulary import FOLDER_FILE, INPUT_SUFFIX, vocabulary_files
+from orchestrator.planning.vocabulary import FOLDER_FILE, INPUT_SUFFIX, left_out_note, vocabulary_files
 from orchestrator.remote import expand_url, is_url, redact, url_stem, url_suffix, without_credentials
 
 log = logging.getLogger(__name__)
@@ -388,6 +389,8 @@ class Input:
     notes: tuple[str, ...] = ()
     #: the vocabulary files that apply to it (``orchestrator.planning.vocabulary``; local sources only)
     vocabulary: tuple[VocabularyFile, ...] = ()
+    #: why it fails before any stage runs (a vocabulary file that is not one), None: it is planned to run
+    error: str | None = None
 
     @property
     def shown(self) -> str:
@@ -430,20 +433,28 @@ def plan_inputs(
     if not dry and (any(index.get(k) != v for k, v in new.items()) or _stored(out) != index):
         save_ids(out, index | new)  # also when the file held what load_ids drops (an earlier signed URL)
     inputs = []
-    folders: dict[str, VocabularyFile | None] = {}  # each folder's vocabulary.txt, read once
+    folders: dict[str, VocabularyFile | InputError | None] = {}  # each folder's vocabulary.txt, read once
     for (same, item), item_id in zip(unique.items(), ids):
         inp = _input(item_id, item.source, out, dry)
+        notes: list[str] = []
         if not is_url(item.source):
-            vocabulary = vocabulary_files(Path(item.source), item.root, folders, listing, item.absolute)
-            if vocabulary:
-                inp = dataclasses.replace(inp, vocabulary=vocabulary)
+            try:
+                vocabulary = vocabulary_files(Path(item.source), item.root, folders, listing, item.absolute)
+            except InputError as exc:  # this input fails alone, before any stage
+                inp = dataclasses.replace(inp, error=str(exc))
+            else:
+                if vocabulary:
+                    inp = dataclasses.replace(inp, vocabulary=vocabulary)
+                notes += [left_out_note(f.path, len(f.terms), f.left_out) for f in vocabulary if f.left_out]
         if same in also:
             others = also[same]
-            note = (
+            notes.insert(
+                0,
                 f"given {len(others) + 1} times (also as {', '.join(others[:3])}"
-                f"{', ...' if len(others) > 3 else ''}); processed once"
+                f"{', ...' if len(others) > 3 else ''}); processed once",
             )
-            inp = dataclasses.replace(inp, notes=(note,))
+        if notes:
+            inp = dataclasses.replace(inp, notes=tuple(notes))
         inputs.append(inp)
     return inputs
 

@@ -52,6 +52,8 @@ class InputState:
 
     def __post_init__(self) -> None:
         self.notes = [*self.plan.notes, *self.notes]
+        if self.plan.error and self.error is None:  # failed in planning: no stage runs for it
+            self.error, self.failed_stage = self.plan.error, "vocabulary"
 
     @property
     def alive(self) -> bool:

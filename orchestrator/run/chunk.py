@@ -29,6 +29,7 @@ from orchestrator.planning.fingerprints import chain_fingerprints, input_keys, p
 from orchestrator.planning.groups import with_groups
 from orchestrator.planning.needs import REUSED, Resume, completion, stages_needed, work_item
 from orchestrator.planning.state import InputState
+from orchestrator.planning.vocabulary import TermStore
 from orchestrator.registry import StageSpec
 from orchestrator.remote import FetchLimits, fetch
 from orchestrator.run.finish import Corpus, finish, place_speakers
@@ -58,6 +59,8 @@ class RunContext:
     corpus: Corpus = field(default_factory=Corpus)
     #: every stage run of every chunk, for the report
     stage_runs: list[StageRun] = field(default_factory=list)
+    #: where work items find their vocabulary files' terms (None: in the work items)
+    terms: TermStore | None = None
 
 
 def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
@@ -168,8 +171,15 @@ def run_stage(
     previous = ctx.specs[index - 1] if index else None
     ctx.progress.stage_started(number, spec.name, len(todo))
     items = [work_item(spec, inp, previous) for inp in todo]
+    if spec.vocabulary and ctx.terms is not None:  # vocabulary terms by reference, written once a run
+        items = [
+            item.model_copy(update={"vocabulary": ctx.terms.references(item.vocabulary)})
+            if item.vocabulary
+            else item
+            for item in items
+        ]
     if spec.name == "asr" and ctx.settings.asr_join_inputs:  # each input's join group, decoded whole
-        items = with_groups(items, todo, chunk or todo)
+        items = with_groups(items, todo, chunk or todo, ctx.terms)
     outcomes, stage_run = ctx.runner.run(
         spec,
         items,

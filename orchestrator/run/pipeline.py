@@ -39,6 +39,7 @@ from orchestrator.planning.groups import GROUP_SIZE, plan_groups, whole_group_ch
 from orchestrator.planning.inputs import plan_inputs
 from orchestrator.planning.needs import OUTPUTS_VERSION, Resume, dry_run
 from orchestrator.planning.state import InputState
+from orchestrator.planning.vocabulary import TermStore
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import BY_NAME, StageSpec, process_specs
@@ -217,6 +218,7 @@ class Orchestrator:
             progress=progress,
             resume=resume,
             stopping=lambda: self._stopping,
+            terms=TermStore(run_dir / "vocabulary"),
         )
         progress.start(len(inputs), resumed, len(chunks))
         hard_stop = False

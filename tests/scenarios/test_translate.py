@@ -49,3 +49,8 @@ def test_a_run_with_translate_writes_the_english_track_beside_the_original(tmp_p
     assert shown("transcript.en.srt") and shown("transcript.en.srt") <= shown("transcript.srt")
     assert {s.speaker for s in translated.segments} <= shown("transcript.srt")
     assert 'href="transcript.en.html"' in (spanish / "transcript.html").read_text()
+    # When they are processed again without --translate (ASR is redone): no English track is left behind
+    with Orchestrator(settings) as orch:
+        assert orch.process(inputs).ok == 2
+    assert not list(spanish.glob("transcript.en.*"))
+    assert "transcript.en." not in (spanish / "transcript.html").read_text()

@@ -118,3 +118,19 @@ def test_an_untranslated_transcript_writes_no_english_track(tmp_path):
     export(Settings(_env_file=None, output_dir=out), ["srt", "html"])
     assert not list((out / "talk").glob("transcript.en.*"))
     assert '<nav class="languages">' not in (out / "talk" / "transcript.html").read_text()
+
+
+def test_a_transcript_rewritten_without_its_translation_leaves_no_english_track_behind(tmp_path):
+    """Given an input whose English track was written (a run with --translate), when its transcript is
+    rewritten without a translation (a rerun without --translate redid it), then the English files of the
+    first run are gone and its page has no language switch."""
+    out = _folder(tmp_path)
+    export(Settings(_env_file=None, output_dir=out), ["srt", "vtt", "txt", "html"])
+    talk = out / "talk"
+    assert len(list(talk.glob("transcript.en.*"))) == 5
+    path = talk / "transcript.json"
+    save_model(load_artifact(path, TranscriptArtifact).model_copy(update={"translation": None}), path)
+    export(Settings(_env_file=None, output_dir=out), ["srt", "vtt", "txt", "html"])
+    assert not list(talk.glob("transcript.en.*"))
+    page = (talk / "transcript.html").read_text()
+    assert "transcript.en." not in page and '<nav class="languages">' not in page

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from contracts import WorkItem
-from contracts.artifacts import VocabularyFile
+from contracts.artifacts import VocabularyFile, terms_sha256
 from orchestrator import layout
 from orchestrator.planning.groups import (
     GROUP_KEY,
@@ -18,6 +18,8 @@ from orchestrator.planning.groups import (
 )
 from orchestrator.planning.inputs import Input
 from orchestrator.planning.state import InputState
+from orchestrator.planning.vocabulary import TermStore
+from stages.whisper.windows import group_members
 
 
 def test_new_inputs_form_groups_in_the_planned_order_and_known_ones_keep_theirs():
@@ -77,10 +79,41 @@ def test_work_items_name_their_group_and_all_its_members_audio_and_vocabulary(tm
     items = [WorkItem(id=s.id, inputs={"audio": "x"}, output="o", fingerprint="f") for s in states[1:]]
     out = with_groups(items, states[1:], states)  # "a" has nothing left to do: it is named all the same
     # a member not asked for carries its vocabulary: it shares the windows it shared when it was asked for
-    assert out[0].inputs[GROUP_KEY] == "g1" and json.loads(out[0].inputs[MEMBERS_KEY]) == [
-        ["a", str(tmp_path / "a" / ".work" / "audio.json"), [terms.model_dump(mode="json")]],
-        ["b", str(tmp_path / "b" / ".work" / "audio.json"), []],
+    members = json.loads(out[0].inputs[MEMBERS_KEY])
+    assert out[0].inputs[GROUP_KEY] == "g1" and [m[:2] for m in members] == [
+        ["a", str(tmp_path / "a" / ".work" / "audio.json")],
+        ["b", str(tmp_path / "b" / ".work" / "audio.json")],
     ]
+    assert [[VocabularyFile.model_validate(f) for f in m[2]] for m in members] == [[terms], []]
     assert out[1].inputs[GROUP_KEY] == "g2" and [m[0] for m in json.loads(out[1].inputs[MEMBERS_KEY])] == [
         "c"
     ]
+
+
+def test_a_join_groups_members_name_their_vocabulary_by_reference_written_once_a_run(tmp_path):
+    """Given ten short inputs of one join group under a folder vocabulary of 1,000 names, each work item
+    lists the group's members with the vocabulary by reference: small, and the terms written once."""
+    names = [f"Surname{n:04d}" for n in range(1_000)]
+    folder = VocabularyFile(level="folder", path=str(tmp_path / "vocabulary.txt"), terms=names)
+    states = [
+        InputState(
+            Input(
+                id=f"c{n}", source=tmp_path / f"c{n}.wav", directory=tmp_path / f"c{n}", vocabulary=(folder,)
+            )
+        )
+        for n in range(10)
+    ]
+    for state in states:
+        state.group = "g"
+    items = [WorkItem(id=s.id, inputs={"audio": "x"}, output="o", fingerprint="f") for s in states]
+    store = TermStore(tmp_path / "run" / "vocabulary")
+    out = with_groups(items, states, states, store)
+    request = sum(len(item.model_dump_json()) for item in out)
+    assert request < 60_000, request  # with the terms: 10 items x 10 members x 1,000 names, 1.5 MB
+    (written,) = (tmp_path / "run" / "vocabulary").iterdir()
+    assert json.loads(written.read_text()) == names
+    members = group_members(out[3])
+    assert [m[0] for m in members] == [s.id for s in states]
+    ref = members[0][2][0]
+    assert ref.terms == [] and ref.terms_file == str(written) and ref.count == 1_000
+    assert ref.sha256 == terms_sha256(names) and written.name == f"{ref.sha256}.json"

@@ -11,7 +11,7 @@ from orchestrator.planning.fingerprints import chain_fingerprints
 from orchestrator.planning.inputs import plan_inputs
 from orchestrator.planning.needs import work_item
 from orchestrator.planning.state import InputState
-from orchestrator.planning.vocabulary import read_terms, vocabulary_files
+from orchestrator.planning.vocabulary import MAX_BYTES, MAX_TERMS, read_terms, vocabulary_files
 from orchestrator.registry import process_specs
 
 SETTINGS = Settings(_env_file=None, speakers=False)
@@ -30,7 +30,7 @@ def _corpus(root: Path) -> Path:
 
 def test_a_vocabulary_file_is_one_term_a_line_without_blanks_comments_or_repeats(tmp_path):
     corpus = _corpus(tmp_path / "corpus")
-    assert read_terms(corpus / "vocabulary.txt") == ["Stella", "Dr. Lee"]
+    assert read_terms(corpus / "vocabulary.txt") == (["Stella", "Dr. Lee"], 0)
 
 
 def test_the_nearest_folder_wins_and_an_input_adds_its_own(tmp_path):
@@ -105,3 +105,90 @@ def test_only_the_asr_stage_gets_the_vocabulary_files(tmp_path):
 def test_hotwords_are_read_as_a_comma_list_in_order(monkeypatch):
     monkeypatch.setenv("ASR_HOTWORDS", "Stella, Dr. Lee,,Stella, Kowalczyk")
     assert Settings(_env_file=None).asr_hotwords == ["Stella", "Dr. Lee", "Kowalczyk"]
+
+
+def test_an_empty_vocabulary_file_in_the_nearest_folder_switches_the_ones_above_off(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+    before = _fingerprints(corpus, tmp_path / "out")
+    # Given an empty vocabulary.txt in a/ (the corpus's above it names Stella), and one of comments only in b/
+    (corpus / "a" / "vocabulary.txt").write_text("")
+    (corpus / "b" / "vocabulary.txt").write_text("# nothing for b\n")
+    # Then the nearest file wins: a/'s and b/'s inputs get no folder terms, x.wav still its own
+    assert [(f.level, f.terms) for f in vocabulary_files(corpus / "a" / "y.wav", corpus)] == [("folder", [])]
+    assert [(f.level, f.terms) for f in vocabulary_files(corpus / "a/x.wav", corpus)] == [
+        ("folder", []),
+        ("input", ["Ferreira"]),
+    ]
+    assert [f.terms for f in vocabulary_files(corpus / "b" / "w.wav", corpus)] == [[]]
+    # and their ASR is redone (their terms changed)
+    after = _fingerprints(corpus, tmp_path / "out")
+    assert {i for i in before if before[i]["asr"] != after[i]["asr"]} == {
+        "corpus/a/x",
+        "corpus/a/y",
+        "corpus/a/deep/z",
+        "corpus/b/w",
+    }
+
+
+def test_an_empty_vocabulary_file_with_nothing_above_it_changes_no_fingerprint(tmp_path):
+    corpus = tmp_path / "corpus"
+    (corpus / "a").mkdir(parents=True)
+    (corpus / "a" / "x.wav").write_bytes(b"RIFF")
+    before = _fingerprints(corpus, tmp_path / "out")
+    (corpus / "a" / "vocabulary.txt").write_text("\n# no terms yet\n")
+    assert _fingerprints(corpus, tmp_path / "out") == before  # no terms before, none now
+
+
+def _failed(inputs) -> dict[str, str]:
+    return {i.id: i.error for i in inputs if i.error}
+
+
+def test_a_vocabulary_file_that_is_not_utf8_text_fails_only_the_inputs_it_applies_to(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+    # Given a binary file as b/'s vocabulary and a Latin-1 file as y.wav's own
+    (corpus / "b" / "vocabulary.txt").write_bytes(bytes(range(256)) * 4)
+    (corpus / "a" / "y.wav.vocabulary.txt").write_bytes("Müller\nJosé\n".encode("latin-1"))
+    inputs = plan_inputs([corpus], tmp_path / "out", dry=True)
+    failed = _failed(inputs)
+    # Then those inputs fail, each with a one-line reason naming the file; the others are planned as before
+    assert set(failed) == {"corpus/b/w", "corpus/a/y"}
+    assert all("\n" not in reason for reason in failed.values())
+    assert str(corpus / "b" / "vocabulary.txt") in failed["corpus/b/w"]
+    assert "not UTF-8 text" in failed["corpus/b/w"] or "not text" in failed["corpus/b/w"]
+    assert str(corpus / "a" / "y.wav.vocabulary.txt") in failed["corpus/a/y"]
+    assert "not UTF-8 text (byte 0xfc at offset 1)" in failed["corpus/a/y"]
+    by_id = {i.id: i for i in inputs}
+    assert [f.terms for f in by_id["corpus/a/x"].vocabulary] == [["Kowalczyk", "Nguyen"], ["Ferreira"]]
+    # and a run state of such an input is failed at the vocabulary, never run
+    state = InputState(by_id["corpus/b/w"])
+    assert not state.alive and state.failed_stage == "vocabulary" and state.error == failed["corpus/b/w"]
+
+
+def test_utf8_with_a_byte_order_mark_is_text(tmp_path):
+    (tmp_path / "vocabulary.txt").write_bytes("\ufeffMüller\nJosé\n".encode())
+    assert read_terms(tmp_path / "vocabulary.txt") == (["Müller", "José"], 0)
+
+
+def test_a_vocabulary_file_over_the_size_cap_fails_its_inputs_with_its_size(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+    (corpus / "b" / "vocabulary.txt").write_text("Name\n" * (MAX_BYTES // 5 + 1))
+    failed = _failed(plan_inputs([corpus], tmp_path / "out", dry=True))
+    assert set(failed) == {"corpus/b/w"}
+    assert str(corpus / "b" / "vocabulary.txt") in failed["corpus/b/w"] and "MiB" in failed["corpus/b/w"]
+
+
+def test_only_the_first_terms_of_a_long_vocabulary_file_are_read_and_the_rest_is_said(tmp_path, caplog):
+    corpus = _corpus(tmp_path / "corpus")
+    # Given a folder vocabulary of 10,000 names, the guests' first
+    names = ["Ferreira", "Okonkwo", *(f"Name{n}" for n in range(9_998))]
+    (corpus / "b" / "vocabulary.txt").write_text("\n".join(names) + "\n")
+    with caplog.at_level("WARNING"):
+        inputs = plan_inputs([corpus], tmp_path / "out", dry=True)
+    w = next(i for i in inputs if i.id == "corpus/b/w")
+    # Then the first MAX_TERMS are read, in file order, and how many were left out is said
+    (folder,) = w.vocabulary
+    assert folder.terms == names[:MAX_TERMS] and folder.left_out == 10_000 - MAX_TERMS
+    left = f"{10_000 - MAX_TERMS} of its 10000 terms left out"
+    assert any(left in note and str(corpus / "b" / "vocabulary.txt") in note for note in w.notes), w.notes
+    assert sum(left in r.getMessage() for r in caplog.records) == 1
+    assert not any(i.notes for i in inputs if i.id != "corpus/b/w")
