@@ -691,6 +691,17 @@ class Settings(*reversed(GROUPS), BaseSettings):
         _known_languages(codes, "ASR_LANGUAGES (--languages)")
         return codes
 
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _blank_token_is_none(cls, value):
+        # a token of spaces is no token (as an empty --token-file is refused): the guard would compare it
+        # stripped of nothing, and a non-loopback server would start behind it
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if isinstance(value, str):
+            value = value.strip()
+        return value or None
+
     @field_validator("output_dir", mode="before")
     @classmethod
     def _named_folder(cls, value):

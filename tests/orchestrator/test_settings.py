@@ -212,3 +212,12 @@ def test_language_codes_are_whispers_and_others_are_refused():
             Settings(**bad)
     with pytest.raises(ValidationError, match="output folder is empty"):
         Settings(output_dir="  ")
+
+
+def test_a_token_of_spaces_is_no_token_and_a_public_address_is_refused_without_one():
+    from contracts.errors import SettingsError
+
+    assert Settings(api_token="   ").api_token is None
+    assert Settings(api_token=" s3cret\n").api_token.get_secret_value() == "s3cret"
+    with pytest.raises(SettingsError, match="exposes the API beyond this machine"):
+        Settings(api_token=" ", host="0.0.0.0").check_serve()
