@@ -9,6 +9,13 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
+#: the language codes Whisper knows (its tokenizer's: 99, and ``yue`` since large-v3), in its order; what
+#: ``ASR_LANGUAGE`` and ``ASR_LANGUAGES`` may name
+WHISPER_LANGUAGES: tuple[str, ...] = (
+    *"en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th ur hr bg lt"
+    " la mi ml cy sk te fa lv bn sr az sl kn et mk br eu is hy ne mn bs kk sq sw gl mr pa si km sn yo so af oc"
+    " ka be tg sd gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl mg as tt haw ln ha ba jw su yue".split(),
+)
 #: ``EMBEDDING_PROFILE`` -> sentence-transformers model
 EMBEDDING_PROFILES: dict[str, str] = {
     "speed": "BAAI/bge-small-en-v1.5",

@@ -26,6 +26,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from contracts.models import WHISPER_LANGUAGES
 from contracts.stage_settings import HEAP_ENV, HeapPolicy, MemorySettings
 
 #: a batch size, or "auto": derived from the GPU's free memory (orchestrator.gpu.sizing), the default on the CPU
@@ -661,8 +662,11 @@ class Settings(*reversed(GROUPS), BaseSettings):
 
     @field_validator("asr_language")
     @classmethod
-    def _blank_is_none(cls, value: str | None) -> str | None:
-        return value or None
+    def _language_code(cls, value: str | None) -> str | None:
+        value = (value or "").strip().lower() or None
+        if value is not None:
+            _known_languages([value], "ASR_LANGUAGE (--language)")
+        return value
 
     @field_validator("asr_compression_ratio_threshold", "gpu_memory_fraction", mode="before")
     @classmethod
@@ -683,7 +687,28 @@ class Settings(*reversed(GROUPS), BaseSettings):
     def _comma_list(cls, value):
         if isinstance(value, str):
             value = value.split(",")
-        return sorted({str(v).strip().lower() for v in value or [] if str(v).strip()})
+        codes = sorted({str(v).strip().lower() for v in value or [] if str(v).strip()})
+        _known_languages(codes, "ASR_LANGUAGES (--languages)")
+        return codes
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _blank_token_is_none(cls, value):
+        # a token of spaces is no token (as an empty --token-file is refused): the guard would compare it
+        # stripped of nothing, and a non-loopback server would start behind it
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if isinstance(value, str):
+            value = value.strip()
+        return value or None
+
+    @field_validator("output_dir", mode="before")
+    @classmethod
+    def _named_folder(cls, value):
+        # an empty name is the current folder to Path(""): a run would write its files among the user's
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("the output folder is empty: name one (-o out)")
+        return value
 
     @property
     def hub(self) -> bool:
@@ -720,3 +745,14 @@ class Settings(*reversed(GROUPS), BaseSettings):
         if not self.hub:
             env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
         return env
+
+
+def _known_languages(codes: list[str], what: str) -> None:
+    """A ValueError naming the codes of ``codes`` Whisper does not know (so a run refuses before it starts,
+    where each input would fail with a misleading model error)."""
+    unknown = [code for code in codes if code not in WHISPER_LANGUAGES]
+    if unknown:
+        raise ValueError(
+            f"{what}: {', '.join(map(repr, unknown))} is not a language code Whisper knows "
+            "(two letters as en, de, es, zh; 'haw', 'yue')"
+        )

@@ -27,7 +27,9 @@ LOCK_NAME = layout.LOCK
 
 class OutputLock:
     """``what`` names the folder in errors, ``advice`` says what to do when it is held, ``role`` says in the
-    lock file what holds it (the server's state folder uses the same lock: ``orchestrator.api.jobs``)."""
+    lock file what holds it (the server's state folder uses the same lock: ``orchestrator.api.jobs``).
+    ``existing``: the folder must already be an output folder (``layout.is_output``: a run made it), as
+    for the commands that rewrite its products; anything else is refused before a file is written."""
 
     def __init__(
         self,
@@ -36,13 +38,20 @@ class OutputLock:
         what: str = "output directory",
         advice: str = "wait for it (--wait) or choose another --output",
         role: str = "pipeline",
+        existing: bool = False,
     ) -> None:
         self.path = Path(directory) / LOCK_NAME
         self.wait = wait
+        self.existing = existing
         self.what, self.advice, self.role = what, advice, role
         self._fd: int | None = None
 
     def __enter__(self) -> OutputLock:
+        if self.existing and not layout.is_output(self.path.parent):
+            raise SettingsError(
+                f"{self.path.parent} is not an output folder (no {layout.RUNS}/ or {layout.IDS} of a run): "
+                "nothing written; give the --output folder of a `pipeline process` run"
+            )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

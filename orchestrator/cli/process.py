@@ -186,7 +186,7 @@ def process(
     asr_batch_size = _batch(asr_batch_size, "--asr-batch-size")
     embedding_batch_size = _batch(embedding_batch_size, "--embedding-batch-size")
     overrides = {
-        "output_dir": None if output is None or is_url(output) else Path(output),
+        "output_dir": None if output is None or is_url(output) else output,
         "output_url": output if output is not None and is_url(output) else None,
         "device": device,
         "asr_model": asr_model,

@@ -269,7 +269,7 @@ def export(settings, formats: list[str], only: list[str] | None = None) -> Expor
     started = time.perf_counter()
     result = ExportResult()
     rules = CaptionRules.from_settings(settings)
-    with OutputLock(out, wait=settings.wait_for_output):
+    with OutputLock(out, wait=settings.wait_for_output, existing=True):
         labels = corpus_labels(read_corpus(out))
         journal = journal_for(out, "export")
         completed = journal.completed()

@@ -392,7 +392,7 @@ PLACE_BATCH = 1000
 def cluster(settings, out: Path) -> Placed:
     """``pipeline speakers cluster OUT``: place every input's speakers not placed yet (``PLACE_BATCH`` inputs
     at a time, as successive runs would), write their files."""
-    with OutputLock(out, wait=settings.wait_for_output):
+    with OutputLock(out, wait=settings.wait_for_output, existing=True):
         items = folder_items(out)
         placed = Placed(read_corpus(out) or CorpusSpeakers(distance=settings.corpus_speaker_distance))
         for start in range(0, max(len(items), 1), PLACE_BATCH):
@@ -557,7 +557,7 @@ def name(settings, out: Path, sid: str, new_name: str, profile: bool = True, for
     new_name = new_name.strip()
     if not new_name:
         raise SettingsError("a speaker's name cannot be empty")
-    with OutputLock(out, wait=settings.wait_for_output):
+    with OutputLock(out, wait=settings.wait_for_output, existing=True):
         corpus = read_corpus(out)
         speaker = _find(corpus, sid)
         taken = [s.id for s in corpus.speakers if s.name == new_name and s.id != speaker.id]
@@ -641,7 +641,7 @@ def voice_profile(
 
 def merge(settings, out: Path, keep: str, other: str) -> CorpusSpeaker:
     """``pipeline speakers merge OUT S0007 S0012``: S0012's inputs become S0007's (S0012 is not used again)."""
-    with OutputLock(out, wait=settings.wait_for_output):
+    with OutputLock(out, wait=settings.wait_for_output, existing=True):
         corpus = read_corpus(out)
         a, b = _find(corpus, keep), _find(corpus, other)
         if a.id == b.id:
@@ -674,7 +674,7 @@ def split(
     corpus speaker (a wrong merge mended); the rest stay S0007. Without ``item_ids``, S0007's voices are
     grouped again at ``distance`` (default: half the ``corpus_speaker_distance`` setting): the group with
     the most speech keeps S0007, each other one becomes a new corpus speaker. Returns the new ones."""
-    with OutputLock(out, wait=settings.wait_for_output):
+    with OutputLock(out, wait=settings.wait_for_output, existing=True):
         corpus = read_corpus(out)
         speaker = _find(corpus, sid)
         vectors = _vectors(out, speaker.members)

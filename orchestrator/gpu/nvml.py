@@ -208,6 +208,24 @@ def nvml_index(device: str, visible: str | None, snapshot: GpuSnapshot) -> int |
     return entries[ordinal] if snapshot.device(entries[ordinal]) is not None else None
 
 
+def device_problem(device: str, visible: str | None, snapshot: GpuSnapshot) -> str | None:
+    """Why ``device`` (``PIPELINE_DEVICE``) names no GPU of this machine, in one line, or None: ``cuda[:N]``
+    needs NVML to read the Nth visible GPU (refused before a run, where every input would fail in its
+    child with a model error)."""
+    if not device.startswith("cuda"):
+        return None
+    if not snapshot.available:
+        return (
+            f"--device {device}: no CUDA GPU can be read on this machine ({snapshot.reason}); "
+            "use --device auto or cpu"
+        )
+    if nvml_index(device, visible, snapshot) is None:
+        seen = ", ".join(f"cuda:{d.index} {d.name}" for d in snapshot.devices) or "none"
+        shown = f" among CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""
+        return f"--device {device}: no such GPU{shown} (NVML reads {seen}); use --device auto, cpu or cuda:0"
+    return None
+
+
 def visible_devices(env: dict[str, str]) -> str | None:
     """CUDA_VISIBLE_DEVICES as a child will see it: from its request's env, else inherited from ours."""
     return env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -27,6 +27,7 @@ from typing import Protocol
 
 import multiprocess
 import psutil
+from multiprocess import resource_tracker
 
 from contracts import ExitCode
 
@@ -49,7 +50,17 @@ def spawn(entry: str, args: Sequence, *, name: str, die_with_parent: bool = True
     """
     parent = os.getpid() if die_with_parent else None
     proc = CONTEXT.Process(target=_bootstrap, args=(entry, tuple(args), parent), name=name, daemon=True)
-    proc.start()
+    # Ctrl-C reaches the terminal's whole process group: a child still starting (its interpreter, the
+    # unpickling of its target) would die of it with a traceback on the console. It starts with SIGINT
+    # blocked (the mask survives fork and exec) and unblocks it once it ignores it (_bootstrap); this
+    # thread's mask is restored at once, so the parent gets its Ctrl-C as before. multiprocess's resource
+    # tracker is started first: starting it unblocks SIGINT (its own guard of the same race, bpo-33613).
+    resource_tracker.ensure_running()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     return proc
 
 
@@ -58,6 +69,7 @@ def _bootstrap(entry: str, args: tuple, parent_pid: int | None) -> None:
     from importlib import import_module
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C for all its children
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started (spawn)
     if parent_pid is not None:
         die_with_parent(parent_pid)
     module, _, function = entry.partition(":")

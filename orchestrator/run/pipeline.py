@@ -32,6 +32,7 @@ from contracts.report import RunPlan, RunReport
 from orchestrator import layout
 from orchestrator.books.journal import Journal
 from orchestrator.books.lock import OutputLock
+from orchestrator.gpu.nvml import NvmlReader, device_problem
 from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.models.choice import english_only, planned, resolve_models
 from orchestrator.models.hub import cached_repos, downloads, resolve_hub
@@ -107,6 +108,19 @@ class Orchestrator:
         models = resolve_models(specs, bool(self.settings.hub))
         return [planned(dataclasses.replace(spec, model=models.get(spec.name))) for spec in specs]
 
+    def _check_output_and_device(self, reader=None) -> None:
+        """Refused before anything runs (the dry run too), as a usage error: an output folder that is a file,
+        a ``cuda`` device this machine does not have (NVML; ``reader`` stands in for it in tests)."""
+        out = Path(self.settings.output_dir)
+        if out.exists() and not out.is_dir():
+            raise SettingsError(f"output directory {out} is a file, not a folder: choose another --output")
+        if self.settings.device.startswith("cuda"):
+            snapshot = (reader or NvmlReader()).read()
+            visible = self.settings.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES")
+            problem = device_problem(self.settings.device, visible, snapshot)
+            if problem:
+                raise SettingsError(problem)
+
     def stop(self) -> None:
         """Ask for a graceful stop: each child finishes its current item, then the run ends."""
         self._stopping = True
@@ -120,6 +134,7 @@ class Orchestrator:
         are reused, missing/corrupt/stale ones are redone (``force`` redoes all). One run
         at a time per output directory (:class:`~orchestrator.books.lock.OutputLock`).
         """
+        self._check_output_and_device()
         with OutputLock(Path(self.settings.output_dir), wait=self.settings.wait_for_output):
             return self._process(paths, progress)
 
@@ -162,6 +177,7 @@ class Orchestrator:
         """What :meth:`process` would do, stage by stage, with the reasons: starts no child, writes nothing,
         takes no lock (``pipeline process --dry-run``)."""
         clock = time.monotonic()
+        self._check_output_and_device()
         self.settings = resolve_hub(self.settings)
         return dry_run(self.settings, self.stage_specs(), paths, clock)
 

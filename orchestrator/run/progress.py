@@ -86,7 +86,7 @@ class Progress:
 
     def line(self) -> str:
         return (
-            f"Progress: {self.done + self.failed}/{self.total} videos ({self.failed} failed) | "
+            f"Progress: {self.done + self.failed}/{self.total} inputs ({self.failed} failed) | "
             f"{self.stages()} | {self.audio_s / 3600:.2f} h audio, {self.throughput():.1f} h/h"
         )
 
@@ -156,19 +156,19 @@ class RichProgress(Progress):
             console=self.console,
             transient=False,
         )
-        self.videos = self.bar.add_task("videos", total=None, info="")
+        self.inputs_bar = self.bar.add_task("inputs", total=None, info="")
         self.current = self.bar.add_task("stage", total=None, info="")
 
     def show_start(self, resumed: int) -> None:
         self.bar.start()
-        self.bar.update(self.videos, total=self.total, completed=0)
+        self.bar.update(self.inputs_bar, total=self.total, completed=0)
         if resumed:
             self.console.log(f"resuming: {resumed} of {self.total} input(s) already complete")
 
     def show(self) -> None:
         with self._lock:
             self.bar.update(
-                self.videos,
+                self.inputs_bar,
                 completed=self.done + self.failed,
                 info=f"{self.failed} failed | {self.audio_s / 3600:.2f} h audio | {self.throughput():.1f} h/h",
             )

@@ -195,3 +195,29 @@ def test_a_caption_minimum_above_the_maximum_is_refused_in_one_line():
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "CAPTION_MIN_SECONDS (8) must not be above CAPTION_MAX_SECONDS (7)" in lines[0]
+
+
+def test_language_codes_are_whispers_and_others_are_refused():
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    from contracts.models import WHISPER_LANGUAGES
+
+    assert sorted(WHISPER_LANGUAGES) == sorted(LANGUAGES)
+    assert (
+        Settings(asr_language=" DE ").asr_language == "de" and Settings(asr_language="").asr_language is None
+    )
+    assert Settings(asr_languages="en, yue,haw").asr_languages == ["en", "haw", "yue"]
+    for bad in ({"asr_language": "zz"}, {"asr_language": "english"}, {"asr_languages": "en,xx"}):
+        with pytest.raises(ValidationError, match="not a language code Whisper knows"):
+            Settings(**bad)
+    with pytest.raises(ValidationError, match="output folder is empty"):
+        Settings(output_dir="  ")
+
+
+def test_a_token_of_spaces_is_no_token_and_a_public_address_is_refused_without_one():
+    from contracts.errors import SettingsError
+
+    assert Settings(api_token="   ").api_token is None
+    assert Settings(api_token=" s3cret\n").api_token.get_secret_value() == "s3cret"
+    with pytest.raises(SettingsError, match="exposes the API beyond this machine"):
+        Settings(api_token=" ", host="0.0.0.0").check_serve()

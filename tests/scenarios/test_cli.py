@@ -144,11 +144,22 @@ def test_child_logs_go_to_their_files_not_the_console(run):
         (["enroll", "Host", "missing.wav"], "clip not found: missing.wav"),
         (["enroll", "Host", "x.wav", "--encoder", "xvector"], "invalid setting speaker_encoder"),
         (["process", "x.mp4", "--min-speakers", "3", "--max-speakers", "2"], "invalid setting max_speakers"),
+        # checked before anything runs (each input failed in its child with a wrong hint, or the run wrote
+        # into the current folder), the dry run as the run
+        (["process", "x.mp4", "--language", "zz"], "'zz' is not a language code Whisper knows"),
+        (["process", "x.mp4", "--languages", "en,xx", "--dry-run"], "'xx' is not a language code"),
+        (["process", "x.mp4", "-o", ""], "the output folder is empty"),
+        (["process", "x.mp4", "-o", "pyproject.toml", "--dry-run"], "is a file, not a folder"),
+        (["process", "x.mp4", "-o", "pyproject.toml"], "is a file, not a folder"),
+        (["process", "x.mp4", "--device", "cuda:7", "--dry-run"], "--device cuda:7: no"),
+        (["process", "x.mp4", "--device", "cuda:7"], "--device cuda:7: no"),
     ],
 )
 def test_usage_errors_exit_with_2(args, message):
+    before = sorted(ROOT.iterdir())
     done = pipeline(*args)
-    assert done.returncode == 2 and message in done.stderr
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and sorted(ROOT.iterdir()) == before, "nothing is written"
 
 
 def test_playlists_and_concat_lists_fail_alone_and_nothing_they_name_is_read(tmp_path):

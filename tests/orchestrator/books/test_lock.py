@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from contracts.errors import OutputBusyError
+from contracts.errors import OutputBusyError, SettingsError
+from orchestrator import layout
 from orchestrator.books.lock import OutputLock
 from tests.conftest import ROOT, wait_for
 
@@ -89,3 +90,14 @@ def test_an_output_directory_that_cannot_be_written_is_a_usage_error_at_once(tmp
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "cannot write to output directory" in done.stderr, done.stderr
+
+
+def test_a_lock_for_an_existing_output_folder_refuses_any_other_folder_before_writing(tmp_path):
+    with pytest.raises(SettingsError, match="not an output folder"):
+        with OutputLock(tmp_path, existing=True):
+            pass
+    assert list(tmp_path.iterdir()) == []
+    # a folder a run made (its ids file) is one
+    (tmp_path / layout.IDS).write_text("{}")
+    with OutputLock(tmp_path, existing=True):
+        assert (tmp_path / layout.LOCK).exists()

@@ -244,6 +244,21 @@ def test_export_answers_a_damaged_corpus_file_in_one_line(processed):
     assert listed.returncode == ExitCode.FAILED and one_line(listed.stderr) == line
 
 
+def test_export_and_speakers_refuse_a_folder_no_run_made_and_write_nothing(tmp_path):
+    # Given a folder of someone's own files, with its own index.html, that no `pipeline process` made
+    folder = tmp_path / "website"
+    folder.mkdir()
+    (folder / "index.html").write_text("<h1>my page</h1>")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for args in (("export", str(folder)), ("speakers", "cluster", str(folder))):
+        done = cli(*args)
+        # Then each is a usage error in one line that names the folder, and the folder is as it was
+        assert done.returncode == ExitCode.USAGE, (args, done.stderr)
+        line = one_line(done.stderr)
+        assert "not an output folder" in line and str(folder) in line, line
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == before, args
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs of its own."""

@@ -11,7 +11,15 @@ import pytest
 from contracts.errors import GpuMemoryError
 from contracts.units import GIB_MIB as GIB
 from orchestrator.gpu.guard import GpuMonitor, check_after, free_memory_error
-from orchestrator.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot, NvmlReader, RecordedReader, nvml_index
+from orchestrator.gpu.nvml import (
+    GpuDevice,
+    GpuProcess,
+    GpuSnapshot,
+    NvmlReader,
+    RecordedReader,
+    device_problem,
+    nvml_index,
+)
 from tests.conftest import wait_for
 
 ME = os.getpid()
@@ -204,3 +212,17 @@ def test_recorded_readings_round_trip_through_a_file(tmp_path):
     path.write_text("\n".join(s.model_dump_json() for s in readings) + "\n")
     reader = RecordedReader.from_file(path)
     assert [reader.read(), reader.read(), reader.read()] == [readings[0], readings[1], readings[1]]
+
+
+def test_a_cuda_device_this_machine_lacks_is_named_before_a_run():
+    # Given a machine with one GPU (a recorded NVML reading)
+    one = snap(t4(0))
+    assert device_problem("cpu", None, one) is None and device_problem("auto", None, one) is None
+    assert device_problem("cuda", None, one) is None and device_problem("cuda:0", None, one) is None
+    # Then a second GPU, a GPU CUDA_VISIBLE_DEVICES hides, or a machine without NVML is one line each
+    assert "no such GPU" in device_problem("cuda:7", None, one) and "cuda:0 Tesla T4" in device_problem(
+        "cuda:7", None, one
+    )
+    assert "CUDA_VISIBLE_DEVICES=" in device_problem("cuda:0", "", one)
+    none = GpuSnapshot(available=False, reason="NVML is not available")
+    assert "no CUDA GPU can be read" in device_problem("cuda:0", None, none)

@@ -35,7 +35,7 @@ def test_chunks_in_parallel_are_counted_apart():
     progress.chunk_finished(2)
     assert "chunk 2/2" not in progress.line()
     progress.input_finished(True, 3600.0)
-    assert progress.line().startswith("Progress: 1/4 videos (0 failed)")
+    assert progress.line().startswith("Progress: 1/4 inputs (0 failed)")
 
 
 def test_the_summary_of_a_large_run_shows_every_problem_and_counts_the_rest():
