@@ -90,6 +90,7 @@ class Guard:
     ) -> None:
         self.app = app
         self.upload_limit = settings.max_upload_bytes + FORM_OVERHEAD
+        self.max_upload = settings.max_upload_bytes
         #: transcriptions are admitted (or refused, 429) before their upload is read; an admitted one
         #: leaves in the request's state the function that ends its reservation (called here at the end)
         self.admit_upload = admit_upload
@@ -182,6 +183,12 @@ class Guard:
         declared = headers.get(b"content-length")
         upload = scope["path"] == TRANSCRIPTIONS and scope["method"] == "POST"
         limit = self.upload_limit if upload else self.max_body
+        # what the refusal names is the limit the user set (an upload's form adds its own bytes to it)
+        too_large = (
+            f"the upload is larger than {self.max_upload} bytes (PIPELINE_MAX_UPLOAD_BYTES)"
+            if upload
+            else f"request body larger than {self.max_body} bytes (PIPELINE_MAX_BODY_BYTES)"
+        )
         if upload and self.admit_upload is not None:
             state = scope.setdefault("state", {})
             refused = self.admit_upload(state)
@@ -198,12 +205,12 @@ class Guard:
                 )(scope, receive, send)
                 return
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await self._too_large(scope, receive, send, limit)
+            await self._too_large(scope, receive, send, too_large)
             return
         # streamed to the form parser (it spools to disk), never held whole, with or without a length
         if upload:
             try:
-                await self.app(scope, _bounded(receive, declared, limit), send)
+                await self.app(scope, _bounded(receive, declared, limit, too_large), send)
             finally:
                 release = scope.get("state", {}).get(UPLOAD_RESERVED)
                 if release is not None:
@@ -217,7 +224,7 @@ class Guard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                await self._too_large(scope, receive, send, limit)
+                await self._too_large(scope, receive, send, too_large)
                 return
             body.append(chunk)
             more = message.get("more_body", False)
@@ -233,18 +240,16 @@ class Guard:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, scope, receive, send, limit: int) -> None:
-        await error_response(
-            413,
-            f"request body larger than {limit} bytes",
-            code="body_too_large",
-            headers={"Connection": "close"},
-        )(scope, receive, send)
+    async def _too_large(self, scope, receive, send, message: str) -> None:
+        await error_response(413, message, code="body_too_large", headers={"Connection": "close"})(
+            scope, receive, send
+        )
 
 
-def _bounded(receive, declared: bytes | None, limit: int):
+def _bounded(receive, declared: bytes | None, limit: int, message: str):
     """``receive`` that ends the request (a disconnect) when more than the ``declared`` length arrives,
-    and raises a 413 :class:`ApiError` when a body without a declared length grows past ``limit``."""
+    and raises a 413 :class:`ApiError` saying ``message`` when a body without a declared length grows past
+    ``limit``."""
     seen = 0
 
     async def bounded():
@@ -255,12 +260,7 @@ def _bounded(receive, declared: bytes | None, limit: int):
             if declared is not None and seen > int(declared):
                 return {"type": "http.disconnect"}
             if seen > limit:
-                raise ApiError(
-                    413,
-                    f"request body larger than {limit} bytes",
-                    type="request_too_large",
-                    code="body_too_large",
-                )
+                raise ApiError(413, message, type="request_too_large", code="body_too_large")
         return message
 
     return bounded

@@ -159,6 +159,17 @@ def test_a_body_over_the_limit_is_413_declared_or_streamed():
     assert status == 413 and json.loads(body)["error"]["code"] == "body_too_large" and guard.app.calls == 0
 
 
+def test_the_413_names_the_limit_the_user_set_for_an_upload_and_for_a_body():
+    # Given uploads limited to 200,000 bytes (the form around the file may add its own bytes to that)
+    guard, _ = _guard(max_upload_bytes=200_000, max_body_bytes=4096)
+    status, _, body = asyncio.run(_request(guard, path=TRANSCRIPTIONS, headers={"Content-Length": "900000"}))
+    message = json.loads(body)["error"]["message"]
+    # Then the refusal names 200,000 and its setting, not the limit with the form's allowance added
+    assert status == 413 and "200000 bytes (PIPELINE_MAX_UPLOAD_BYTES)" in message, message
+    status, _, body = asyncio.run(_request(guard, headers={"Content-Length": "9000"}))
+    assert status == 413 and "4096 bytes (PIPELINE_MAX_BODY_BYTES)" in json.loads(body)["error"]["message"]
+
+
 def test_past_the_in_flight_limit_429_with_a_retry_after_from_the_drain_time():
     async def scenario():
         app = Stub()
