@@ -374,7 +374,9 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         if loc and loc[0] == "input" and request.url.path == "/v1/embeddings":
             return error_response(
                 400,
-                "'input' must be a string or a list of strings (token arrays are not supported)",
+                "'input' must be a string or a list of strings: token arrays are not supported (the "
+                "server's models have their own tokenizers). LangChain's OpenAIEmbeddings sends them by "
+                "default: pass check_embedding_ctx_length=False",
                 param="input",
                 code="invalid_input",
             )

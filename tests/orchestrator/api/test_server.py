@@ -183,6 +183,13 @@ def test_a_body_over_the_limit_is_413(server):
     assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
 
 
+def test_token_arrays_are_refused_naming_the_clients_setting_that_sends_texts(server):
+    # LangChain's OpenAIEmbeddings sends token ids by default (tiktoken's, not the served model's)
+    response = _post(server, {"input": [[9906, 1917], [15339]], "model": "embedded"})
+    assert response.status_code == 400
+    assert "check_embedding_ctx_length=False" in response.json()["error"]["message"]
+
+
 def test_unknown_routes_and_methods_are_openai_style_errors(server):
     assert httpx.get(f"{server.url}/v1/nothing").json()["error"]["type"] == "not_found_error"
     wrong = httpx.get(f"{server.url}/v1/embeddings")
