@@ -8,6 +8,7 @@ keeps the server's folders out of answers.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import zlib
@@ -25,10 +26,13 @@ from contracts.api import (
     TranscriptionVerbose,
     TranscriptionWord,
 )
-from contracts.errors import ApiError
+from contracts.errors import ApiError, ArtifactError
 from orchestrator.corpus.captions import CaptionRules
 from orchestrator.corpus.export import load_sources
+from orchestrator.corpus.labels import corpus_labels, read_corpus
 from orchestrator.corpus.outputs import to_srt, to_vtt
+
+log = logging.getLogger(__name__)
 
 #: the subtitle renderers answers use (the corpus's own: the same cues as ``pipeline process`` writes)
 SUBTITLES = {"srt": to_srt, "vtt": to_vtt}
@@ -78,8 +82,16 @@ def transcription_answer(
         why = redact(why, shown or {})
         raise ApiError(400, why, type="invalid_request_error", param="file", code="invalid_audio")
     directory = Path(record.output_dir) / item.id
+    # the speakers as the run's own files show them (corpus speakers, S0001...), in every format
+    try:
+        labels = corpus_labels(read_corpus(Path(record.output_dir))).get(item.id, {})
+    except ArtifactError as exc:
+        log.warning(
+            "job %s: its speakers.json is not read, speakers keep their own labels: %s", record.id, exc
+        )
+        labels = {}
     if response_format in SUBTITLES:
-        src = load_sources(directory, item.id, rules or CaptionRules())
+        src = load_sources(directory, item.id, rules or CaptionRules(), corpus=labels)
         return PlainTextResponse(SUBTITLES[response_format](src), media_type="text/plain; charset=utf-8")
     transcript = load_artifact(directory / "transcript.json", TranscriptArtifact)
     text = " ".join(seg.text.strip() for seg in transcript.segments if seg.text.strip())
@@ -90,6 +102,10 @@ def transcription_answer(
         return Response(
             Transcription(text=text, usage=usage).model_dump_json(), media_type="application/json"
         )
+
+    def shown_as(label: str | None) -> str | None:
+        return labels[label][1] if label in labels else label
+
     segments, words, speakers = [], [], []
     for seg in transcript.segments:
         timed = [w for w in seg.words or [] if w.start is not None and w.end is not None]
@@ -100,16 +116,18 @@ def transcription_answer(
                 start=seg.start,
                 end=seg.end,
                 text=seg.text,
-                speaker=seg.speaker,
+                speaker=shown_as(seg.speaker),
                 avg_logprob=math.log(sum(scores) / len(scores)) if scores else 0.0,
                 compression_ratio=compression_ratio(seg.text),
             )
         )
         words.extend(
-            TranscriptionWord(word=w.word, start=w.start, end=w.end, speaker=w.speaker or seg.speaker)
+            TranscriptionWord(
+                word=w.word, start=w.start, end=w.end, speaker=shown_as(w.speaker or seg.speaker)
+            )
             for w in timed
         )
-        for name in [seg.speaker, *(w.speaker for w in seg.words or [])]:
+        for name in map(shown_as, [seg.speaker, *(w.speaker for w in seg.words or [])]):
             if name and name not in speakers:
                 speakers.append(name)
     verbose = TranscriptionVerbose(

@@ -466,6 +466,28 @@ def test_subtitle_answers_are_rendered_from_the_transcript_whatever_files_the_jo
     assert answer.body.decode().startswith("WEBVTT") == (response_format == "vtt")
 
 
+def test_every_format_names_the_speakers_as_the_runs_own_files_do(tmp_path):
+    # Given a finished job whose run placed the input's "Host" among its corpus speakers (S0001)
+    from contracts import save_model
+    from contracts.corpus import CorpusMember, CorpusSpeaker, CorpusSpeakers
+    from orchestrator.corpus.labels import corpus_labels
+
+    record = _finished(tmp_path)
+    member = CorpusMember(item_id="in1", speaker="Host", seconds=2.0, fingerprint="f")
+    corpus = CorpusSpeakers(
+        distance=0.5, next_id=2, speakers=[CorpusSpeaker(id="S0001", centroid=[1.0], members=[member])]
+    )
+    save_model(corpus, tmp_path / "speakers.json")
+    # Then the subtitles are the run's own (corpus labels), and verbose_json names the same speakers
+    srt = transcription_answer(record, "srt", []).body.decode()
+    labels = corpus_labels(corpus)["in1"]
+    assert srt == to_srt(load_sources(tmp_path / "in1", "in1", CaptionRules(), corpus=labels))
+    assert "S0001" in srt and "Host" not in srt, srt
+    verbose = json.loads(transcription_answer(record, "verbose_json", ["word", "segment"]).body)
+    assert verbose["speakers"] == ["S0001", "Guest"]
+    assert [w["speaker"] for w in verbose["words"]] == ["S0001", "Guest"]
+
+
 def test_verbose_json_has_timed_words_speakers_and_no_server_path(tmp_path):
     answer = json.loads(transcription_answer(_finished(tmp_path), "verbose_json", ["word", "segment"]).body)
     assert answer["language"] == "en" and answer["duration"] == 4.25
