@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote_plus
 
-from contracts.errors import DiskFullError, InputError
+from contracts.errors import DiskFullError, InputError, SettingsError
 from contracts.io import is_disk_full
 
 log = logging.getLogger(__name__)
@@ -675,6 +675,21 @@ def upload(files: list[Path], url: str) -> None:
     fs.makedirs(root, exist_ok=True)
     for path in files:
         fs.put_file(str(path), f"{root.rstrip('/')}/{path.name}")
+
+
+def check_writable(url: str) -> None:
+    """Before a run: write and remove an empty file in the output URL's "directory" (within the protocol's
+    timeouts), so a URL that cannot be written is a :class:`SettingsError` now, not after every stage ran."""
+    fs, root = _fs(url)
+    probe = f"{root.rstrip('/')}/.isostage-write-check-{os.getpid()}"
+    try:
+        fs.makedirs(root, exist_ok=True)
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+    except Exception as exc:  # noqa: BLE001 - whatever the protocol raises, the run cannot deliver there
+        raise SettingsError(
+            f"cannot write to the output URL {redact(url)}: {type(exc).__name__}: {_line(exc)}"
+        ) from None
 
 
 def staging_dir(url: str, base: Path) -> Path:

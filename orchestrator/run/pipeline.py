@@ -44,8 +44,8 @@ from orchestrator.planning.vocabulary import TermStore
 from orchestrator.process.executor import Executor, LocalExecutor, Watchdog
 from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import BY_NAME, StageSpec, process_specs
+from orchestrator.remote import check_writable, staging_dir
 from orchestrator.remote import configure as configure_remote
-from orchestrator.remote import staging_dir
 from orchestrator.run.chunk import RunContext, run_chunk
 from orchestrator.run.finish import write_index
 from orchestrator.run.progress import LogProgress, Progress
@@ -110,10 +110,13 @@ class Orchestrator:
 
     def _check_output_and_device(self, reader=None) -> None:
         """Refused before anything runs (the dry run too), as a usage error: an output folder that is a file,
-        a ``cuda`` device this machine does not have (NVML; ``reader`` stands in for it in tests)."""
+        an output URL that cannot be written, a ``cuda`` device this machine does not have (NVML; ``reader``
+        stands in for it in tests)."""
         out = Path(self.settings.output_dir)
         if out.exists() and not out.is_dir():
             raise SettingsError(f"output directory {out} is a file, not a folder: choose another --output")
+        if self.settings.output_url:
+            check_writable(self.settings.output_url)
         if self.settings.device.startswith("cuda"):
             snapshot = (reader or NvmlReader()).read()
             visible = self.settings.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -153,6 +153,7 @@ def test_child_logs_go_to_their_files_not_the_console(run):
         (["process", "x.mp4", "-o", "pyproject.toml"], "is a file, not a folder"),
         (["process", "x.mp4", "--device", "cuda:7", "--dry-run"], "--device cuda:7: no"),
         (["process", "x.mp4", "--device", "cuda:7"], "--device cuda:7: no"),
+        (["process", "x.mp4", "-o", "file:///proc/isostage-out"], "cannot write to the output URL"),
     ],
 )
 def test_usage_errors_exit_with_2(args, message):
