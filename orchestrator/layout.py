@@ -44,9 +44,24 @@ SPEAKERS = "speakers.json"
 #: which inputs may share a Whisper window: input id -> join group, fixed when the folder first sees an input
 #: (``orchestrator.planning.groups``)
 JOIN_GROUPS = ".join-groups.json"
+#: the model substitutions the console has said for this folder (``orchestrator.run.report.notes_to_show``)
+NOTES = ".notes.json"
 
 RUN_LEVEL: frozenset[str] = frozenset(
-    {REPORT, JOURNAL, IDS, LOCK, RUNS, PERF_LOGS, LANGID_CSV, LANGID_JSON, INDEX, SPEAKERS, JOIN_GROUPS}
+    {
+        REPORT,
+        JOURNAL,
+        IDS,
+        LOCK,
+        RUNS,
+        PERF_LOGS,
+        LANGID_CSV,
+        LANGID_JSON,
+        INDEX,
+        SPEAKERS,
+        JOIN_GROUPS,
+        NOTES,
+    }
 )
 
 

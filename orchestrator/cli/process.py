@@ -179,6 +179,7 @@ def process(
     from orchestrator.remote import is_url
     from orchestrator.run.pipeline import REPORT_NAME
     from orchestrator.run.progress import LogProgress, Progress, RichProgress, summary_table
+    from orchestrator.run.report import notes_to_show
 
     console = Console(stderr=True)
     verbosity = verbosity_of(verbose, quiet)
@@ -241,8 +242,15 @@ def process(
     except KeyboardInterrupt:
         typer.echo("interrupted: stage children stopped; rerun the same command to resume", err=True)
         raise typer.Exit(_stopped_code(orch)) from None
-    for line in report.downloads + report.substitutions:
+    fresh, said_before = notes_to_show(Path(report.output_dir), report.substitutions)
+    for line in report.downloads + fresh:
         typer.echo(f"NOTE {line}", err=True)
+    if said_before:
+        typer.echo(
+            f"NOTE {said_before} model substitution(s) said by an earlier run of this folder still hold "
+            "(run-report.json lists them; `pipeline models list` says why)",
+            err=True,
+        )
     if console.is_terminal:
         console.print(summary_table(report))
     else:

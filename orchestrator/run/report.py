@@ -155,6 +155,26 @@ def model_substitutions(
     return lines
 
 
+def notes_to_show(out: Path, lines: list[str]) -> tuple[list[str], int]:
+    """Of a run's model substitution lines (:func:`model_substitutions`), those the console has not said for
+    the output folder ``out`` yet, recorded there as said (``OUT/.notes.json``; a substitution is what was
+    asked and what ran, the words before its reason); and how many of ``lines`` an earlier run said. The run
+    report keeps every one; a folder whose file cannot be read or written says them all again."""
+    path = layout.path(out, layout.NOTES)
+    try:
+        said = set(json.loads(path.read_text())) if path.exists() else set()
+    except (OSError, ValueError):
+        said = set()
+    keys = {line: ": ".join(line.split(": ")[:2]) for line in lines}
+    fresh = [line for line in lines if keys[line] not in said]
+    if fresh:
+        try:
+            atomic_write_text(path, json.dumps(sorted(said | set(keys.values())), indent=1))
+        except OSError as exc:
+            log.warning("the notes said for %s are not recorded: %s", out, exc)
+    return fresh, len(lines) - len(fresh)
+
+
 def disk_line(exc: BaseException, out: Path) -> str:
     """One line for a full disk: what could not be written (and how much, where the writer knew) and the
     free space left on the output directory's filesystem."""

@@ -171,3 +171,23 @@ def test_each_entry_shares_its_run_states_values_and_is_validated_where_it_is_wr
             assert "refusing to write an invalid RunReport" in str(exc)
         else:
             raise AssertionError("an invalid report was written")
+
+
+def test_a_substitution_is_said_once_per_output_folder_and_the_next_run_counts_it(tmp_path):
+    from orchestrator.run.report import notes_to_show
+
+    diarizer = (
+        "diarization: asked for 'auto', used embedded:segmentation+campplus: LocalEntryNotFoundError: ..."
+    )
+    embeddings = (
+        "embeddings: asked for 'speed' (BAAI/bge-small-en-v1.5), used the embedded MiniLM: OSError: a"
+    )
+    # Given a first run with the diarizer's fallback: it is said
+    assert notes_to_show(tmp_path, [diarizer]) == ([diarizer], 0)
+    # When the next run has it again (another reason's wording) and a new one
+    again = diarizer.replace("LocalEntryNotFoundError: ...", "OSError: offline")
+    # Then only the new one is said, and the old one is counted
+    assert notes_to_show(tmp_path, [again, embeddings]) == ([embeddings], 1)
+    assert notes_to_show(tmp_path, [diarizer, embeddings]) == ([], 2)
+    # another output folder says them again
+    assert notes_to_show(tmp_path / "other", [diarizer])[0] == [diarizer]
