@@ -7,11 +7,14 @@ chunk shares) and the chunk's inputs' run states (:class:`~orchestrator.planning
     fetch_sources    URL inputs fetched just before their first stage
     per stage:
       select         the inputs that run it (the others reuse its artifact, or went without it)
+      partners       audio: the join group partners of an input whose ASR runs, decoded again if their
+                     scratch audio is gone (a finished input's), so the group is decoded as it was planned
       warm_next      the next stage's child imports its libraries meanwhile
       run_stage      one child over them (retries, halved batches, the fast path: the runner's)
       record         each outcome into its input's run state and the journal
     place_speakers   the survivors' voices among the output folder's corpus speakers
     finish_inputs    their outputs written (``orchestrator.run.finish``), recorded in the journal
+    drop_partners    (before them) the finished partners' scratch audio removed again
 """
 
 from __future__ import annotations
@@ -25,14 +28,14 @@ from contracts.errors import DiskFullError, PipelineError
 from contracts.report import ItemStage, StageRun
 from orchestrator.books.journal import Journal
 from orchestrator.models.choice import actual_model, aligner_ran
-from orchestrator.planning.fingerprints import chain_fingerprints, input_keys, plan_aligner
+from orchestrator.planning.fingerprints import artifact_state, chain_fingerprints, input_keys, plan_aligner
 from orchestrator.planning.groups import with_groups
 from orchestrator.planning.needs import REUSED, Resume, completion, stages_needed, work_item
 from orchestrator.planning.state import InputState
 from orchestrator.planning.vocabulary import TermStore
 from orchestrator.registry import StageSpec
 from orchestrator.remote import FetchLimits, fetch
-from orchestrator.run.finish import Corpus, finish, place_speakers
+from orchestrator.run.finish import Corpus, finish, place_speakers, remove_scratch
 from orchestrator.run.progress import Progress
 from orchestrator.run.runner import ItemOutcome, StageRunner
 from orchestrator.settings import Settings
@@ -77,7 +80,9 @@ def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
                 return
             # the inputs that run this stage; the others reuse its artifact, or a fast path went without it
             todo = select(ctx, chunk, index, needed)
-            if not todo:
+            # join groups: the audio of every partner of an input whose ASR runs, as when it was planned
+            extra = partners(ctx, chunk, index, needed, todo)
+            if not todo and not extra:
                 if warm is not None:
                     ctx.runner.executor.cancel(warm)
                     warm = None
@@ -85,13 +90,22 @@ def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
             # the next stage's child starts importing while this one computes
             next_warm = warm_next(ctx, number, index, chunk, needed)
             # one child over all of them
-            outcomes = run_stage(ctx, number, spec, index, todo, warm, chunk)
+            outcomes = run_stage(ctx, number, spec, index, todo + extra, warm, chunk)
             warm = next_warm
-            # each outcome into its input's run state and the journal
+            # each outcome into its input's run state and the journal (a partner's: only told)
             record(ctx, spec, todo, outcomes)
+            for inp in extra:
+                if not outcomes[inp.id].ok:
+                    log.warning(
+                        "%s: no audio as a join group partner (%s); its group goes on without it",
+                        inp.id,
+                        outcomes[inp.id].error,
+                    )
     finally:
         if warm is not None:
             ctx.runner.executor.cancel(warm)
+        # the finished partners' decoded audio removed again (one that finishes now loses it in ``finish``)
+        drop_partners(ctx, chunk, done)
     # the survivors' voices placed among the output folder's corpus speakers
     labels = place_speakers(
         ctx.settings, ctx.corpus, [inp for inp in chunk if inp.alive and inp.id not in done]
@@ -144,6 +158,65 @@ def select(ctx: RunContext, chunk: list[InputState], index: int, needed: Needs) 
         if not needed[inp.id][spec.name]:
             inp.stages[spec.name] = REUSED
     return todo
+
+
+def partners(
+    ctx: RunContext, chunk: list[InputState], index: int, needed: Needs, todo: list[InputState]
+) -> list[InputState]:
+    """When stage ``index`` decodes the audio the joining ASR stage reads: the join group members of an
+    input whose ASR runs that do not run this stage themselves, and those of them whose decoded audio is
+    not current (a finished input's scratch is removed, unless ``keep_audio``). The ASR child decodes a
+    group whole, the members not asked for as partners (``orchestrator.planning.groups``): without their
+    audio a redone input would share its windows with fewer neighbours than when it was planned, and get
+    other words. Only their audio is decoded (nothing recorded, no other artifact or output of theirs
+    touched); a member whose audio never decoded (a bad input) runs the stage anyway, and is absent again
+    as it was."""
+    found: list[InputState] = []
+    spec = ctx.specs[index]
+    asr = next((i for i, s in enumerate(ctx.specs) if s.name == "asr"), None)
+    if not ctx.settings.asr_join_inputs or ctx.settings.langid_only or asr is None or asr <= index:
+        return found
+    if spec.kind not in input_keys(ctx.specs[asr], ctx.specs[asr - 1]):
+        return found
+    asking = {inp.group for inp in chunk if inp.group is not None and inp.alive and needed[inp.id]["asr"]}
+    running = {inp.id for inp in todo}
+    for inp in chunk:
+        if inp.group not in asking or inp.id in running or not inp.alive:
+            continue
+        _, state = artifact_state(
+            inp.artifact_file(spec.kind), inp.id, inp.fingerprints[spec.name], spec.output, quiet=True
+        )
+        if state == "current":
+            continue
+        if inp.url and not inp.source.exists():  # a URL input's download went with its scratch
+            try:
+                fetch(inp.url, inp.source, FetchLimits.from_settings(ctx.settings), cancelled=ctx.stopping)
+            except DiskFullError:
+                raise
+            except PipelineError as exc:
+                log.warning("%s: not fetched as a join group partner: %s", inp.id, exc)
+                continue
+        found.append(inp)
+    if found:
+        log.info(
+            "%s: %d join group partner(s) decoded again for the inputs redone beside them: %s",
+            spec.name,
+            len(found),
+            ", ".join(inp.id for inp in found[:10]),
+        )
+    return found
+
+
+def drop_partners(ctx: RunContext, chunk: list[InputState], done: set[str]) -> None:
+    """The scratch of the inputs complete before this run (``done``) whose join group had inputs left to do
+    removed again, as ``finish`` removed it (unless ``keep_audio``): :func:`partners` decoded it for them,
+    this run or a run killed before it got here. An input that ``finish`` finishes now loses it there."""
+    if not ctx.settings.asr_join_inputs:
+        return
+    unfinished = {inp.group for inp in chunk if inp.id not in done and inp.group is not None}
+    for inp in chunk:
+        if inp.id in done and inp.group in unfinished:
+            remove_scratch(ctx.settings, inp)
 
 
 def warm_next(ctx: RunContext, number: int, index: int, chunk: list[InputState], needed: Needs):

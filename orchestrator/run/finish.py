@@ -30,7 +30,7 @@ from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Corpus", "finish", "place_speakers", "write_index"]
+__all__ = ["Corpus", "finish", "place_speakers", "remove_scratch", "write_index"]
 
 
 @dataclass
@@ -93,8 +93,7 @@ def finish(settings: Settings, inp: InputState, corpus: dict[str, tuple[str, str
         if inp.language and inp.language.status == "undetermined":  # not_detectable: in `language` only
             inp.notes.append(f"language {inp.language.status}: {inp.language.reason}")
         inp.complete = True
-        if not settings.keep_audio:
-            shutil.rmtree(inp.directory / ".work", ignore_errors=True)
+        remove_scratch(settings, inp)
         return
     try:
         transcript = load_artifact(inp.artifact("transcript"), TranscriptArtifact)
@@ -141,6 +140,11 @@ def finish(settings: Settings, inp: InputState, corpus: dict[str, tuple[str, str
         inp.error, inp.failed_stage = f"writing outputs failed: {exc}", "outputs"
         return
     inp.complete = True
+    remove_scratch(settings, inp)
+
+
+def remove_scratch(settings: Settings, inp: InputState) -> None:
+    """``inp``'s scratch folder (decoded audio, a URL's download) removed, unless ``keep_audio``."""
     if not settings.keep_audio:
         shutil.rmtree(inp.directory / ".work", ignore_errors=True)
 

@@ -10,7 +10,15 @@ from orchestrator.planning.inputs import Input
 from orchestrator.planning.needs import REUSED, Resume
 from orchestrator.planning.state import InputState
 from orchestrator.registry import process_specs
-from orchestrator.run.chunk import RunContext, fetch_sources, record, select, warm_next
+from orchestrator.run.chunk import (
+    RunContext,
+    drop_partners,
+    fetch_sources,
+    partners,
+    record,
+    select,
+    warm_next,
+)
 from orchestrator.run.runner import ItemOutcome
 
 SETTINGS = Settings(_env_file=None)
@@ -120,3 +128,62 @@ def test_a_stop_before_fetching_leaves_the_chunk_as_it_is(tmp_path):
     assert fetch_sources(_context(stopping=False), [state], needed)
     assert not fetch_sources(_context(stopping=True), [state], needed)
     assert state.alive and state.stages == {}
+
+
+def _needs(asr: set[str], audio: set[str], ids: tuple[str, ...]) -> dict[str, dict[str, bool]]:
+    return {i: {s.name: (i in audio if s.name == "audio" else i in asr) for s in SPECS} for i in ids}
+
+
+def test_the_audio_stage_decodes_again_the_finished_partners_of_an_input_whose_asr_is_redone(tmp_path):
+    # Given a join group whose input b is redone (its audio and ASR), a and c finished (their scratch
+    # gone), d failed before, and e of another group with nothing to do
+    a, b, c, d, e = _chunk(tmp_path, "a", "b", "c", "d", "e")
+    for inp in (a, b, c, d):
+        inp.group = "g1"
+    e.group = "g2"
+    d.error = "not a readable media file"
+    needed = _needs({"b"}, {"b"}, ("a", "b", "c", "d", "e"))
+    ctx = _context()
+    # When the audio stage's inputs are chosen
+    todo = select(ctx, [a, b, c, d, e], 0, needed)
+    # Then b runs it, and a and c are decoded as its partners; not d (it failed: absent, as it was), not e
+    assert todo == [b]
+    assert partners(ctx, [a, b, c, d, e], 0, needed, todo) == [a, c]
+    # nothing for another stage, nor without joining
+    assert partners(ctx, [a, b, c, d, e], 1, needed, todo) == []
+    alone = _context(SETTINGS.model_copy(update={"asr_join_inputs": False}))
+    assert partners(alone, [a, b, c, d, e], 0, needed, todo) == []
+
+
+def test_a_partner_whose_decoded_audio_is_current_is_not_decoded_again_and_is_removed_after(tmp_path):
+    import numpy as np
+
+    from contracts import AudioArtifact, save_model
+    from contracts.io import sha256_file
+
+    a, b = _chunk(tmp_path, "a", "b")
+    a.group = b.group = "g1"
+    audio = a.artifact("audio")
+    audio.parent.mkdir(parents=True)
+    np.save(audio.with_suffix(".npy"), np.zeros(16000, np.float32))
+    art = AudioArtifact(
+        item_id="a",
+        fingerprint=a.fingerprints["audio"],
+        source="a.wav",
+        source_size=10,
+        sidecar="audio.npy",
+        sha256=sha256_file(audio.with_suffix(".npy")),
+        num_samples=16000,
+        duration_s=1.0,
+        source_codec="pcm_s16le",
+        source_sample_rate=16000,
+        source_channels=1,
+    )
+    save_model(art, audio)
+    needed = _needs({"b"}, {"b"}, ("a", "b"))
+    ctx = _context()
+    assert partners(ctx, [a, b], 0, needed, [b]) == []
+    # a finished before this run: its scratch goes again once the chunk's stages ran; b's stays for finish
+    b.artifact("audio").parent.mkdir(parents=True)
+    drop_partners(ctx, [a, b], {"a"})
+    assert not audio.parent.exists() and b.artifact("audio").parent.exists()
