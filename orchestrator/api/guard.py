@@ -246,9 +246,9 @@ class Guard:
         )
 
 
-def _bounded(receive, declared: bytes | None, limit: int, message: str):
+def _bounded(receive, declared: bytes | None, limit: int, refusal: str):
     """``receive`` that ends the request (a disconnect) when more than the ``declared`` length arrives,
-    and raises a 413 :class:`ApiError` saying ``message`` when a body without a declared length grows past
+    and raises a 413 :class:`ApiError` saying ``refusal`` when a body without a declared length grows past
     ``limit``."""
     seen = 0
 
@@ -260,7 +260,7 @@ def _bounded(receive, declared: bytes | None, limit: int, message: str):
             if declared is not None and seen > int(declared):
                 return {"type": "http.disconnect"}
             if seen > limit:
-                raise ApiError(413, message, type="request_too_large", code="body_too_large")
+                raise ApiError(413, refusal, type="request_too_large", code="body_too_large")
         return message
 
     return bounded
