@@ -108,17 +108,16 @@ class Orchestrator:
         models = resolve_models(specs, bool(self.settings.hub))
         return [planned(dataclasses.replace(spec, model=models.get(spec.name))) for spec in specs]
 
-    def _check_output_and_device(self, reader=None) -> None:
+    def _check_output_and_device(self) -> None:
         """Refused before anything runs (the dry run too), as a usage error: an output folder that is a file,
-        an output URL that cannot be written, a ``cuda`` device this machine does not have (NVML; ``reader``
-        stands in for it in tests)."""
+        an output URL that cannot be written, a ``cuda`` device this machine does not have (NVML)."""
         out = Path(self.settings.output_dir)
         if out.exists() and not out.is_dir():
             raise SettingsError(f"output directory {out} is a file, not a folder: choose another --output")
         if self.settings.output_url:
             check_writable(self.settings.output_url)
         if self.settings.device.startswith("cuda"):
-            snapshot = (reader or NvmlReader()).read()
+            snapshot = NvmlReader().read()
             visible = self.settings.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES")
             problem = device_problem(self.settings.device, visible, snapshot)
             if problem:
