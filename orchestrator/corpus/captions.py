@@ -99,6 +99,8 @@ class _Token:
     text: str
     start: float
     end: float
+    #: who says it: the word's own speaker, else its segment's
+    speaker: str | None = None
 
 
 def label(speaker: str | None) -> str:
@@ -129,18 +131,21 @@ def _join(words: list[str], space: bool) -> str:
 
 
 def _tokens(segment, space: bool, line_chars: int) -> list[_Token]:
-    """A segment's words with times; words without times share the segment's time by their length.
-    An unspaced word longer than a line is cut (any cut is a valid break there)."""
+    """A segment's words with times and speakers (a word's own, else the segment's); words without times
+    share the segment's time by their length. An unspaced word longer than a line is cut (any cut is a
+    valid break there)."""
     timed = [w for w in segment.words or [] if w.start is not None and w.end is not None and w.word.strip()]
     if segment.words and len(timed) == len([w for w in segment.words if w.word.strip()]):
-        tokens = [_Token(w.word.strip(), w.start, max(w.start, w.end)) for w in timed]
+        tokens = [
+            _Token(w.word.strip(), w.start, max(w.start, w.end), w.speaker or segment.speaker) for w in timed
+        ]
     else:
         texts = segment.text.split() if space else [segment.text.strip()]
         total = sum(len(t) for t in texts) or 1
         tokens, at = [], segment.start
         for text in texts:
             length = (segment.end - segment.start) * len(text) / total
-            tokens.append(_Token(text, at, at + length))
+            tokens.append(_Token(text, at, at + length, segment.speaker))
             at += length
     out: list[_Token] = []
     for tok in tokens:
@@ -149,7 +154,10 @@ def _tokens(segment, space: bool, line_chars: int) -> list[_Token]:
             continue
         pieces = [tok.text[i : i + line_chars] for i in range(0, len(tok.text), line_chars)]
         step = (tok.end - tok.start) / len(pieces)
-        out.extend(_Token(p, tok.start + n * step, tok.start + (n + 1) * step) for n, p in enumerate(pieces))
+        out.extend(
+            _Token(p, tok.start + n * step, tok.start + (n + 1) * step, tok.speaker)
+            for n, p in enumerate(pieces)
+        )
     return out
 
 
@@ -267,21 +275,16 @@ class _Draft:
         return sum(map(len, self.lines))
 
 
-def _speakers(speaker: str | None) -> list[str]:
-    return speaker.split(" + ") if speaker else []
-
-
 def _joined(a: _Draft, b: _Draft, rules: CaptionRules, space: bool) -> _Draft | None:
-    """``a`` and ``b`` (``b`` next) as one cue, or None where no cue can hold them: one speaker's (or
-    overlapping voices') words on the lines of one cue, two speakers' as a dash per speaker line (the
-    broadcast form of a two-speaker cue, each speaker's words on one line)."""
+    """``a`` and ``b`` (``b`` next) as one cue, or None where no cue can hold them: one speaker's words on
+    the lines of one cue under that speaker's label, two speakers' as a dash per speaker line (the
+    broadcast form of a two-speaker cue, each speaker's words on one line, no label)."""
     if a.dash or b.dash or b.end - a.start > rules.max_s or b.start - a.end > rules.max_pause_s:
         return None
-    sa, sb = _speakers(a.speaker), _speakers(b.speaker)
-    if sa != sb and not (sa and sb):  # a labelled cue and an unlabelled one: no cue says who spoke
-        return None
-    if sa == sb or set(sa) & set(sb):
-        speaker = " + ".join(dict.fromkeys(sa + sb)) or None
+    if a.speaker != b.speaker and (a.speaker is None or b.speaker is None):
+        return None  # a labelled cue and an unlabelled one: no cue says who spoke
+    if a.speaker == b.speaker:
+        speaker = a.speaker
         text = _join([a.text, b.text], space)
         words = ([label(speaker)] if speaker else []) + (text.split(" ") if space else [text])
         lines = break_lines(words, rules, space)
@@ -335,18 +338,18 @@ def cues(transcript: TranscriptArtifact, rules: CaptionRules | None = None) -> l
     before its words. One that still breaks the rules is :attr:`Cue.tight` (see :func:`tight_note`)."""
     rules = (rules or CaptionRules()).for_language(transcript.language)
     space = spaced(transcript.language)
-    # blocks: one speaker, no pause longer than max_pause_s inside
+    # blocks: one speaker (the words' own, as the transcript has them), no pause longer than max_pause_s
     blocks: list[tuple[str | None, list[_Token]]] = []
     for seg in transcript.segments:
         for tok in _tokens(seg, space, rules.line_chars):
             if (
                 blocks
-                and blocks[-1][0] == seg.speaker
+                and blocks[-1][0] == tok.speaker
                 and tok.start - blocks[-1][1][-1].end <= rules.max_pause_s
             ):
                 blocks[-1][1].append(tok)
             else:
-                blocks.append((seg.speaker, [tok]))
+                blocks.append((tok.speaker, [tok]))
     blocks.sort(key=lambda b: b[1][0].start)
     drafts: list[_Draft] = []
     for n, (speaker, block) in enumerate(blocks):
