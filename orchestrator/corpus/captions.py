@@ -13,8 +13,9 @@ programming over the cut points (hard: the text fits the lines, the words fit ``
 that is not at a sentence end, reading speed above the limit, a cue shorter than the minimum), each
 cue's text is broken into balanced lines, and its time on screen is stretched towards what reading
 needs, within the next cue's start less the gap, ``max_pause_s`` after its last word, ``max_s`` and the
-end of the audio. A cue still too short or too fast to read joins a neighbour or appears earlier
-(:func:`cues`); one that cannot is :attr:`Cue.tight`, counted in one note of the run (:func:`tight_note`).
+end of the audio. A cue still too short or too fast to read joins a neighbour (or the next cue's first
+sentence) or appears earlier (:func:`cues`); one that cannot is :attr:`Cue.tight`, counted in one note
+of the run (:func:`tight_note`).
 """
 
 from __future__ import annotations
@@ -269,6 +270,8 @@ class _Draft:
     lines: list[str]
     #: two speakers, a dash per line: joined no further
     dash: bool = False
+    #: its words (one speaker's draft: where it may be cut to lend its first words to the cue before)
+    tokens: tuple[_Token, ...] = ()
 
     @property
     def chars(self) -> int:
@@ -290,11 +293,43 @@ def _joined(a: _Draft, b: _Draft, rules: CaptionRules, space: bool) -> _Draft | 
         lines = break_lines(words, rules, space)
         if lines is None or any(len(line) > rules.line_chars for line in lines):
             return None
-        return _Draft(a.start, max(a.end, b.end), speaker, text, lines)
+        return _Draft(a.start, max(a.end, b.end), speaker, text, lines, tokens=a.tokens + b.tokens)
     lines = [f"- {a.text}", f"- {b.text}"]
     if rules.lines < 2 or any(len(line) > rules.line_chars for line in lines):
         return None
     return _Draft(a.start, max(a.end, b.end), f"{a.speaker} + {b.speaker}", "", lines, dash=True)
+
+
+def _heads(draft: _Draft, rules: CaptionRules, space: bool):
+    """``draft`` cut in two after a sentence or clause end, shortest head first: (head, rest) pairs whose
+    rest still fits its lines. A cue too short to read may take the head of the cue after it (a rapid
+    exchange's "Okay." before the same speaker goes on) where it cannot take the whole."""
+    toks = draft.tokens
+    prefix = [label(draft.speaker)] if draft.speaker else []
+    cuts = [k for k in range(1, len(toks)) if toks[k - 1].text.endswith(SENTENCE_ENDS)]
+    cuts += [
+        k
+        for k in range(1, len(toks))
+        if toks[k - 1].text.endswith(CLAUSE_ENDS) and not toks[k - 1].text.endswith(SENTENCE_ENDS)
+    ]
+    for k in cuts:
+        head, rest = toks[:k], toks[k:]
+        lines = break_lines(prefix + [t.text for t in rest], rules, space)
+        if lines is None or any(len(line) > rules.line_chars and " " in line for line in lines):
+            continue
+        text = _join([t.text for t in head], space)
+        head_lines = break_lines(prefix + [t.text for t in head], rules, space) or [text]
+        yield (
+            _Draft(head[0].start, head[-1].end, draft.speaker, text, head_lines, tokens=head),
+            _Draft(
+                rest[0].start,
+                rest[-1].end,
+                draft.speaker,
+                _join([t.text for t in rest], space),
+                lines,
+                tokens=rest,
+            ),
+        )
 
 
 def _timed(
@@ -334,8 +369,11 @@ def cues(transcript: TranscriptArtifact, rules: CaptionRules | None = None) -> l
 
     A cue too short, or too fast to read, in the time its words and the cues around it leave (a rapid
     exchange, a word said over another voice) is joined with the next cue or the previous one where one
-    cue can hold both (two speakers: a dash per speaker line), else it appears earlier, in the silence
-    before its words. One that still breaks the rules is :attr:`Cue.tight` (see :func:`tight_note`)."""
+    cue can hold both (two speakers: a dash per speaker line), else with the next cue's first sentence or
+    clause (the rest of it a cue of its own), else it appears earlier, in the silence before its words.
+    Each cue is labelled with its words' speaker (a word's own, else its segment's), never with the
+    ``overlap`` the files add from the diarization: captions show only what the transcript holds. One that
+    still breaks the rules is :attr:`Cue.tight` (see :func:`tight_note`)."""
     rules = (rules or CaptionRules()).for_language(transcript.language)
     space = spaced(transcript.language)
     # blocks: one speaker (the words' own, as the transcript has them), no pause longer than max_pause_s
@@ -356,7 +394,7 @@ def cues(transcript: TranscriptArtifact, rules: CaptionRules | None = None) -> l
         follows = blocks[n + 1][1][0].start if n + 1 < len(blocks) else None
         for toks, lines in _block_cues(block, speaker, rules, space, follows):
             text = _join([t.text for t in toks], space)
-            drafts.append(_Draft(toks[0].start, toks[-1].end, speaker, text, lines))
+            drafts.append(_Draft(toks[0].start, toks[-1].end, speaker, text, lines, tokens=tuple(toks)))
     drafts.sort(key=lambda d: (d.start, d.end))
     done: list[tuple[_Draft, float, float]] = []
     # the end of the audio: no cue stays on screen after it (as if a cue came there, less the gap), unless
@@ -393,6 +431,18 @@ def cues(transcript: TranscriptArtifact, rules: CaptionRules | None = None) -> l
                     drafts[n] = with_prev
                     continue
                 done.append(last)
+            # the next cue's first sentence or clause, where the whole of it is too long to join
+            split = None
+            for head, rest in _heads(nxt, rules, space) if nxt is not None and not nxt.dash else ():
+                joined = _joined(draft, head, rules, space)
+                if joined is not None and rest.start >= joined.end:
+                    at, end_at = _timed(joined, prev_end, rest.start, rules)
+                    if not _tight(joined, at, end_at, rules) or (short and end_at - at >= rules.min_s - 1e-3):
+                        split = [joined, rest]
+                        break
+            if split is not None:
+                drafts[n : n + 2] = split
+                continue
         done.append((draft, start, end))
         n += 1
     out = []

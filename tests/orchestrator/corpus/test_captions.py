@@ -406,3 +406,27 @@ def test_a_cue_takes_its_words_own_speaker_where_the_segment_says_otherwise():
     seg = _segment(0, [("Yes.", 1.0, 1.4), ("No.", 3.5, 3.9)], speaker="A")
     seg["words"][1]["speaker"] = "B"
     assert [c.speaker for c in cues(_transcript([seg]))] == ["A", "B"]
+
+
+def test_a_short_turn_takes_the_first_sentence_of_a_long_answer_as_a_two_speaker_cue():
+    # Given pyannote.audio's sample as the torch runtime times it: "Neither did I." in 0.62 s between a
+    # two-speaker cue and the other speaker's "Okay." that starts a long answer, too long for a dashed line
+    hello = [("Hello.", 6.713, 6.933), ("Hello.", 7.493, 7.893)]
+    oh = "Oh, hello. I didn't know you were there.".split()
+    oh_at = [8.293, 8.473, 8.893, 8.933, 9.133, 9.273, 9.393, 9.473, 9.713]
+    neither = [("Neither", 10.013, 10.193), ("did", 10.193, 10.433), ("I.", 10.433, 10.633)]
+    answer = "Okay. I thought, you know, I heard of deep. This is Diane in New Jersey.".split()
+    answer_at = [10.893, 10.993, 11.293, 11.513, 11.793, 11.893, 11.993, 12.133, 12.253, 12.373]
+    answer_at += [12.613, 12.833, 13.133, 13.373, 13.533, 13.973]
+    segments = [
+        _segment(0, hello, speaker="S0001"),
+        _segment(1, [(w, oh_at[k], oh_at[k + 1]) for k, w in enumerate(oh)], speaker="S0002"),
+        _segment(2, neither, speaker="S0001"),
+        _segment(3, [(w, answer_at[k], answer_at[k + 1]) for k, w in enumerate(answer)], speaker="S0002"),
+    ]
+    out = cues(_transcript(segments))
+    _check_rules(out)
+    # Then "Neither did I." shares a cue with "Okay.", long enough to read, and the answer goes on alone
+    assert "- Neither did I.\n- Okay." in [c.text for c in out], out
+    assert min(c.end - c.start for c in out) >= RULES.min_s - 1e-3, out
+    assert out[-1].text.startswith("[S0002] I thought,"), out
