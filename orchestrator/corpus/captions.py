@@ -13,8 +13,9 @@ programming over the cut points (hard: the text fits the lines, the words fit ``
 that is not at a sentence end, reading speed above the limit, a cue shorter than the minimum), each
 cue's text is broken into balanced lines, and its time on screen is stretched towards what reading
 needs, within the next cue's start less the gap, ``max_pause_s`` after its last word, ``max_s`` and the
-end of the audio. A cue still too short or too fast to read joins a neighbour or appears earlier
-(:func:`cues`); one that cannot is :attr:`Cue.tight`, counted in one note of the run (:func:`tight_note`).
+end of the audio. A cue still too short or too fast to read joins a neighbour (or the next cue's first
+sentence) or appears earlier (:func:`cues`); one that cannot is :attr:`Cue.tight`, counted in one note
+of the run (:func:`tight_note`).
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ class _Token:
     text: str
     start: float
     end: float
+    #: who says it: the word's own speaker, else its segment's
+    speaker: str | None = None
 
 
 def label(speaker: str | None) -> str:
@@ -129,18 +132,21 @@ def _join(words: list[str], space: bool) -> str:
 
 
 def _tokens(segment, space: bool, line_chars: int) -> list[_Token]:
-    """A segment's words with times; words without times share the segment's time by their length.
-    An unspaced word longer than a line is cut (any cut is a valid break there)."""
+    """A segment's words with times and speakers (a word's own, else the segment's); words without times
+    share the segment's time by their length. An unspaced word longer than a line is cut (any cut is a
+    valid break there)."""
     timed = [w for w in segment.words or [] if w.start is not None and w.end is not None and w.word.strip()]
     if segment.words and len(timed) == len([w for w in segment.words if w.word.strip()]):
-        tokens = [_Token(w.word.strip(), w.start, max(w.start, w.end)) for w in timed]
+        tokens = [
+            _Token(w.word.strip(), w.start, max(w.start, w.end), w.speaker or segment.speaker) for w in timed
+        ]
     else:
         texts = segment.text.split() if space else [segment.text.strip()]
         total = sum(len(t) for t in texts) or 1
         tokens, at = [], segment.start
         for text in texts:
             length = (segment.end - segment.start) * len(text) / total
-            tokens.append(_Token(text, at, at + length))
+            tokens.append(_Token(text, at, at + length, segment.speaker))
             at += length
     out: list[_Token] = []
     for tok in tokens:
@@ -149,7 +155,10 @@ def _tokens(segment, space: bool, line_chars: int) -> list[_Token]:
             continue
         pieces = [tok.text[i : i + line_chars] for i in range(0, len(tok.text), line_chars)]
         step = (tok.end - tok.start) / len(pieces)
-        out.extend(_Token(p, tok.start + n * step, tok.start + (n + 1) * step) for n, p in enumerate(pieces))
+        out.extend(
+            _Token(p, tok.start + n * step, tok.start + (n + 1) * step, tok.speaker)
+            for n, p in enumerate(pieces)
+        )
     return out
 
 
@@ -261,37 +270,66 @@ class _Draft:
     lines: list[str]
     #: two speakers, a dash per line: joined no further
     dash: bool = False
+    #: its words (one speaker's draft: where it may be cut to lend its first words to the cue before)
+    tokens: tuple[_Token, ...] = ()
 
     @property
     def chars(self) -> int:
         return sum(map(len, self.lines))
 
 
-def _speakers(speaker: str | None) -> list[str]:
-    return speaker.split(" + ") if speaker else []
-
-
 def _joined(a: _Draft, b: _Draft, rules: CaptionRules, space: bool) -> _Draft | None:
-    """``a`` and ``b`` (``b`` next) as one cue, or None where no cue can hold them: one speaker's (or
-    overlapping voices') words on the lines of one cue, two speakers' as a dash per speaker line (the
-    broadcast form of a two-speaker cue, each speaker's words on one line)."""
+    """``a`` and ``b`` (``b`` next) as one cue, or None where no cue can hold them: one speaker's words on
+    the lines of one cue under that speaker's label, two speakers' as a dash per speaker line (the
+    broadcast form of a two-speaker cue, each speaker's words on one line, no label)."""
     if a.dash or b.dash or b.end - a.start > rules.max_s or b.start - a.end > rules.max_pause_s:
         return None
-    sa, sb = _speakers(a.speaker), _speakers(b.speaker)
-    if sa != sb and not (sa and sb):  # a labelled cue and an unlabelled one: no cue says who spoke
-        return None
-    if sa == sb or set(sa) & set(sb):
-        speaker = " + ".join(dict.fromkeys(sa + sb)) or None
+    if a.speaker != b.speaker and (a.speaker is None or b.speaker is None):
+        return None  # a labelled cue and an unlabelled one: no cue says who spoke
+    if a.speaker == b.speaker:
+        speaker = a.speaker
         text = _join([a.text, b.text], space)
         words = ([label(speaker)] if speaker else []) + (text.split(" ") if space else [text])
         lines = break_lines(words, rules, space)
         if lines is None or any(len(line) > rules.line_chars for line in lines):
             return None
-        return _Draft(a.start, max(a.end, b.end), speaker, text, lines)
+        return _Draft(a.start, max(a.end, b.end), speaker, text, lines, tokens=a.tokens + b.tokens)
     lines = [f"- {a.text}", f"- {b.text}"]
     if rules.lines < 2 or any(len(line) > rules.line_chars for line in lines):
         return None
     return _Draft(a.start, max(a.end, b.end), f"{a.speaker} + {b.speaker}", "", lines, dash=True)
+
+
+def _heads(draft: _Draft, rules: CaptionRules, space: bool):
+    """``draft`` cut in two after a sentence or clause end, shortest head first: (head, rest) pairs whose
+    rest still fits its lines. A cue too short to read may take the head of the cue after it (a rapid
+    exchange's "Okay." before the same speaker goes on) where it cannot take the whole."""
+    toks = draft.tokens
+    prefix = [label(draft.speaker)] if draft.speaker else []
+    cuts = [k for k in range(1, len(toks)) if toks[k - 1].text.endswith(SENTENCE_ENDS)]
+    cuts += [
+        k
+        for k in range(1, len(toks))
+        if toks[k - 1].text.endswith(CLAUSE_ENDS) and not toks[k - 1].text.endswith(SENTENCE_ENDS)
+    ]
+    for k in cuts:
+        head, rest = toks[:k], toks[k:]
+        lines = break_lines(prefix + [t.text for t in rest], rules, space)
+        if lines is None or any(len(line) > rules.line_chars and " " in line for line in lines):
+            continue
+        text = _join([t.text for t in head], space)
+        head_lines = break_lines(prefix + [t.text for t in head], rules, space) or [text]
+        yield (
+            _Draft(head[0].start, head[-1].end, draft.speaker, text, head_lines, tokens=head),
+            _Draft(
+                rest[0].start,
+                rest[-1].end,
+                draft.speaker,
+                _join([t.text for t in rest], space),
+                lines,
+                tokens=rest,
+            ),
+        )
 
 
 def _timed(
@@ -331,29 +369,32 @@ def cues(transcript: TranscriptArtifact, rules: CaptionRules | None = None) -> l
 
     A cue too short, or too fast to read, in the time its words and the cues around it leave (a rapid
     exchange, a word said over another voice) is joined with the next cue or the previous one where one
-    cue can hold both (two speakers: a dash per speaker line), else it appears earlier, in the silence
-    before its words. One that still breaks the rules is :attr:`Cue.tight` (see :func:`tight_note`)."""
+    cue can hold both (two speakers: a dash per speaker line), else with the next cue's first sentence or
+    clause (the rest of it a cue of its own), else it appears earlier, in the silence before its words.
+    Each cue is labelled with its words' speaker (a word's own, else its segment's), never with the
+    ``overlap`` the files add from the diarization: captions show only what the transcript holds. One that
+    still breaks the rules is :attr:`Cue.tight` (see :func:`tight_note`)."""
     rules = (rules or CaptionRules()).for_language(transcript.language)
     space = spaced(transcript.language)
-    # blocks: one speaker, no pause longer than max_pause_s inside
+    # blocks: one speaker (the words' own, as the transcript has them), no pause longer than max_pause_s
     blocks: list[tuple[str | None, list[_Token]]] = []
     for seg in transcript.segments:
         for tok in _tokens(seg, space, rules.line_chars):
             if (
                 blocks
-                and blocks[-1][0] == seg.speaker
+                and blocks[-1][0] == tok.speaker
                 and tok.start - blocks[-1][1][-1].end <= rules.max_pause_s
             ):
                 blocks[-1][1].append(tok)
             else:
-                blocks.append((seg.speaker, [tok]))
+                blocks.append((tok.speaker, [tok]))
     blocks.sort(key=lambda b: b[1][0].start)
     drafts: list[_Draft] = []
     for n, (speaker, block) in enumerate(blocks):
         follows = blocks[n + 1][1][0].start if n + 1 < len(blocks) else None
         for toks, lines in _block_cues(block, speaker, rules, space, follows):
             text = _join([t.text for t in toks], space)
-            drafts.append(_Draft(toks[0].start, toks[-1].end, speaker, text, lines))
+            drafts.append(_Draft(toks[0].start, toks[-1].end, speaker, text, lines, tokens=tuple(toks)))
     drafts.sort(key=lambda d: (d.start, d.end))
     done: list[tuple[_Draft, float, float]] = []
     # the end of the audio: no cue stays on screen after it (as if a cue came there, less the gap), unless
@@ -390,6 +431,18 @@ def cues(transcript: TranscriptArtifact, rules: CaptionRules | None = None) -> l
                     drafts[n] = with_prev
                     continue
                 done.append(last)
+            # the next cue's first sentence or clause, where the whole of it is too long to join
+            split = None
+            for head, rest in _heads(nxt, rules, space) if nxt is not None and not nxt.dash else ():
+                joined = _joined(draft, head, rules, space)
+                if joined is not None and rest.start >= joined.end:
+                    at, end_at = _timed(joined, prev_end, rest.start, rules)
+                    if not _tight(joined, at, end_at, rules) or (short and end_at - at >= rules.min_s - 1e-3):
+                        split = [joined, rest]
+                        break
+            if split is not None:
+                drafts[n : n + 2] = split
+                continue
         done.append((draft, start, end))
         n += 1
     out = []

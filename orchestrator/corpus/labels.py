@@ -4,7 +4,8 @@ A transcript artifact's segments carry the input's own labels (``SPEAKER_01``) o
 profiles gave. The files written from it (``orchestrator.corpus.outputs``) show, for each of the input's
 speakers, its corpus speaker's label (``orchestrator.corpus.speakers``: a name, else ``S0007``), and where
 the diarization has another voice at the same time, that voice too: words and segments carry
-``overlap`` and captions show ``[Host + S0002]``.
+``overlap`` (segments.jsonl, the JSON export). Captions name only the words' own speaker: the overlap is
+the diarization's, not the transcript's (transcript.json and the API's verbose_json have none).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import bisect
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts import ArtifactError, Segment, SpeakerTurn, TranscriptArtifact, load_model
+from contracts import ArtifactError, SpeakerTurn, TranscriptArtifact, load_model
 from contracts.corpus import CorpusSpeakers
 from orchestrator import layout
 
@@ -144,46 +145,6 @@ def label_transcript(
         file_speakers.append(label)
         corpus_ids.append(corpus[label][0] if label in corpus else None)
     return Labelled(transcript.model_copy(update={"segments": segments}), file_speakers, corpus_ids)
-
-
-def caption_segments(transcript: TranscriptArtifact, glue: str = " ") -> TranscriptArtifact:
-    """Segments cut where the overlapping voices change, each run's speaker ``"A + B"`` while another voice
-    is heard: what captions are made from (a cue then shows both voices only while both speak)."""
-    out: list[Segment] = []
-    for seg in transcript.segments:
-        words = seg.words or []
-        runs: list[list] = []
-        for w in words:
-            key = tuple(w.overlap or ())
-            if runs and tuple(runs[-1][-1].overlap or ()) == key:
-                runs[-1].append(w)
-            else:
-                runs.append([w])
-        if len(runs) <= 1:
-            heard = (runs[0][0].overlap if runs else seg.overlap) or []
-            out.append(seg.model_copy(update={"id": len(out), "speaker": _both(seg.speaker, heard)}))
-            continue
-        for run in runs:
-            timed = [w for w in run if w.start is not None and w.end is not None]
-            start = min(w.start for w in timed) if timed else seg.start
-            end = max(w.end for w in timed) if timed else seg.end
-            out.append(
-                Segment(
-                    id=len(out),
-                    start=round(start, 3),
-                    end=round(max(start, end), 3),
-                    text=glue.join(w.word.strip() for w in run).strip(),
-                    words=run,
-                    speaker=_both(seg.speaker, run[0].overlap or []),
-                )
-            )
-    return transcript.model_copy(update={"segments": out})
-
-
-def _both(speaker: str | None, others: list[str]) -> str | None:
-    if not others:
-        return speaker
-    return " + ".join([speaker or "?", *[o for o in others if o != speaker]])
 
 
 def read_corpus(out: Path) -> CorpusSpeakers | None:

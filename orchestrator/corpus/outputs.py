@@ -21,7 +21,6 @@ from contracts import DiarizationArtifact, EmbeddingsArtifact, TranscriptArtifac
 from contracts.io import atomic_write_bytes, atomic_write_text, save_model
 from orchestrator import layout
 from orchestrator.corpus.captions import CaptionRules, Cue, cues, label, spaced
-from orchestrator.corpus.labels import caption_segments
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +66,9 @@ class Sources:
 
     @cached_property
     def cues(self) -> list[Cue]:
-        glue = " " if spaced(self.transcript.language) else ""
-        return cues(caption_segments(self.transcript, glue), self.rules)
+        """The caption cues; each labelled with the speaker its words have in the transcript, never with
+        the other voices the diarization hears over them (``overlap``: in segments.jsonl and the JSON)."""
+        return cues(self.transcript, self.rules)
 
     def speakers(self) -> list[str]:
         """Speakers in order of first appearance."""

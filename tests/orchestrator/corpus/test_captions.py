@@ -333,3 +333,100 @@ def test_a_labelled_cue_and_an_unlabelled_one_are_not_joined():
     out = cues(_transcript([a, b]))
     assert [c.speaker for c in out] == ["S0001", None]
     assert not any(c.text.startswith("- ") for c in out)
+
+
+# -- speaker labels: only what the transcript holds -----------------------------------------------------
+
+
+def _said(n, words, speaker, overlap=()):
+    """A segment of ``speaker``'s timed words, as the files get it: ``overlap`` (indexes) are the words the
+    diarization hears another voice over (``Word.overlap``: the diarization's, not the transcript's)."""
+    seg = _segment(n, words, speaker=speaker)
+    other = "S0002" if speaker == "S0001" else "S0001"
+    for k, word in enumerate(seg["words"]):
+        word["speaker"] = speaker
+        if k in overlap:
+            word["overlap"] = [other]
+    seg["overlap"] = [other] if overlap else None
+    return seg
+
+
+def _labels(srt: str) -> list[str]:
+    import re
+
+    return re.findall(r"^\[([^\]]+)\]", srt, flags=re.M)
+
+
+def _srt(segments) -> str:
+    from orchestrator.corpus.outputs import Sources, to_srt
+
+    return to_srt(Sources("sample", _transcript(segments)))
+
+
+def test_a_cue_names_its_words_speaker_not_a_voice_the_diarization_hears_over_them():
+    # Given pyannote.audio's sample as the files get it: S0001's "design. Okay." said while the diarization
+    # also has S0002 (the words' overlap), the transcript giving every word one speaker
+    segments = [
+        _said(
+            0,
+            [("I", 9.993, 10.053), ("need", 10.053, 10.133), ("to", 10.133, 10.313)]
+            + [("design.", 10.313, 10.633), ("Okay.", 10.913, 10.973)],
+            "S0001",
+            overlap={3, 4},
+        ),
+        _said(1, [("I", 11.233, 11.293), ("thought,", 11.293, 11.513), ("you", 11.613, 11.793)], "S0002"),
+    ]
+    srt = _srt(segments)
+    # Then every cue's label is a speaker the words have: none says "S0001 + S0002"
+    assert set(_labels(srt)) <= {"S0001", "S0002"}, srt
+    assert "design. Okay." in srt, srt
+
+
+def test_a_rapid_exchange_keeps_each_speaker_s_words_under_their_own_speaker():
+    # Given the sample's "Chicago. Oh," (S0001, over S0002) then "I'm originally ..." (S0002, over S0001)
+    a = [
+        ("And", 14.373, 14.493),
+        ("I'm", 14.493, 14.753),
+        ("Sheila", 14.753, 15.093),
+        ("and", 15.093, 15.493),
+    ]
+    a += [("Texas", 15.493, 16.013), ("originally", 16.013, 16.713), ("from", 16.713, 17.073)]
+    a += [("Chicago.", 17.073, 17.513), ("Oh,", 18.093, 18.253)]
+    b = [("I'm", 18.473, 18.613), ("originally", 18.613, 18.813), ("from", 18.813, 19.153)]
+    b += [("Chicago", 19.153, 19.513), ("also.", 19.513, 19.993)]
+    srt = _srt([_said(0, a, "S0001", overlap={0, 1, 8}), _said(1, b, "S0002", overlap={0})])
+    assert set(_labels(srt)) <= {"S0001", "S0002"}, srt
+    # Then S0002's "I'm" is never in a cue labelled S0001's: a cue of S0001 ends before it
+    for block in srt.split("\n\n"):
+        if "[S0001]" in block:
+            assert "Oh, I'm" not in block.replace("\n", " "), srt
+
+
+def test_a_cue_takes_its_words_own_speaker_where_the_segment_says_otherwise():
+    seg = _segment(0, [("Yes.", 1.0, 1.4), ("No.", 3.5, 3.9)], speaker="A")
+    seg["words"][1]["speaker"] = "B"
+    assert [c.speaker for c in cues(_transcript([seg]))] == ["A", "B"]
+
+
+def test_a_short_turn_takes_the_first_sentence_of_a_long_answer_as_a_two_speaker_cue():
+    # Given pyannote.audio's sample as the torch runtime times it: "Neither did I." in 0.62 s between a
+    # two-speaker cue and the other speaker's "Okay." that starts a long answer, too long for a dashed line
+    hello = [("Hello.", 6.713, 6.933), ("Hello.", 7.493, 7.893)]
+    oh = "Oh, hello. I didn't know you were there.".split()
+    oh_at = [8.293, 8.473, 8.893, 8.933, 9.133, 9.273, 9.393, 9.473, 9.713]
+    neither = [("Neither", 10.013, 10.193), ("did", 10.193, 10.433), ("I.", 10.433, 10.633)]
+    answer = "Okay. I thought, you know, I heard of deep. This is Diane in New Jersey.".split()
+    answer_at = [10.893, 10.993, 11.293, 11.513, 11.793, 11.893, 11.993, 12.133, 12.253, 12.373]
+    answer_at += [12.613, 12.833, 13.133, 13.373, 13.533, 13.973]
+    segments = [
+        _segment(0, hello, speaker="S0001"),
+        _segment(1, [(w, oh_at[k], oh_at[k + 1]) for k, w in enumerate(oh)], speaker="S0002"),
+        _segment(2, neither, speaker="S0001"),
+        _segment(3, [(w, answer_at[k], answer_at[k + 1]) for k, w in enumerate(answer)], speaker="S0002"),
+    ]
+    out = cues(_transcript(segments))
+    _check_rules(out)
+    # Then "Neither did I." shares a cue with "Okay.", long enough to read, and the answer goes on alone
+    assert "- Neither did I.\n- Okay." in [c.text for c in out], out
+    assert min(c.end - c.start for c in out) >= RULES.min_s - 1e-3, out
+    assert out[-1].text.startswith("[S0002] I thought,"), out
