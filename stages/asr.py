@@ -46,6 +46,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -281,8 +282,10 @@ class AsrStage(TorchStage):
         asked = {item.id for item in request.items}
         seen: set[str] = set()
         for item, audio, partner in self._with_partners(entries, asked, seen):
+            t0 = time.perf_counter()
             try:
                 job = self._prepare(item, audio, request, partner)
+                self.charge({item.id: 1.0}, time.perf_counter() - t0)
             except Exception as exc:
                 if is_oom(exc):
                     raise
@@ -406,8 +409,14 @@ class AsrStage(TorchStage):
         self.mark_in_flight(
             request, [job.item.id for job in jobs if not job.partner], sum(sum(w.durations) for w in batch)
         )
+        t0 = time.perf_counter()
         try:
             self._generate(batch)
+            shares: dict[str, float] = {}
+            for window in batch:
+                for (job, _), seconds in zip(window.parts, window.durations):
+                    shares[job.item.id] = shares.get(job.item.id, 0.0) + seconds
+            self.charge(shares, time.perf_counter() - t0)
         except Exception as exc:
             if is_oom(exc) or len(jobs) == 1:
                 if is_oom(exc):
@@ -418,8 +427,10 @@ class AsrStage(TorchStage):
                 failed = {}
                 for job in jobs:
                     self.mark_in_flight(request, [] if job.partner else [job.item.id], None)
+                    t1 = time.perf_counter()
                     try:
                         self._generate_alone([(j, i) for w in batch for j, i in w.parts if j is job])
+                        self.charge({job.item.id: 1.0}, time.perf_counter() - t1)
                     except Exception as one:
                         if is_oom(one):
                             raise
@@ -437,7 +448,10 @@ class AsrStage(TorchStage):
                 self._joiner.keep(lambda part: part[0] not in failed)
         for job in jobs:
             if not job.failed and job.done and not job.partner:
-                yield job.item, self._outcome(job)
+                t0 = time.perf_counter()
+                outcome = self._outcome(job)
+                self.charge({job.item.id: 1.0}, time.perf_counter() - t0)
+                yield job.item, outcome
 
     def _generate_alone(self, parts: list[tuple[_Input, int]], temperature: float = 0.0) -> None:
         """Decode these input windows each in a window of its own, ``batch_size`` at a time."""

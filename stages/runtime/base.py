@@ -198,10 +198,22 @@ class Stage(ABC):
             return self._finish(item, exc, t0)
         return self._finish(item, artifact, t0)
 
+    def charge(self, shares: dict[str, float], seconds: float) -> None:
+        """Count ``seconds`` of shared work (one call over several inputs' parts) to those inputs, each in
+        proportion to its share (audio seconds, parts): a packed input's reported seconds are its own part of
+        the work, not the whole batch's, nor the time it waited for the batch to fill."""
+        charged = self.__dict__.setdefault("_charged", {})
+        total = sum(shares.values())
+        for item_id, share in shares.items():
+            part = seconds * share / total if total > 0 else seconds / len(shares)
+            charged[item_id] = charged.get(item_id, 0.0) + part
+
     def _run_packed(self, request: StageRequest, record: Callable[[ItemResult], None]) -> None:
-        """Feed :meth:`process_packed` the items whose input reads; unreadable ones fail alone at once."""
+        """Feed :meth:`process_packed` the items whose input reads; unreadable ones fail alone at once.
+        An item's seconds are what :meth:`charge` counted to it (its part of shared calls), else its wall."""
         started: dict[str, float] = {}
         done = 0
+        self._charged = {}
 
         def entries() -> Iterator[tuple[WorkItem, Artifact | str]]:
             for item in request.items:
@@ -217,7 +229,10 @@ class Stage(ABC):
                 yield item, upstream
 
         for item, outcome in self.process_packed(entries(), request):
-            record(self._finish(item, outcome, started.pop(item.id)))
+            t0 = started.pop(item.id)
+            if item.id in self._charged:
+                t0 = time.perf_counter() - self._charged.pop(item.id)
+            record(self._finish(item, outcome, t0))
             done += 1
 
     def _finish(self, item: WorkItem, outcome: Artifact | BaseException, t0: float) -> ItemResult:
@@ -265,8 +280,10 @@ class Stage(ABC):
         group: list[Member] = []
         for item, upstream in entries:
             self.mark_in_flight(request, [item.id], getattr(upstream, "duration_s", None))
+            t0 = time.perf_counter()
             try:
                 group.append(prepare(item, upstream))
+                self.charge({item.id: 1.0}, time.perf_counter() - t0)
             except Exception as exc:
                 if is_oom(exc):
                     raise
@@ -283,8 +300,10 @@ class Stage(ABC):
     ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
         seconds = [m.audio_s for m in group]
         self.mark_in_flight(request, [m.item.id for m in group], None if None in seconds else sum(seconds))
+        t0 = time.perf_counter()
         try:
             rows = compute([part for m in group for part in m.parts])
+            self.charge({m.item.id: len(m.parts) for m in group}, time.perf_counter() - t0)
         except Exception as exc:
             if is_oom(exc):
                 raise
@@ -300,12 +319,15 @@ class Stage(ABC):
             rows = None
         start = 0
         for m in group:
+            t0 = time.perf_counter()
             try:
                 if rows is None:
                     self.mark_in_flight(request, [m.item.id], m.audio_s)
-                    yield m.item, finish(m, compute(m.parts))
+                    outcome = finish(m, compute(m.parts))
                 else:
-                    yield m.item, finish(m, rows[start : start + len(m.parts)])
+                    outcome = finish(m, rows[start : start + len(m.parts)])
+                self.charge({m.item.id: 1.0}, time.perf_counter() - t0)
+                yield m.item, outcome
             except Exception as exc:
                 if is_oom(exc):
                     raise
