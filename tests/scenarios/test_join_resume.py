@@ -148,3 +148,46 @@ def test_a_kill_inside_the_asr_child_of_a_group_redone_in_part_changes_no_word(t
     run(out, inputs)
     # Then the inputs redone still got the clean run's words, the partners' scratch removed again
     assert_redone_as_planned(out, reference[1], untouched, before)
+
+
+def _recorded(out: Path, stage: str, skip: int) -> bool:
+    """Every input's outcome of ``stage`` is in the journal, after its first ``skip`` lines."""
+    path = out / "journal.jsonl"
+    if not path.exists():
+        return False
+    events = [json.loads(line) for line in path.read_text().splitlines()[skip:] if line.endswith("}")]
+    return {e["item"] for e in events if e["stage"] == stage} >= set(IDS)
+
+
+def test_a_crash_at_each_stage_boundary_changes_no_word(tmp_path, inputs, reference):
+    # Given the clean run's stages, in order (the journal of the reference run)
+    events = [json.loads(line) for line in (reference[0] / "journal.jsonl").read_text().splitlines()]
+    stages = list(dict.fromkeys(e["stage"] for e in events if e["stage"] != "outputs"))
+    assert stages[:2] == ["audio", "asr"] and len(stages) >= 3, stages
+    out = tmp_path / "out"
+    for stage in stages[:-1]:
+        # When the run, with every child it started, is killed with SIGKILL (a crash of the machine) as soon
+        # as the journal holds every input's outcome of ``stage``: between it and the next stage (a stage
+        # done in the parent at once, as alignment without a wav2vec2 aligner, may be past too)
+        skip = len((out / "journal.jsonl").read_text().splitlines()) if (out / "journal.jsonl").exists() else 0
+        proc = subprocess.Popen(
+            cli(out, inputs),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=ENV,
+            start_new_session=True,
+        )
+        try:
+            wait_for(lambda s=stage, k=skip: _recorded(out, s, k) or proc.poll() is not None, what=stage)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        # (a run that ended first had no outcome of ``stage`` to record: the killed run before it had done
+        # it, past the journal, as a stage done in the parent at once can be)
+        ended = _recorded(out, "outputs", skip)
+        assert not (ended and _recorded(out, stage, skip)), f"the run ended before the kill after {stage}"
+    # and the same command runs once more to the end
+    run(out, inputs)
+    # Then every transcript is the clean run's, text and words
+    assert transcripts(out) == reference[1]
