@@ -61,6 +61,10 @@ class StageRequest(Strict):
     inflight_path: str | None = None
     #: 1 for the first child of this stage, counting every respawn
     attempt: int = Field(default=1, ge=1)
+    #: items that were in flight together with others at ``max_item_crashes`` deaths of this stage's
+    #: children: a stage that groups inputs (joined windows, shared batches) works on each of these apart,
+    #: so the next death names one culprit; every other item keeps the grouping it was planned with
+    isolate: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique_ids(self) -> StageRequest:

@@ -26,8 +26,10 @@ item's ``join_group`` input; orchestrator/planning/groups.py), and the group's o
 members named in ``join_members`` that the request does not ask for are decoded
 with it all the same (never written), so a group is always laid out alike. A joined window that cannot be split
 (its words could not be timed) or that fails is decoded again input by input, so
-only the input that breaks it fails; a respawned child (``attempt`` > 1: the last
-one died) joins nothing, so an input that kills the child is blamed alone. An
+only the input that breaks it fails. A respawned child joins as planned, so a
+random kill changes no word; an input in flight at repeated deaths together with
+others (``request.isolate``) is decoded alone, at once, so the next death blames
+it alone. An
 input is written as soon as its last
 window is decoded, and only the inputs of the batch under way are "in flight"
 for crash blame.
@@ -181,11 +183,6 @@ class AsrStage(TorchStage):
         #: the run's files of vocabulary terms read (``_terms``), by path
         self._vocabulary_terms: dict[str, list[str]] = {}
         self.join = settings.join_inputs and not settings.identify_only
-        if self.join and request is not None and request.attempt > 1:
-            # a respawned child (the last one died or ran out of memory) decodes each input's windows apart: a
-            # poison input that kills the child is then in flight alone, and fails alone (culprit isolation)
-            log.info("asr: attempt %d: no joined windows", request.attempt)
-            self.join = False
         pack = settings.pack_inputs
         # "auto": on CUDA, and wherever windows are joined (on the CPU too: a batch of 12 joined windows decoded
         # in 4.9 s, one at a time in 9.3 s, and the VAD of the inputs runs together instead of between decodes)
@@ -280,6 +277,7 @@ class AsrStage(TorchStage):
         joiner = Joiner(self.settings.chunk_size)
         self._joiner = joiner
         asked = {item.id for item in request.items}
+        apart = set(request.isolate)
         seen: set[str] = set()
         for item, audio, partner in self._with_partners(entries, asked, seen):
             t0 = time.perf_counter()
@@ -295,6 +293,9 @@ class AsrStage(TorchStage):
             if not job.windows:
                 if not partner:
                     yield item, self._outcome(job)
+                continue
+            if item.id in apart and not partner:  # in flight at repeated deaths with others: alone, now
+                yield from self._decode_apart(job, request)
                 continue
             # windows join only within the input's join group (None: no group named; the stage's whole
             # request), among inputs of the same language decoded after the same vocabulary
@@ -452,6 +453,23 @@ class AsrStage(TorchStage):
                 outcome = self._outcome(job)
                 self.charge({job.item.id: 1.0}, time.perf_counter() - t0)
                 yield job.item, outcome
+
+    def _decode_apart(
+        self, job: _Input, request: StageRequest
+    ) -> Iterator[tuple[WorkItem, Artifact | BaseException]]:
+        """Decode one input's windows in batches of their own, the only input in flight."""
+        self.mark_in_flight(request, [job.item.id], job.audio.duration_s)
+        t0 = time.perf_counter()
+        try:
+            self._generate_alone([(job, i) for i in range(len(job.windows))])
+            outcome = self._outcome(job)
+        except Exception as exc:
+            if is_oom(exc):
+                raise
+            yield job.item, exc
+            return
+        self.charge({job.item.id: 1.0}, time.perf_counter() - t0)
+        yield job.item, outcome
 
     def _generate_alone(self, parts: list[tuple[_Input, int]], temperature: float = 0.0) -> None:
         """Decode these input windows each in a window of its own, ``batch_size`` at a time."""

@@ -153,16 +153,21 @@ def blame(
     at batch size 1 while working on ``in_flight`` items suspects only those; the others go on.
 
     ``crashes`` (item -> deaths it was in flight at) is updated for a death; an item fails alone when it
-    reaches ``max_item_crashes``. Out of memory at batch size 1 isolates at once, and the others resume
-    at ``worked_batch`` (the largest batch that finished an item), not at 1. None: nobody to blame
-    (the child was between items, or it is not a death): the stage-wide policy (:func:`next_step`) applies.
+    reaches ``max_item_crashes`` at a death where it was in flight alone. Items in flight together (a joined
+    window, a shared batch) are not failed for each other: once they reach the bound, :func:`isolated` names
+    them for the next child to work on apart, and the death after that names the culprit (two deaths more,
+    at most, whatever a stage does). So a random kill of a child leaves the planned grouping, and its
+    words, as they were. Out of memory at batch size 1 isolates at once, and the others resume at
+    ``worked_batch`` (the largest batch that finished an item), not at 1. None: nobody to blame (the
+    child was between items, or it is not a death): the stage-wide policy (:func:`next_step`) applies.
     """
     if not in_flight:
         return None
     if outcome in (Outcome.KILLED, Outcome.ERROR):
         for item in in_flight:
             crashes[item] = crashes.get(item, 0) + 1
-        culprits = tuple(i for i in in_flight if crashes[i] >= max_item_crashes)
+        bound = max_item_crashes if len(in_flight) == 1 else max_item_crashes + 2
+        culprits = tuple(i for i in in_flight if crashes[i] >= bound)
         if outcome is Outcome.ERROR:
             how = f"exited with an error ({error})" if error else "exited with an error"
         else:
@@ -180,3 +185,9 @@ def blame(
         final = next_step(outcome, 1, 0, 0, stage=stage, skippable=skippable)
         return Blame(tuple(in_flight), final.reason, worked_batch or 1, skip=final.skip)
     return None
+
+
+def isolated(crashes: dict[str, int], max_item_crashes: int, todo: list[str]) -> list[str]:
+    """The items of ``todo`` the next child works on apart (:attr:`StageRequest.isolate`): those that reached
+    ``max_item_crashes`` deaths in flight without being failed (they shared the work with others)."""
+    return [item for item in todo if crashes.get(item, 0) >= max_item_crashes]

@@ -17,7 +17,7 @@ from orchestrator.planning.fingerprints import artifact_state
 from orchestrator.process.executor import Executor, WarmChild
 from orchestrator.process.outcome import Outcome
 from orchestrator.registry import StageSpec
-from orchestrator.run.outcome import blame, next_step
+from orchestrator.run.outcome import blame, isolated, next_step
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,7 @@ class StageRunner:
                 stop_path=str(self.stop_path) if self.stop_path else None,
                 inflight_path=str(self.run_dir / f"{name}.inflight.json"),
                 attempt=attempt,
+                isolate=isolated(crashes, self.max_item_crashes, [item.id for item in todo]),
             )
             log.info(
                 "%s: starting child %d for %d item(s), batch size %d",

@@ -278,7 +278,11 @@ class Stage(ABC):
         member's rows (``compute``'s result sliced). A failing shared call (other than out of memory) is
         repeated member by member, so only the input that breaks it fails."""
         group: list[Member] = []
+        apart = set(request.isolate)  # in flight at deaths with others: their shared call is theirs alone
         for item, upstream in entries:
+            if item.id in apart and group:
+                yield from self._shared(request, group, compute, finish)
+                group = []
             self.mark_in_flight(request, [item.id], getattr(upstream, "duration_s", None))
             t0 = time.perf_counter()
             try:
@@ -289,7 +293,7 @@ class Stage(ABC):
                     raise
                 yield item, exc
                 continue
-            if sum(len(m.parts) for m in group) >= batches * self.batch_size:
+            if sum(len(m.parts) for m in group) >= batches * self.batch_size or item.id in apart:
                 yield from self._shared(request, group, compute, finish)
                 group = []
         if group:

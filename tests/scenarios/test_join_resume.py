@@ -191,3 +191,30 @@ def test_a_crash_at_each_stage_boundary_changes_no_word(tmp_path, inputs, refere
     run(out, inputs)
     # Then every transcript is the clean run's, text and words
     assert transcripts(out) == reference[1]
+
+
+def test_a_random_kill_of_the_asr_child_inside_a_joined_window_changes_no_word(tmp_path, inputs, reference):
+    # Given a run of the group from nothing
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        cli(out, inputs), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV, text=True
+    )
+    directory = wait_for(lambda: run_dir(out), what="the run")
+
+    def joined_in_flight():
+        path = directory / "chunk001-asr-1.inflight.json"
+        try:
+            return len(json.loads(path.read_text())["ids"]) > 1
+        except (OSError, ValueError):
+            return False
+
+    # When its ASR child alone is killed with SIGKILL while a joined window of several inputs is in flight
+    wait_for(joined_in_flight, what="a joined window in flight")
+    pid = child_pid(directory / "chunk001-asr-1.log")
+    os.kill(pid, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=600)
+    # Then the run respawned the child, which joined the windows as planned: every word is the clean run's
+    assert proc.returncode == 0, stderr[-3000:]
+    retry = json.loads((directory / "chunk001-asr-2.request.json").read_text())
+    assert retry["attempt"] == 2 and retry["isolate"] == []
+    assert transcripts(out) == reference[1]

@@ -322,6 +322,7 @@ def run_asr_stage(
     attempt: int = 1,
     vocabulary: dict | None = None,
     spy: Callable[[AsrStage], None] | None = None,
+    isolate: list[str] = (),
 ):
     """The ASR stage in this process over ``audio`` (+ ``extra`` items after the first two; each input with
     its ``vocabulary`` files, by name; ``spy`` sees the stage before it runs); its result, the transcripts of
@@ -347,6 +348,7 @@ def run_asr_stage(
         inflight_path=str(tmp / "inflight.json"),
         items=[*items[:2], *extra, *items[2:]],
         attempt=attempt,
+        isolate=list(isolate),
     )
     seen: list[list[str]] = []
     stage = AsrStage()
@@ -552,9 +554,9 @@ def sentence_clips(tmp_path_factory, media, distinct_clips):
     return audio, texts
 
 
-def _run_clips(tmp, audio: dict, attempt: int = 1, **settings):
+def _run_clips(tmp, audio: dict, attempt: int = 1, isolate: list[str] = (), **settings):
     (tmp).mkdir()
-    return run_asr_stage(tmp, audio, 4, settings, attempt=attempt)
+    return run_asr_stage(tmp, audio, 4, settings, attempt=attempt, isolate=isolate)
 
 
 def run_alone_and_joined(tmp, distinct_clips, **settings):
@@ -743,14 +745,27 @@ def test_a_joined_window_that_fails_is_decoded_input_by_input_and_only_the_culpr
         ], name
 
 
-def test_a_respawned_child_joins_nothing(tmp_path, distinct_clips):
-    """After a child died with inputs of a joined window in flight, the next child decodes every input apart:
-    an input that kills the child is then in flight alone and fails alone (the others' deaths count once)."""
+def test_a_respawned_child_joins_as_planned_and_decodes_only_the_isolated_input_alone(
+    tmp_path, distinct_clips, alone_and_joined
+):
+    """A respawned child (a random kill) joins windows as planned, so no word changes; an input the parent
+    isolates (in flight at repeated deaths with others) is decoded alone, the only input in flight, and gets
+    the words it has alone."""
     audio, _ = distinct_clips
-    some = {name: audio[name] for name in ["host_enroll_1", "host_enroll_2", "guest_enroll_1"]}
-    result, transcripts, seen = _run_clips(tmp_path / "respawned", some, attempt=2, join_inputs=True)
-    assert all(r.ok for r in result.items) and set(transcripts) == set(some)
-    assert all(len(ids) == 1 for ids in seen), seen
+    (_, alone, _), (_, joined, _) = alone_and_joined
+    result, transcripts, seen = _run_clips(tmp_path / "respawned", audio, attempt=2, join_inputs=True)
+    assert all(r.ok for r in result.items) and set(transcripts) == set(audio)
+    assert any(len(ids) > 1 for ids in seen), seen
+    for name, transcript in transcripts.items():
+        assert [s.text for s in transcript.segments] == [s.text for s in joined[name].segments], name
+    suspect = list(audio)[1]
+    result, transcripts, seen = _run_clips(
+        tmp_path / "isolated", audio, attempt=3, isolate=[suspect], join_inputs=True
+    )
+    assert all(r.ok for r in result.items) and set(transcripts) == set(audio)
+    assert [suspect] in seen and not any(suspect in ids and len(ids) > 1 for ids in seen), seen
+    assert any(len(ids) > 1 for ids in seen), seen  # the others still share windows
+    assert [s.text for s in transcripts[suspect].segments] == [s.text for s in alone[suspect].segments]
 
 
 # -- Whisper's repetition guard ----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.process.outcome import Outcome
-from orchestrator.run.outcome import blame, next_step, refused_wait
+from orchestrator.run.outcome import blame, isolated, next_step, refused_wait
 
 
 def test_oom_halves_the_batch_down_to_one():
@@ -65,6 +65,26 @@ def test_a_death_blames_only_the_item_in_flight_and_fails_it_at_the_bound():
     assert second.culprits == ("b",) and second.reason.startswith(
         "crashed the asr child 2 times: it was killed by SIGSEGV"
     )
+
+
+def test_items_in_flight_together_are_not_failed_for_each_other_but_isolated_then_blamed_alone():
+    """A random kill of a child working on a joined window or a shared batch fails nobody; at the bound the
+    items are named for the next child to work on apart (:func:`isolated`), and the next death, alone, fails
+    only the item in flight."""
+    crashes: dict[str, int] = {}
+    for _ in range(2):
+        shared = blame(Outcome.KILLED, ["a", "b"], crashes, 2, 4, None, signal=9, stage="asr")
+        assert shared.culprits == ()
+    assert crashes == {"a": 2, "b": 2}
+    assert isolated(crashes, 2, ["a", "b", "c"]) == ["a", "b"]
+    assert isolated({"a": 1}, 2, ["a", "b"]) == []
+    alone = blame(Outcome.KILLED, ["a"], crashes, 2, 4, None, signal=9, stage="asr")
+    assert alone.culprits == ("a",) and "3 times" in alone.reason
+    # whatever a stage does with the isolation, two deaths more in company end it
+    crashes = {"x": 2, "y": 2}
+    for _ in range(2):
+        last = blame(Outcome.KILLED, ["x", "y"], crashes, 2, 4, None)
+    assert last.culprits == ("x", "y")
 
 
 def test_a_hang_is_named_as_such():
