@@ -476,3 +476,21 @@ def test_refused_requests_are_told_the_queue_ahead_and_do_not_add_to_each_other(
     assert all(ahead + own - 48 - 1 <= r <= 2 * ahead + own - 48 + 2 for r in retries), (retries, ahead, own)
     assert slept["response"].status_code == 200 and filled["response"].status_code == 200
     assert not _seen(server, text)
+
+
+def test_langchain_openai_embeddings_with_the_documented_recipe(server):
+    """docs/api.md's LangChain recipe, as written there, against the real server: its vectors are the
+    official client's (documents and the query alike)."""
+    from langchain_openai import OpenAIEmbeddings
+
+    texts = ["The quick brown fox jumps over the lazy dog.", "Please call Stella."]
+    embeddings = OpenAIEmbeddings(
+        base_url=f"{server.url}/v1", api_key="unused", model="embedded", check_embedding_ctx_length=False
+    )
+    documents = np.array(embeddings.embed_documents(texts))
+    query = np.array(embeddings.embed_query(texts[1]))
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    expected = np.array([d.embedding for d in client.embeddings.create(input=texts, model="embedded").data])
+    assert documents.shape == (2, 384)
+    np.testing.assert_allclose(documents, expected, atol=1e-6)
+    np.testing.assert_allclose(query, expected[1], atol=1e-6)
