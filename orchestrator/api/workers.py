@@ -27,7 +27,7 @@ that hangs fails alone. Any other failure of a micro-batch is bisected until
 the failing texts are found: only their requests fail (400 when other texts
 encode, 500 when nothing does, which is a fault of the server).
 
-The child process itself is wrapped by :mod:`orchestrator.api.worker_process`; how the queue's head is
+The child process itself is wrapped by :mod:`orchestrator.process.worker`; how the queue's head is
 cut into micro-batches, how tokens are estimated and what a micro-batch costs is the pure policy of
 :mod:`orchestrator.api.batching`. This module holds the requests, the queue, the thread and what
 follows a failure.
@@ -62,7 +62,7 @@ from orchestrator.api.batching import (
     learn_chars_per_token,
 )
 from orchestrator.api.metrics import Metrics
-from orchestrator.api.worker_process import WORKER_MODULE, WorkerDied, WorkerProcess
+from orchestrator.process.worker import WORKER_MODULE, WorkerDied, WorkerProcess
 from orchestrator.process.outcome import Outcome, outcome_of
 from orchestrator.run.outcome import OOM_ADVICE, next_step
 from orchestrator.settings import Settings

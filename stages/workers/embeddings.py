@@ -1,6 +1,6 @@
 """The API's embedding worker: a long-lived child that keeps one model loaded and encodes micro-batches.
 
-Started by ``orchestrator.api.worker_process`` through ``multiprocess``'s spawn context,
+Started by ``orchestrator.process.worker`` through ``multiprocess``'s spawn context,
 one per profile. It talks to the server over a pipe (messages of
 ``contracts.worker``, validated on both ends): ``Ready`` once the model is
 loaded, then one ``Embedded`` or ``TaskFailed`` per ``EmbedTask``. Out of
@@ -192,7 +192,7 @@ def _send(conn, message) -> None:
 
 
 def main(conn, config_json: str, log_path: str | None = None) -> None:
-    """Entry of the worker child (called by ``orchestrator.api.worker_process`` in the spawned process)."""
+    """Entry of the worker child (called by ``orchestrator.process.worker`` in the spawned process)."""
     bootstrap(log_path)  # the server owns Ctrl-C; output to the worker's log
     config = WorkerConfig.model_validate_json(config_json)
     os.environ.update(config.env)

@@ -113,8 +113,9 @@ def test_the_run_uses_the_products_only_where_it_finishes_an_input():
 #: corpus: the output folder's products; process: the children; the rest: one module each.
 ROOM_ARROWS: dict[str, set[str]] = {
     "__init__": {"run", "settings"},
-    "api": {"books", "corpus", "gpu", "models", "planning", "process", "run", "settings"},
+    "api": {"books", "catalogue", "corpus", "gpu", "models", "planning", "process", "run", "settings"},
     "books": {"layout"},
+    "catalogue": {"books", "corpus", "layout", "models", "process", "settings"},
     "corpus": {"books", "layout", "models", "planning"},
     "gpu": {"settings"},
     "layout": set(),
@@ -125,6 +126,7 @@ ROOM_ARROWS: dict[str, set[str]] = {
     "remote": {"process"},
     "run": {
         "books",
+        "catalogue",
         "corpus",
         "gpu",
         "layout",
