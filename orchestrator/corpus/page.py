@@ -46,6 +46,11 @@ let now=null;if(audio)audio.addEventListener('timeupdate',()=>{const t=audio.cur
 let lo=0,hi=words.length-1,hit=null;
 while(lo<=hi){const m=(lo+hi)>>1;if(parseFloat(words[m].dataset.s)<=t){hit=words[m];lo=m+1}else hi=m-1}
 if(hit!==now){if(now)now.classList.remove('now');if(hit)hit.classList.add('now');now=hit;}});
+function seek(){const m=/^#t=([0-9.]+)$/.exec(location.hash);if(!m)return;const t=parseFloat(m[1]);
+const w=words.find(x=>parseFloat(x.dataset.s)>=t-0.05)||words[words.length-1];if(!w)return;
+if(now)now.classList.remove('now');w.classList.add('now');now=w;w.scrollIntoView({block:'center'});
+if(audio)audio.currentTime=t;}
+seek();window.addEventListener('hashchange',seek);
 """
 
 

@@ -96,3 +96,20 @@ def test_the_index_links_to_the_page(page_dir, browser):
     page.wait_for_load_state()
     assert page.url.endswith("/talk/transcript.html") and page.title() == "talk"
     assert [m for m in messages if m.startswith("error")] == []
+
+
+def test_a_link_to_a_moment_marks_its_word_and_moves_the_audio_there(page_dir, browser):
+    """A search result links to ``transcript.html#t=<start>``: the page marks the word said then, scrolls to
+    it and moves the audio there (without playing); a new moment in the same page does the same."""
+    word = transcript().segments[1].words[3]
+    page = browser.new_page()
+    messages = []
+    page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
+    page.goto((page_dir / "transcript.html").as_uri() + f"#t={word.start}")
+    page.wait_for_function("document.getElementById('audio').readyState >= 1", timeout=10_000)
+    assert page.locator(".w.now").get_attribute("data-s") == f"{word.start:.3f}"
+    assert abs(page.evaluate("document.getElementById('audio').currentTime") - word.start) < 0.05
+    other = transcript().segments[0].words[0]
+    page.evaluate(f"location.hash = '#t={other.start}'")
+    page.wait_for_function(f"document.querySelector('.w.now').dataset.s === '{other.start:.3f}'")
+    assert page.locator(".w.now").count() == 1 and messages == []
