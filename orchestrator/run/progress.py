@@ -240,7 +240,7 @@ def summary_table(report: RunReport, plain: bool = False, rows: int = SUMMARY_RO
         f"{report.audio_s / 3600:.2f} h audio in {report.wall_s:.0f} s"
         + (f", {report.throughput:.1f} h audio per hour" if report.throughput else "")
         + (
-            f"; exposed {report.exposed_s:.1f} s of {report.wall_s:.1f} s (start-up and waits)"
+            f"\nexposed {report.exposed_s:.1f} s of {report.wall_s:.1f} s (start-up and waits)"
             if report.exposed_s is not None and report.computing_s
             else ""
         )

@@ -92,5 +92,5 @@ def test_the_summary_says_how_much_of_the_run_no_child_was_computing():
         stages=[],
     )  # fmt: skip
     assert summary_table(report, plain=True).caption.endswith(
-        "; exposed 6.1 s of 19.0 s (start-up and waits)"
+        "\nexposed 6.1 s of 19.0 s (start-up and waits)"
     )
