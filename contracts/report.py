@@ -33,6 +33,49 @@ class CpuUsage(Strict):
         return self.user_s + self.system_s
 
 
+class ChildTimeline(Strict):
+    """The moments of one stage child, in seconds since the epoch (``time.time()``: the parent and its
+    children share the clock of one machine; a Ray node's child, that node's clock).
+
+    The parent stamps ``spawned``, ``handed`` and ``exited``; the child the rest. A cold child is handed
+    its request before it is spawned; a warm one imports first and is handed it later, so
+    ``handed - imported`` is the time it stood ready and waiting. Absent: not reached (a child that died
+    before loading has no ``loaded``) or not measured (a child that wrote no result has only the parent's).
+    """
+
+    #: the parent started the process
+    spawned: float | None = None
+    #: the parent wrote the request file (a warm child starts on it the moment it appears)
+    handed: float | None = None
+    #: the stage's libraries imported (a warm child: ahead of its request)
+    imported: float | None = None
+    #: the model loaded: weights in memory, on the device
+    loaded: float | None = None
+    #: the first item started (its input read)
+    first_item: float | None = None
+    #: the last item finished (written)
+    last_item: float | None = None
+    #: the parent saw the process end
+    exited: float | None = None
+
+    def phases(self) -> dict[str, float] | None:
+        """Spawn to exit in consecutive phases (seconds), or None when a moment is missing:
+        ``start`` (interpreter, imports), ``ready`` (a warm child waiting for its request), ``load``,
+        ``compute`` (model loaded to last item done) and ``exit`` (results written, process gone). Their
+        sum is ``exited - spawned``."""
+        m = self
+        if None in (m.spawned, m.imported, m.loaded, m.last_item, m.exited):
+            return None
+        begun = max(m.imported, m.handed or m.imported)  # a warm child starts loading once handed
+        return {
+            "start": m.imported - m.spawned,
+            "ready": begun - m.imported,
+            "load": m.loaded - begun,
+            "compute": m.last_item - m.loaded,
+            "exit": m.exited - m.last_item,
+        }
+
+
 class Attempt(Strict):
     """One stage child: how it was asked to run and how it ended.
 
@@ -50,12 +93,20 @@ class Attempt(Strict):
     ok: int | None = None
     failed: int | None = None
     items_per_s: float | None = None
-    #: parent's view: spawn to exit
+    #: parent's view: spawn to exit (a warm child: its request handed to exit; ``timeline`` has both)
     wall_s: float = Field(ge=0)
-    #: child's view (absent when the child died before reporting)
+    #: child's view (absent when the child died before reporting); ``import_s`` of a warm child is the
+    #: time it imported ahead of its request
     import_s: float | None = None
     load_s: float | None = None
     compute_s: float | None = None
+    #: of ``compute_s``, the seconds inside model calls (``stages.runtime.clock.model_time``); the rest is
+    #: host work (reading, preparing, writing)
+    model_s: float | None = None
+    #: seconds of audio in the items the child finished (None: not known to the stage)
+    audio_s: float | None = None
+    #: wall-clock moments of the child, spawn to exit
+    timeline: ChildTimeline | None = None
     #: the child's CPU time, faults and switches over ``compute_s``
     compute_cpu: CpuUsage | None = None
     model: str | None = None
@@ -76,6 +127,13 @@ class Attempt(Strict):
     max_allocated_pct: float | None = None
 
     @property
+    def host_s(self) -> float | None:
+        """Of ``compute_s``, the seconds outside model calls."""
+        if self.compute_s is None or self.model_s is None:
+            return None
+        return max(0.0, self.compute_s - self.model_s)
+
+    @property
     def peak_gpu_mib(self) -> float | None:
         """The child's own peak on the GPU: NVML's view when there is one (it sees CTranslate2), else torch's."""
         values = [v for v in (self.gpu_process_peak_mib, self.peak_vram_mb) if v]
@@ -93,6 +151,10 @@ class StageRun(Strict):
     failed: int = 0
     #: spawn/wait of all attempts
     wall_s: float = 0.0
+    #: seconds the run waited for this stage's children to start computing, not hidden behind other work:
+    #: from the previous stage's last child's exit (or the chunk's start) to the first item started, plus
+    #: each respawn's exit-to-first-item (None: no child computed)
+    waited_s: float | None = None
 
 
 class ItemStage(Strict):
@@ -142,6 +204,10 @@ class RunReport(Strict):
     wall_s: float = 0.0
     #: hours of audio processed per hour of wall time, counting only work done in this run
     throughput: float | None = None
+    #: of ``wall_s``, the seconds during which at least one stage child was computing (first item started
+    #: to last item finished), and the rest: start-ups, loads, waits and the parent's own work
+    computing_s: float | None = None
+    exposed_s: float | None = None
     inputs: list[InputReport]
     stages: list[StageRun]
     #: one line per model that was asked for but not used, for the whole run: asked for, got, why, how to

@@ -6,7 +6,7 @@ from pydantic import Field, JsonValue, model_validator
 
 from contracts.artifacts import Strict, VocabularyFile
 from contracts.perf import MemoryCheckpoint
-from contracts.report import CpuUsage
+from contracts.report import ChildTimeline, CpuUsage
 from contracts.stage_settings import MemorySettings
 
 
@@ -108,12 +108,18 @@ class StageResult(Strict):
     #: device the child actually used
     device: str
     batch_size: int = Field(ge=1)
-    #: seconds spent importing the stage's libraries inside the child
+    #: seconds spent importing the stage's libraries inside the child (a warm child: ahead of its request)
     import_s: float = Field(ge=0)
     #: seconds spent loading the model
     load_s: float = Field(ge=0)
     #: seconds spent on the items themselves
     compute_s: float = Field(ge=0)
+    #: of ``compute_s``, the seconds inside model calls (``stages.runtime.clock.model_time``)
+    model_s: float | None = Field(default=None, ge=0)
+    #: seconds of audio in the items finished (None: the stage's inputs do not say)
+    audio_s: float | None = Field(default=None, ge=0)
+    #: the child's moments (imported, loaded, first item, last item); the parent adds its own
+    timeline: ChildTimeline | None = None
     #: what the kernel counted for the process over ``compute_s`` (absent from older children)
     compute_cpu: CpuUsage | None = None
     #: the model actually used, if the stage has one

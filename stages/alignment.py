@@ -41,6 +41,7 @@ from contracts import (
 from contracts.errors import ArtifactError, InputError
 from contracts.stage_settings import AlignmentSettings
 from stages.runtime.base import TorchStage
+from stages.runtime.clock import model_time
 from stages.runtime.memory import is_oom
 from stages.runtime.weights import cached_name
 from stages.whisper.speech import Decoded, keep_segments
@@ -159,13 +160,14 @@ class AlignmentStage(TorchStage):
 
         audio = load_artifact(item.inputs["audio"], AudioArtifact)
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
-        result = wxa.align(
-            [{"start": s.start, "end": s.end, "text": s.text} for s in asr.segments],
-            model,
-            metadata,
-            samples,
-            self.device,
-        )
+        with model_time():  # wav2vec2's forward, and whisperx's CTC alignment of its output
+            result = wxa.align(
+                [{"start": s.start, "end": s.end, "text": s.text} for s in asr.segments],
+                model,
+                metadata,
+                samples,
+                self.device,
+            )
         segments = []
         for raw in result["segments"]:
             words = [

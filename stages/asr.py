@@ -68,6 +68,7 @@ from contracts.errors import InputError, ModelUnavailableError
 from contracts.models import portable_name
 from contracts.stage_settings import AsrSettings
 from stages.runtime.base import TorchStage
+from stages.runtime.clock import model_time
 from stages.runtime.memory import is_oom
 from stages.whisper import language as langid
 from stages.whisper.joining import GAP_S as JOIN_GAP_S
@@ -366,9 +367,8 @@ class AsrStage(TorchStage):
             or (language_id.top[0].language if language_id.top else None)
         )
         if language is None and windows and not self.settings.identify_only:
-            language = self.model.detect_language(
-                samples
-            )  # nothing measured: whisperX's own guess (first 30 s)
+            with model_time():  # nothing measured: whisperX's own guess (first 30 s)
+                language = self.model.detect_language(samples)
         job = _Input(item, audio, windows, language or "unknown", language_id=language_id, speech=windows)
         job.partner = partner
         if self.settings.identify_only:  # pipeline langid: no transcription
@@ -510,19 +510,20 @@ class AsrStage(TorchStage):
         encoded = self._encode([_joined_samples(window)[:N_SAMPLES] for window in batch])
         languages = [window.parts[0][0].language for window in batch]
         prompts = [self._prompt(window.parts[0][0]) for window in batch]
-        results = model.model.generate(
-            encoded,
-            prompts,
-            **search,
-            length_penalty=options.length_penalty,
-            max_length=model.max_length,
-            suppress_blank=options.suppress_blank,
-            suppress_tokens=options.suppress_tokens,
-            no_repeat_ngram_size=options.no_repeat_ngram_size,
-            repetition_penalty=options.repetition_penalty,
-            return_scores=True,
-            return_no_speech_prob=True,
-        )
+        with model_time():
+            results = model.model.generate(
+                encoded,
+                prompts,
+                **search,
+                length_penalty=options.length_penalty,
+                max_length=model.max_length,
+                suppress_blank=options.suppress_blank,
+                suppress_tokens=options.suppress_tokens,
+                no_repeat_ngram_size=options.no_repeat_ngram_size,
+                repetition_penalty=options.repetition_penalty,
+                return_scores=True,
+                return_no_speech_prob=True,
+            )
         # text tokens are decoded alike in every language: the first window's tokenizer serves the batch
         tokenizer = self._tokenizer(languages[0])
         texts, scores, kept, looped = [], [], [], []
@@ -656,17 +657,18 @@ class AsrStage(TorchStage):
         english = self._tokenizer("en")
         for first in range(0, len(rows), self.batch_size):
             chosen = rows[first : first + self.batch_size]
-            results = model.model.generate(
-                self._translation_input(batch, encoded, chosen),
-                [self._prompt(job, task="translate") for _, (job, _), _ in chosen],
-                **search,
-                length_penalty=options.length_penalty,
-                max_length=model.max_length,
-                suppress_blank=options.suppress_blank,
-                suppress_tokens=options.suppress_tokens,
-                no_repeat_ngram_size=options.no_repeat_ngram_size,
-                repetition_penalty=options.repetition_penalty,
-            )
+            with model_time():
+                results = model.model.generate(
+                    self._translation_input(batch, encoded, chosen),
+                    [self._prompt(job, task="translate") for _, (job, _), _ in chosen],
+                    **search,
+                    length_penalty=options.length_penalty,
+                    max_length=model.max_length,
+                    suppress_blank=options.suppress_blank,
+                    suppress_tokens=options.suppress_tokens,
+                    no_repeat_ngram_size=options.no_repeat_ngram_size,
+                    repetition_penalty=options.repetition_penalty,
+                )
             for (_, (job, i), _), result in zip(chosen, results):
                 ids = [t for t in result.sequences_ids[0] if t < english.eot]
                 job.translations[i] = english.tokenizer.decode(ids).strip()
@@ -726,7 +728,10 @@ class AsrStage(TorchStage):
                 features = encoded if len(chosen) == len(batch) else self._rows(encoded, chosen)
                 tokenizer = self._tokenizer(language)
                 frames = [max(1, min(N_FRAMES, int(batch[k].length * rate) // HOP_LENGTH)) for k in chosen]
-                results = model.align(features, tokenizer.sot_sequence, [texts[k] for k in chosen], frames)
+                with model_time():
+                    results = model.align(
+                        features, tokenizer.sot_sequence, [texts[k] for k in chosen], frames
+                    )
             except Exception as exc:
                 if is_oom(exc):
                     raise
@@ -748,13 +753,17 @@ class AsrStage(TorchStage):
         """The encoder output of these windows' samples (each at most 30 s), on the model's device."""
         whisper = self.model.model
         if self.runtime == TORCH:
-            return whisper.encode(whisper.features(pieces))
+            features = whisper.features(pieces)
+            with model_time():
+                return whisper.encode(features)
         n_mels = whisper.feat_kwargs.get("feature_size") or 80
         features = [
             whisperx_audio.log_mel_spectrogram(audio, n_mels=n_mels, padding=N_SAMPLES - audio.shape[0])
             for audio in pieces
         ]
-        return whisper.model.encode(ctranslate2_storage(torch.stack(features)), to_cpu=False)
+        storage = ctranslate2_storage(torch.stack(features))
+        with model_time():
+            return whisper.model.encode(storage, to_cpu=False)
 
     def _rows(self, encoded, rows: list[int]):
         """The encoder output of the windows ``rows`` of a batch, on the same device."""

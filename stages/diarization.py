@@ -39,6 +39,7 @@ from contracts.errors import ModelUnavailableError
 from contracts.models import PYANNOTE_DEFAULT
 from contracts.stage_settings import DiarizationSettings
 from stages.runtime.base import Member, TorchStage
+from stages.runtime.clock import model_time
 from stages.runtime.memory import is_oom
 from stages.runtime.weights import cached_name
 
@@ -331,10 +332,11 @@ class EmbeddedDiarizer:
     def infer(self, chunks):
         """Frame activity of a batch of windows (batch, 1, samples): pyannote's ``Inference.infer`` (the
         model, then powerset to multilabel), or the same conversion of ONNX Runtime's output."""
-        if self.onnx is None:
-            return self.inference.infer(chunks)
-        with torch.inference_mode():
-            return self.inference.conversion(self.onnx(chunks)).numpy()
+        with model_time():
+            if self.onnx is None:
+                return self.inference.infer(chunks)
+            with torch.inference_mode():
+                return self.inference.conversion(self.onnx(chunks)).numpy()
 
     def local(self, samples, activity) -> _Local:
         """The clips of the local speakers to embed (steps 1 and 2's input), from the ``activity`` of

@@ -21,6 +21,7 @@ from contracts.errors import ModelUnavailableError
 from contracts.models import EMBEDDING_PROFILES, portable_name
 from contracts.stage_settings import EmbeddingsSettings
 from stages.runtime.base import Member, TorchStage, save_array
+from stages.runtime.clock import model_time
 from stages.runtime.memory import is_oom
 from stages.runtime.weights import cached_revision, incomplete_snapshot
 
@@ -113,10 +114,14 @@ def encode_typed(model: Any, name: str, texts: list[str], input_types: list[str 
         groups.setdefault(kind, []).append(index)
     if len(groups) == 1:
         (kind,) = groups
-        return model.encode(texts, prompt=prompt_for(model, name, kind), **kwargs)
+        with model_time():
+            return model.encode(texts, prompt=prompt_for(model, name, kind), **kwargs)
     rows = None
     for kind, indices in groups.items():
-        vectors = model.encode([texts[i] for i in indices], prompt=prompt_for(model, name, kind), **kwargs)
+        with model_time():
+            vectors = model.encode(
+                [texts[i] for i in indices], prompt=prompt_for(model, name, kind), **kwargs
+            )
         if rows is None:
             rows = np.empty((len(texts), vectors.shape[1]), dtype=vectors.dtype)
         rows[indices] = vectors
@@ -303,14 +308,16 @@ class EmbeddingsStage(TorchStage):
     def _encode(self, texts: list[str]):
         if not texts:
             return np.zeros((0, int(self.model.get_embedding_dimension())), dtype=np.float32)
-        return self.model.encode(
-            texts,
-            prompt=prompt_for(self.model, self.model_name, "document"),  # transcript segments are documents
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        ).astype(np.float32, copy=False)
+        with model_time():
+            vectors = self.model.encode(
+                texts,
+                prompt=prompt_for(self.model, self.model_name, "document"),  # segments are documents
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        return vectors.astype(np.float32, copy=False)
 
     def _artifact(self, item: WorkItem, transcript: TranscriptArtifact, vectors) -> EmbeddingsArtifact:
         dimension = int(self.model.get_embedding_dimension())

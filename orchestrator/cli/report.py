@@ -27,7 +27,7 @@ def report(
 
     from contracts.errors import SettingsError
     from contracts.units import gib
-    from orchestrator.telemetry.perf_report import build, table
+    from orchestrator.telemetry.perf_report import build, exposed_line, stage_table, table
 
     setup_logging(NORMAL)
     try:
@@ -46,4 +46,8 @@ def report(
             else f"{gib(peaks.largest_stage_mib)} ({peaks.largest_stage})"
         )
         console.print(f"peak VRAM of the run (device, NVML): {device}; largest single stage: {largest}")
+    if built.stages:
+        console.print(stage_table(built.stages, title="where the time went, per stage"))
+    if built.exposed is not None:
+        console.print(exposed_line(built.exposed))
     console.print(f"log: {built.log}\nplot: {built.png}")

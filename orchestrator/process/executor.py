@@ -48,6 +48,8 @@ class WarmChild:
     request_path: Path
     log_path: Path
     proc: object
+    #: when it was started (seconds since the epoch)
+    spawned: float | None = None
 
 
 @dataclass(frozen=True)
@@ -160,9 +162,10 @@ class LocalExecutor:
         """Start the child for a request that will be written at ``request_path`` later (see :class:`WarmChild`)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
+        spawned = time.time()
         proc = self._spawn(stage, request_path, log_path, module, env)
         log.debug("%s: warm child %d importing ahead of its request", stage, proc.pid)
-        return WarmChild(stage, request_path, log_path, proc)
+        return WarmChild(stage, request_path, log_path, proc, spawned)
 
     def cancel(self, warm: WarmChild) -> None:
         """Stop a warm child whose request will never come."""
@@ -231,9 +234,13 @@ class LocalExecutor:
         # written after the hooks' ``before`` (the GPU guard's baseline, the perf log's stage_start): a warm
         # child starts the moment it sees it. Atomic: the child sees it whole
         save_model(request, request_path)
-        started = time.perf_counter()
+        started, child.handed = time.perf_counter(), time.time()
         with following(log_path, stage, progress) as relay:
-            proc = warm.proc if warm is not None else self._spawn(stage, request_path, log_path)
+            if warm is not None:
+                proc, child.spawned = warm.proc, warm.spawned
+            else:
+                child.spawned = time.time()
+                proc = self._spawn(stage, request_path, log_path)
             child.pid = proc.pid
             for hook in self.hooks:
                 hook.started(child)
@@ -247,6 +254,7 @@ class LocalExecutor:
                     stop(proc)
                 outcome, signal = outcome_of(proc.exitcode)
                 child.outcome, child.signal, child.wall_s = outcome, signal, time.perf_counter() - started
+                child.exited = time.time()
                 child.result = read_result(request, outcome)
                 for hook in reversed(self.hooks):
                     hook.exited(child)

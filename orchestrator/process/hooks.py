@@ -24,7 +24,7 @@ from typing import Protocol
 from contracts import StageRequest, StageResult
 from contracts.errors import GpuMemoryError
 from contracts.perf import PERF_LOG_ENV
-from contracts.report import Attempt
+from contracts.report import Attempt, ChildTimeline
 from orchestrator.gpu.guard import GpuMonitor, GpuWatch, StageGpuCheck
 from orchestrator.gpu.nvml import GpuDevice, visible_devices
 from orchestrator.process.outcome import Outcome
@@ -55,6 +55,10 @@ class ChildRun:
     gpu_watch: GpuWatch | None = None
     #: the Ray node the child runs on (None: this machine, no cluster)
     node: str | None = None
+    #: the parent's moments of the child (seconds since the epoch): started, request written, seen to end
+    spawned: float | None = None
+    handed: float | None = None
+    exited: float | None = None
 
     @property
     def stage(self) -> str:
@@ -76,6 +80,8 @@ class ChildRun:
                 "import_s": result.import_s,
                 "load_s": result.load_s,
                 "compute_s": result.compute_s,
+                "model_s": result.model_s,
+                "audio_s": result.audio_s,
                 "compute_cpu": result.compute_cpu,
                 "model": result.model,
                 "device": result.device,
@@ -89,6 +95,10 @@ class ChildRun:
                 "gpu_tree_after_mib": check.tree_after_mib,
                 "gpu_leak": check.leak,
             }
+        if self.spawned is not None or (result is not None and result.timeline is not None):
+            child_side = result.timeline.model_dump() if result is not None and result.timeline else {}
+            parent_side = {"spawned": self.spawned, "handed": self.handed, "exited": self.exited}
+            fields["timeline"] = ChildTimeline(**(child_side | parent_side))
         outcome = self.outcome.value if self.outcome is not None else Outcome.ERROR.value
         return Attempt(
             stage=self.stage,

@@ -20,6 +20,7 @@ chunk shares) and the chunk's inputs' run states (:class:`~orchestrator.planning
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +40,7 @@ from orchestrator.run.finish import Corpus, finish, place_speakers, remove_scrat
 from orchestrator.run.progress import Progress
 from orchestrator.run.runner import ItemOutcome, StageRunner
 from orchestrator.settings import Settings
+from orchestrator.telemetry.timings import last_exit, waited
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class RunContext:
 
 def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
     """Stage-major: each stage runs in one child over all of the chunk's inputs that need it."""
+    ready = time.time()  # when the next stage could start: the chunk's start, then each stage's last exit
     # which stages each input needs; an input complete by the journal needs none
     done, needed = plan_chunk(ctx, chunk)
     # URL inputs: fetched just before their first stage needs them
@@ -90,7 +93,7 @@ def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
             # the next stage's child starts importing while this one computes
             next_warm = warm_next(ctx, number, index, chunk, needed)
             # one child over all of them
-            outcomes = run_stage(ctx, number, spec, index, todo + extra, warm, chunk)
+            outcomes, ready = run_stage(ctx, number, spec, index, todo + extra, warm, chunk, ready)
             warm = next_warm
             # each outcome into its input's run state and the journal (a partner's: only told)
             record(ctx, spec, todo, outcomes)
@@ -238,9 +241,11 @@ def run_stage(
     todo: list[InputState],
     warm,
     chunk: list[InputState] | None = None,
-) -> dict[str, ItemOutcome]:
+    ready: float | None = None,
+) -> tuple[dict[str, ItemOutcome], float | None]:
     """Stage ``spec`` over ``todo`` in one child (``warm``, if one was started for it): each input's
-    outcome by id; the stage run is kept for the report."""
+    outcome by id, and when its last child ended (else ``ready``); the stage run is kept for the report,
+    with the seconds it waited since ``ready`` (the moment the run could start it)."""
     previous = ctx.specs[index - 1] if index else None
     ctx.progress.stage_started(number, spec.name, len(todo))
     items = [work_item(spec, inp, previous) for inp in todo]
@@ -261,8 +266,10 @@ def run_stage(
         on_item=lambda stage, result, n=number: ctx.progress.item_finished(stage, result, chunk=n),
         warm=warm,
     )
+    if ready is not None:
+        stage_run = stage_run.model_copy(update={"waited_s": waited(ready, stage_run.attempts)})
     ctx.stage_runs.append(stage_run)
-    return outcomes
+    return outcomes, last_exit(stage_run.attempts) or ready
 
 
 def record(

@@ -236,8 +236,14 @@ def summary_table(report: RunReport, plain: bool = False, rows: int = SUMMARY_RO
         table.add_row(
             f"... {len(report.inputs) - len(shown):,} more ({what}): see the run report", "", "", "", "", ""
         )
-    table.caption = f"{report.audio_s / 3600:.2f} h audio in {report.wall_s:.0f} s" + (
-        f", {report.throughput:.1f} h audio per hour" if report.throughput else ""
+    table.caption = (
+        f"{report.audio_s / 3600:.2f} h audio in {report.wall_s:.0f} s"
+        + (f", {report.throughput:.1f} h audio per hour" if report.throughput else "")
+        + (
+            f"\nexposed {report.exposed_s:.1f} s of {report.wall_s:.1f} s (start-up and waits)"
+            if report.exposed_s is not None and report.computing_s
+            else ""
+        )
     )
     return table
 

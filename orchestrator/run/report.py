@@ -18,6 +18,7 @@ from orchestrator import layout
 from orchestrator.planning.state import InputState
 from orchestrator.remote import redact, upload
 from orchestrator.settings import Settings
+from orchestrator.telemetry.timings import computing, exposure
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ def build_report(
         )
         for inp in inputs
     ]
+    begun = started.timestamp()
+    exposed = exposure(computing(a for run in stage_runs for a in run.attempts), begun, begun + wall_s)
     return RunReport(
         run_id=run_id,
         started_at=started,
@@ -83,6 +86,8 @@ def build_report(
         if (worked_audio := sum(inp.duration_s or 0.0 for inp in inputs if inp.complete and inp.worked))
         and wall_s > 0
         else None,
+        computing_s=exposed.computing_s,
+        exposed_s=exposed.exposed_s,
         inputs=reports,
         stages=stage_runs,
         substitutions=list(dict.fromkeys(line for inp in inputs for line in inp.substitutions)),

@@ -13,12 +13,15 @@ from pathlib import Path
 
 from rich.table import Table
 
-from contracts.errors import SettingsError
+from contracts import load_model
+from contracts.errors import ArtifactError, SettingsError
 from contracts.perf import PerfEvent, read_events
-from contracts.report import Attempt
+from contracts.report import Attempt, RunReport, StageRun
 from contracts.units import GIB_MIB as GIB
 from contracts.units import gib
+from orchestrator import layout
 from orchestrator.telemetry.perf_log import DIRECTORY
+from orchestrator.telemetry.timings import Exposure, StageTimes, computing, exposure, stage_times
 
 
 def find_perf_log(path: str | Path) -> Path:
@@ -321,18 +324,77 @@ def _spans(ax, events: list[PerfEvent], t0: float, colors) -> None:
             )
 
 
+def run_report_of(perf_log: Path) -> RunReport | None:
+    """The run report the run wrote beside its performance log (``OUT/.runs/<run>/run-report.json``), or
+    None (a run killed before its end, or a log moved away from its output folder)."""
+    path = perf_log.parent.parent / layout.RUNS / perf_log.stem / layout.REPORT
+    try:
+        return load_model(path, RunReport) if path.is_file() else None
+    except ArtifactError:
+        return None
+
+
+def where_time_went(
+    events: list[PerfEvent], summaries: list[Attempt], report: RunReport | None
+) -> tuple[list[StageTimes], Exposure | None]:
+    """Per stage: waited, import, load, model, host, per audio hour; and the run's exposed time. From the
+    run report when there is one (it knows each stage's wait); else from the performance log alone (no
+    waits; the run's wall from its first event to its last)."""
+    if report is not None and report.computing_s is not None:
+        runs = report.stages
+        exposed = Exposure(report.wall_s, report.computing_s, report.exposed_s or 0.0)
+        return stage_times(runs), exposed
+    runs = [StageRun(stage=a.stage, attempts=[a]) for a in summaries]
+    times = [e.t for e in events]
+    exposed = exposure(computing(summaries), min(times), max(times)) if times else None
+    return stage_times(runs), exposed
+
+
+def stage_table(times: list[StageTimes], title: str = "") -> Table:
+    """One row per stage: where its seconds went (sums over its chunks and respawns)."""
+    t = Table(title=title or None)
+    for name in ("stage", "waited", "import", "load", "model", "host", "compute per audio h", "audio"):
+        t.add_column(name, justify="left" if name == "stage" else "right")
+    for s in times:
+        t.add_row(
+            s.stage,
+            _fmt(s.waited_s, " s"),
+            _fmt(s.import_s, " s"),
+            _fmt(s.load_s, " s"),
+            _fmt(s.model_s, " s"),
+            _fmt(s.host_s, " s"),
+            _fmt(s.per_audio_hour, " s"),
+            _fmt(s.audio_s, " s"),
+        )
+    return t
+
+
+def exposed_line(exposed: Exposure) -> str:
+    """The run's exposed time in one line."""
+    return (
+        f"exposed {exposed.exposed_s:.1f} s of {exposed.wall_s:.1f} s: no stage child computing "
+        f"(start-ups, loads, waits, the parent's own work); computing {exposed.computing_s:.1f} s"
+    )
+
+
 @dataclass(frozen=True)
 class Report:
     log: Path
     png: Path
     summaries: list[Attempt]
     peaks: RunPeaks
+    #: per stage, where its seconds went
+    stages: list[StageTimes]
+    #: the run's wall outside its children's compute (None: an empty log)
+    exposed: Exposure | None
 
 
 def build(run: str | Path, png: str | Path | None = None) -> Report:
-    """Read the run's performance log, write its PNG (next to the log unless ``png`` is given)."""
+    """Read the run's performance log (and its run report, when it is beside it), write its PNG (next to the
+    log unless ``png`` is given)."""
     path = find_perf_log(run)
     events = read_events(path)
     summaries = summarize(events)
     out = plot(events, png or path.with_suffix(".png"), title=f"run {path.stem}")
-    return Report(path, out, summaries, run_peaks(events, summaries))
+    stages, exposed = where_time_went(events, summaries, run_report_of(path))
+    return Report(path, out, summaries, run_peaks(events, summaries), stages, exposed)

@@ -27,7 +27,9 @@ from contracts import (
 from contracts.errors import ArtifactError, DiskFullError
 from contracts.io import atomic_write_bytes, is_disk_full
 from contracts.models import portable_name
+from contracts.report import ChildTimeline
 from contracts.stage_settings import StageSettings
+from stages.runtime.clock import model_seconds
 from stages.runtime.memory import MemoryCheckpoints, cpu_counters, cpu_usage_since, is_oom, peak_rss_mb
 from stages.runtime.noise import quiet_libraries
 
@@ -100,13 +102,24 @@ class Stage(ABC):
 
     # -- the shared loop -------------------------------------------------
 
-    def run(self, request: StageRequest, on_item: Callable[[ItemResult], None] | None = None) -> StageResult:
-        """Load the model once, then process every item; ``on_item`` hears of each finished one."""
+    def run(
+        self,
+        request: StageRequest,
+        on_item: Callable[[ItemResult], None] | None = None,
+        imported_ahead: tuple[float, float] | None = None,
+    ) -> StageResult:
+        """Load the model once, then process every item; ``on_item`` hears of each finished one.
+
+        ``imported_ahead``: a warm child's import, done before its request came, as (seconds, when it
+        ended in seconds since the epoch): counted as this run's import instead of the cached re-import."""
         started = time.perf_counter()
         self.settings = self.read_settings(request)
         self.import_libraries()
         quiet_libraries()  # again: some libraries set their loggers' level when imported
         imported = time.perf_counter()
+        import_s, imported_at = imported - started, time.time()
+        if imported_ahead is not None:
+            import_s, imported_at = import_s + imported_ahead[0], imported_ahead[1]
         device = self.resolve_device(request.device)
         self.batch_size = request.batch_size
         self.device = device
@@ -118,8 +131,11 @@ class Stage(ABC):
             log.info("%s: loaded %s on %s (batch size %d)", self.name, model, device, request.batch_size)
         memory.check("model loaded")
         loaded, counters = time.perf_counter(), cpu_counters()
+        loaded_at, model_before = time.time(), model_seconds()
         results: list[ItemResult] = []
         self._stopped = None
+        self._first_item: float | None = None
+        self._audio: dict[str, float] = {}
 
         def record(result: ItemResult) -> None:
             results.append(result)
@@ -139,6 +155,8 @@ class Stage(ABC):
             memory.check_quietly("at failure")  # e.g. out of memory: what the child held when it stopped
             raise
         finished, compute_cpu = time.perf_counter(), cpu_usage_since(counters)
+        finished_at, model_s = time.time(), model_seconds() - model_before
+        audio = [self._audio.get(r.id) for r in results if r.ok]
         self.close()
         memory.check("before exit")
         return StageResult(
@@ -147,9 +165,14 @@ class Stage(ABC):
             items=results,
             device=device,
             batch_size=request.batch_size,
-            import_s=imported - started,
+            import_s=import_s,
             load_s=loaded - imported,
             compute_s=finished - loaded,
+            model_s=min(model_s, finished - loaded),
+            audio_s=sum(audio) if audio and None not in audio else None,
+            timeline=ChildTimeline(
+                imported=imported_at, loaded=loaded_at, first_item=self._first_item, last_item=finished_at
+            ),
             compute_cpu=compute_cpu,
             model=model and portable_name(model),
             peak_rss_mb=peak_rss_mb(),
@@ -186,17 +209,30 @@ class Stage(ABC):
             return True
         return False
 
+    def _item_started(self) -> None:
+        if getattr(self, "_first_item", None) is None:
+            self._first_item = time.time()
+
     def _one(self, item: WorkItem, request: StageRequest) -> ItemResult:
         t0 = time.perf_counter()
+        self._item_started()
         self._in_flight(request, item, None)
         try:
             upstream = self._read_input(item)
+            self._audio_of(item, upstream)
             if getattr(upstream, "duration_s", None):
                 self._in_flight(request, item, upstream.duration_s)
             artifact = self.process(item, upstream, request)
         except BaseException as exc:  # noqa: BLE001 - _finish re-raises what must stop the child
             return self._finish(item, exc, t0)
         return self._finish(item, artifact, t0)
+
+    def _audio_of(self, item: WorkItem, artifact: Artifact | str) -> None:
+        """Note the item's audio seconds, from its input artifact or (the first stage) its output."""
+        audio = getattr(self, "_audio", None)
+        seconds = getattr(artifact, "duration_s", None)
+        if audio is not None and seconds is not None and item.id not in audio:
+            audio[item.id] = float(seconds)
 
     def charge(self, shares: dict[str, float], seconds: float) -> None:
         """Count ``seconds`` of shared work (one call over several inputs' parts) to those inputs, each in
@@ -220,9 +256,11 @@ class Stage(ABC):
                 if self._stop_asked(request, item, len(request.items) - done - len(started)):
                     return
                 started[item.id] = time.perf_counter()
+                self._item_started()
                 self._in_flight(request, item, None)
                 try:
                     upstream = self._read_input(item)
+                    self._audio_of(item, upstream)
                 except BaseException as exc:  # noqa: BLE001 - _finish re-raises what must stop the child
                     record(self._finish(item, exc, started.pop(item.id)))
                     continue
@@ -245,6 +283,7 @@ class Stage(ABC):
                     f"{self.name} produced {type(outcome).__name__}, expected {self.output.__name__}"
                 )
             save_model(outcome, item.output)
+            self._audio_of(item, outcome)
         except BaseException as exc:
             if is_oom(exc) or is_disk_full(exc) or not isinstance(exc, Exception):
                 raise  # the whole child stops; the parent decides (halve the batch, stop the run, ...)

@@ -43,11 +43,12 @@ def main(
     an offline run's hub lookups would go to the network and retry).
     """
     bootstrap(log_path)
+    ahead = None
     if warm_module:
         os.environ.update(warm_env or {})
         configure_heap()  # before the libraries' threads exist
-        _import_ahead(warm_module, request_path)
-    leave(run_request(request_path))
+        ahead = _import_ahead(warm_module, request_path)
+    leave(run_request(request_path, ahead))
 
 
 def bootstrap(log_path: str | None) -> None:
@@ -75,15 +76,19 @@ def leave(code: ExitCode) -> None:
     os._exit(int(code))
 
 
-def _import_ahead(module: str, request_path: str) -> None:
+def _import_ahead(module: str, request_path: str) -> tuple[float, float]:
+    """Import ``module``'s stage libraries, then wait for the request; returns the import's (seconds, when it
+    ended in seconds since the epoch), which the stage reports as its import."""
     started = time.perf_counter()
     import_module(module).STAGE.import_libraries()  # no model, no CUDA context yet
-    log.info("%s: imported ahead in %.2fs, waiting for the request", module, time.perf_counter() - started)
+    seconds, done = time.perf_counter() - started, time.time()
+    log.info("%s: imported ahead in %.2fs, waiting for the request", module, seconds)
     while not os.path.exists(request_path):  # written atomically: present means complete
         time.sleep(0.02)
+    return seconds, done
 
 
-def run_request(request_path: str) -> ExitCode:
+def run_request(request_path: str, imported_ahead: tuple[float, float] | None = None) -> ExitCode:
     try:
         request = load_model(request_path, StageRequest)
     except ArtifactError as exc:
@@ -104,7 +109,9 @@ def run_request(request_path: str) -> ExitCode:
         stage = import_module(request.module).STAGE
         if not isinstance(stage, Stage):
             raise TypeError(f"{request.module}.STAGE is not a Stage")
-        result = stage.run(request, on_item=_progress_writer(request.progress_path))
+        result = stage.run(
+            request, on_item=_progress_writer(request.progress_path), imported_ahead=imported_ahead
+        )
         save_model(result, request.result_path)
     except BaseException as exc:  # noqa: BLE001 - every way out becomes an exit code
         return exit_code_for(exc, request.stage)

@@ -32,6 +32,7 @@ import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 from torch import nn
 
 from contracts.errors import ModelUnavailableError
+from stages.runtime.clock import model_time
 from stages.runtime.memory import is_oom
 from stages.runtime.weights import cached_name, weight_path
 
@@ -314,7 +315,8 @@ class CamPlusPlusEncoder:
             ):
                 group.append(order[i + len(group)])
             feats = torch.stack([fbank(windows[j]) for j in group]).to(self.device)
-            vectors[group] = self.forward(feats).float().cpu().numpy()
+            with model_time():
+                vectors[group] = self.forward(feats).float().cpu().numpy()
             i += len(group)
         out = np.zeros((len(waveforms), self.dimension), np.float32)
         np.add.at(out, owner, _normalise(vectors))
@@ -376,8 +378,9 @@ class EcapaEncoder:
             for i, clip in enumerate(clips):
                 batch[i, : clip.shape[0]] = clip
             lengths = torch.tensor([c.shape[0] / longest for c in clips])  # SpeechBrain's relative lengths
-            emb = self.model.encode_batch(batch.to(self.device), lengths.to(self.device))
-            out.append(emb.reshape(len(clips), -1).cpu().numpy())
+            with model_time():
+                emb = self.model.encode_batch(batch.to(self.device), lengths.to(self.device))
+                out.append(emb.reshape(len(clips), -1).cpu().numpy())
         return _normalise(np.concatenate(out)) if out else np.zeros((0, self.dimension), np.float32)
 
 

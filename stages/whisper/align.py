@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from contracts import Segment, Word
+from stages.runtime.clock import model_time
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,8 @@ class WhisperAligner:
             frames.append(max(1, len(piece) // HOP))
             tokens.append(self.tokenizer.encode(" " + seg.text.strip()))
         features = self._storage(np.ascontiguousarray(np.stack(mels).astype(np.float32)))
-        results = self.model.align(features, self.tokenizer.sot_sequence, tokens, frames)
+        with model_time():
+            results = self.model.align(features, self.tokenizer.sot_sequence, tokens, frames)
         return [self._words(seg, toks, res) for seg, toks, res in zip(batch, tokens, results)]
 
     def _words(self, seg: Segment, tokens: list[int], result) -> Segment:

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Sequence
 
 from contracts.artifacts import LanguageId, LanguageScore
+from stages.runtime.clock import model_time
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ def speech_windows(pipeline, samples, chunk_size: int | None = None) -> list[tup
         waveform, merge = pipeline.vad_model.preprocess_audio(samples), pipeline.vad_model.merge_chunks
     else:
         waveform, merge = Pyannote.preprocess_audio(samples), Pyannote.merge_chunks
-    raw = pipeline.vad_model({"waveform": waveform, "sample_rate": SAMPLE_RATE})
+    with model_time():
+        raw = pipeline.vad_model({"waveform": waveform, "sample_rate": SAMPLE_RATE})
     merged = merge(
         raw,
         chunk_size or 30,
@@ -147,7 +149,8 @@ def identify(
         n_mels = whisper.feat_kwargs.get("feature_size") or 80
         features = [log_mel_spectrogram(c, n_mels=n_mels, padding=N_SAMPLES - c.shape[0]) for c in clips]
         batch = np.stack([np.asarray(f, dtype=np.float32) for f in features])
-    results = whisper.model.detect_language(whisper.encode(batch))
+    with model_time():
+        results = whisper.model.detect_language(whisper.encode(batch))
     scored = []
     for (start, end), pairs in zip(chosen, results, strict=True):
         scored.append((end - start, [(token[2:-2], p) for token, p in pairs]))

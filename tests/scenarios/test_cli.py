@@ -103,6 +103,35 @@ def test_embeddings_have_one_unit_row_per_segment(run):
 
 
 @pytest.mark.slow
+def test_the_run_report_says_where_the_time_went(run):
+    done, out = run
+    report = json.loads((out / "run-report.json").read_text())
+    # the run's wall is split into computing (some child between its first item and its last) and exposed
+    wall, computing, exposed = report["wall_s"], report["computing_s"], report["exposed_s"]
+    assert 0 < exposed <= wall and 0 < computing <= wall
+    assert computing + exposed == pytest.approx(wall, abs=1e-3)
+    assert f"exposed {exposed:.1f} s of {wall:.1f} s" in done.stdout + done.stderr
+    for stage in report["stages"]:
+        assert stage["waited_s"] >= 0, stage["stage"]
+        for child in stage["attempts"]:
+            t = child["timeline"]
+            assert (
+                t["spawned"] < t["imported"] < t["loaded"] <= t["first_item"] < t["last_item"] < t["exited"]
+            )
+            assert 0 <= child["model_s"] <= child["compute_s"], stage["stage"]
+    asr = next(s for s in report["stages"] if s["stage"] == "asr")
+    (child,) = asr["attempts"]
+    speech = next(i for i in report["inputs"] if i["id"] == "speech")
+    assert child["audio_s"] == pytest.approx(speech["duration_s"])
+    assert child["model_s"] > 0, "Whisper's encode and generate are model time"
+    # the ASR child started warm: its imports ahead of the request are counted (they read 0.001 s), and
+    # what the short audio stage did not hide of them is the run's wait for ASR
+    assert child["import_s"] > 0.1 and asr["waited_s"] > 0
+    audio = report["stages"][0]["attempts"][-1]  # the stage before ASR
+    assert asr["waited_s"] == pytest.approx(child["timeline"]["first_item"] - audio["timeline"]["exited"])
+
+
+@pytest.mark.slow
 def test_each_bad_input_fails_alone_with_a_one_line_reason(run):
     done, out = run
     report = json.loads((out / "run-report.json").read_text())

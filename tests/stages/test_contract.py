@@ -39,7 +39,7 @@ def test_stage_module_exposes_one_stage_with_declared_types(name, module):
     assert issubclass(stage.output, Artifact)
     assert stage.input is None or issubclass(stage.input, Artifact)
     signature = inspect.signature(type(stage).run)
-    assert list(signature.parameters) == ["self", "request", "on_item"]
+    assert list(signature.parameters) == ["self", "request", "on_item", "imported_ahead"]
     assert type(stage).run is Stage.run, "stages share the one item loop"
     annotations = inspect.get_annotations(Stage.run, eval_str=True)
     assert (annotations["request"], annotations["return"]) == (StageRequest, StageResult)

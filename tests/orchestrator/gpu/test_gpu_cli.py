@@ -79,6 +79,8 @@ def test_report_prints_a_table_and_writes_a_png_for_a_real_run(tmp_path):
     assert done.returncode == 0, done.stderr
     row = next(line for line in done.stdout.splitlines() if "picky" in line)
     assert "ok" in row and "2/0" in row
+    # where the time went: a row per stage, and the run's exposed time (from the log alone: no run report)
+    assert "where the time went" in done.stdout and "exposed " in done.stdout
     png = perf.with_suffix(".png")
     assert f"plot: {png}" in done.stdout.replace("\n", "") or str(png) in done.stdout
     assert png.read_bytes()[:4] == b"\x89PNG"

@@ -77,3 +77,20 @@ def test_the_summary_of_a_large_run_shows_every_problem_and_counts_the_rest():
     text = console.export_text()
     assert "corpus/00007/audio" in text and "corpus/90001/audio" in text, "every failure is shown"
     assert "... 99,950 more (99,950 ok): see the run report" in text
+
+
+def test_the_summary_says_how_much_of_the_run_no_child_was_computing():
+    from datetime import datetime
+
+    from contracts.report import RunReport
+    from orchestrator.run.progress import summary_table
+
+    now = datetime.now(UTC)
+    report = RunReport(
+        run_id="r", started_at=now, finished_at=now, output_dir="out", settings={}, ok=1, failed=0,
+        chunk_size=50, chunks=1, audio_s=10.8, wall_s=19.0, computing_s=12.9, exposed_s=6.1, inputs=[],
+        stages=[],
+    )  # fmt: skip
+    assert summary_table(report, plain=True).caption.endswith(
+        "\nexposed 6.1 s of 19.0 s (start-up and waits)"
+    )
