@@ -62,8 +62,8 @@ from orchestrator.api.batching import (
     learn_chars_per_token,
 )
 from orchestrator.api.metrics import Metrics
-from orchestrator.process.worker import WORKER_MODULE, WorkerDied, WorkerProcess
 from orchestrator.process.outcome import Outcome, outcome_of
+from orchestrator.process.worker import WORKER_MODULE, WorkerDied, WorkerProcess
 from orchestrator.run.outcome import OOM_ADVICE, next_step
 from orchestrator.settings import Settings
 

@@ -169,7 +169,9 @@ def test_a_crash_at_each_stage_boundary_changes_no_word(tmp_path, inputs, refere
         # When the run, with every child it started, is killed with SIGKILL (a crash of the machine) as soon
         # as the journal holds every input's outcome of ``stage``: between it and the next stage (a stage
         # done in the parent at once, as alignment without a wav2vec2 aligner, may be past too)
-        skip = len((out / "journal.jsonl").read_text().splitlines()) if (out / "journal.jsonl").exists() else 0
+        skip = (
+            len((out / "journal.jsonl").read_text().splitlines()) if (out / "journal.jsonl").exists() else 0
+        )
         proc = subprocess.Popen(
             cli(out, inputs),
             cwd=ROOT,
@@ -179,7 +181,7 @@ def test_a_crash_at_each_stage_boundary_changes_no_word(tmp_path, inputs, refere
             start_new_session=True,
         )
         try:
-            wait_for(lambda s=stage, k=skip: _recorded(out, s, k) or proc.poll() is not None, what=stage)
+            wait_for(lambda s=stage, k=skip, p=proc: _recorded(out, s, k) or p.poll() is not None, what=stage)
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
