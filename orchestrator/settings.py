@@ -369,7 +369,8 @@ class FailureOptions(SettingsGroup):
     TITLE = "Crashes and watchdog"
     ENV_PREFIX = "PIPELINE_"
 
-    #: deaths of a stage child (signal, watchdog) an input may be in flight at before it fails alone
+    #: deaths of a stage child (signal, watchdog) an input may be in flight at before it fails alone; inputs in
+    #: flight together are then worked on apart first (two deaths more at most)
     max_item_crashes: int = Field(2, ge=1)
     #: the watchdog stops a child that works on one input longer than this many seconds ...
     watchdog_floor_s: float = Field(600.0, gt=0)
