@@ -391,12 +391,11 @@ def test_packed_batches_give_the_same_transcripts_as_one_input_at_a_time(tmp_pat
         ), name
     assert wer(SPEECH_TEXT, " ".join(s.text for s in packed["speech"].segments)) < MAX_WER
     # each input's seconds are its own share of the shared batches, not the batch's time nor its wait for
-    # the batch to fill: together they are the child's compute, and the longest clip took the most
+    # the batch to fill: together they are the child's compute (the first input also bears the libraries'
+    # first-call warm-up, so the shares need not follow the clips' lengths)
     own = {r.id: r.seconds for r in result.items}
     assert sum(own.values()) <= result.compute_s * 1.02, (own, result.compute_s)
     assert sum(own.values()) >= result.compute_s * 0.6, (own, result.compute_s)
-    durations = {name: load_artifact(path, AudioArtifact).duration_s for name, path in several_audio.items()}
-    assert max(own, key=own.get) == max(durations, key=durations.get), (own, durations)
     # packing: some decoder batch held windows of two inputs; alone: never
     assert any(len(ids) > 1 for ids in packed_seen), packed_seen
     assert all(len(ids) == 1 for ids in alone_seen), alone_seen
