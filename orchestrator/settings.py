@@ -331,9 +331,15 @@ class ExecutionOptions(SettingsGroup):
     #: inputs per chunk: inside a chunk each stage runs in ONE child over all its inputs (model loaded
     #: once), so every child is restarted at least every ``chunk_size`` inputs (seed 001: every 50 videos)
     chunk_size: int = Field(50, ge=1)
-    #: start each stage's child while the previous stage computes, so its imports (seconds of
-    #: torch/whisperx/transformers) overlap; it loads no model and touches no GPU until its turn
-    prefetch: bool = True
+    #: warm children: a stage's child started before its turn imports its libraries, then waits; it loads no
+    #: model and touches no GPU until its turn. "next" (the next stage's, while this one computes), "all"
+    #: (every later stage's of the chunk at once, at its start: more memory, imports compete with compute)
+    #: or "off" (each child started at its turn); true / false read as "next" / "off"
+    prefetch: Literal["next", "all", "off"] = "next"
+    #: how stage children start: "forkserver" (forked from one fork server per run that imported every
+    #: stage's libraries once and never touched a GPU: each child skips its imports and still creates its
+    #: own CUDA context) or "spawn" (a fresh interpreter per child that imports its stage's libraries)
+    start_method: Literal["spawn", "forkserver"] = "forkserver"
     #: malloc in every stage child: "keep" (one arena, freed blocks reused, never handed back to the
     #: kernel before the child exits: no page-fault storm) or "system" (the C library's defaults)
     child_heap: HeapPolicy = "keep"
@@ -588,6 +594,15 @@ class Settings(*reversed(GROUPS), BaseSettings):
         cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, _DocumentedEnv(settings_cls), dotenv_settings, file_secret_settings
+
+    @field_validator("prefetch", mode="before")
+    @classmethod
+    def _prefetch_words(cls, value):
+        """true / false (the setting's older values) as "next" / "off"."""
+        words = {"true": "next", "1": "next", "yes": "next", "false": "off", "0": "off", "no": "off"}
+        if isinstance(value, bool):
+            return "next" if value else "off"
+        return words.get(value.lower(), value) if isinstance(value, str) else value
 
     @field_validator("export_formats", mode="before")
     @classmethod

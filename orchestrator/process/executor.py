@@ -28,7 +28,7 @@ from contracts.report import Attempt
 from orchestrator.gpu.guard import StageGpuCheck
 from orchestrator.process.hooks import ChildHook, ChildRun, default_hooks
 from orchestrator.process.outcome import Outcome, outcome_of
-from orchestrator.process.toolkit import following, spawn, stop
+from orchestrator.process.toolkit import FORK_SERVER, exit_status, following, spawn, stop
 
 log = logging.getLogger(__name__)
 
@@ -143,12 +143,16 @@ class LocalExecutor:
         die_with_parent: bool = True,
         watchdog: Watchdog | None = None,
         node: str | None = None,
+        start_method: str = "spawn",
     ) -> None:
         """``hooks`` run around every child (default: :func:`~orchestrator.process.hooks.default_hooks`);
         ``die_with_parent``: children get SIGKILL when this process dies (Linux); without it, a killed
         parent leaves orphans that only ``pipeline gpu --cleanup`` stops. ``node``: the Ray node this
-        executor runs on (a Ray task's), named in every child's record."""
+        executor runs on (a Ray task's), named in every child's record. ``start_method``: "spawn" (a fresh
+        interpreter per child) or "forkserver" (forked from a fork server that imported every stage's
+        libraries, :class:`~orchestrator.process.toolkit.ForkServer`)."""
         self.die_with_parent = die_with_parent
+        self.start_method = start_method
         self.node = node
         self._running: dict[int, object] = {}
         self._lock = threading.Lock()
@@ -158,8 +162,12 @@ class LocalExecutor:
 
     def warm_up(
         self, stage: str, module: str, request_path: Path, log_path: Path, env: dict[str, str] | None = None
-    ) -> WarmChild:
-        """Start the child for a request that will be written at ``request_path`` later (see :class:`WarmChild`)."""
+    ) -> WarmChild | None:
+        """Start the child for a request that will be written at ``request_path`` later (see :class:`WarmChild`);
+        None with the fork server still importing (it is started if need be)."""
+        if self.start_method == "forkserver" and not FORK_SERVER.ready.is_set():
+            FORK_SERVER.ensure_running(env or {})
+            return None  # the server still imports: its child, forked at its turn, imports nothing
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.touch()
         spawned = time.time()
@@ -180,12 +188,17 @@ class LocalExecutor:
         log_path: Path,
         module: str | None = None,
         env: dict[str, str] | None = None,
+        gpu: bool = True,
     ):
         proc = spawn(
             CHILD_ENTRY,
             (str(request_path), str(log_path), module, env),
             name=f"stage-{stage}",
             die_with_parent=self.die_with_parent,
+            method=self.start_method,
+            env=env,
+            # a CPU stage (audio: no torch) does not wait for the fork server's imports: it is spawned
+            wait_for_server=gpu,
         )
         with self._lock:
             self._running[proc.pid] = proc
@@ -240,7 +253,7 @@ class LocalExecutor:
                 proc, child.spawned = warm.proc, warm.spawned
             else:
                 child.spawned = time.time()
-                proc = self._spawn(stage, request_path, log_path)
+                proc = self._spawn(stage, request_path, log_path, env=request.env, gpu=gpu)
             child.pid = proc.pid
             for hook in self.hooks:
                 hook.started(child)
@@ -252,7 +265,8 @@ class LocalExecutor:
                     self._running.pop(proc.pid, None)
                 if proc.exitcode is None:  # interrupted while waiting: never leave a child behind
                     stop(proc)
-                outcome, signal = outcome_of(proc.exitcode)
+                exitcode = exit_status(proc)
+                outcome, signal = outcome_of(exitcode)
                 child.outcome, child.signal, child.wall_s = outcome, signal, time.perf_counter() - started
                 child.exited = time.time()
                 child.result = read_result(request, outcome)
@@ -265,7 +279,7 @@ class LocalExecutor:
             )
         in_flight = read_in_flight(request)
         return ChildExit(
-            exitcode=proc.exitcode,
+            exitcode=exitcode,
             outcome=outcome,
             signal=signal,
             wall_s=child.wall_s,

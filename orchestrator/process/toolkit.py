@@ -9,6 +9,12 @@ the GPU. Its output goes to a log file that the parent re-logs line by line
 (:func:`following`), and :func:`stop` / :func:`stop_tree` are the one
 terminate → wait → kill routine, for our own children and for orphans a crashed
 run left behind.
+
+With ``method="forkserver"`` (``PIPELINE_START_METHOD``) the child is forked instead from a fork server: a
+fresh interpreter this process starts once (never this process: it imports no torch) that has imported every
+stage's libraries (``stages.runtime.preload``) and never touched a GPU, so the child skips seconds of imports
+and still creates its own CUDA context. The same guarantees hold: Ctrl-C ignored, the log, and death with
+this process (the child's parent is the server, so it also watches this process: :func:`_watch_parent`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -27,6 +34,7 @@ from typing import Protocol
 
 import multiprocess
 import psutil
+from multiprocess import forkserver as _forkserver
 from multiprocess import resource_tracker
 
 from contracts import ExitCode
@@ -43,11 +51,27 @@ _LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING",
 # -- starting ----------------------------------------------------------------------------------
 
 
-def spawn(entry: str, args: Sequence, *, name: str, die_with_parent: bool = True):
+def spawn(
+    entry: str,
+    args: Sequence,
+    *,
+    name: str,
+    die_with_parent: bool = True,
+    method: str = "spawn",
+    env: dict[str, str] | None = None,
+    wait_for_server: bool = True,
+):
     """Start ``entry`` (``"module:function"``) in a fresh spawned interpreter, called with ``args``.
 
     The parent imports nothing of ``entry``: the child imports it. Returns the started process.
+    ``method="forkserver"``: fork it from the fork server started for ``env`` (the environment the
+    child will apply, :class:`ForkServer`); a plain spawn when no server can serve that environment, or
+    when it is still importing and not ``wait_for_server``.
     """
+    if method == "forkserver":
+        proc = FORK_SERVER.start(entry, tuple(args), name, die_with_parent, env or {}, wait_for_server)
+        if proc is not None:
+            return proc
     parent = os.getpid() if die_with_parent else None
     proc = CONTEXT.Process(target=_bootstrap, args=(entry, tuple(args), parent), name=name, daemon=True)
     # Ctrl-C reaches the terminal's whole process group: a child still starting (its interpreter, the
@@ -64,14 +88,30 @@ def spawn(entry: str, args: Sequence, *, name: str, die_with_parent: bool = True
     return proc
 
 
-def _bootstrap(entry: str, args: tuple, parent_pid: int | None) -> None:
-    """Spawn target (runs in the child only)."""
+def _bootstrap(
+    entry: str,
+    args: tuple,
+    parent_pid: int | None,
+    owner_pid: int | None = None,
+    environ: dict[str, str] | None = None,
+) -> None:
+    """Spawn target (runs in the child only). ``parent_pid``: the process it dies with (its parent: this
+    project's process, or the fork server); ``owner_pid``: a forked child's, the process that asked for it,
+    which it watches as well; ``environ``: a forked child's, the asking process's environment as it is now
+    (a spawned child inherits it; a forked one would have the server's)."""
     from importlib import import_module
 
+    if (
+        environ is not None
+    ):  # over the server's: what libraries set on import stays (PYANNOTE_METRICS_ENABLED)
+        os.environ.update(environ)
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C for all its children
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started (spawn)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started
     if parent_pid is not None:
         die_with_parent(parent_pid)
+    if owner_pid is not None:
+        _watch_parent(owner_pid)
     module, _, function = entry.partition(":")
     getattr(import_module(module), function)(*args)
 
@@ -84,6 +124,174 @@ def die_with_parent(parent_pid: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(int(ExitCode.INTERRUPTED))
+
+
+def _watch_parent(pid: int) -> None:
+    """Linux: SIGKILL this process when ``pid`` (not its parent) ends, as ``PR_SET_PDEATHSIG`` does for a
+    parent: a thread waits on the process's pidfd. A child forked from the fork server has the server for
+    its parent; the server outlives the process that asked for the child while any child of it lives."""
+    if not hasattr(os, "pidfd_open"):
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # already gone
+        os._exit(int(ExitCode.INTERRUPTED))
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="watch-parent", daemon=True).start()
+
+
+class ForkServer:
+    """The one fork server of this process (``multiprocess``'s forkserver context), started for one child
+    environment.
+
+    The server is a fresh interpreter that imports ``preload`` (by default ``stages.runtime.preload``: every
+    stage's libraries, no model, no CUDA) with the child environment applied, since some libraries read
+    theirs once, on import (``HF_HUB_OFFLINE``). A child asked for with another environment is spawned
+    instead (None from :meth:`start`). A server that died (killed, crashed) is started again for the next
+    child; a child it forked dies with it (``PR_SET_PDEATHSIG``) and is reported killed by SIGKILL
+    (:func:`exit_status`), so the stage is retried.
+    """
+
+    def __init__(self, preload: Sequence[str] = ("stages.runtime.preload",)) -> None:
+        self.preload = list(preload)
+        self.context = multiprocess.get_context("forkserver")
+        self.env: dict[str, str] | None = None
+        #: set once the server has imported and forked its first child
+        self.ready = threading.Event()
+        self._lock = threading.Lock()
+
+    def ensure_running(self, env: dict[str, str]) -> bool:
+        """Start the server for ``env`` unless it runs (returns at once: it imports in the background).
+        False when it runs for another environment. Variables that name one run's files (the performance
+        log) do not count: no library reads them on import, and each child applies its request's."""
+        env = {key: value for key, value in env.items() if not key.startswith(RUN_ONLY_ENV)}
+        with self._lock:
+            if self.env is not None and self.env != env and self.pid is not None:
+                return False
+            server = _forkserver._forkserver
+            if server._forkserver_pid is not None and not _gone(server._forkserver_pid):
+                return True
+            self.ready.clear()
+            self.context.set_forkserver_preload(self.preload)
+            # the server inherits this process's environment and signal mask when it starts: the child
+            # environment for its imports, and SIGINT blocked (it ignores Ctrl-C; its children start with it
+            # blocked until ``_bootstrap`` ignores it, as a spawned child does)
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            saved = {key: os.environ.get(key) for key in env}
+            try:
+                os.environ.update(env)
+                server.ensure_running()
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            self.env = dict(env)
+            threading.Thread(target=self._probe, name="forkserver-ready", daemon=True).start()
+            return True
+
+    def _probe(self) -> None:
+        """Fork a child that does nothing: it is forked once the server has imported (then ``ready``)."""
+        try:
+            proc = self.context.Process(target=os.getpid, name="forkserver-ready", daemon=True)
+            proc.start()
+            proc.join()
+        except (OSError, EOFError) as exc:
+            log.warning("the fork server did not start: %s", exc)
+            return
+        self.ready.set()
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid (None: not started)."""
+        return _forkserver._forkserver._forkserver_pid
+
+    def start(
+        self,
+        entry: str,
+        args: tuple,
+        name: str,
+        die_with_parent: bool,
+        env: dict[str, str],
+        wait: bool = True,
+    ):
+        """Fork a child from the server (started for ``env`` first); None when it serves another environment,
+        is still importing and not ``wait``, or cannot be reached twice (then the caller spawns)."""
+        for _ in range(2):
+            if not self.ensure_running(env):
+                log.info("%s: the fork server runs for another environment; spawning", name)
+                return None
+            if not wait and not self.ready.is_set():
+                return None
+            owner = os.getpid() if die_with_parent else None
+            proc = self.context.Process(
+                target=_bootstrap,
+                args=(entry, args, self.pid, owner, dict(os.environ)),
+                name=name,
+                daemon=True,
+            )
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                proc.start()
+                proc._server_pid = self.pid  # what exit_status asks after
+                return proc
+            except (OSError, EOFError) as exc:  # the server died meanwhile: started again next round
+                log.warning("%s: the fork server did not answer (%s); starting it again", name, exc)
+                if self.pid is not None:  # a killed server takes a moment to go (its memory)
+                    _gone(self.pid, within_s=10.0)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        return None
+
+    def stop(self) -> None:
+        """Stop the server (its children die with it); the next child starts a new one."""
+        with self._lock:
+            if self.pid is not None:
+                _forkserver._forkserver._stop()
+            self.env = None
+            self.ready.clear()
+
+
+#: environment variables that name one run's files, not part of the fork server's environment
+RUN_ONLY_ENV = ("PIPELINE_PERF",)
+
+FORK_SERVER = ForkServer()
+
+
+def exit_status(proc) -> int | None:
+    """``proc.exitcode``, except that a forked child whose fork server died reads as killed by SIGKILL (what
+    happens to it: it dies with the server), not as the 255 ``multiprocess`` reports when the server cannot
+    say. The child is gone when this returns (killed here if need be), so a retry never runs beside it."""
+    code = proc.exitcode
+    if code == 255 and getattr(proc, "_server_pid", None) is not None:
+        if not _gone(proc.pid, within_s=10.0):  # PR_SET_PDEATHSIG comes once the server has fully exited
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _gone(proc.pid, within_s=5.0)
+        return -int(signal.SIGKILL)
+    return code
+
+
+def _gone(pid: int, within_s: float = 0.0) -> bool:
+    """Whether ``pid`` has ended (gone, or a zombie not yet reaped), waiting up to ``within_s`` for it."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
 
 
 # -- stopping ----------------------------------------------------------------------------------

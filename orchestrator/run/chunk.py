@@ -9,7 +9,8 @@ chunk shares) and the chunk's inputs' run states (:class:`~orchestrator.planning
       select         the inputs that run it (the others reuse its artifact, or went without it)
       partners       audio: the join group partners of an input whose ASR runs, decoded again if their
                      scratch audio is gone (a finished input's), so the group is decoded as it was planned
-      warm_next      the next stage's child imports its libraries meanwhile
+      warm_next      warm children: the next stage's (or, with ``prefetch="all"``, every later stage's,
+                     at the chunk's first stage) import their libraries meanwhile
       run_stage      one child over them (retries, halved batches, the fast path: the runner's)
       record         each outcome into its input's run state and the journal
     place_speakers   the survivors' voices among the output folder's corpus speakers
@@ -76,7 +77,7 @@ def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
     # URL inputs: fetched just before their first stage needs them
     if not fetch_sources(ctx, chunk, needed):
         return  # stopped: what is left is interrupted, for the next run
-    warm = None
+    warm: dict[int, object] = {}  # stage index -> its warm child
     try:
         for index, spec in enumerate(ctx.specs):
             if ctx.stopping():
@@ -86,15 +87,15 @@ def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
             # join groups: the audio of every partner of an input whose ASR runs, as when it was planned
             extra = partners(ctx, chunk, index, needed, todo)
             if not todo and not extra:
-                if warm is not None:
-                    ctx.runner.executor.cancel(warm)
-                    warm = None
+                if index in warm:
+                    ctx.runner.executor.cancel(warm.pop(index))
                 continue
-            # the next stage's child starts importing while this one computes
-            next_warm = warm_next(ctx, number, index, chunk, needed)
+            # later stages' children start importing while this one computes
+            warm |= warm_next(ctx, number, index, chunk, needed, warm)
             # one child over all of them
-            outcomes, ready = run_stage(ctx, number, spec, index, todo + extra, warm, chunk, ready)
-            warm = next_warm
+            outcomes, ready = run_stage(
+                ctx, number, spec, index, todo + extra, warm.pop(index, None), chunk, ready
+            )
             # each outcome into its input's run state and the journal (a partner's: only told)
             record(ctx, spec, todo, outcomes)
             for inp in extra:
@@ -105,8 +106,8 @@ def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
                         outcomes[inp.id].error,
                     )
     finally:
-        if warm is not None:
-            ctx.runner.executor.cancel(warm)
+        for child in warm.values():
+            ctx.runner.executor.cancel(child)
         # the finished partners' decoded audio removed again (one that finishes now loses it in ``finish``)
         drop_partners(ctx, chunk, done)
     # the survivors' voices placed among the output folder's corpus speakers
@@ -222,15 +223,30 @@ def drop_partners(ctx: RunContext, chunk: list[InputState], done: set[str]) -> N
             remove_scratch(ctx.settings, inp)
 
 
-def warm_next(ctx: RunContext, number: int, index: int, chunk: list[InputState], needed: Needs):
-    """With ``prefetch``, start the next stage's child (it imports, then waits for its request) when a live
-    input needs it. Returns the warm child, or None."""
-    following = ctx.specs[index + 1] if index + 1 < len(ctx.specs) else None
-    if not (ctx.settings.prefetch and following):
-        return None
-    if not any(needed[inp.id][following.name] for inp in chunk if inp.alive):
-        return None
-    return ctx.runner.warm_up(following, number)
+def warm_next(
+    ctx: RunContext,
+    number: int,
+    index: int,
+    chunk: list[InputState],
+    needed: Needs,
+    warm: dict[int, object] | None = None,
+) -> dict[int, object]:
+    """The warm children to start as stage ``index`` starts (each imports, then waits for its request), by
+    stage index: with ``prefetch="next"`` the next stage's, with ``"all"`` every later stage's (those not
+    ``warm`` yet), each only when a live input needs that stage; none with ``"off"``."""
+    mode = ctx.settings.prefetch
+    if mode == "off":
+        return {}
+    later = range(index + 1, len(ctx.specs) if mode == "all" else min(index + 2, len(ctx.specs)))
+    started = {}
+    for i in later:
+        spec = ctx.specs[i]
+        if i in (warm or {}) or not any(needed[inp.id][spec.name] for inp in chunk if inp.alive):
+            continue
+        child = ctx.runner.warm_up(spec, number)
+        if child is not None:
+            started[i] = child
+    return started
 
 
 def run_stage(

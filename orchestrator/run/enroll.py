@@ -58,7 +58,9 @@ def enroll(
     run_dir = directory / ".runs" / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
     run_dir.mkdir(parents=True, exist_ok=True)
     own = executor is None
-    executor = executor or LocalExecutor(default_hooks(settings), watchdog=Watchdog.from_settings(settings))
+    executor = executor or LocalExecutor(
+        default_hooks(settings), watchdog=Watchdog.from_settings(settings), start_method=settings.start_method
+    )
     try:
         runner = StageRunner(
             executor,

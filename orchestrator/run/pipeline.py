@@ -375,7 +375,9 @@ def make_executor(settings: Settings) -> Executor:
         from orchestrator.scale.ray_executor import RayExecutor
 
         return RayExecutor(settings)
-    return LocalExecutor(default_hooks(settings), watchdog=Watchdog.from_settings(settings))
+    return LocalExecutor(
+        default_hooks(settings), watchdog=Watchdog.from_settings(settings), start_method=settings.start_method
+    )
 
 
 __all__ = ["ID_INDEX", "OUTPUTS_VERSION", "REPORT_NAME", "Orchestrator", "make_executor"]

@@ -114,12 +114,26 @@ def test_the_next_stage_is_warmed_only_with_prefetch_and_when_a_live_input_needs
         "b": dict.fromkeys((s.name for s in SPECS), True),
     }
     ctx = _context(SETTINGS.replace(prefetch=True))
-    assert warm_next(ctx, 3, 0, [a, b], needed) == "warm asr"
+    assert warm_next(ctx, 3, 0, [a, b], needed) == {1: "warm asr"}
     b.error = "failed"
-    assert warm_next(ctx, 3, 1, [a, b], needed) is None, "only b needed diarization, and it failed"
-    assert warm_next(ctx, 3, len(SPECS) - 1, [a, b], needed) is None, "no stage after the last"
+    assert warm_next(ctx, 3, 1, [a, b], needed) == {}, "only b needed diarization, and it failed"
+    assert warm_next(ctx, 3, len(SPECS) - 1, [a, b], needed) == {}, "no stage after the last"
     assert ctx.runner.warmed == [("asr", 3)]
-    assert warm_next(_context(SETTINGS.replace(prefetch=False)), 3, 0, [a], needed) is None
+    assert warm_next(_context(SETTINGS.replace(prefetch=False)), 3, 0, [a], needed) == {}
+
+
+def test_prefetch_all_warms_every_later_stage_a_live_input_needs_once(tmp_path):
+    a, b = _chunk(tmp_path, "a", "b")
+    needed = {
+        "a": {s.name: s.name != "diarization" for s in SPECS},
+        "b": {s.name: s.name != "diarization" for s in SPECS},
+    }
+    ctx = _context(SETTINGS.replace(prefetch="all"))
+    warm = warm_next(ctx, 3, 0, [a, b], needed)
+    later = [s.name for s in SPECS[1:] if s.name != "diarization"]
+    assert sorted(warm.values()) == sorted(f"warm {name}" for name in later)
+    assert warm_next(ctx, 3, 1, [a, b], needed, warm) == {}, "each stage is warmed once"
+    assert [name for name, _ in ctx.runner.warmed] == later
 
 
 def test_a_stop_before_fetching_leaves_the_chunk_as_it_is(tmp_path):
