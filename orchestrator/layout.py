@@ -46,6 +46,8 @@ SPEAKERS = "speakers.json"
 JOIN_GROUPS = ".join-groups.json"
 #: the model substitutions the console has said for this folder (``orchestrator.run.report.notes_to_show``)
 NOTES = ".notes.json"
+#: the corpus catalogue (LanceDB tables: segments, inputs), derived from the files (``orchestrator.catalogue``)
+CATALOGUE = ".catalogue"
 
 RUN_LEVEL: frozenset[str] = frozenset(
     {
@@ -58,6 +60,7 @@ RUN_LEVEL: frozenset[str] = frozenset(
         LANGID_CSV,
         LANGID_JSON,
         INDEX,
+        CATALOGUE,
         SPEAKERS,
         JOIN_GROUPS,
         NOTES,

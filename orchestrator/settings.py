@@ -95,6 +95,9 @@ class OutputOptions(SettingsGroup):
     export_formats: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["srt", "vtt", "txt", "html"]
     )
+    #: keep the corpus catalogue (OUT/.catalogue: every segment's text, times, speaker, language and vector,
+    #: for `pipeline search`) up to date as each chunk ends; off, `pipeline index OUT` makes it later
+    catalogue: bool = True
     #: keep the decoded audio (.work/audio.npy) after an input succeeds
     keep_audio: bool = False
     #: wait for another run that holds the output directory instead of stopping with exit 2

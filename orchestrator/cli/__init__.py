@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli import export, gpu, models, process, report, serve, speakers
+from orchestrator.cli import catalogue, export, gpu, models, process, report, serve, speakers
 
 app = typer.Typer(
     add_completion=False,
@@ -38,6 +38,8 @@ def _main(
 app.command()(process.process)
 app.command()(process.langid)
 app.command()(export.export)
+app.command()(catalogue.index)
+app.command()(catalogue.search)
 app.command()(speakers.enroll)
 app.command()(gpu.gpu)
 app.command()(report.report)

@@ -29,6 +29,7 @@ from contracts import load_artifact, save_model
 from contracts.errors import DiskFullError, PipelineError
 from contracts.report import ItemStage, StageRun
 from orchestrator.books.journal import Journal
+from orchestrator.catalogue.sync import Indexer
 from orchestrator.models.choice import actual_model, aligner_ran
 from orchestrator.planning.fingerprints import artifact_state, chain_fingerprints, input_keys, plan_aligner
 from orchestrator.planning.groups import with_groups
@@ -67,6 +68,8 @@ class RunContext:
     stage_runs: list[StageRun] = field(default_factory=list)
     #: where work items find their vocabulary files' terms (None: in the work items)
     terms: TermStore | None = None
+    #: the output folder's catalogue, updated as each chunk ends (None: PIPELINE_CATALOGUE off)
+    catalogue: Indexer | None = None
 
 
 def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
@@ -116,6 +119,16 @@ def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
     )
     # their outputs written and recorded
     finish_inputs(ctx, number, chunk, done, labels)
+    # and the chunk's rows in the catalogue: its inputs' segments, appended (or replaced), nothing rewritten
+    if ctx.catalogue is not None:
+        ctx.catalogue.chunk_done(
+            {
+                inp.id: ctx.resume.outputs_fingerprint(inp) if inp.complete else None
+                for inp in chunk
+                if not inp.interrupted
+            },
+            labels,
+        )
 
 
 def plan_chunk(ctx: RunContext, chunk: list[InputState]) -> tuple[set[str], Needs]:

@@ -32,6 +32,7 @@ from contracts.report import RunPlan, RunReport
 from orchestrator import layout
 from orchestrator.books.journal import Journal
 from orchestrator.books.lock import OutputLock
+from orchestrator.catalogue.sync import Indexer
 from orchestrator.gpu.nvml import NvmlReader, device_problem
 from orchestrator.gpu.sizing import resolve_auto
 from orchestrator.models.choice import english_only, planned, resolve_models
@@ -237,6 +238,7 @@ class Orchestrator:
             resume=resume,
             stopping=lambda: self._stopping,
             terms=TermStore(run_dir / "vocabulary"),
+            catalogue=Indexer(out) if self.settings.catalogue else None,
         )
         progress.start(len(inputs), resumed, len(chunks))
         hard_stop = False

@@ -1,0 +1,294 @@
+"""The catalogue's tables, in LanceDB (``OUT/.catalogue/``).
+
+- ``inputs``: one row per input indexed (its outputs fingerprint from the journal, status, duration, languages,
+  models, segment count). Written last for an input, so an input whose row is missing or stale is redone by
+  the next :func:`~orchestrator.catalogue.sync.sync`: a kill -9 anywhere leaves nothing that is trusted and
+  wrong.
+- ``segments_<model>``: one table per embeddings model (a vector space of its own: a search compares a query
+  only with vectors of the model that embedded it), one row per segment with its text, times, speakers,
+  language and vector. An input's rows are replaced in one commit (``merge_insert`` on input and segment,
+  deleting the input's rows it no longer has), so a reader sees the input's old rows or its new ones.
+
+Readers open the tables while a run appends (Lance's versions: each commit is a snapshot). New rows are
+searched at once (an index covers the rows it was built or last optimized with; the rest is scanned), and
+:meth:`Catalogue.maintain` folds them in every :data:`OPTIMIZE_EVERY` commits. The vector index (IVF-PQ,
+refined by exact distances) is built once a table holds :data:`VECTOR_INDEX_ROWS` rows: below that an exact
+scan is fast enough.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator import layout
+from orchestrator.catalogue.rows import InputRows
+
+log = logging.getLogger(__name__)
+
+#: where the catalogue lives in an output folder
+CATALOGUE_DIR = layout.CATALOGUE
+INPUTS = "inputs"
+#: rows a segments table needs before its vector index is built (an exact scan is fast enough below)
+VECTOR_INDEX_ROWS = 100_000
+#: commits between two optimizations (compaction, new rows folded into the indexes)
+OPTIMIZE_EVERY = 20
+#: the vector search's IVF partitions probed and the candidates re-ranked by exact distance, per hit asked
+NPROBES = 40
+REFINE_FACTOR = 20
+
+SEGMENT_COLUMNS = (
+    "input",
+    "folder",
+    "segment",
+    "start",
+    "end",
+    "speaker",
+    "file_speaker",
+    "corpus_speaker",
+    "language",
+    "text",
+    "model",
+)
+
+
+def _schemas(dimension: int | None = None):
+    import pyarrow as pa
+
+    inputs = pa.schema(
+        [
+            ("input", pa.string()),
+            ("folder", pa.string()),
+            ("status", pa.string()),
+            ("duration_s", pa.float64()),
+            ("language", pa.string()),
+            ("languages", pa.string()),
+            ("asr_model", pa.string()),
+            ("embedding_model", pa.string()),
+            ("segments", pa.int32()),
+            ("fingerprint", pa.string()),
+            ("indexed_at", pa.string()),
+        ]
+    )
+    if dimension is None:
+        return inputs, None
+    segments = pa.schema(
+        [
+            ("input", pa.string()),
+            ("folder", pa.string()),
+            ("segment", pa.int32()),
+            ("start", pa.float64()),
+            ("end", pa.float64()),
+            ("speaker", pa.string()),
+            ("file_speaker", pa.string()),
+            ("corpus_speaker", pa.string()),
+            ("language", pa.string()),
+            ("text", pa.string()),
+            ("model", pa.string()),
+            ("vector", pa.list_(pa.float32(), dimension)),
+        ]
+    )
+    return inputs, segments
+
+
+def segments_table(model: str, dimension: int) -> str:
+    """The name of the segments table of ``model``'s vectors (letters, digits and ``_`` only)."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", model).strip("_")[:40]
+    digest = hashlib.sha256(f"{model}/{dimension}".encode()).hexdigest()[:8]
+    return f"segments_{slug}_{dimension}_{digest}"
+
+
+def quote(value: str) -> str:
+    """``value`` as an SQL string literal of a Lance filter."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def in_list(column: str, values) -> str:
+    return f"{column} IN ({', '.join(quote(v) for v in values)})"
+
+
+class Catalogue:
+    """An output folder's catalogue (created on first write; ``exists`` says whether one was)."""
+
+    def __init__(self, out: Path) -> None:
+        import lancedb
+
+        self.path = Path(out) / CATALOGUE_DIR
+        self.exists = self.path.is_dir()
+        self.db = lancedb.connect(str(self.path))
+        self._commits = 0
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def _names(self) -> list[str]:
+        result = self.db.table_names() if hasattr(self.db, "table_names") else self.db.list_tables().tables
+        return list(result)
+
+    def segment_tables(self) -> list[str]:
+        return [name for name in self._names() if name.startswith("segments_")]
+
+    def inputs(self, columns: tuple[str, ...] = ("input", "fingerprint"), ids=None) -> list[dict]:
+        """The ``inputs`` table's rows (only ``columns``; only ``ids``, when given)."""
+        if INPUTS not in self._names():
+            return []
+        search = self.db.open_table(INPUTS).search().select(list(columns))
+        if ids is not None:
+            if not ids:
+                return []
+            search = search.where(in_list("input", sorted(ids)))
+        return search.limit(None).to_list()
+
+    def indexed(self, ids=None) -> dict[str, str]:
+        """input id -> the outputs fingerprint it was indexed with (only ``ids``, when given)."""
+        return {row["input"]: row["fingerprint"] for row in self.inputs(ids=ids)}
+
+    def models(self) -> dict[str, int]:
+        """embeddings model -> inputs indexed with its vectors."""
+        counts: dict[str, int] = {}
+        for row in self.inputs(("input", "embedding_model")):
+            counts[row["embedding_model"]] = counts.get(row["embedding_model"], 0) + 1
+        return counts
+
+    def table_of(self, model: str) -> str | None:
+        """The segments table holding ``model``'s vectors (None: no input has them)."""
+        prefix = f"segments_{re.sub(r'[^A-Za-z0-9]+', '_', model).strip('_')[:40]}_"
+        for name in self.segment_tables():
+            if name.startswith(prefix):
+                table = self.db.open_table(name)
+                first = table.search().select(["model"]).limit(1).to_list()
+                if first and first[0]["model"] == model:
+                    return name
+        return None
+
+    def words(self, query: str, where: str | None, limit: int) -> list[dict]:
+        """Full-text (BM25) hits over every segments table, best first (``_score``)."""
+        hits: list[dict] = []
+        for name in self.segment_tables():
+            table = self.db.open_table(name)
+            search = table.search(query, query_type="fts", fts_columns="text").select(
+                [*SEGMENT_COLUMNS, "_score"]
+            )
+            if where:
+                search = search.where(where, prefilter=True)
+            hits.extend(search.limit(limit).to_list())
+        hits.sort(key=lambda hit: -hit["_score"])
+        return hits[:limit]
+
+    def meaning(self, vector: np.ndarray, model: str, where: str | None, limit: int) -> list[dict]:
+        """The segments of ``model``'s table nearest ``vector`` by cosine, best first (``_distance``)."""
+        name = self.table_of(model)
+        if name is None:
+            return []
+        table = self.db.open_table(name)
+        search = (
+            table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
+            .metric("cosine")
+            .select([*SEGMENT_COLUMNS, "_distance"])
+        )
+        if _has_vector_index(table):
+            search = search.nprobes(NPROBES).refine_factor(REFINE_FACTOR)
+        if where:
+            search = search.where(where, prefilter=True)
+        return search.limit(limit).to_list()
+
+    # -- writing -----------------------------------------------------------------------------------
+
+    def put(self, batch: list[InputRows]) -> None:
+        """Index (or index again) these inputs: their ``inputs`` rows go first, their segments are replaced
+        in one commit per model's table, and their ``inputs`` rows come back last."""
+        if not batch:
+            return
+        import pyarrow as pa
+
+        ids = [rows.input["input"] for rows in batch]
+        inputs_schema, _ = _schemas()
+        inputs_table = self._open_or_create(INPUTS, inputs_schema)
+        inputs_table.delete(in_list("input", ids))
+        by_table: dict[str, list[InputRows]] = {}
+        dims: dict[str, int] = {}
+        for rows in batch:
+            if rows.vectors is None or not rows.segments:
+                continue
+            dimension = int(rows.vectors.shape[1])
+            name = segments_table(rows.input["embedding_model"], dimension)
+            by_table.setdefault(name, []).append(rows)
+            dims[name] = dimension
+        for name in self.segment_tables():  # an input indexed before with another model (or none now)
+            if name not in by_table:
+                self.db.open_table(name).delete(in_list("input", ids))
+        for name, members in by_table.items():
+            _, schema = _schemas(dims[name])
+            table = self._open_or_create(name, schema)
+            columns = {
+                column: [s[column] for rows in members for s in rows.segments] for column in SEGMENT_COLUMNS
+            }
+            vectors = np.concatenate([rows.vectors for rows in members]).astype(np.float32, copy=False)
+            data = pa.table(
+                {
+                    **{
+                        column: pa.array(values, type=schema.field(column).type)
+                        for column, values in columns.items()
+                    },
+                    "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), dims[name]),
+                },
+                schema=schema,
+            )
+            members_ids = [rows.input["input"] for rows in members]
+            (
+                table.merge_insert(["input", "segment"])
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .when_not_matched_by_source_delete(in_list("input", members_ids))
+                .execute(data)
+            )
+            _ensure_text_index(table)
+        stamp = datetime.now(UTC).isoformat()
+        records = [{**rows.input, "indexed_at": stamp} for rows in batch]
+        inputs_table.add(pa.Table.from_pylist(records, schema=inputs_schema))
+        self._commits += 1
+        if self._commits % OPTIMIZE_EVERY == 0:
+            self.maintain()
+
+    def drop(self, ids: list[str]) -> None:
+        """Forget these inputs (their ``inputs`` rows first)."""
+        if not ids:
+            return
+        for name in [INPUTS, *self.segment_tables()]:
+            if name in self._names():
+                self.db.open_table(name).delete(in_list("input", ids))
+
+    def maintain(self) -> None:
+        """Compact the tables, fold new rows into their indexes, and build a segments table's vector index
+        once it is big enough."""
+        for name in [INPUTS, *self.segment_tables()]:
+            if name not in self._names():
+                continue
+            table = self.db.open_table(name)
+            if name != INPUTS and not _has_vector_index(table) and table.count_rows() >= VECTOR_INDEX_ROWS:
+                log.info("catalogue: building the vector index of %s (%d rows)", name, table.count_rows())
+                table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_PQ")
+            try:
+                table.optimize()
+            except Exception as exc:  # noqa: BLE001 - a later run optimizes again; the data is intact
+                log.warning("catalogue: %s not optimized: %s", name, exc)
+
+    def _open_or_create(self, name: str, schema):
+        if name in self._names():
+            return self.db.open_table(name)
+        return self.db.create_table(name, schema=schema, exist_ok=True)
+
+
+def _has_vector_index(table) -> bool:
+    return any("vector" in index.columns for index in table.list_indices())
+
+
+def _ensure_text_index(table) -> None:
+    if not any(
+        "text" in index.columns and "FTS" in str(index.index_type).upper() for index in table.list_indices()
+    ):
+        table.create_fts_index("text", replace=True)

@@ -1,0 +1,143 @@
+"""Keep the catalogue what the output folder's files say: the journal names each input's last completed
+outputs (and their fingerprint); the catalogue holds the same inputs with the same fingerprints.
+
+:func:`sync` compares the two and (re)indexes what differs, from the artifacts alone, in batches; it drops
+the inputs the journal no longer calls complete. A run calls it for each chunk's inputs (the chunk's rows
+appended, nothing rewritten) and once over the whole folder before its first chunk (what a kill left
+undone is repaired); ``pipeline index`` calls it too, and ``--rebuild`` starts from an empty catalogue.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator import layout
+from orchestrator.books.journal import Journal
+from orchestrator.catalogue.rows import input_rows
+from orchestrator.catalogue.store import CATALOGUE_DIR, Catalogue
+from orchestrator.corpus.export import outputs_events
+from orchestrator.corpus.labels import corpus_labels, read_corpus
+
+log = logging.getLogger(__name__)
+
+#: inputs indexed per commit
+BATCH = 200
+
+
+@dataclass
+class SyncResult:
+    indexed: int = 0
+    dropped: int = 0
+    unchanged: int = 0
+    #: input id -> why it could not be indexed (its artifacts are missing or do not validate)
+    failed: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def completed_inputs(out: Path) -> dict[str, str]:
+    """input id -> the outputs fingerprint of its last completed run, for the inputs whose last outputs event
+    is ok (a later failure takes an input out)."""
+    path = layout.path(out, layout.JOURNAL)
+    if not path.exists():
+        return {}
+    done = Journal(path, "catalogue").completed()
+    last = outputs_events(path)
+    return {
+        item: completed.fingerprint
+        for item, completed in done.items()
+        if item in last and last[item].status == "ok"
+    }
+
+
+def sync(out: Path, rebuild: bool = False) -> SyncResult:
+    """Bring ``out``'s whole catalogue in line with its journal (``rebuild``: from an empty one): every input
+    the journal calls complete whose catalogue row is missing or has another fingerprint is indexed again;
+    inputs no longer complete are dropped. What ``pipeline index`` does."""
+    out = Path(out)
+    if rebuild and (out / CATALOGUE_DIR).exists():
+        shutil.rmtree(out / CATALOGUE_DIR)
+    wanted = completed_inputs(out)
+    catalogue = Catalogue(out)
+    gone = {item: None for item in catalogue.indexed() if item not in wanted}
+    result = update(out, {**wanted, **gone}, catalogue=catalogue)
+    catalogue.maintain()
+    return result
+
+
+def update(
+    out: Path,
+    wanted: dict[str, str | None],
+    labels: dict[str, dict[str, tuple[str, str]]] | None = None,
+    refresh: Iterable[str] = (),
+    catalogue: Catalogue | None = None,
+) -> SyncResult:
+    """The catalogue rows of these inputs made what ``wanted`` says (input id -> the outputs fingerprint of
+    its completed files; None: not complete, so not in the catalogue): an input missing or indexed with
+    another fingerprint is indexed from its artifacts, and ``refresh`` ones whatever their fingerprint
+    (their speakers were relabelled). Costs what these inputs cost, whatever the folder holds: a run calls
+    it for each chunk. ``labels``: the corpus speakers' labels when the caller has them (else read from
+    ``speakers.json``)."""
+    started = time.perf_counter()
+    out = Path(out)
+    result = SyncResult()
+    catalogue = catalogue or Catalogue(out)
+    have = catalogue.indexed(ids=set(wanted))
+    refresh = set(refresh)
+    stale = sorted(i for i, fp in wanted.items() if fp is not None and (have.get(i) != fp or i in refresh))
+    gone = sorted(i for i, fp in wanted.items() if fp is None and i in have)
+    result.unchanged = sum(1 for i, fp in wanted.items() if fp is not None and i not in stale)
+    if any(labels is None or item not in labels for item in stale):  # the caller's labels do not cover them
+        labels = {**corpus_labels(read_corpus(out)), **(labels or {})}
+    for first in range(0, len(stale), BATCH):
+        batch = []
+        for item_id in stale[first : first + BATCH]:
+            try:
+                batch.append(
+                    input_rows(out, item_id, (labels or {}).get(item_id), fingerprint=wanted[item_id])
+                )
+            except (OSError, ValueError) as exc:
+                result.failed[item_id] = " ".join(str(exc).split())[:300]
+                log.warning("catalogue: %s not indexed: %s", item_id, result.failed[item_id])
+        catalogue.put(batch)
+        result.indexed += len(batch)
+    # an input that cannot be indexed now is not left as it was indexed before
+    catalogue.drop(sorted({*gone, *result.failed}))
+    result.dropped = len(gone)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+class Indexer:
+    """A run's hand on its output folder's catalogue: each chunk's inputs updated as the chunk ends (chunks
+    run in parallel take turns). A failure is logged, never the run's: the next run, or ``pipeline index``,
+    repairs the catalogue from the files."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+        self._lock = threading.Lock()
+        self.failed = 0
+
+    def chunk_done(
+        self, wanted: dict[str, str | None], labels: dict[str, dict[str, tuple[str, str]]]
+    ) -> None:
+        with self._lock:
+            try:
+                result = update(self.out, wanted, labels=labels)
+            except Exception as exc:  # noqa: BLE001 - the files are the truth: the catalogue is repaired later
+                self.failed += len(wanted)
+                log.warning("catalogue not updated for %d input(s): %s", len(wanted), exc)
+                return
+            self.failed += len(result.failed)
+            if result.indexed or result.dropped:
+                log.info(
+                    "catalogue: %d indexed, %d dropped in %.2f s",
+                    result.indexed,
+                    result.dropped,
+                    result.seconds,
+                )
