@@ -122,8 +122,14 @@ def test_long_texts_get_micro_batches_of_their_own_within_the_token_budget(tmp_p
 
     # Given a worker held busy by a first request, while one request of 28 short and 4 long texts queues
     record = tmp_path / "batches.jsonl"
+    # (a deadline far off: the admission check must not refuse on the throughput a busy machine measures
+    # from the warm-up; this test is about how the queue is cut)
     settings = Settings(
-        server_dir=tmp_path, embed_max_batch=32, embed_max_wait_ms=5, embed_max_batch_tokens=budget
+        server_dir=tmp_path,
+        embed_max_batch=32,
+        embed_max_wait_ms=5,
+        embed_max_batch_tokens=budget,
+        request_timeout_s=3600,
     )
     pool = EmbeddingPool(settings, module="tests.fixtures.worker_controlled", options={"record": str(record)})
     long_text = " ".join(["planning the quarterly budget review"] * 60)  # beyond the model's 256 tokens
