@@ -494,6 +494,15 @@ def measure(kind, opts, rows, queries, exact, exact_f, qspeakers, small_rows, ar
     res["recall_f"] = float(
         np.mean([len(set(store.meaning(qv[i], speaker=qspeakers[i])) & set(exact_f[i])) / 10 for i in range(nr)])
     )
+    if kind == "lancedb":  # the same index queried with more partitions probed
+        res["nprobes_sweep"] = {}
+        for probes in [int(p) for p in args.lance_nprobes.split(",")[1:]]:
+            store.nprobes = probes
+            lat = timed(lambda i: store.meaning(qv[i]), list(range(nq)))
+            rec = float(np.mean([len(set(store.meaning(qv[i])) & set(exact[i])) / 10 for i in range(nr)]))
+            res["nprobes_sweep"][probes] = {"p50 ms": pct(lat, 50), "p99 ms": pct(lat, 99), "recall": rec}
+        store.nprobes = opts.get("nprobes", 20)
+        print(f"  nprobes sweep: {res['nprobes_sweep']}", flush=True)
     res["words_hits"] = float(np.mean([len(store.words(w)) for w in WORD_QUERIES]))
     print(f"  queried: meaning p50 {pct(res['meaning'], 50):.1f} ms recall {res['recall']:.3f}", flush=True)
 
@@ -679,6 +688,8 @@ def report(results, args):
             print(f"{r['label']}: build {r['build_parts']}; mean word hits {r['words_hits']:.1f}/10")
             print(f"  reader during writes: {r['concurrent']}")
             print(f"  kill -9 mid-append: {r['crash']}")
+            if r.get("nprobes_sweep"):
+                print(f"  nprobes sweep (same index): {r['nprobes_sweep']}")
 
 
 if __name__ == "__main__":
