@@ -496,12 +496,13 @@ def measure(kind, opts, rows, queries, exact, exact_f, qspeakers, small_rows, ar
     )
     if kind == "lancedb":  # the same index queried with more partitions probed
         res["nprobes_sweep"] = {}
-        for probes in [int(p) for p in args.lance_nprobes.split(",")[1:]]:
-            store.nprobes = probes
+        for setting in args.lance_nprobes.split(",")[1:]:  # NPROBES or NPROBES:REFINE
+            probes, _, refine = setting.partition(":")
+            store.nprobes, store.refine = int(probes), int(refine or opts.get("refine", 10))
             lat = timed(lambda i: store.meaning(qv[i]), list(range(nq)))
             rec = float(np.mean([len(set(store.meaning(qv[i])) & set(exact[i])) / 10 for i in range(nr)]))
-            res["nprobes_sweep"][probes] = {"p50 ms": pct(lat, 50), "p99 ms": pct(lat, 99), "recall": rec}
-        store.nprobes = opts.get("nprobes", 20)
+            res["nprobes_sweep"][setting] = {"p50 ms": pct(lat, 50), "p99 ms": pct(lat, 99), "recall": rec}
+        store.nprobes, store.refine = opts.get("nprobes", 20), opts.get("refine", 10)
         print(f"  nprobes sweep: {res['nprobes_sweep']}", flush=True)
     res["words_hits"] = float(np.mean([len(store.words(w)) for w in WORD_QUERIES]))
     print(f"  queried: meaning p50 {pct(res['meaning'], 50):.1f} ms recall {res['recall']:.3f}", flush=True)
@@ -594,7 +595,8 @@ def main():
     ap.add_argument("--stores", default="lancedb,sqlite,duckdb")
     ap.add_argument("--sqlite-vec", default="float,bit", help="vec0 column kinds: float,int8,bit")
     ap.add_argument("--lance-index", default="IVF_PQ", help="IVF_PQ and/or IVF_HNSW_SQ")
-    ap.add_argument("--lance-nprobes", default="20", help="comma-separated nprobes to query with")
+    ap.add_argument("--lance-nprobes", default="20",
+                    help="nprobes for the table, then NPROBES[:REFINE] settings swept on the same index")
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--recall-queries", type=int, default=50)
     ap.add_argument("--pool", type=int, default=30_000)
@@ -641,7 +643,7 @@ def main():
     for kind in args.stores.split(","):
         if kind == "lancedb":
             for index in args.lance_index.split(","):
-                configs.append((kind, {"index": index, "nprobes": int(args.lance_nprobes.split(",")[0])}))
+                configs.append((kind, {"index": index, "nprobes": int(args.lance_nprobes.split(",")[0].split(":")[0])}))
         elif kind == "sqlite":
             configs.extend((kind, {"vec": v}) for v in args.sqlite_vec.split(","))
         else:
