@@ -48,10 +48,36 @@ CHUNK_INPUTS = 50
 FOLDERS = ["interviews", "meetings", "podcasts", "lectures", "calls"]
 YEARS = [str(y) for y in range(2019, 2025)]
 WORD_QUERIES = [
-    "garlic", "frost", "straw", "roads", "father", "newspaper", "honey", "bees", "summer", "fox",
-    "shells", "store", "mapping", "century", "fields", "winter gardening", "old roads", "hard frost",
-    "lazy dog", "sea shore", "keeping bees", "minutes Friday", "contract signed", "Warsaw office",
-    "cold morning", "harbour boats", "rivers bridges", "grandmother maps", "attic", "caller question",
+    "garlic",
+    "frost",
+    "straw",
+    "roads",
+    "father",
+    "newspaper",
+    "honey",
+    "bees",
+    "summer",
+    "fox",
+    "shells",
+    "store",
+    "mapping",
+    "century",
+    "fields",
+    "winter gardening",
+    "old roads",
+    "hard frost",
+    "lazy dog",
+    "sea shore",
+    "keeping bees",
+    "minutes Friday",
+    "contract signed",
+    "Warsaw office",
+    "cold morning",
+    "harbour boats",
+    "rivers bridges",
+    "grandmother maps",
+    "attic",
+    "caller question",
 ]
 
 
@@ -145,7 +171,8 @@ def make_rows(pool_t: list[str], pool_v: np.ndarray, n: int, first_id: int, firs
     inp = first_input + seg // SEGMENTS_PER_INPUT
     within = seg % SEGMENTS_PER_INPUT
     input_ids = [
-        f"{FOLDERS[i % len(FOLDERS)]}/{YEARS[(i // 7) % len(YEARS)]}/{i:07d}" for i in range(inp[0], inp[-1] + 1)
+        f"{FOLDERS[i % len(FOLDERS)]}/{YEARS[(i // 7) % len(YEARS)]}/{i:07d}"
+        for i in range(inp[0], inp[-1] + 1)
     ]
     speakers = rng.integers(1, 201, n)
     lang = rng.random(n)
@@ -225,10 +252,15 @@ class Lance:
         t = time.perf_counter()
         if self.index == "IVF_PQ":
             self.table.create_index(
-                metric="cosine", index_type="IVF_PQ", num_partitions=max(1, int(np.sqrt(n))), num_sub_vectors=48
+                metric="cosine",
+                index_type="IVF_PQ",
+                num_partitions=max(1, int(np.sqrt(n))),
+                num_sub_vectors=48,
             )
         else:
-            self.table.create_index(metric="cosine", index_type=self.index, num_partitions=max(1, n // 100_000 or 1))
+            self.table.create_index(
+                metric="cosine", index_type=self.index, num_partitions=max(1, n // 100_000 or 1)
+            )
         times["vector index"] = time.perf_counter() - t
         t = time.perf_counter()
         self.table.create_fts_index("text")
@@ -298,11 +330,21 @@ class Sqlite:
         blobs = [v[i].tobytes() for i in range(n)]
         self.conn.executemany(
             "INSERT INTO segments VALUES (?,?,?,?,?,?,?,?)",
-            zip(ids, rows["input_id"], rows["speaker"], rows["language"], rows["start"].tolist(),
-                rows["end"].tolist(), rows["text"], blobs),
+            zip(
+                ids,
+                rows["input_id"],
+                rows["speaker"],
+                rows["language"],
+                rows["start"].tolist(),
+                rows["end"].tolist(),
+                rows["text"],
+                blobs,
+            ),
         )
         self.conn.executemany("INSERT INTO seg_fts(rowid, text) VALUES (?,?)", zip(ids, rows["text"]))
-        conv = {"float": "?", "int8": "vec_quantize_int8(?, 'unit')", "bit": "vec_quantize_binary(?)"}[self.vec]
+        conv = {"float": "?", "int8": "vec_quantize_int8(?, 'unit')", "bit": "vec_quantize_binary(?)"}[
+            self.vec
+        ]
         self.conn.executemany(
             f"INSERT INTO seg_vec(rowid, embedding, speaker, language) VALUES (?, {conv}, ?, ?)",
             zip(ids, blobs, rows["speaker"], rows["language"]),
@@ -324,23 +366,38 @@ class Sqlite:
 
     def words(self, q: str, k: int = 10) -> list[int]:
         match = " ".join(f'"{w}"' for w in q.split())
-        return [r[0] for r in self.conn.execute(
-            "SELECT rowid FROM seg_fts WHERE seg_fts MATCH ? ORDER BY rank LIMIT ?", (match, k))]
+        return [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT rowid FROM seg_fts WHERE seg_fts MATCH ? ORDER BY rank LIMIT ?", (match, k)
+            )
+        ]
 
     def meaning(self, v: np.ndarray, k: int = 10, speaker: str | None = None) -> list[int]:
         blob = v.astype(np.float32).tobytes()
         over = k if self.vec == "float" else k * (4 if self.vec == "int8" else 10)
-        conv = {"float": "?", "int8": "vec_quantize_int8(?, 'unit')", "bit": "vec_quantize_binary(?)"}[self.vec]
+        conv = {"float": "?", "int8": "vec_quantize_int8(?, 'unit')", "bit": "vec_quantize_binary(?)"}[
+            self.vec
+        ]
         where = " AND speaker = ?" if speaker else ""
         args = (blob, over, speaker) if speaker else (blob, over)
-        ids = [r[0] for r in self.conn.execute(
-            f"SELECT rowid FROM seg_vec WHERE embedding MATCH {conv} AND k = ?{where} ORDER BY distance", args)]
+        ids = [
+            r[0]
+            for r in self.conn.execute(
+                f"SELECT rowid FROM seg_vec WHERE embedding MATCH {conv} AND k = ?{where} ORDER BY distance",
+                args,
+            )
+        ]
         if self.vec == "float":
             return ids
         marks = ",".join("?" * len(ids))
-        return [r[0] for r in self.conn.execute(
-            f"SELECT id FROM segments WHERE id IN ({marks}) ORDER BY vec_distance_cosine(vector, ?) LIMIT ?",
-            (*ids, blob, k))]
+        return [
+            r[0]
+            for r in self.conn.execute(
+                f"SELECT id FROM segments WHERE id IN ({marks}) ORDER BY vec_distance_cosine(vector, ?) LIMIT ?",
+                (*ids, blob, k),
+            )
+        ]
 
     def append(self, rows: dict, upkeep: bool = True):
         with self.conn:
@@ -348,8 +405,7 @@ class Sqlite:
 
     def count(self) -> dict:
         return {
-            t: self.conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-            for t in ("segments", "seg_vec")
+            t: self.conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("segments", "seg_vec")
         } | {"seg_fts": self.conn.execute("SELECT count(*) FROM seg_fts_docsize").fetchone()[0]}
 
 
@@ -365,7 +421,7 @@ class Duck:
         if not read_only:
             self.conn.execute(
                 "CREATE TABLE IF NOT EXISTS segments(id BIGINT, input_id VARCHAR, speaker VARCHAR, language VARCHAR,"
-                " start DOUBLE, \"end\" DOUBLE, text VARCHAR, vector FLOAT[384])"
+                ' start DOUBLE, "end" DOUBLE, text VARCHAR, vector FLOAT[384])'
             )
         self.fts = False
 
@@ -396,15 +452,23 @@ class Duck:
 
     def words(self, q: str, k: int = 10) -> list[int]:
         cond = " AND ".join("text ILIKE ?" for _ in q.split())
-        return [r[0] for r in self.conn.execute(
-            f"SELECT id FROM segments WHERE {cond} LIMIT ?", [*(f"%{w}%" for w in q.split()), k]).fetchall()]
+        return [
+            r[0]
+            for r in self.conn.execute(
+                f"SELECT id FROM segments WHERE {cond} LIMIT ?", [*(f"%{w}%" for w in q.split()), k]
+            ).fetchall()
+        ]
 
     def meaning(self, v: np.ndarray, k: int = 10, speaker: str | None = None) -> list[int]:
         where = "WHERE speaker = $3" if speaker else ""
         args = [v.tolist(), k, *([speaker] if speaker else [])]
-        return [r[0] for r in self.conn.execute(
-            f"SELECT id FROM segments {where} ORDER BY array_cosine_distance(vector, $1::FLOAT[384]) LIMIT $2",
-            args).fetchall()]
+        return [
+            r[0]
+            for r in self.conn.execute(
+                f"SELECT id FROM segments {where} ORDER BY array_cosine_distance(vector, $1::FLOAT[384]) LIMIT $2",
+                args,
+            ).fetchall()
+        ]
 
     def append(self, rows: dict, upkeep: bool = True):
         tbl = arrow_table(rows)  # noqa: F841 - read by DuckDB's replacement scan
@@ -437,17 +501,37 @@ def child_writer(args):
     store = open_store(args.kind, Path(args.path), opts)
     n = CHUNK_INPUTS * SEGMENTS_PER_INPUT
     for c in range(args.chunks):
-        rows = make_rows(pool_t, pool_v, n, args.first_id + c * n, args.first_input + c * CHUNK_INPUTS, 1000 + c)
+        rows = make_rows(
+            pool_t, pool_v, n, args.first_id + c * n, args.first_input + c * CHUNK_INPUTS, 1000 + c
+        )
         store.append(rows, upkeep=opts.get("upkeep", True))
         print(f"chunk {c}", flush=True)
 
 
 def spawn_writer(kind, path, opts, first_id, first_input, chunks, pool):
     return subprocess.Popen(
-        [sys.executable, __file__, "--child-writer", "--kind", kind, "--path", str(path), "--opts", json.dumps(opts),
-         "--first-id", str(first_id), "--first-input", str(first_input), "--chunks", str(chunks),
-         "--pool", str(pool)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            __file__,
+            "--child-writer",
+            "--kind",
+            kind,
+            "--path",
+            str(path),
+            "--opts",
+            json.dumps(opts),
+            "--first-id",
+            str(first_id),
+            "--first-input",
+            str(first_input),
+            "--chunks",
+            str(chunks),
+            "--pool",
+            str(pool),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -492,7 +576,9 @@ def measure(kind, opts, rows, queries, exact, exact_f, qspeakers, small_rows, ar
     nr = len(exact)
     res["recall"] = float(np.mean([len(set(store.meaning(qv[i])) & set(exact[i])) / 10 for i in range(nr)]))
     res["recall_f"] = float(
-        np.mean([len(set(store.meaning(qv[i], speaker=qspeakers[i])) & set(exact_f[i])) / 10 for i in range(nr)])
+        np.mean(
+            [len(set(store.meaning(qv[i], speaker=qspeakers[i])) & set(exact_f[i])) / 10 for i in range(nr)]
+        )
     )
     if kind == "lancedb":  # the same index queried with more partitions probed
         res["nprobes_sweep"] = {}
@@ -514,7 +600,9 @@ def measure(kind, opts, rows, queries, exact, exact_f, qspeakers, small_rows, ar
     def appends(st, p, first_id, first_input):
         times, sizes = [], []
         for c in range(3):
-            crow = make_rows(pool_t, pool_v, chunk, first_id + c * chunk, first_input + c * CHUNK_INPUTS, 500 + c)
+            crow = make_rows(
+                pool_t, pool_v, chunk, first_id + c * chunk, first_input + c * CHUNK_INPUTS, 500 + c
+            )
             before = disk_bytes(p.parent)
             t0 = time.perf_counter()
             st.append(crow, upkeep=True)
@@ -529,12 +617,14 @@ def measure(kind, opts, rows, queries, exact, exact_f, qspeakers, small_rows, ar
     spath.parent.mkdir(parents=True, exist_ok=True)
     small = open_store(kind, spath, opts)
     small.build(small_rows)
-    res["append_small"] = appends(small, spath, len(small_rows["id"]), len(small_rows["id"]) // SEGMENTS_PER_INPUT)
+    res["append_small"] = appends(
+        small, spath, len(small_rows["id"]), len(small_rows["id"]) // SEGMENTS_PER_INPUT
+    )
     del small
     print(f"  appends: small {res['append_small']} big {res['append_big']}", flush=True)
 
     # a reader (this process, a fresh connection) while a writer process appends 5 chunks to the big store
-    del store
+    store = None  # closed before the writer process opens the store
     if kind == "duckdb":
         reader_opts = dict(opts)
     else:
@@ -557,9 +647,12 @@ def measure(kind, opts, rows, queries, exact, exact_f, qspeakers, small_rows, ar
             time.sleep(0.2)
     out, err = writer.communicate(timeout=600)
     res["concurrent"] = {
-        "reads_ok": ok, "read_errors": len(errors), "first_error": errors[0] if errors else "",
+        "reads_ok": ok,
+        "read_errors": len(errors),
+        "first_error": errors[0] if errors else "",
         "open+query p50 ms": pct(lat, 50) if lat else None,
-        "writer chunks": 1 + out.count("chunk"), "writer rc": writer.returncode,
+        "writer chunks": 1 + out.count("chunk"),
+        "writer rc": writer.returncode,
         "writer error": err.strip().splitlines()[-1][:160] if writer.returncode else "",
     }
     print(f"  concurrent: {res['concurrent']}", flush=True)
@@ -578,8 +671,13 @@ def measure(kind, opts, rows, queries, exact, exact_f, qspeakers, small_rows, ar
         q = st.meaning(qv[0])
         counts = list(after.values()) if isinstance(after, dict) else [after]
         added = counts[0] - (list(before.values())[0] if isinstance(before, dict) else before)
-        res["crash"] = {"before": before, "after": after, "first line": line.strip(), "query ok": bool(q),
-                        "consistent": added % chunk == 0 and len(set(counts)) == 1}
+        res["crash"] = {
+            "before": before,
+            "after": after,
+            "first line": line.strip(),
+            "query ok": bool(q),
+            "consistent": added % chunk == 0 and len(set(counts)) == 1,
+        }
     except Exception as exc:  # noqa: BLE001
         res["crash"] = {"before": before, "error": f"{type(exc).__name__}: {exc}"[:200]}
     print(f"  crash: {res['crash']}", flush=True)
@@ -595,8 +693,11 @@ def main():
     ap.add_argument("--stores", default="lancedb,sqlite,duckdb")
     ap.add_argument("--sqlite-vec", default="float,bit", help="vec0 column kinds: float,int8,bit")
     ap.add_argument("--lance-index", default="IVF_PQ", help="IVF_PQ and/or IVF_HNSW_SQ")
-    ap.add_argument("--lance-nprobes", default="20",
-                    help="nprobes for the table, then NPROBES[:REFINE] settings swept on the same index")
+    ap.add_argument(
+        "--lance-nprobes",
+        default="20",
+        help="nprobes for the table, then NPROBES[:REFINE] settings swept on the same index",
+    )
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--recall-queries", type=int, default=50)
     ap.add_argument("--pool", type=int, default=30_000)
@@ -616,8 +717,11 @@ def main():
     pool_t = pool_texts(args.pool)
     pool_v = pool_vectors(pool_t)
     args._pool = (pool_t, pool_v)
-    print(f"pool: {len(pool_t):,} distinct texts from {len(fixture_sentences())} fixture sentences "
-          f"({time.perf_counter() - t:.1f} s)", flush=True)
+    print(
+        f"pool: {len(pool_t):,} distinct texts from {len(fixture_sentences())} fixture sentences "
+        f"({time.perf_counter() - t:.1f} s)",
+        flush=True,
+    )
     t = time.perf_counter()
     rows = make_rows(pool_t, pool_v, args.segments, 0, 0, seed=42)
     small_rows = make_rows(pool_t, pool_v, 1000 * SEGMENTS_PER_INPUT, 0, 0, seed=43)
@@ -634,8 +738,11 @@ def main():
         m = np.flatnonzero(spk == qspeakers[i])
         exact_f.append(list(rows["id"][m[np.argsort(-(x[m] @ qv[i]))[:10]]]))
     t_np = timed(lambda i: np.argpartition(-(x @ qv[i]), 10)[:10], list(range(min(20, args.queries))), warm=2)
-    print(f"{args.segments:,} segments made in {time.perf_counter() - t:.1f} s; numpy exact search "
-          f"p50 {pct(t_np, 50):.0f} ms", flush=True)
+    print(
+        f"{args.segments:,} segments made in {time.perf_counter() - t:.1f} s; numpy exact search "
+        f"p50 {pct(t_np, 50):.0f} ms",
+        flush=True,
+    )
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="catbench-", dir="/tmp"))
     results = []
@@ -643,7 +750,9 @@ def main():
     for kind in args.stores.split(","):
         if kind == "lancedb":
             for index in args.lance_index.split(","):
-                configs.append((kind, {"index": index, "nprobes": int(args.lance_nprobes.split(",")[0].split(":")[0])}))
+                configs.append(
+                    (kind, {"index": index, "nprobes": int(args.lance_nprobes.split(",")[0].split(":")[0])})
+                )
         elif kind == "sqlite":
             configs.extend((kind, {"vec": v}) for v in args.sqlite_vec.split(","))
         else:
@@ -658,7 +767,12 @@ def main():
             import traceback
 
             traceback.print_exc()
-            res = {"kind": kind, "opts": opts, "label": f"{kind} {opts}", "error": f"{type(exc).__name__}: {exc}"}
+            res = {
+                "kind": kind,
+                "opts": opts,
+                "label": f"{kind} {opts}",
+                "error": f"{type(exc).__name__}: {exc}",
+            }
         results.append(res)
         if kind == "lancedb" and "error" not in res and "," in args.lance_nprobes:
             pass
@@ -669,21 +783,27 @@ def main():
 
 def report(results, args):
     n = args.segments
-    print(f"\n{n:,} segments; {args.queries} queries each (warm); recall over {args.recall_queries}; "
-          f"chunk = {CHUNK_INPUTS} inputs x {SEGMENTS_PER_INPUT} = {CHUNK_INPUTS * SEGMENTS_PER_INPUT:,} rows\n")
-    print("| store | build s | MB per 1M segments | words p50/p99 ms | meaning p50/p99 ms | hybrid p50/p99 ms "
-          "| meaning+speaker p50/p99 ms | recall@10 / filtered | chunk append s (1k inputs / big) "
-          "| chunk MB (1k / big) | meaning p50 after appends ms |")
+    print(
+        f"\n{n:,} segments; {args.queries} queries each (warm); recall over {args.recall_queries}; "
+        f"chunk = {CHUNK_INPUTS} inputs x {SEGMENTS_PER_INPUT} = {CHUNK_INPUTS * SEGMENTS_PER_INPUT:,} rows\n"
+    )
+    print(
+        "| store | build s | MB per 1M segments | words p50/p99 ms | meaning p50/p99 ms | hybrid p50/p99 ms "
+        "| meaning+speaker p50/p99 ms | recall@10 / filtered | chunk append s (1k inputs / big) "
+        "| chunk MB (1k / big) | meaning p50 after appends ms |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         if "error" in r:
             print(f"| {r['label']} | error: {r['error'][:150]} |")
             continue
-        f = lambda k: f"{pct(r[k], 50):.1f} / {pct(r[k], 99):.1f}"  # noqa: E731
-        print(f"| {r['label']} | {r['build_s']:.0f} | {r['bytes_per_m'] / 1e6:,.0f} | {f('words')} | {f('meaning')} "
-              f"| {f('hybrid')} | {f('filtered')} | {r['recall']:.3f} / {r['recall_f']:.3f} "
-              f"| {r['append_small'][0]:.2f} / {r['append_big'][0]:.2f} "
-              f"| {r['append_small'][1] / 1e6:.1f} / {r['append_big'][1] / 1e6:.1f} | {r['meaning_after']:.1f} |")
+        f = lambda k, r=r: f"{pct(r[k], 50):.1f} / {pct(r[k], 99):.1f}"  # noqa: E731
+        print(
+            f"| {r['label']} | {r['build_s']:.0f} | {r['bytes_per_m'] / 1e6:,.0f} | {f('words')} | {f('meaning')} "
+            f"| {f('hybrid')} | {f('filtered')} | {r['recall']:.3f} / {r['recall_f']:.3f} "
+            f"| {r['append_small'][0]:.2f} / {r['append_big'][0]:.2f} "
+            f"| {r['append_small'][1] / 1e6:.1f} / {r['append_big'][1] / 1e6:.1f} | {r['meaning_after']:.1f} |"
+        )
     print()
     for r in results:
         if "error" not in r:
