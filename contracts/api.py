@@ -95,6 +95,57 @@ class ErrorResponse(Strict):
     error: ErrorDetail
 
 
+class SearchRequest(BaseModel):
+    """``POST /v1/search``: segments of the server's output folders (its search roots) by words, meaning or
+    both, with filters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    query: str = Field(min_length=1, max_length=2000)
+    mode: Literal["hybrid", "words", "meaning"] = "hybrid"
+    k: int = Field(10, ge=1, le=1000)
+    #: a corpus speaker's id (S0001) or the name the files show
+    speaker: str | None = None
+    #: a transcript language (en, de, ...)
+    language: str | None = None
+    #: only inputs under this folder of ids
+    under: str | None = None
+    #: only this input (its id)
+    input: str | None = None
+
+
+class SearchHit(Strict):
+    #: which search root (its index in the server's list) and its folder's name
+    root: int = Field(ge=0)
+    folder: str
+    input: str
+    segment: int = Field(ge=0)
+    start: float
+    end: float
+    speaker: str
+    corpus_speaker: str
+    language: str
+    text: str
+    #: the text with the query's words between [ and ]
+    marked: str
+    score: float
+    #: the transcript page at this moment, served by this server
+    url: str
+
+
+class SearchResponse(Strict):
+    object: Literal["search"] = "search"
+    query: str
+    mode: str
+    hits: list[SearchHit]
+    #: the embeddings model the query was embedded by (None: words only), as artifacts name it
+    model: str | None = None
+    #: inputs indexed with another embeddings model: not searched by meaning
+    unsearched: int = 0
+    indexed: int = 0
+    seconds: float = 0.0
+
+
 class JobRequest(BaseModel):
     """Files or directories to process, inside the server's allowed input roots."""
 

@@ -458,6 +458,9 @@ class ServerOptions(SettingsGroup):
     )
     #: directories jobs may read from (env: separated by ':'); none: POST /v1/jobs is refused
     input_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    #: output folders POST /v1/search and the search page search (their catalogues), and whose files the
+    #: server serves under /outputs/<n>/ (env: separated by ':'); none: search is refused
+    search_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     #: largest request body accepted (413 above)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     #: requests handled at once (all routes but /health); more are answered 429 (Retry-After) before their body is read
@@ -627,7 +630,7 @@ class Settings(*reversed(GROUPS), BaseSettings):
             value = value.split(",")
         return [str(v).strip() for v in value or [] if str(v).strip()]
 
-    @field_validator("input_roots", "read_roots", mode="before")
+    @field_validator("input_roots", "read_roots", "search_roots", mode="before")
     @classmethod
     def _split_roots(cls, value):
         if isinstance(value, str):

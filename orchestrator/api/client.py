@@ -29,6 +29,8 @@ from contracts.api import (
     JobRecord,
     JobRequest,
     JobResult,
+    SearchRequest,
+    SearchResponse,
 )
 from contracts.errors import ApiError
 
@@ -80,6 +82,13 @@ class Client:
         if rows and isinstance(rows[0].embedding, str):
             return np.stack([np.frombuffer(base64.b64decode(r.embedding), dtype="<f4") for r in rows])
         return np.asarray([r.embedding for r in rows], dtype=np.float32)
+
+    # -- search ------------------------------------------------------------------
+    def search(self, query: str, mode: str = "hybrid", k: int = 10, **filters: str | None) -> SearchResponse:
+        """The server's output folders searched (``filters``: speaker, language, under, input)."""
+        body = SearchRequest(query=query, mode=mode, k=k, **filters)
+        response = self._call("POST", "/v1/search", json=body.model_dump(exclude_none=True))
+        return SearchResponse.model_validate_json(response.content)
 
     # -- jobs --------------------------------------------------------------------
     def submit_job(self, paths: str | list[str], vocabulary: list[str] | None = None) -> JobRecord:

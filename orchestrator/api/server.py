@@ -31,7 +31,8 @@ from pathlib import Path
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts import EmbeddingsArtifact, TranscriptArtifact, load_artifact, load_model
@@ -54,6 +55,8 @@ from contracts.api import (
     JobResult,
     ModelCard,
     ModelList,
+    SearchRequest,
+    SearchResponse,
     TranscriptionVerbose,
     WorkerHealth,
 )
@@ -65,6 +68,7 @@ from orchestrator.api.errors import error_response
 from orchestrator.api.guard import TRANSCRIPTIONS, UPLOAD_RESERVED, Guard
 from orchestrator.api.jobs import UPLOAD_DIR, JobQueue
 from orchestrator.api.metrics import CONTENT_TYPE, Metrics, ScrapeCollector
+from orchestrator.api.search import run_search, search_page
 from orchestrator.api.transcriptions import form_text, model_name, redact, save_upload, transcription_answer
 from orchestrator.api.workers import EmbeddingPool
 from orchestrator.corpus.captions import CaptionRules
@@ -642,6 +646,22 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
         finally:
             gone.cancel()
             await asyncio.to_thread(jobs.delete, record.id)
+
+    @app.post(
+        "/v1/search", response_model=SearchResponse, responses={**ERRORS, 403: {"model": ErrorResponse}}
+    )
+    async def search_corpus(body: SearchRequest) -> SearchResponse:
+        """Segments of the server's output folders (``--search-root``) by words, meaning or both, with
+        filters; each hit links to its transcript page at its moment (served under /outputs/<n>/)."""
+        return await asyncio.to_thread(run_search, settings, pool, body)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def search_home() -> HTMLResponse:
+        """The search page: a box over the search roots' catalogues, and links to their index pages."""
+        return HTMLResponse(search_page(settings))
+
+    for n, root in enumerate(settings.search_roots):  # each root's files: the pages a hit links to
+        app.mount(f"/outputs/{n}", StaticFiles(directory=str(root), check_dir=False), name=f"outputs-{n}")
 
     @app.get("/health", response_model=Health, response_model_exclude_none=True)
     async def health(request: Request) -> Response:

@@ -52,6 +52,7 @@ import numpy as np
 
 from contracts.api import WorkerHealth
 from contracts.errors import ApiError
+from contracts.models import portable_name
 from contracts.worker import Embedded, EmbedTask, TaskFailed, WorkerConfig
 from orchestrator.api.admission import Lateness, Throughput, refusal, work_ahead
 from orchestrator.api.batching import (
@@ -91,7 +92,15 @@ class _Request:
         #: seconds the queue expected it to take at admission (uncalibrated; 0 before any measurement)
         self.estimate = 0.0
 
-    def fill(self, start: int, rows: np.ndarray, tokens: list[int], model: str, typed: bool = False) -> None:
+    def fill(
+        self,
+        start: int,
+        rows: np.ndarray,
+        tokens: list[int],
+        model: str,
+        typed: bool = False,
+        source: str | None = None,
+    ) -> None:
         if self.done:
             return
         if self.vectors is None:
@@ -103,7 +112,7 @@ class _Request:
         if self.left == 0:
             self.done = True
             try:
-                self.future.set_result(EmbedResult(self.vectors, self.tokens, model, typed))
+                self.future.set_result(EmbedResult(self.vectors, self.tokens, model, typed, source or model))
             except concurrent.futures.InvalidStateError:
                 pass  # cancelled by its waiter meanwhile
 
@@ -157,6 +166,9 @@ class EmbedResult:
     model: str
     #: whether ``input_type`` changed what that model saw (its query and document prompts differ)
     input_type_applied: bool = False
+    #: that model as artifacts name it (``contracts.models.portable_name``): what the catalogue's vectors
+    #: record, so a search compares a query only with vectors of the very same model
+    source_model: str | None = None
 
 
 def _safe(name: str) -> str:
@@ -549,6 +561,7 @@ class ProfileWorker:
         rows = np.frombuffer(reply.vectors, dtype="<f4").reshape(reply.count, reply.dimension)
         model = worker.ready.model if worker.ready else self.profile
         typed = worker.ready.applies_input_types if worker.ready else False
+        source = portable_name(worker.ready.model_path or worker.ready.model) if worker.ready else None
         worker.batches += 1
         recycle = (
             bool(self.settings.worker_recycle_after) and worker.batches >= self.settings.worker_recycle_after
@@ -567,6 +580,7 @@ class ProfileWorker:
                 reply.tokens[offset : offset + part.count],
                 model,
                 typed,
+                source,
             )
             offset += part.count
         if recycle:

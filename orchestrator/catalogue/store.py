@@ -39,8 +39,9 @@ VECTOR_INDEX_ROWS = 100_000
 #: commits between two optimizations (compaction, new rows folded into the indexes)
 OPTIMIZE_EVERY = 20
 #: the vector search's IVF partitions probed and the candidates re-ranked by exact distance, per hit asked
-NPROBES = 40
-REFINE_FACTOR = 20
+#: (bench/catalogue.py at 200,000 segments: recall@10 0.972 in 13 ms p50; refining, not probing, sets recall)
+NPROBES = 20
+REFINE_FACTOR = 30
 
 SEGMENT_COLUMNS = (
     "input",

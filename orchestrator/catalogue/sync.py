@@ -141,3 +141,29 @@ class Indexer:
                     result.dropped,
                     result.seconds,
                 )
+
+
+def relabel(out: Path) -> SyncResult:
+    """After ``pipeline speakers`` changed who is who (name, merge, split, cluster): the inputs whose
+    catalogue rows show other speakers than ``speakers.json`` now gives them are indexed again."""
+    out = Path(out)
+    catalogue = Catalogue(out)
+    if not catalogue.exists:
+        return SyncResult()
+    labels = corpus_labels(read_corpus(out))
+    stale: set[str] = set()
+    for name in catalogue.segment_tables():
+        table = catalogue.db.open_table(name)
+        columns = ["input", "file_speaker", "speaker", "corpus_speaker"]
+        for row in table.search().select(columns).limit(None).to_list():
+            now = labels.get(row["input"], {}).get(row["file_speaker"])
+            if now is not None and (row["corpus_speaker"], row["speaker"]) != now:
+                stale.add(row["input"])
+            elif now is None and row["corpus_speaker"]:
+                stale.add(row["input"])
+    if not stale:
+        return SyncResult()
+    wanted = completed_inputs(out)
+    return update(
+        out, {item: wanted.get(item) for item in stale}, labels=labels, refresh=stale, catalogue=catalogue
+    )

@@ -46,6 +46,16 @@ def serve(
             ),
         ),
     ] = None,
+    search_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--search-root",
+            help=(
+                "Output folder POST /v1/search and the page at / search, its files served under "
+                "/outputs/<n>/ (repeatable) [env PIPELINE_SEARCH_ROOTS, ':'-separated]."
+            ),
+        ),
+    ] = None,
     server_dir: Annotated[
         Path | None,
         typer.Option(
@@ -63,7 +73,8 @@ def serve(
     ] = False,
 ) -> None:
     """HTTP API: OpenAI-compatible POST /v1/embeddings and /v1/audio/transcriptions, POST/GET/DELETE /v1/jobs,
-    GET /health, GET /metrics. One server per --server-dir (a second one exits 2 naming the first)."""
+    POST /v1/search and its page at /, GET /health, GET /metrics. One server per --server-dir (a second one
+    exits 2 naming the first)."""
     from contracts.errors import SettingsError
     from orchestrator import Settings
     from orchestrator.api.server import serve as run_server
@@ -85,6 +96,7 @@ def serve(
         "port": port,
         "api_token": token,
         "input_roots": input_root,
+        "search_roots": search_root,
         "server_dir": server_dir,
         "embedding_profile": embedding_profile,
     }

@@ -71,7 +71,7 @@ speakers_app = typer.Typer(
 )
 
 
-def _speakers_call(output: Path, verbose: bool, call, **overrides):
+def _speakers_call(output: Path, verbose: bool, call, relabels: bool = True, **overrides):
     """Run ``call(settings, output)``; a failure is one line and its exit code (:func:`fail`)."""
     setup_logging(verbosity_of(verbose))
     if not output.is_dir():
@@ -79,9 +79,26 @@ def _speakers_call(output: Path, verbose: bool, call, **overrides):
         raise typer.Exit(ExitCode.USAGE)
     settings = settings_from({"output_dir": output, **overrides})
     try:
-        return settings, call(settings, output)
+        result = call(settings, output)
     except Exception as exc:  # noqa: BLE001 - each ordinary failure is one line and its exit code
         fail(exc, output)
+    if relabels:
+        _relabel_catalogue(output)
+    return settings, result
+
+
+def _relabel_catalogue(output: Path) -> None:
+    """The catalogue's speakers made what the files now show (a warning if it cannot be: the files are the
+    truth, and `pipeline index` repairs it)."""
+    from orchestrator.catalogue.sync import relabel
+
+    try:
+        result = relabel(output)
+    except Exception as exc:  # noqa: BLE001 - the command itself succeeded
+        typer.echo(f"WARNING the catalogue was not updated ({exc}): run `pipeline index {output}`", err=True)
+        return
+    if result.indexed:
+        typer.echo(f"catalogue: {result.indexed} inputs relabelled", err=True)
 
 
 @speakers_app.command("cluster")
@@ -125,7 +142,7 @@ def speakers_list(
 
     from orchestrator.corpus.speakers import summaries
 
-    _, rows = _speakers_call(output, verbose, lambda settings, out: summaries(out))
+    _, rows = _speakers_call(output, verbose, lambda settings, out: summaries(out), relabels=False)
     if json_out:
         typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=1, ensure_ascii=False))
         return

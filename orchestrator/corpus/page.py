@@ -49,7 +49,7 @@ if(hit!==now){if(now)now.classList.remove('now');if(hit)hit.classList.add('now')
 function seek(){const m=/^#t=([0-9.]+)$/.exec(location.hash);if(!m)return;const t=parseFloat(m[1]);
 const w=words.find(x=>parseFloat(x.dataset.s)>=t-0.05)||words[words.length-1];if(!w)return;
 if(now)now.classList.remove('now');w.classList.add('now');now=w;w.scrollIntoView({block:'center'});
-if(audio)audio.currentTime=t;}
+if(audio)audio.currentTime=parseFloat(w.dataset.s);}
 seek();window.addEventListener('hashchange',seek);
 """
 

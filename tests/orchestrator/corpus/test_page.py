@@ -105,7 +105,8 @@ def test_a_link_to_a_moment_marks_its_word_and_moves_the_audio_there(page_dir, b
     page = browser.new_page()
     messages = []
     page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
-    page.goto((page_dir / "transcript.html").as_uri() + f"#t={word.start}")
+    # (a hit's moment is its segment's start to the hundredth: a little before its first word's start)
+    page.goto((page_dir / "transcript.html").as_uri() + f"#t={word.start - 0.005:.3f}")
     page.wait_for_function("document.getElementById('audio').readyState >= 1", timeout=10_000)
     assert page.locator(".w.now").get_attribute("data-s") == f"{word.start:.3f}"
     assert abs(page.evaluate("document.getElementById('audio').currentTime") - word.start) < 0.05
