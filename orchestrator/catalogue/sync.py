@@ -113,6 +113,14 @@ def update(
     return result
 
 
+def _import_store() -> None:
+    try:
+        import lancedb  # noqa: F401
+        import pyarrow  # noqa: F401
+    except ImportError as exc:  # the chunk's update says it again, as a warning
+        log.debug("catalogue: %s", exc)
+
+
 class Indexer:
     """A run's hand on its output folder's catalogue: each chunk's inputs updated as the chunk ends (chunks
     run in parallel take turns). A failure is logged, never the run's: the next run, or ``pipeline index``,
@@ -122,10 +130,15 @@ class Indexer:
         self.out = Path(out)
         self._lock = threading.Lock()
         self.failed = 0
+        # LanceDB and Arrow take seconds to import: in a thread, while the first chunk's children work
+        # (the parent mostly waits on them), not on the run's critical path
+        self._imported = threading.Thread(target=_import_store, name="catalogue-import", daemon=True)
+        self._imported.start()
 
     def chunk_done(
         self, wanted: dict[str, str | None], labels: dict[str, dict[str, tuple[str, str]]]
     ) -> None:
+        self._imported.join()
         with self._lock:
             try:
                 result = update(self.out, wanted, labels=labels)
