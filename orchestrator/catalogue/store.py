@@ -1,13 +1,14 @@
 """The catalogue's tables, in LanceDB (``OUT/.catalogue/``).
 
 - ``inputs``: one row per input indexed (its outputs fingerprint from the journal, status, duration, languages,
-  models, segment count). Written last for an input, so an input whose row is missing or stale is redone by
-  the next :func:`~orchestrator.catalogue.sync.sync`: a kill -9 anywhere leaves nothing that is trusted and
-  wrong.
+  models, segment count). An input gets a pending row (no fingerprint) before its segments and its real row
+  after them, so an input whose row is missing, pending or stale is redone by the next
+  :func:`~orchestrator.catalogue.sync.update`: a kill -9 anywhere leaves nothing that is trusted and wrong.
 - ``segments_<model>``: one table per embeddings model (a vector space of its own: a search compares a query
   only with vectors of the model that embedded it), one row per segment with its text, times, speakers,
-  language and vector. An input's rows are replaced in one commit (``merge_insert`` on input and segment,
-  deleting the input's rows it no longer has), so a reader sees the input's old rows or its new ones.
+  language and vector. A new input's rows are appended (a chunk costs what it holds, whatever the table
+  holds); an input indexed before has its rows replaced in one commit (``merge_insert`` on input and
+  segment, deleting the rows it no longer has), so a reader sees its old rows or its new ones.
 
 Readers open the tables while a run appends (Lance's versions: each commit is a snapshot). New rows are
 searched at once (an index covers the rows it was built or last optimized with; the rest is scanned), and
@@ -200,8 +201,12 @@ class Catalogue:
     # -- writing -----------------------------------------------------------------------------------
 
     def put(self, batch: list[InputRows]) -> None:
-        """Index (or index again) these inputs: their ``inputs`` rows go first, their segments are replaced
-        in one commit per model's table, and their ``inputs`` rows come back last."""
+        """Index (or index again) these inputs. Each gets a pending ``inputs`` row first (no fingerprint),
+        then its segments, then its ``inputs`` row with its fingerprint: a kill anywhere leaves a pending
+        row or none, and the next :func:`~orchestrator.catalogue.sync.update` redoes the input. An input
+        with no ``inputs`` row at all has no segments (they come after the pending row), so its segments
+        are appended, costing what the chunk costs whatever the table holds; one that was indexed (or
+        pending) has its segments replaced in one ``merge_insert`` per model's table."""
         if not batch:
             return
         import pyarrow as pa
@@ -209,7 +214,12 @@ class Catalogue:
         ids = [rows.input["input"] for rows in batch]
         inputs_schema, _ = _schemas()
         inputs_table = self._open_or_create(INPUTS, inputs_schema)
-        inputs_table.delete(in_list("input", ids))
+        known = {row["input"] for row in self.inputs(("input",), ids=set(ids))}
+        stamp = datetime.now(UTC).isoformat()
+        if known:
+            inputs_table.delete(in_list("input", sorted(known)))
+        pending = [{**rows.input, "fingerprint": "", "indexed_at": stamp} for rows in batch]
+        inputs_table.add(pa.Table.from_pylist(pending, schema=inputs_schema))
         by_table: dict[str, list[InputRows]] = {}
         dims: dict[str, int] = {}
         for rows in batch:
@@ -219,36 +229,27 @@ class Catalogue:
             name = segments_table(rows.input["embedding_model"], dimension)
             by_table.setdefault(name, []).append(rows)
             dims[name] = dimension
-        for name in self.segment_tables():  # an input indexed before with another model (or none now)
-            if name not in by_table:
-                self.db.open_table(name).delete(in_list("input", ids))
+        if known:  # an input indexed before with another model (or none now)
+            for name in self.segment_tables():
+                if name not in by_table:
+                    self.db.open_table(name).delete(in_list("input", sorted(known)))
         for name, members in by_table.items():
             _, schema = _schemas(dims[name])
             table = self._open_or_create(name, schema)
-            columns = {
-                column: [s[column] for rows in members for s in rows.segments] for column in SEGMENT_COLUMNS
-            }
-            vectors = np.concatenate([rows.vectors for rows in members]).astype(np.float32, copy=False)
-            data = pa.table(
-                {
-                    **{
-                        column: pa.array(values, type=schema.field(column).type)
-                        for column, values in columns.items()
-                    },
-                    "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), dims[name]),
-                },
-                schema=schema,
-            )
-            members_ids = [rows.input["input"] for rows in members]
-            (
-                table.merge_insert(["input", "segment"])
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .when_not_matched_by_source_delete(in_list("input", members_ids))
-                .execute(data)
-            )
+            fresh = [rows for rows in members if rows.input["input"] not in known]
+            again = [rows for rows in members if rows.input["input"] in known]
+            if fresh:
+                table.add(_segments_data(fresh, schema, dims[name]))
+            if again:
+                (
+                    table.merge_insert(["input", "segment"])
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .when_not_matched_by_source_delete(in_list("input", [r.input["input"] for r in again]))
+                    .execute(_segments_data(again, schema, dims[name]))
+                )
             _ensure_text_index(table)
-        stamp = datetime.now(UTC).isoformat()
+        inputs_table.delete(in_list("input", ids))
         records = [{**rows.input, "indexed_at": stamp} for rows in batch]
         inputs_table.add(pa.Table.from_pylist(records, schema=inputs_schema))
         self._commits += 1
@@ -282,6 +283,23 @@ class Catalogue:
         if name in self._names():
             return self.db.open_table(name)
         return self.db.create_table(name, schema=schema, exist_ok=True)
+
+
+def _segments_data(members: list[InputRows], schema, dimension: int):
+    """These inputs' segment rows as one Arrow table of ``schema``."""
+    import pyarrow as pa
+
+    columns = {column: [s[column] for rows in members for s in rows.segments] for column in SEGMENT_COLUMNS}
+    vectors = np.concatenate([rows.vectors for rows in members]).astype(np.float32, copy=False)
+    return pa.table(
+        {
+            **{
+                column: pa.array(values, type=schema.field(column).type) for column, values in columns.items()
+            },
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), dimension),
+        },
+        schema=schema,
+    )
 
 
 def _has_vector_index(table) -> bool:
