@@ -109,7 +109,7 @@ INPUTS = {
     ],
 }
 
-R, G, M, E, O = "radio/roads", "radio/gardening", "meetings/office", "readings/english", "readings/other"
+R, G, M, E, X = "radio/roads", "radio/gardening", "meetings/office", "readings/english", "readings/other"
 #: (kind, question, answers (input, segment), speaker filter)
 QUESTIONS: list[tuple[str, str, list[tuple[str, int]], str | None]] = [
     # paraphrases: few or none of the answer's words
@@ -123,7 +123,7 @@ QUESTIONS: list[tuple[str, str, list[tuple[str, int]], str | None]] = [
     ("meaning", "someone looks after hives on the rooftop", [(E, 1)], None),
     ("meaning", "why the flavour of what the hives produce changes each season", [(E, 2)], None),
     ("meaning", "a childhood spent by the port next to the ships", [(E, 0)], None),
-    ("meaning", "a chilly morning spent indoors reading the paper", [(E, 6), (O, 0), (O, 1), (O, 2)], None),
+    ("meaning", "a chilly morning spent indoors reading the paper", [(E, 6), (X, 0), (X, 1), (X, 2)], None),
     ("meaning", "a sentence about an animal leaping over a sleepy canine", [(E, 5)], None),
     ("meaning", "a tongue twister about a woman selling things on the beach", [(E, 4)], None),
     ("meaning", "ask her to pick up some items from the shop on her way", [(E, 3)], None),
