@@ -124,9 +124,10 @@ def test_the_run_report_says_where_the_time_went(run):
     speech = next(i for i in report["inputs"] if i["id"] == "speech")
     assert child["audio_s"] == pytest.approx(speech["duration_s"])
     assert child["model_s"] > 0, "Whisper's encode and generate are model time"
-    # the ASR child started warm: its imports ahead of the request are counted (they read 0.001 s), and
-    # what the short audio stage did not hide of them is the run's wait for ASR
-    assert child["import_s"] > 0.1 and asr["waited_s"] > 0
+    # the ASR child was forked from the fork server (the default start method): its libraries were imported
+    # there once, so its own import is short (a warm spawned child's import ahead of its request is counted:
+    # tests/orchestrator/process/test_timeline.py), and the run's wait for ASR is from the audio stage's exit
+    assert child["import_s"] < 1.0 and asr["waited_s"] > 0
     audio = report["stages"][0]["attempts"][-1]  # the stage before ASR
     assert asr["waited_s"] == pytest.approx(child["timeline"]["first_item"] - audio["timeline"]["exited"])
 
@@ -156,8 +157,6 @@ def test_child_logs_go_to_their_files_not_the_console(run):
     [run_dir] = (out / ".runs").iterdir()
     logs = {path.name.split("-")[1]: path.read_text() for path in run_dir.glob("chunk001-*-1.log")}
     assert "stages.runtime.child: asr: pid" in logs["asr"]
-    # the ASR child was started while the audio stage ran, and imported whisperX ahead of its request
-    assert "stages.runtime.child: stages.asr: imported ahead in" in logs["asr"]
     assert "stages.embeddings: embeddings: model 'BAAI/bge-small-en-v1.5'" in logs["embeddings"]
     assert "[asr]" not in done.stderr, (
         "the console shows them only with -v (tests/scenarios/test_cli_console.py)"
