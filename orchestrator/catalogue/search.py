@@ -18,7 +18,7 @@ from typing import Literal
 
 from orchestrator.catalogue.fusion import fuse, mark
 from orchestrator.catalogue.query import QueryVector
-from orchestrator.catalogue.store import Catalogue, quote
+from orchestrator.catalogue.store import CATALOGUE_DIR, Catalogue, quote
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,27 @@ def _hit(row: dict, query: str, score: float) -> Hit:
     )
 
 
+#: catalogues kept open for searches, by folder, with what names the catalogue directory they opened
+_READERS: dict[Path, tuple[tuple[int, int], Catalogue]] = {}
+
+
+def reader(out: Path) -> Catalogue | None:
+    """``out``'s catalogue kept open for searches (None: it has none). It is opened again when its directory
+    is another one (``pipeline index --rebuild``) or holds another set of tables (a new model's)."""
+    path = Path(out).resolve()
+    try:
+        info = (path / CATALOGUE_DIR).stat()
+    except OSError:
+        _READERS.pop(path, None)
+        return None
+    identity = (info.st_ino, info.st_ctime_ns)
+    kept = _READERS.get(path)
+    if kept is None or kept[0] != identity:
+        kept = (identity, Catalogue(path, reader=True))
+        _READERS[path] = kept
+    return kept[1]
+
+
 def search(
     out: Path,
     query: str,
@@ -118,8 +139,8 @@ def search(
         raise SearchError("the query is empty")
     if mode not in MODES:
         raise SearchError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
-    catalogue = Catalogue(out)
-    if not catalogue.exists:
+    catalogue = reader(out)
+    if catalogue is None:
         raise SearchError(f"{out} has no catalogue: run `pipeline index {out}` (a run makes it as it goes)")
     models = catalogue.models()
     result = SearchResult(query=query, mode=mode, indexed=sum(models.values()))

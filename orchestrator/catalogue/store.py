@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,8 @@ OPTIMIZE_EVERY = 20
 #: (bench/catalogue.py at 200,000 segments: recall@10 0.972 in 13 ms p50; refining, not probing, sets recall)
 NPROBES = 20
 REFINE_FACTOR = 30
+#: how stale a reader kept open may be: it sees a writer's commits within this (``Catalogue(reader=True)``)
+READ_CONSISTENCY = timedelta(seconds=1)
 
 SEGMENT_COLUMNS = (
     "input",
@@ -115,15 +117,33 @@ def in_list(column: str, values) -> str:
 
 
 class Catalogue:
-    """An output folder's catalogue (created on first write; ``exists`` says whether one was)."""
+    """An output folder's catalogue (created on first write; ``exists`` says whether one was).
 
-    def __init__(self, out: Path) -> None:
+    ``reader``: a catalogue kept open for many searches (``pipeline serve``): its table handles stay open and
+    see other processes' commits within :data:`READ_CONSISTENCY`, and the per-model input counts are read
+    again only when the ``inputs`` table has a new version."""
+
+    def __init__(self, out: Path, reader: bool = False) -> None:
         import lancedb
 
         self.path = Path(out) / CATALOGUE_DIR
         self.exists = self.path.is_dir()
-        self.db = lancedb.connect(str(self.path))
+        self.reader = reader
+        self.db = lancedb.connect(
+            str(self.path), read_consistency_interval=READ_CONSISTENCY if reader else None
+        )
         self._commits = 0
+        self._open: dict[str, object] = {}
+        self._models: tuple[int, dict[str, int]] | None = None
+        self._table_of: dict[str, str] = {}
+
+    def _table(self, name: str):
+        """``name``'s table (a reader keeps it open)."""
+        if not self.reader:
+            return self.db.open_table(name)
+        if name not in self._open:
+            self._open[name] = self.db.open_table(name)
+        return self._open[name]
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -138,7 +158,7 @@ class Catalogue:
         """The ``inputs`` table's rows (only ``columns``; only ``ids``, when given)."""
         if INPUTS not in self._names():
             return []
-        search = self.db.open_table(INPUTS).search().select(list(columns))
+        search = self._table(INPUTS).search().select(list(columns))
         if ids is not None:
             if not ids:
                 return []
@@ -150,20 +170,28 @@ class Catalogue:
         return {row["input"]: row["fingerprint"] for row in self.inputs(ids=ids)}
 
     def models(self) -> dict[str, int]:
-        """embeddings model -> inputs indexed with its vectors."""
+        """embeddings model -> inputs indexed with its vectors (a reader counts again only after a commit)."""
+        version = self._table(INPUTS).version if self.reader and INPUTS in self._names() else None
+        if version is not None and self._models is not None and self._models[0] == version:
+            return self._models[1]
         counts: dict[str, int] = {}
-        for row in self.inputs(("input", "embedding_model")):
+        for row in self.inputs(("embedding_model",)):
             counts[row["embedding_model"]] = counts.get(row["embedding_model"], 0) + 1
+        if version is not None:
+            self._models = (version, counts)
         return counts
 
     def table_of(self, model: str) -> str | None:
         """The segments table holding ``model``'s vectors (None: no input has them)."""
+        if model in self._table_of:
+            return self._table_of[model]
         prefix = f"segments_{re.sub(r'[^A-Za-z0-9]+', '_', model).strip('_')[:40]}_"
         for name in self.segment_tables():
             if name.startswith(prefix):
-                table = self.db.open_table(name)
+                table = self._table(name)
                 first = table.search().select(["model"]).limit(1).to_list()
                 if first and first[0]["model"] == model:
+                    self._table_of[model] = name  # a table keeps its name: known once found
                     return name
         return None
 
@@ -171,7 +199,7 @@ class Catalogue:
         """Full-text (BM25) hits over every segments table, best first (``_score``)."""
         hits: list[dict] = []
         for name in self.segment_tables():
-            table = self.db.open_table(name)
+            table = self._table(name)
             search = table.search(query, query_type="fts", fts_columns="text").select(
                 [*SEGMENT_COLUMNS, "_score"]
             )
@@ -186,7 +214,7 @@ class Catalogue:
         name = self.table_of(model)
         if name is None:
             return []
-        table = self.db.open_table(name)
+        table = self._table(name)
         search = (
             table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
             .metric("cosine")
