@@ -4,7 +4,9 @@ rankings fused by rank, :func:`~orchestrator.catalogue.fusion.fuse`), with filte
 Words are the catalogue's full-text index (BM25); meaning is the segments' vectors against the query's,
 embedded by the settings' embeddings model in a worker child (:mod:`orchestrator.catalogue.query`), and
 only vectors of that very model are compared: the inputs indexed with another model are counted, not
-searched. Names and rare words are what vectors miss, so the default is hybrid.
+searched. Names and rare words are what vectors miss, so the default is hybrid. In the hybrid, the full-text
+ranking keeps only the hits that hold at least half of the query's words (:func:`~orchestrator.catalogue.
+fusion.cover`): a hit sharing one word of a paraphrase would otherwise beat the vectors' best.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from orchestrator.catalogue.fusion import fuse, mark
+from orchestrator.catalogue.fusion import MIN_COVER, cover, fuse, mark
 from orchestrator.catalogue.query import QueryVector
 from orchestrator.catalogue.store import CATALOGUE_DIR, Catalogue, quote
 
@@ -165,7 +167,7 @@ def search(
         rows = {(r["input"], int(r["segment"])): r for r in [*near, *words]}
         fused = fuse(
             [
-                [(r["input"], int(r["segment"])) for r in words],
+                [(r["input"], int(r["segment"])) for r in words if cover(r["text"], query) >= MIN_COVER],
                 [(r["input"], int(r["segment"])) for r in near],
             ]
         )

@@ -12,7 +12,8 @@
 
 Readers open the tables while a run appends (Lance's versions: each commit is a snapshot). New rows are
 searched at once (an index covers the rows it was built or last optimized with; the rest is scanned), and
-:meth:`Catalogue.maintain` folds them in every :data:`OPTIMIZE_EVERY` commits. The vector index (IVF-PQ,
+:meth:`Catalogue.maintain` compacts them and adds them to the indexes every :data:`OPTIMIZE_EVERY` commits,
+at a cost that follows the new rows (:mod:`~orchestrator.catalogue.upkeep`). The vector index (IVF-PQ,
 refined by exact distances) is built once a table holds :data:`VECTOR_INDEX_ROWS` rows: below that an exact
 scan is fast enough.
 """
@@ -29,6 +30,7 @@ import numpy as np
 
 from orchestrator import layout
 from orchestrator.catalogue.rows import InputRows
+from orchestrator.catalogue.upkeep import tidy
 
 log = logging.getLogger(__name__)
 
@@ -293,8 +295,9 @@ class Catalogue:
                 self.db.open_table(name).delete(in_list("input", ids))
 
     def maintain(self) -> None:
-        """Compact the tables, fold new rows into their indexes, and build a segments table's vector index
-        once it is big enough."""
+        """Build a segments table's vector index once it is big enough, and keep every table compact with its
+        new rows indexed, at a cost that follows the rows added since the last time
+        (:func:`~orchestrator.catalogue.upkeep.tidy`)."""
         for name in [INPUTS, *self.segment_tables()]:
             if name not in self._names():
                 continue
@@ -303,9 +306,9 @@ class Catalogue:
                 log.info("catalogue: building the vector index of %s (%d rows)", name, table.count_rows())
                 table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_PQ")
             try:
-                table.optimize()
-            except Exception as exc:  # noqa: BLE001 - a later run optimizes again; the data is intact
-                log.warning("catalogue: %s not optimized: %s", name, exc)
+                tidy(table)
+            except Exception as exc:  # noqa: BLE001 - a later run tidies again; the data is intact
+                log.warning("catalogue: %s not tidied: %s", name, exc)
 
     def _open_or_create(self, name: str, schema):
         if name in self._names():
