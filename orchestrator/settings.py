@@ -339,6 +339,10 @@ class ExecutionOptions(SettingsGroup):
     #: (every later stage's of the chunk at once, at its start: more memory, imports compete with compute)
     #: or "off" (each child started at its turn); true / false read as "next" / "off"
     prefetch: Literal["next", "all", "off"] = "next"
+    #: chunks overlapped: the next chunk's first stages that use no GPU (fetching, decoding, the audio copy)
+    #: run while this chunk's GPU stages run, one chunk ahead at most. "auto": where the stages compute on a
+    #: GPU (on a CPU, decoding would take the cores the models compute on); "on"; "off"
+    overlap_chunks: Literal["auto", "on", "off"] = "auto"
     #: how stage children start: "forkserver" (forked from one fork server per run that imported every
     #: stage's libraries once and never touched a GPU: each child skips its imports and still creates its
     #: own CUDA context) or "spawn" (a fresh interpreter per child that imports its stage's libraries)
