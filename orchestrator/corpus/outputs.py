@@ -160,8 +160,10 @@ def _field(text: str) -> str:
 
 
 def speaker_turns(src: Sources) -> list[tuple[float, float, str]]:
-    """Who spoke when: the diarization's turns (named where a profile named them), else the segments'."""
-    if src.diarization is not None and src.diarization.turns:
+    """Who spoke when: the diarization's turns (named where a profile named them), else (or for separated
+    channels, named after them) the segments'."""
+    separated = any(s.channel is not None for s in src.transcript.segments)
+    if src.diarization is not None and src.diarization.turns and not separated:
         return [
             (
                 t.start,
