@@ -109,6 +109,7 @@ def test_speech_at_the_same_time_on_both_channels_is_shown_as_overlap(auto_run):
     ]
     by_speaker = {row["speaker"]: row for row in rows}
     assert set(by_speaker) == {"agent", "customer"}, rows
+    assert {(row["speaker"], row["channel"]) for row in rows} == {("agent", 0), ("customer", 1)}, rows
     assert any(row.get("overlap") == ["customer"] for row in rows if row["speaker"] == "agent"), rows
     assert any(row.get("overlap") == ["agent"] for row in rows if row["speaker"] == "customer"), rows
     shown = load_sources(out / "in" / "two_speakers", "in/two_speakers", CaptionRules()).transcript
