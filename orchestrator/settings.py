@@ -114,6 +114,14 @@ class InputOptions(SettingsGroup):
 
     #: a source damaged part-way: "keep" what decoded (reported as partial) or "fail" the input
     on_damaged: Literal["keep", "fail"] = "keep"
+    #: a source's channels (docs/channels.md): "mix" them to mono; "separate": transcribe each channel with
+    #: sound as its own track, its segments named after it (a phone call recorded agent-left and
+    #: customer-right); "auto": separate only when the channels hold different speech (not copies of one
+    #: signal, not a music bed, not one side silent). The API's ``channels`` form field sets it per upload
+    channels: Literal["mix", "separate", "auto"] = "mix"
+    #: the speaker name of each separated channel, in channel order, comma-separated, e.g. "agent,customer";
+    #: a channel past the list's end is "channel N" (N from 1)
+    channel_names: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: the audio stage opens only files whose real path (of the file actually opened) is under one of these
     #: (env: separated by ':'); empty: any file. The server sets it to its input roots for each job
     read_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
@@ -626,6 +634,13 @@ class Settings(*reversed(GROUPS), BaseSettings):
         if unknown:
             raise ValueError(f"unknown format {unknown[0]!r} (one of {', '.join(FORMATS)})")
         return names
+
+    @field_validator("channel_names", mode="before")
+    @classmethod
+    def _names(cls, value):
+        if isinstance(value, str):
+            value = value.split(",")
+        return [str(v).strip() for v in value or []]
 
     @field_validator("remote_secret_params", mode="before")
     @classmethod

@@ -359,7 +359,8 @@ class AsrStage(TorchStage):
         if not partner:
             self.mark_in_flight(request, [item.id], audio.duration_s)
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
-        windows = self._speech_windows(samples)
+        tracks = _channel_tracks(item, audio)
+        windows, channels = self._track_windows(samples, tracks)
         language_id = self.identify(samples, windows)
         language = (
             self.language
@@ -371,16 +372,31 @@ class AsrStage(TorchStage):
                 language = self.model.detect_language(samples)
         job = _Input(item, audio, windows, language or "unknown", language_id=language_id, speech=windows)
         job.partner = partner
+        job.channels = channels
         if self.settings.identify_only:  # pipeline langid: no transcription
             job.windows, job.texts, job.logprobs, job.no_speech, job.words = [], [], [], [], []
+            job.channels = []
         else:
             job.vocabulary, job.context = self._vocabulary(item, job.language)
             job.translate = self.translate and not partner and job.language not in ("en", "unknown")
             job.translations = [None] * len(job.windows)
         rate = SAMPLE_RATE
-        # each window's samples, copied: the input's whole audio is not held while its last window waits to share
-        job.pieces = [samples[int(start * rate) : int(end * rate)].copy() for start, end in job.windows]
+        # each window's samples (from its channel's track when the channels were separated), copied: the input's
+        # whole audio is not held while its last window waits to share
+        source = [tracks.get(channel, samples) for channel in job.channels]
+        job.pieces = [own[int(a * rate) : int(b * rate)].copy() for own, (a, b) in zip(source, job.windows)]
         return job
+
+    def _track_windows(self, samples, tracks: dict) -> tuple[list[tuple[float, float]], list[int | None]]:
+        """The speech windows to decode, by start time, and each one's channel: the mix's (channel None), or,
+        for separated channels (``tracks``: channel -> samples), each channel's own (they may overlap in
+        time: two people at once, one per channel)."""
+        if not tracks:
+            windows = self._speech_windows(samples)
+            return windows, [None] * len(windows)
+        found = [(w, c) for c, own in tracks.items() for w in self._speech_windows(own)]
+        found.sort(key=lambda pair: (pair[0][0], pair[1]))
+        return [w for w, _ in found], [c for _, c in found]
 
     def identify(self, samples, windows: list[tuple[float, float]]) -> LanguageId:
         """Language identification (stages/whisper/language.py) from ``windows`` unless ASR_LANGUAGE forces one."""
@@ -887,8 +903,14 @@ class AsrStage(TorchStage):
         segments, silent = [], 0
         translation: list[Segment] | None = [] if job.translate else None
         options = self.model.options
-        for (start, end), raw, logprob, no_speech, words, english in zip(
-            job.windows, job.texts, job.logprobs, job.no_speech, job.words, job.translations or job.texts
+        for (start, end), raw, logprob, no_speech, words, english, channel in zip(
+            job.windows,
+            job.texts,
+            job.logprobs,
+            job.no_speech,
+            job.words,
+            job.translations or job.texts,
+            job.channels or [None] * len(job.windows),
         ):
             text = (raw or "").strip()
             if not text:
@@ -915,10 +937,11 @@ class AsrStage(TorchStage):
                     end=round(max(start, end), 3),
                     text=text,
                     words=words or None,
+                    channel=channel,
                 )
             )
             if translation is not None and english:
-                span = {"start": segments[-1].start, "end": segments[-1].end}
+                span = {"start": segments[-1].start, "end": segments[-1].end, "channel": channel}
                 translation.append(Segment(id=len(translation), text=english, **span))
         audio = job.audio
         return TranscriptArtifact(
@@ -983,6 +1006,8 @@ class _Input:
     translations: list[str | None] = field(default_factory=list)
     #: a join group's member not asked for: decoded for its place in the group's windows, never written
     partner: bool = False
+    #: per window: the source channel whose track it is cut from (None: the mix; separated channels)
+    channels: list[int | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.texts = [None] * len(self.windows)
@@ -993,6 +1018,13 @@ class _Input:
     @property
     def done(self) -> bool:
         return all(text is not None for text in self.texts)
+
+
+def _channel_tracks(item: WorkItem, audio: AudioArtifact) -> dict:
+    """channel -> its samples, for an input whose channels the audio stage separated (empty: the mix is
+    its one track); each sidecar was checked against its sha256 as the artifact was read."""
+    folder = Path(item.inputs["audio"]).parent
+    return {t.channel: np.load(folder / t.sidecar, allow_pickle=False) for t in audio.channel_tracks}
 
 
 def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:
