@@ -152,8 +152,8 @@ class LanguageId(Strict):
     #: the allowed set (``--languages``), empty: any
     allowed: list[str] = Field(default_factory=list)
     reason: str | None = None
-    #: the scored windows did not clearly agree on one language (the best below 0.9, or a window confidently
-    #: of another language): each speech region was identified on its own (stages/whisper/language.py)
+    #: a scored window, or a speech region inside one, is confidently of another language than the best:
+    #: each speech region was identified on its own (stages/whisper/language.py)
     mixed: bool = False
     #: speech regions identified one by one (0: none, the input is clearly of one language)
     regions: int = Field(0, ge=0)

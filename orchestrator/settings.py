@@ -180,10 +180,10 @@ class AsrOptions(SettingsGroup):
     langid_only: bool = False
     #: languages identification may choose from, e.g. "en,de,es" (--languages); empty: any
     asr_languages: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    #: an input whose identified language is not clear (best below 0.9, or a scored window confidently of
-    #: another) has each speech region identified; its windows never cross a change of language and each is
-    #: decoded in its own language (segments say which; the transcript lists the languages and notes it).
-    #: False: one language per input. Ignored where ASR_LANGUAGE forces one
+    #: an input of which a scored window or a speech region is confidently of another language has each speech
+    #: region identified; its windows never cross a change of language and each is decoded in its own language
+    #: (segments say which; the transcript lists the languages and notes it). False: one language per input.
+    #: Ignored where ASR_LANGUAGE forces one
     asr_multilingual: bool = True
     #: CTranslate2 compute type; "auto": float16 on CUDA, int8 on CPU; int8_float16 halves float16's weights on GPU
     asr_compute_type: Literal[

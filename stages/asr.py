@@ -364,7 +364,7 @@ class AsrStage(TorchStage):
             self.mark_in_flight(request, [item.id], audio.duration_s)
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
         windows, regions = self._speech_windows(samples)
-        language_id = self.identify(samples, windows)
+        language_id = self.identify(samples, windows, regions if self.settings.multilingual else None)
         language = (
             self.language
             or language_id.language
@@ -393,15 +393,16 @@ class AsrStage(TorchStage):
         job.pieces = [samples[int(start * rate) : int(end * rate)].copy() for start, end in job.windows]
         return job
 
-    def identify(self, samples, windows: list[tuple[float, float]]) -> LanguageId:
-        """Language identification (stages/whisper/language.py) from ``windows`` unless ASR_LANGUAGE forces one."""
+    def identify(self, samples, windows: list[tuple[float, float]], regions=None) -> LanguageId:
+        """Language identification (stages/whisper/language.py) from ``windows`` unless ASR_LANGUAGE forces one;
+        with the VAD's speech ``regions``, also whether the input may hold several languages."""
         if self.forced:
             return LanguageId(
                 status="forced", language=self.forced, allowed=list(self.settings.languages or [])
             )
         if not self.model.model.model.is_multilingual:
             return langid.identify(self.model, samples, [], self.settings.languages)
-        return langid.identify(self.model, samples, windows, self.settings.languages)
+        return langid.identify(self.model, samples, windows, self.settings.languages, regions=regions)
 
     def _speech_windows(self, samples) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
         """whisperX's VAD, merged into windows of at most ``chunk_size`` seconds (seconds, in order); windows too

@@ -11,15 +11,19 @@ An input with too little speech, or whose best language is too uncertain, is
 ``undetermined`` with its reason instead of a guess; an English-only model cannot tell
 at all (``not_detectable``).
 
-Several languages in one input (an interview switching from English to German): when
-the scored windows do not clearly agree on one language (the best below
-``MIXED_BELOW``, or one window confidently of another language), every speech region
-the VAD found (its segments before they are merged into ``chunk_size`` windows) is
-identified on its own (:func:`detect_regions`), short or unsure regions take their
-neighbours' language (:func:`label_regions`), and the regions are merged again into
-decoding windows that never cross a language change (:func:`language_windows`). An
-input that is clearly one language costs nothing more: the windows already scored
-decide it. Child side only: called by stages/asr.py with the loaded whisperX
+Several languages in one input (an interview switching from English to German): a
+window's language is Whisper's guess from its whole 30 s, dominated by its first
+speech, so a window of English then German scores English at ~0.9. The speech regions
+the VAD found inside each scored window (its segments before they are merged into
+``chunk_size`` windows) are therefore scored too, from the window's encoder output
+already computed, each with the frames outside it replaced by those of silence
+(:func:`region_rankings`: one decoder step per region, no encoder pass). When a window
+or a region is confidently of another language (:func:`is_mixed`), every speech
+region of the input is identified on its own (:func:`detect_regions`), short or unsure
+regions take their neighbours' language (:func:`label_regions`), and the regions are
+merged again into decoding windows that never cross a language change
+(:func:`language_windows`). An input clearly of one language costs only the regions'
+decoder steps. Child side only: called by stages/asr.py with the loaded whisperX
 pipeline; numpy and whisperX are imported lazily.
 """
 
@@ -42,9 +46,11 @@ MIN_PROBABILITY = 0.5
 MAX_WINDOWS = 3
 #: languages kept in ``top``
 TOP = 3
-#: an input whose best language is below this probability (or one of whose scored windows is, at
-#: ``MIN_PROBABILITY`` or more, of another language) may hold several: its speech regions are identified
-MIXED_BELOW = 0.9
+#: a speech region of a scored window whose best language is another than the input's, at this probability
+#: or more (and above the input's language), makes the input one that may hold several languages
+REGION_PROBABILITY = 0.3
+#: seconds of a scored window's encoder output kept either side of a region when it is scored alone
+REGION_MARGIN_S = 0.2
 #: a speech region shorter than this (seconds) is not identified alone: it takes its neighbours' language
 MIN_REGION_S = 1.0
 #: a stretch of one language shorter than this (seconds of speech) between others is taken for theirs
@@ -143,44 +149,121 @@ def decide(
 def is_mixed(
     result: LanguageId,
     per_window: Sequence[Sequence[tuple[str, float]]],
+    per_region: Sequence[Sequence[tuple[str, float]]] = (),
     min_probability: float = MIN_PROBABILITY,
-    below: float = MIXED_BELOW,
+    region_probability: float = REGION_PROBABILITY,
 ) -> bool:
-    """Whether an input may hold several languages (pure): its best language is below ``below``, or a scored
-    window's ranking (best first) is at ``min_probability`` or more of another language."""
+    """Whether an input may hold several languages (pure), from the rankings (best first) of its scored windows
+    and of the speech regions inside them: a window at ``min_probability`` or more of another language than the
+    input's best, or a region at ``region_probability`` or more of another, likelier there than the input's."""
     if result.status not in ("detected", "undetermined") or not result.top:
         return False
-    best = result.top[0]
-    if best.probability < below:
+    best = result.top[0].language
+    if any(ranked and ranked[0][0] != best and ranked[0][1] >= min_probability for ranked in per_window):
         return True
-    return any(
-        ranked and ranked[0][0] != best.language and ranked[0][1] >= min_probability for ranked in per_window
-    )
+    for ranked in per_region:
+        if ranked and ranked[0][0] != best and ranked[0][1] >= region_probability:
+            return True
+    return False
+
+
+def _encode(pipeline, clips: list):
+    """The encoder output of these clips (each at most 30 s, padded to Whisper's window), on the model's device."""
+    import numpy as np
+
+    whisper = pipeline.model
+    if hasattr(whisper, "features"):  # the torch runtime: its own log-mel, on its device
+        batch = whisper.features(clips)
+    else:
+        from whisperx.audio import N_SAMPLES, log_mel_spectrogram
+
+        n_mels = whisper.feat_kwargs.get("feature_size") or 80
+        features = [log_mel_spectrogram(c, n_mels=n_mels, padding=N_SAMPLES - c.shape[0]) for c in clips]
+        batch = np.stack([np.asarray(f, dtype=np.float32) for f in features])
+    with model_time():
+        return whisper.encode(batch)
+
+
+def _detect(pipeline, encoded) -> list:
+    with model_time():
+        return pipeline.model.model.detect_language(encoded)
+
+
+def _as_tensor(encoded):
+    """An encoder output as a torch tensor (CTranslate2's StorageView viewed, on its device)."""
+    import numpy as np
+    import torch
+
+    if isinstance(encoded, torch.Tensor):
+        return encoded
+    if encoded.device == "cuda":
+        return torch.as_tensor(encoded, device=f"cuda:{encoded.device_index}")
+    return torch.as_tensor(np.asarray(encoded))
+
+
+def _as_encoded(tensor, like):
+    """A torch tensor of encoder output in the runtime's own type (that of ``like``)."""
+    import torch
+
+    if isinstance(like, torch.Tensor):
+        return tensor
+    import ctranslate2
+
+    tensor = tensor.contiguous()
+    return ctranslate2.StorageView.from_array(tensor if tensor.is_cuda else tensor.numpy())
+
+
+def region_rankings(
+    pipeline,
+    encoded,
+    chosen: Sequence[tuple[float, float]],
+    regions: Sequence[tuple[float, float]],
+    allowed: Sequence[str] = (),
+    min_region_s: float = MIN_REGION_S,
+) -> list[list[tuple[str, float]]]:
+    """Each speech region (of ``min_region_s`` or more) inside a scored window that holds several: its language
+    ranking from that window's encoder output (``encoded``, already computed to score the window), with every
+    frame outside the region (``REGION_MARGIN_S`` either side) replaced by the encoder output of silence. One
+    decoder step per region, no encoder pass but one of silence per child: what keeps the check nearly free on
+    an input of one language."""
+    import numpy as np
+    import torch
+
+    inside = [
+        (k, a - start, b - start)
+        for k, (start, end) in enumerate(chosen)
+        for a, b in regions
+        if a >= start - 1e-3 and b <= end + 1e-3 and b - a >= min_region_s
+    ]
+    counts = {k: sum(1 for j, _, _ in inside if j == k) for k, _, _ in inside}
+    inside = [(k, a, b) for k, a, b in inside if counts[k] > 1]
+    if not inside:
+        return []
+    whole = _as_tensor(encoded)
+    if getattr(pipeline, "_silent_frames", None) is None:
+        pipeline._silent_frames = _as_tensor(_encode(pipeline, [np.zeros(160, dtype=np.float32)]))[0].clone()
+    silence = pipeline._silent_frames
+    per_s = whole.shape[1] / 30.0  # Whisper's encoder: 50 frames a second
+    masked = []
+    for k, a, b in inside:
+        first = max(0, int((a - REGION_MARGIN_S) * per_s))
+        last = min(whole.shape[1], int(np.ceil((b + REGION_MARGIN_S) * per_s)))
+        frames = silence.clone()
+        frames[first:last] = whole[k, first:last]
+        masked.append(frames)
+    results = _detect(pipeline, _as_encoded(torch.stack(masked), encoded))
+    return [combine([(1.0, [(token[2:-2], p) for token, p in pairs])], allowed) for pairs in results]
 
 
 def _scores(pipeline, samples, spans: Sequence[tuple[float, float]], batch_size: int = 16) -> list:
     """Whisper's language ranking ([(token, probability)], best first) of each span of ``samples``."""
-    import numpy as np
-
-    whisper = pipeline.model
     out = []
     for first in range(0, len(spans), batch_size):
         clips = [
             samples[int(start * SAMPLE_RATE) : int(end * SAMPLE_RATE)][: SAMPLE_RATE * 30]
             for start, end in spans[first : first + batch_size]
         ]
-        if hasattr(whisper, "features"):  # the torch runtime: its own log-mel, on its device
-            batch = whisper.features(clips)
-        else:
-            from whisperx.audio import N_SAMPLES, log_mel_spectrogram
-
-            n_mels = whisper.feat_kwargs.get("feature_size") or 80
-            features = [
-                log_mel_spectrogram(c, n_mels=n_mels, padding=N_SAMPLES - c.shape[0]) for c in clips
-            ]
-            batch = np.stack([np.asarray(f, dtype=np.float32) for f in features])
-        with model_time():
-            out += whisper.model.detect_language(whisper.encode(batch))
+        out += _detect(pipeline, _encode(pipeline, clips))
     return out
 
 
@@ -280,8 +363,10 @@ def identify(
     max_windows: int = MAX_WINDOWS,
     min_speech_s: float = MIN_SPEECH_S,
     min_probability: float = MIN_PROBABILITY,
+    regions: Sequence[tuple[float, float]] | None = None,
 ) -> LanguageId:
-    """Identify the language of ``samples`` (16 kHz mono float32) from its VAD ``windows`` (seconds)."""
+    """Identify the language of ``samples`` (16 kHz mono float32) from its VAD ``windows`` (seconds); with the
+    VAD's ``regions``, also whether it may hold several languages (``mixed``: :func:`is_mixed`)."""
     speech_s = float(sum(max(0.0, end - start) for start, end in windows))
     whisper = pipeline.model  # faster-whisper WhisperModel; .model is the CTranslate2 Whisper
     if not whisper.model.is_multilingual:
@@ -295,13 +380,17 @@ def identify(
     if speech_s < min_speech_s:
         return decide([], speech_s, 0, allowed, min_speech_s, min_probability)
     chosen = spread(windows, max_windows)
-    results = _scores(pipeline, samples, chosen)
+    clips = [samples[int(start * SAMPLE_RATE) : int(end * SAMPLE_RATE)][: SAMPLE_RATE * 30] for start, end in chosen]
+    encoded = _encode(pipeline, clips)
+    results = _detect(pipeline, encoded)
     scored = []
     for (start, end), pairs in zip(chosen, results, strict=True):
         scored.append((end - start, [(token[2:-2], p) for token, p in pairs]))
     result = decide(combine(scored, allowed), speech_s, len(chosen), allowed, min_speech_s, min_probability)
-    per_window = [combine([(1.0, pairs)], allowed) for _, pairs in scored]
-    result = result.model_copy(update={"mixed": is_mixed(result, per_window, min_probability)})
+    if regions is not None:
+        per_window = [combine([(1.0, pairs)], allowed) for _, pairs in scored]
+        per_region = region_rankings(pipeline, encoded, chosen, regions, allowed)
+        result = result.model_copy(update={"mixed": is_mixed(result, per_window, per_region, min_probability)})
     log.info(
         "language: %s (%s) from %d window(s), %.1f s of speech%s",
         result.language or result.status,

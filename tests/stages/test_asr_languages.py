@@ -14,7 +14,8 @@ import pytest
 import soundfile as sf
 
 from contracts import TranscriptArtifact
-from stages.whisper.language import label_regions, language_windows
+from contracts.artifacts import LanguageId
+from stages.whisper.language import decide, is_mixed, label_regions, language_windows
 from tests.conftest import MEDIA, wer
 from tests.stages.test_asr import decode_audio, run_asr_stage
 
@@ -63,10 +64,14 @@ def _run(tmp, audio, **settings) -> dict[str, TranscriptArtifact]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, recordings):
-    """The recordings' transcripts by runtime (each input alone: no joined windows), and with the language forced."""
+    """The recordings' transcripts by runtime (each input alone: no joined windows; CTranslate2 in float32), and
+    with the language forced (CTranslate2's CPU default, int8)."""
     tmp = tmp_path_factory.mktemp("runs")
     out = {
-        "ctranslate2": _run(tmp / "ct2", recordings, runtime="ctranslate2", join_inputs=False),
+        # in torch's precision on the CPU, where the two runtimes must give the same words
+        "ctranslate2": _run(
+            tmp / "ct2", recordings, runtime="ctranslate2", compute_type="float32", join_inputs=False
+        ),
         "forced": _run(
             tmp / "forced", {"en_de": recordings["en_de"]}, runtime="ctranslate2", language="en"
         ),
@@ -159,3 +164,13 @@ def test_region_labels_need_a_confident_stretch_and_windows_stop_at_a_change():
     labels = ["en", "en", "de", "de", "de"]
     assert language_windows(regions, labels, 30) == [(0.0, 4.0, "en"), (4.5, 12.0, "de")]
     assert language_windows(regions, ["en"] * 5, 6) == [(0.0, 4.0, "en"), (4.5, 7.0, "en"), (8.0, 12.0, "en")]
+
+
+def test_an_input_is_mixed_when_a_window_or_a_region_is_confidently_of_another_language():
+    en = decide([("en", 0.9), ("la", 0.02)], speech_s=13.0, windows=1)
+    assert not is_mixed(en, [[("en", 0.9)]], [[("en", 0.97)], [("en", 0.42), ("cy", 0.3)]])
+    assert is_mixed(en, [[("en", 0.9)]], [[("en", 0.97)], [("de", 0.41), ("en", 0.2)]])
+    assert not is_mixed(en, [[("en", 0.9)]], [[("en", 0.97)], [("de", 0.25), ("en", 0.2)]])
+    assert is_mixed(en, [[("en", 0.95)], [("es", 0.8)]])
+    forced = LanguageId(status="forced", language="en")
+    assert not is_mixed(forced, [[("de", 0.99)]])
