@@ -140,6 +140,10 @@ class AlignmentStage(TorchStage):
 
     def _align(self, item: WorkItem, asr: TranscriptArtifact):
         language = asr.language
+        if (
+            asr.languages_note
+        ):  # several languages: a wav2vec2 aligner knows one; the words Whisper timed stay
+            return self._align_whisper(item, asr, "several languages in one input")
         if language in self.unavailable:
             return self._align_whisper(item, asr, self.unavailable[language])
         try:
@@ -391,6 +395,7 @@ def split_at_speakers(segments: list[Segment]) -> list[Segment]:
                     text=" ".join(w.word.strip() for w in run).strip(),
                     words=run,
                     speaker=speaker,
+                    language=seg.language,
                 )
             )
     return out

@@ -53,8 +53,8 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterator
-from itertools import groupby
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 
 from contracts import (
@@ -381,7 +381,14 @@ class AsrStage(TorchStage):
         job.languages = languages or [job.language] * len(windows)
         job.partner = partner
         if self.settings.identify_only:  # pipeline langid: no transcription
-            job.windows, job.texts, job.logprobs, job.no_speech, job.words, job.languages = [], [], [], [], [], []
+            job.windows, job.texts, job.logprobs, job.no_speech, job.words, job.languages = (
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+            )
         else:
             job.vocabulary, job.context = self._vocabulary(item, job.language)
             job.translate = (

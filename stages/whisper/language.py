@@ -297,9 +297,7 @@ def label_regions(
     previous (or, at the start, next) neighbour's, else ``fallback``; then a stretch of one language holding
     less than ``min_run_s`` of speech between others takes the longer neighbouring stretch's language (a switch
     must be heard with some confidence)."""
-    labels: list[str | None] = [
-        f[0] if f is not None and f[1] >= min_probability else None for f in found
-    ]
+    labels: list[str | None] = [f[0] if f is not None and f[1] >= min_probability else None for f in found]
     known = [label for label in labels if label is not None]
     if not known:
         return [fallback] * len(regions)
@@ -380,7 +378,10 @@ def identify(
     if speech_s < min_speech_s:
         return decide([], speech_s, 0, allowed, min_speech_s, min_probability)
     chosen = spread(windows, max_windows)
-    clips = [samples[int(start * SAMPLE_RATE) : int(end * SAMPLE_RATE)][: SAMPLE_RATE * 30] for start, end in chosen]
+    clips = [
+        samples[int(start * SAMPLE_RATE) : int(end * SAMPLE_RATE)][: SAMPLE_RATE * 30]
+        for start, end in chosen
+    ]
     encoded = _encode(pipeline, clips)
     results = _detect(pipeline, encoded)
     scored = []
@@ -390,7 +391,9 @@ def identify(
     if regions is not None:
         per_window = [combine([(1.0, pairs)], allowed) for _, pairs in scored]
         per_region = region_rankings(pipeline, encoded, chosen, regions, allowed)
-        result = result.model_copy(update={"mixed": is_mixed(result, per_window, per_region, min_probability)})
+        result = result.model_copy(
+            update={"mixed": is_mixed(result, per_window, per_region, min_probability)}
+        )
     log.info(
         "language: %s (%s) from %d window(s), %.1f s of speech%s",
         result.language or result.status,

@@ -72,9 +72,7 @@ def runs(tmp_path_factory, recordings):
         "ctranslate2": _run(
             tmp / "ct2", recordings, runtime="ctranslate2", compute_type="float32", join_inputs=False
         ),
-        "forced": _run(
-            tmp / "forced", {"en_de": recordings["en_de"]}, runtime="ctranslate2", language="en"
-        ),
+        "forced": _run(tmp / "forced", {"en_de": recordings["en_de"]}, runtime="ctranslate2", language="en"),
     }
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(sys.modules, "ctranslate2", None)  # torch, as on an image without CTranslate2
@@ -90,7 +88,9 @@ def _text(transcript: TranscriptArtifact, language: str) -> str:
 def test_each_part_is_decoded_in_its_own_language_and_the_transcript_lists_them(runs, runtime):
     en_de = runs[runtime]["en_de"]
     assert en_de.language_id.mixed and en_de.language_id.regions >= 2
-    assert [s.language for s in en_de.segments] == ["en", "de"], [(s.language, s.text) for s in en_de.segments]
+    assert [s.language for s in en_de.segments] == ["en", "de"], [
+        (s.language, s.text) for s in en_de.segments
+    ]
     assert wer(reference("de"), _text(en_de, "de")) <= MAX_WER["de"], _text(en_de, "de")
     assert wer(reference("en"), _text(en_de, "en")) <= MAX_WER["en"], _text(en_de, "en")
     shares = {s.language: s.seconds for s in en_de.languages}
@@ -112,7 +112,9 @@ def test_both_runtimes_give_the_same_languages_and_texts(runs):
         ct2, torch = runs["ctranslate2"][name], runs["torch"][name]
         assert [s.language for s in ct2.segments] == [s.language for s in torch.segments], name
         assert [(s.start, s.end) for s in ct2.segments] == [(s.start, s.end) for s in torch.segments], name
-        assert wer(" ".join(s.text for s in ct2.segments), " ".join(s.text for s in torch.segments)) < 0.1, name
+        assert wer(" ".join(s.text for s in ct2.segments), " ".join(s.text for s in torch.segments)) < 0.1, (
+            name
+        )
 
 
 def test_an_english_only_recording_is_one_language_and_costs_no_region_detection(runs):
@@ -147,7 +149,11 @@ def test_joined_windows_never_hold_two_languages(tmp_path, recordings):
 
     tmp_path.mkdir(exist_ok=True)
     result, joined, _ = run_asr_stage(
-        tmp_path, recordings, 4, {"model": "whisper-base", "runtime": "ctranslate2", "join_inputs": True}, spy=spy
+        tmp_path,
+        recordings,
+        4,
+        {"model": "whisper-base", "runtime": "ctranslate2", "join_inputs": True},
+        spy=spy,
     )
     assert all(r.ok for r in result.items), result.items
     assert any(len(parts) == 1 for parts in seen) and all(len(langs) == 1 for langs in seen), seen
