@@ -373,7 +373,8 @@ class AsrStage(TorchStage):
         languages = None  # each window's language where the input holds several
         if language_id.mixed and self.settings.multilingual and not self.settings.identify_only:
             windows, languages, language_id = self._by_region(item, samples, regions, language, language_id)
-            language = langid.main_language([(a, b, x) for (a, b), x in zip(windows, languages)])[0][0]
+            shares = langid.main_language([(a, b, x) for (a, b), x in zip(windows, languages)])
+            language = shares[0][0] if shares else language
         if language is None and windows and not self.settings.identify_only:
             with model_time():  # nothing measured: whisperX's own guess (first 30 s)
                 language = self.model.detect_language(samples)
@@ -381,14 +382,8 @@ class AsrStage(TorchStage):
         job.languages = languages or [job.language] * len(windows)
         job.partner = partner
         if self.settings.identify_only:  # pipeline langid: no transcription
-            job.windows, job.texts, job.logprobs, job.no_speech, job.words, job.languages = (
-                [],
-                [],
-                [],
-                [],
-                [],
-                [],
-            )
+            job.windows, job.texts, job.logprobs, job.no_speech, job.words = [], [], [], [], []
+            job.languages = []
         else:
             job.vocabulary, job.context = self._vocabulary(item, job.language)
             job.translate = (
