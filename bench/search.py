@@ -462,7 +462,7 @@ def scale(model, args, workdir: Path) -> None:
     for name, xs in store_lat.items():
         print(f"| Catalogue.{name}() alone (open catalogue) | {pct(xs, 50):.1f} | {pct(xs, 99):.1f} |")
     print(
-        f"| Catalogue(out).models() (what each search() opens) | {pct(open_lat, 50):.1f} | {pct(open_lat, 99):.1f} |"
+        f"| fresh Catalogue(out).models() (one-off search) | {pct(open_lat, 50):.1f} | {pct(open_lat, 99):.1f} |"
     )
     print(f"\nrecall@10 of meaning vs exact: {recall:.3f}; with a speaker filter: {np.mean(recall_f):.3f}\n")
     print(

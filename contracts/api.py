@@ -207,6 +207,9 @@ class JobRecord(Strict):
     #: the spoken language and Whisper's initial prompt (transcriptions; None: the server's settings)
     language: str | None = None
     prompt: str | None = None
+    #: how the upload's channels are treated (the form's ``channels``: mix, separate, auto; None: the server's
+    #: ``PIPELINE_CHANNELS``)
+    channels: Literal["mix", "separate", "auto"] | None = None
     #: the job's names and terms (``JobRequest.vocabulary``)
     vocabulary: list[str] = Field(default_factory=list)
     output_dir: str
@@ -295,6 +298,8 @@ class Health(Strict):
 
 
 TRANSCRIPTION_FORMATS = ("json", "verbose_json", "text", "srt", "vtt")
+#: the ``channels`` form field of a transcription (``PIPELINE_CHANNELS`` for that upload)
+CHANNEL_MODES = ("mix", "separate", "auto")
 
 
 class TranscriptionWord(Strict):

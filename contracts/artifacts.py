@@ -68,8 +68,39 @@ class SidecarArtifact(Artifact):
 LISTEN_COPY = "listen.ogg"
 
 
+#: how the audio stage treats a source's channels (``PIPELINE_CHANNELS``): "mix" them to mono (the one track),
+#: transcribe each as its own track ("separate"), or separate only when they hold different speech ("auto";
+#: docs/channels.md)
+ChannelMode = Literal["mix", "separate", "auto"]
+
+
+class ChannelTrack(Strict):
+    """One channel of a separated source: its 16 kHz float32 samples in a ``.npy`` sidecar of its own."""
+
+    #: the channel's index in the source (0: the first, left of a stereo file)
+    channel: int = Field(ge=0)
+    sidecar: str = Field(pattern=r"^[^/\\]+\.npy$")
+    sha256: str = Sha256
+
+
+class ChannelMeasure(Strict):
+    """What the audio stage measured to tell whether a source's channels hold different speech, over 20 ms
+    frames (``stages.audio.measure_channels``)."""
+
+    #: per channel: seconds of frames with sound (10 dB above the channel's own floor, above -60 dBFS)
+    active_s: list[float]
+    #: per channel: the share of its frames with sound in which it is alone (every other channel silent
+    #: or 20 dB quieter): 0 for copies of one signal, most of it for one speaker per channel
+    alone: list[float]
+    #: the highest correlation between two channels' levels (dB, frame by frame) over the frames where either
+    #: has sound (1: copies, even at another gain; high: one sound on both, a music bed; near or below 0: a
+    #: speaker per channel); None: fewer than two channels with sound
+    correlation: float | None = None
+
+
 class AudioArtifact(SidecarArtifact):
-    """Decoded audio: 16 kHz mono float32 samples in a ``.npy`` sidecar."""
+    """Decoded audio: 16 kHz mono float32 samples in a ``.npy`` sidecar (the mix of the source's channels),
+    and, when the channels were separated, one sidecar per channel (``channel_tracks``)."""
 
     kind: Literal["audio"] = "audio"
     source_size: int = Field(ge=0)
@@ -90,6 +121,14 @@ class AudioArtifact(SidecarArtifact):
     audio_streams: int = Field(default=1, ge=1)
     #: said when the source had a choice: "2 audio tracks: decoded stream 2 (marked default)"
     track: str | None = None
+    #: ``PIPELINE_CHANNELS`` as asked for this input
+    channel_mode: ChannelMode = "mix"
+    #: the channels' measure (None: not measured: "mix", or a source of one channel)
+    channel_measure: ChannelMeasure | None = None
+    #: what was decided and why: "separated: ..." or "mixed: ..." (None: "mix", or one channel)
+    channel_decision: str | None = None
+    #: the channels transcribed as their own tracks (empty: the mix is the one track)
+    channel_tracks: list[ChannelTrack] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _duration_matches(self) -> AudioArtifact:
@@ -119,6 +158,8 @@ class Segment(Strict):
     speaker: str | None = None
     #: the other voices heard during this segment (see :attr:`Word.overlap`)
     overlap: list[str] | None = None
+    #: the source channel it was transcribed from when the channels were separated (None: the mix)
+    channel: int | None = Field(None, ge=0)
     #: the language this segment was decoded in (its words' too); None: the transcript's ``language``
     #: (artifacts written before languages were identified per speech region)
     language: str | None = None

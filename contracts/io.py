@@ -205,8 +205,13 @@ def load_artifact(path: str | Path, cls: type[M]) -> M:
 
 
 def check_sidecar(artifact: BaseModel, artifact_path: str | Path) -> None:
-    sidecar = getattr(artifact, "sidecar", None)
-    expected = getattr(artifact, "sha256", None)
+    """The artifact's sidecar (and each of its channel tracks' sidecars) is there with the sha256 recorded."""
+    for track in getattr(artifact, "channel_tracks", None) or []:
+        _check_sidecar_file(track.sidecar, track.sha256, artifact_path)
+    _check_sidecar_file(getattr(artifact, "sidecar", None), getattr(artifact, "sha256", None), artifact_path)
+
+
+def _check_sidecar_file(sidecar: str | None, expected: str | None, artifact_path: str | Path) -> None:
     if sidecar is None or expected is None:
         return
     data_path = os.path.join(os.path.dirname(artifact_path), sidecar)  # text: a resume checks a corpus's

@@ -52,6 +52,17 @@ class AudioSettings(StageSettings):
     #: directories the stage may read sources from, checked on the file it actually opened (the HTTP API's
     #: input roots; a job's upload folder); empty: any file
     roots: list[str] = Field(default_factory=list)
+    #: the source's channels: "mix" to mono, "separate" (each channel with sound its own track), or "auto"
+    #: (separate when they hold different speech; ``stages.audio.decide_channels``)
+    channels: Literal["mix", "separate", "auto"]
+
+    def identity(self) -> dict[str, Any]:
+        """As the base's, without ``channels`` when it is "mix" (what the stage did before the setting
+        existed: earlier runs' fingerprints stay current)."""
+        out = super().identity()
+        if out.get("channels") == "mix":
+            del out["channels"]
+        return out
 
 
 class AsrSettings(StageSettings):
@@ -151,6 +162,16 @@ class AlignmentSettings(StageSettings):
     #: speakers are on (diarization ran or was skipped by the fast path)
     speakers: bool
     skip_voice_embeddings: bool
+    #: the speaker name of each separated channel, in channel order ("channel N" past the list's end);
+    #: sent empty when channels are mixed, so a name change redoes nothing there
+    channel_names: list[str] = Field(default_factory=list)
+
+    def identity(self) -> dict[str, Any]:
+        """As the base's, without ``channel_names`` when it is empty (earlier runs' fingerprints stay)."""
+        out = super().identity()
+        if not out.get("channel_names"):
+            out.pop("channel_names", None)
+        return out
 
 
 class EmbeddingsSettings(StageSettings):

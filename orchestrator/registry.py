@@ -161,7 +161,9 @@ STAGES: tuple[StageDef, ...] = (
         "stages.audio",
         AudioArtifact,
         AudioSettings,
-        build=lambda s: AudioSettings(on_damaged=s.on_damaged, roots=[str(r) for r in s.read_roots]),
+        build=lambda s: AudioSettings(
+            on_damaged=s.on_damaged, roots=[str(r) for r in s.read_roots], channels=s.channels
+        ),
         gpu=False,
         keep=False,
     ),
@@ -253,6 +255,7 @@ STAGES: tuple[StageDef, ...] = (
             allow_hub=s.hub,
             speakers=s.speakers,
             skip_voice_embeddings=s.skip_voice_embeddings,
+            channel_names=s.channel_names if s.channels != "mix" else [],
             asr_model=s.asr_model,
             weights_dir=_str(s.weights_dir),
         ),

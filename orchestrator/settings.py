@@ -114,6 +114,14 @@ class InputOptions(SettingsGroup):
 
     #: a source damaged part-way: "keep" what decoded (reported as partial) or "fail" the input
     on_damaged: Literal["keep", "fail"] = "keep"
+    #: a source's channels (docs/channels.md): "mix" them to mono; "separate": transcribe each channel with
+    #: sound as its own track, its segments named after it (a phone call recorded agent-left and
+    #: customer-right); "auto": separate only when the channels hold different speech (not copies of one
+    #: signal, not a music bed, not one side silent). The API's ``channels`` form field sets it per upload
+    channels: Literal["mix", "separate", "auto"] = "mix"
+    #: the speaker name of each separated channel, in channel order, comma-separated, e.g. "agent,customer";
+    #: a channel past the list's end is "channel N" (N from 1)
+    channel_names: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: the audio stage opens only files whose real path (of the file actually opened) is under one of these
     #: (env: separated by ':'); empty: any file. The server sets it to its input roots for each job
     read_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
@@ -344,6 +352,10 @@ class ExecutionOptions(SettingsGroup):
     #: (every later stage's of the chunk at once, at its start: more memory, imports compete with compute)
     #: or "off" (each child started at its turn); true / false read as "next" / "off"
     prefetch: Literal["next", "all", "off"] = "next"
+    #: chunks overlapped: the next chunk's first stages that use no GPU (fetching, decoding, the audio copy)
+    #: run while this chunk's GPU stages run, one chunk ahead at most. "auto": where the stages compute on a
+    #: GPU (on a CPU, decoding would take the cores the models compute on); "on"; "off"
+    overlap_chunks: Literal["auto", "on", "off"] = "auto"
     #: how stage children start: "forkserver" (forked from one fork server per run that imported every
     #: stage's libraries once and never touched a GPU: each child skips its imports and still creates its
     #: own CUDA context) or "spawn" (a fresh interpreter per child that imports its stage's libraries)
@@ -627,6 +639,13 @@ class Settings(*reversed(GROUPS), BaseSettings):
         if unknown:
             raise ValueError(f"unknown format {unknown[0]!r} (one of {', '.join(FORMATS)})")
         return names
+
+    @field_validator("channel_names", mode="before")
+    @classmethod
+    def _names(cls, value):
+        if isinstance(value, str):
+            value = value.split(",")
+        return [str(v).strip() for v in value or []]
 
     @field_validator("remote_secret_params", mode="before")
     @classmethod

@@ -17,6 +17,9 @@ diarization and the enrollment matches; writes ``transcript.json``:
   overlaps most; a segment whose words change speaker is split at the change.
   Cluster labels become enrolled names where the enrollment stage matched a
   profile; other speakers keep ``SPEAKER_nn``.
+- **separated channels** (``PIPELINE_CHANNELS``): each segment's words are timed on
+  its own channel's samples, and each segment and word is named after its channel
+  (``channel_names``), diarization or not (``channel_speakers``).
 """
 
 from __future__ import annotations
@@ -101,7 +104,16 @@ class AlignmentStage(TorchStage):
         enrollment = _optional(item, "speaker_embeddings", SpeakerEmbeddingsArtifact)
         speakers_note = None
         translation = asr.translation
-        if diarization is not None:
+        if any(seg.channel is not None for seg in segments):  # separated: a speaker per channel
+            names = list(self.settings.channel_names)
+            segments = channel_speakers(segments, names)
+            translation = channel_speakers(translation, names) if translation else translation
+            if diarization is not None:
+                speakers_note = (
+                    "channels separated: each segment is named after its channel (the diarization's "
+                    "voices are not used to name them)"
+                )
+        elif diarization is not None:
             names = {m.speaker: m.name for m in enrollment.matches if m.name} if enrollment else {}
             segments = split_at_speakers(assign_speakers(segments, diarization.turns, names))
             if translation:  # each translated window: the speaker heard most in it
@@ -159,41 +171,20 @@ class AlignmentStage(TorchStage):
             self.unavailable[language] = reason
             return self._align_whisper(item, asr, reason)
         self.aligners[language] = (model, metadata, name)
-        import numpy as np
         import whisperx.alignment as wxa
 
-        audio = load_artifact(item.inputs["audio"], AudioArtifact)
-        samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
-        with model_time():  # wav2vec2's forward, and whisperx's CTC alignment of its output
-            result = wxa.align(
-                [{"start": s.start, "end": s.end, "text": s.text} for s in asr.segments],
-                model,
-                metadata,
-                samples,
-                self.device,
-            )
-        segments = []
-        for raw in result["segments"]:
-            words = [
-                Word(
-                    word=w["word"],
-                    start=_num(w.get("start")),
-                    end=_num(w.get("end")),
-                    score=_num(w.get("score")),
+        def align(samples, segments: list[Segment]) -> list[Segment]:
+            with model_time():  # wav2vec2's forward, and whisperx's CTC alignment of its output
+                result = wxa.align(
+                    [{"start": s.start, "end": s.end, "text": s.text} for s in segments],
+                    model,
+                    metadata,
+                    samples,
+                    self.device,
                 )
-                for w in raw.get("words", [])
-            ]
-            start = max(0.0, float(raw["start"]))
-            segments.append(
-                Segment(
-                    id=len(segments),
-                    start=round(start, 3),
-                    end=round(max(start, float(raw["end"])), 3),
-                    text=raw["text"].strip(),
-                    words=words or None,
-                )
-            )
-        return segments, True, name, None
+            return _wav2vec2_segments(result, segments[0].channel)
+
+        return per_channel(asr.segments, _tracks(item), align), True, name, None
 
     def _align_whisper(self, item: WorkItem, asr: TranscriptArtifact, why_not_wav2vec2: str):
         """Words timed by the ASR model's own cross-attention (stages.whisper.align): as the ASR stage timed
@@ -218,11 +209,9 @@ class AlignmentStage(TorchStage):
                 log.warning("alignment: %s; keeping segment timestamps", reason)
                 return list(asr.segments), False, None, reason
             self.whisper = {key: aligner}  # one model at a time
-        audio = load_artifact(item.inputs["audio"], AudioArtifact)
-        import numpy as np
-
-        samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
-        segments = aligner.align(samples, list(asr.segments), self.batch_size)
+        segments = per_channel(
+            asr.segments, _tracks(item), lambda samples, part: aligner.align(samples, part, self.batch_size)
+        )
         return segments, True, f"{WORD_TIMING}:{asr.requested_model}", None
 
     def _asr_path(self, asr: TranscriptArtifact) -> str:
@@ -283,6 +272,75 @@ def _sentences_without_download(wxa, allow_hub: bool) -> None:
 
     nltk_load.isostage_offline = True
     wxa.nltk_load = nltk_load
+
+
+def _wav2vec2_segments(result: dict, channel: int | None) -> list[Segment]:
+    """whisperX's aligned segments as ours (``channel``: the track they were aligned on)."""
+    segments = []
+    for raw in result["segments"]:
+        words = [
+            Word(
+                word=w["word"], start=_num(w.get("start")), end=_num(w.get("end")), score=_num(w.get("score"))
+            )
+            for w in raw.get("words", [])
+        ]
+        start = max(0.0, float(raw["start"]))
+        segments.append(
+            Segment(
+                id=len(segments),
+                start=round(start, 3),
+                end=round(max(start, float(raw["end"])), 3),
+                text=raw["text"].strip(),
+                words=words or None,
+                channel=channel,
+            )
+        )
+    return segments
+
+
+def _tracks(item: WorkItem) -> dict:
+    """The input's samples by channel: None -> the mix, and each separated channel's own track."""
+    import numpy as np
+
+    audio = load_artifact(item.inputs["audio"], AudioArtifact)
+    folder = Path(item.inputs["audio"]).parent
+    tracks = {None: np.load(folder / audio.sidecar, allow_pickle=False)}
+    for track in audio.channel_tracks:
+        tracks[track.channel] = np.load(folder / track.sidecar, allow_pickle=False)
+    return tracks
+
+
+def per_channel(segments: list[Segment], tracks: dict, align) -> list[Segment]:
+    """``align(samples, segments)`` on each channel's segments with that channel's samples (the mix's for
+    segments of no channel); the results by start time (channel order at equal starts), numbered again."""
+    out: list[Segment] = []
+    for channel in dict.fromkeys(seg.channel for seg in segments):
+        part = [seg for seg in segments if seg.channel == channel]
+        samples = tracks.get(channel, tracks[None])
+        out += [seg.model_copy(update={"channel": channel}) for seg in align(samples, part)]
+    out.sort(key=lambda seg: (seg.start, -1 if seg.channel is None else seg.channel))
+    return [seg.model_copy(update={"id": n}) for n, seg in enumerate(out)]
+
+
+def channel_name(channel: int, names: list[str]) -> str:
+    """The speaker name of separated channel ``channel`` (0-based): its entry in ``names`` when given and not
+    blank, else "channel N" (N from 1)."""
+    if channel < len(names) and names[channel].strip():
+        return names[channel].strip()
+    return f"channel {channel + 1}"
+
+
+def channel_speakers(segments: list[Segment], names: list[str]) -> list[Segment]:
+    """Segments of separated channels, each (and each of its words) named after its channel."""
+    out = []
+    for seg in segments:
+        if seg.channel is None:
+            out.append(seg)
+            continue
+        name = channel_name(seg.channel, names)
+        words = [w.model_copy(update={"speaker": name}) for w in seg.words] if seg.words else seg.words
+        out.append(seg.model_copy(update={"speaker": name, "words": words}))
+    return out
 
 
 def _num(value) -> float | None:

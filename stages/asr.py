@@ -363,7 +363,8 @@ class AsrStage(TorchStage):
         if not partner:
             self.mark_in_flight(request, [item.id], audio.duration_s)
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
-        windows, regions = self._speech_windows(samples)
+        tracks = _channel_tracks(item, audio)
+        windows, channels, regions = self._track_windows(samples, tracks)
         language_id = self.identify(samples, windows, regions if self.settings.multilingual else None)
         language = (
             self.language
@@ -373,6 +374,7 @@ class AsrStage(TorchStage):
         languages = None  # each window's language where the input holds several
         if language_id.mixed and self.settings.multilingual and not self.settings.identify_only:
             windows, languages, language_id = self._by_region(item, samples, regions, language, language_id)
+            channels = [None] * len(windows)  # (the mix: separated channels are not identified by region)
             shares = langid.main_language([(a, b, x) for (a, b), x in zip(windows, languages)])
             language = shares[0][0] if shares else language
         if language is None and windows and not self.settings.identify_only:
@@ -381,9 +383,10 @@ class AsrStage(TorchStage):
         job = _Input(item, audio, windows, language or "unknown", language_id=language_id, speech=windows)
         job.languages = languages or [job.language] * len(windows)
         job.partner = partner
+        job.channels = channels
         if self.settings.identify_only:  # pipeline langid: no transcription
             job.windows, job.texts, job.logprobs, job.no_speech, job.words = [], [], [], [], []
-            job.languages = []
+            job.languages, job.channels = [], []
         else:
             job.vocabulary, job.context = self._vocabulary(item, job.language)
             job.translate = (
@@ -391,9 +394,25 @@ class AsrStage(TorchStage):
             )
             job.translations = [None] * len(job.windows)
         rate = SAMPLE_RATE
-        # each window's samples, copied: the input's whole audio is not held while its last window waits to share
-        job.pieces = [samples[int(start * rate) : int(end * rate)].copy() for start, end in job.windows]
+        # each window's samples (from its channel's track when the channels were separated), copied: the input's
+        # whole audio is not held while its last window waits to share
+        source = [tracks.get(channel, samples) for channel in job.channels]
+        job.pieces = [own[int(a * rate) : int(b * rate)].copy() for own, (a, b) in zip(source, job.windows)]
         return job
+
+    def _track_windows(
+        self, samples, tracks: dict
+    ) -> tuple[list[tuple[float, float]], list[int | None], list[tuple[float, float]] | None]:
+        """The speech windows to decode, by start time, and each one's channel: the mix's (channel None), or,
+        for separated channels (``tracks``: channel -> samples), each channel's own (they may overlap in
+        time: two people at once, one per channel). And the mix's VAD speech regions (None for separated
+        channels: their languages are not identified region by region)."""
+        if not tracks:
+            windows, regions = self._speech_map(samples)
+            return windows, [None] * len(windows), regions
+        found = [(w, c) for c, own in tracks.items() for w in self._speech_windows(own)]
+        found.sort(key=lambda pair: (pair[0][0], pair[1]))
+        return [w for w, _ in found], [c for _, c in found], None
 
     def identify(self, samples, windows: list[tuple[float, float]], regions=None) -> LanguageId:
         """Language identification (stages/whisper/language.py) from ``windows`` unless ASR_LANGUAGE forces one;
@@ -406,10 +425,13 @@ class AsrStage(TorchStage):
             return langid.identify(self.model, samples, [], self.settings.languages)
         return langid.identify(self.model, samples, windows, self.settings.languages, regions=regions)
 
-    def _speech_windows(self, samples) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    def _speech_windows(self, samples) -> list[tuple[float, float]]:
         """whisperX's VAD, merged into windows of at most ``chunk_size`` seconds (seconds, in order); windows too
-        short to hold a word (the tail of an utterance cut at chunk_size) join a neighbour or go. And the VAD's
-        speech regions the windows were merged from."""
+        short to hold a word (the tail of an utterance cut at chunk_size) join a neighbour or go."""
+        return self._speech_map(samples)[0]
+
+    def _speech_map(self, samples) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+        """:meth:`_speech_windows`, and the VAD's speech regions the windows were merged from."""
         windows, regions = langid.speech_map(self.model, samples, self.settings.chunk_size)
         return clean_pieces(windows), regions
 
@@ -937,13 +959,14 @@ class AsrStage(TorchStage):
         segments, silent = [], 0
         translation: list[Segment] | None = [] if job.translate else None
         options = self.model.options
-        for (start, end), raw, logprob, no_speech, words, english, language in zip(
+        for (start, end), raw, logprob, no_speech, words, english, channel, language in zip(
             job.windows,
             job.texts,
             job.logprobs,
             job.no_speech,
             job.words,
             job.translations or job.texts,
+            job.channels or [None] * len(job.windows),
             job.languages,
         ):
             text = (raw or "").strip()
@@ -971,13 +994,14 @@ class AsrStage(TorchStage):
                     end=round(max(start, end), 3),
                     text=text,
                     words=words or None,
+                    channel=channel,
                     language=language,
                 )
             )
             if translation is not None and language == "en":  # an English window of an input of several
                 english = text
             if translation is not None and english:
-                span = {"start": segments[-1].start, "end": segments[-1].end}
+                span = {"start": segments[-1].start, "end": segments[-1].end, "channel": channel}
                 translation.append(Segment(id=len(translation), text=english, **span))
         audio = job.audio
         shares = langid.main_language([(s.start, s.end, s.language or job.language) for s in segments])
@@ -1052,6 +1076,8 @@ class _Input:
     translations: list[str | None] = field(default_factory=list)
     #: a join group's member not asked for: decoded for its place in the group's windows, never written
     partner: bool = False
+    #: per window: the source channel whose track it is cut from (None: the mix; separated channels)
+    channels: list[int | None] = field(default_factory=list)
     #: each window's language (the input's, but where it holds several: stages/whisper/language.py)
     languages: list[str] = field(default_factory=list)
 
@@ -1064,6 +1090,13 @@ class _Input:
     @property
     def done(self) -> bool:
         return all(text is not None for text in self.texts)
+
+
+def _channel_tracks(item: WorkItem, audio: AudioArtifact) -> dict:
+    """channel -> its samples, for an input whose channels the audio stage separated (empty: the mix is
+    its one track); each sidecar was checked against its sha256 as the artifact was read."""
+    folder = Path(item.inputs["audio"]).parent
+    return {t.channel: np.load(folder / t.sidecar, allow_pickle=False) for t in audio.channel_tracks}
 
 
 def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:

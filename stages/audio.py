@@ -1,5 +1,9 @@
 """Decode a media file's default audio stream to 16 kHz mono float32 with PyAV.
 
+With ``channels`` other than "mix" (``PIPELINE_CHANNELS``), a source of several channels is also decoded
+channel by channel: :func:`measure_channels` measures how alike they are and :func:`decide_channels` says
+which become tracks of their own (one ``.npy`` sidecar each, beside the mix's; docs/channels.md).
+
 Decoding reads the one file it was given: FFmpeg is told to use only the ``file``
 protocol and only the container formats in :data:`FORMATS`, so a playlist (HLS),
 a concat list or an image sequence that points at other files or at URLs is
@@ -18,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from contracts import AudioArtifact, DiskFullError, InputError, SourceVersion, StageRequest, WorkItem
-from contracts.artifacts import LISTEN_COPY
+from contracts.artifacts import LISTEN_COPY, ChannelMeasure, ChannelTrack
 from contracts.stage_settings import AudioSettings
 from stages.runtime.base import Stage, save_array
 
@@ -76,9 +80,10 @@ class AudioStage(Stage):
     def process(self, item: WorkItem, upstream, request: StageRequest) -> AudioArtifact:
         source = Path(upstream)
         size = check_readable(source)
+        mode = self.settings.channels
         with open_confined(source, self.settings.roots) as (fd, opened):
             check_unchanged(source, item.source_version, fd=fd)
-            samples, info = decode(opened, shown=source)
+            samples, info, channels = decode_channels(opened, shown=source, by_channel=mode != "mix")
             check_unchanged(source, item.source_version, during=True, fd=fd)
         if info["damage"] and self.settings.on_damaged == "fail":
             raise InputError(
@@ -88,6 +93,22 @@ class AudioStage(Stage):
             log.warning("audio: %s is damaged: %s; keeping what decoded", source, info["damage"])
         sidecar = Path(item.output).with_suffix(".npy")
         digest = save_array(sidecar, samples)
+        tracks, measure, decision = [], None, None
+        if mode != "mix" and info["source_channels"] > MAX_CHANNELS:
+            decision = (
+                f"mixed: {info['source_channels']} channels (more than {MAX_CHANNELS} are never separated)"
+            )
+        elif channels is not None:
+            channels = _fit(channels, samples.shape[0])
+            measure = measure_channels(channels)
+            keep, decision = decide_channels(measure, mode)
+            for c in keep:
+                path = sidecar.with_name(f"{sidecar.stem}.channel{c + 1}.npy")
+                track = ChannelTrack(channel=c, sidecar=path.name, sha256=save_array(path, channels[c]))
+                tracks.append(track)
+            del channels
+        if decision:
+            log.info("audio: %s: %s", source, decision)
         try:
             write_listen_copy(sidecar.with_name(LISTEN_COPY), samples)
         except (av.FFmpegError, OSError) as exc:  # the transcript page then points at the source
@@ -105,6 +126,10 @@ class AudioStage(Stage):
             sha256=digest,
             num_samples=int(samples.shape[0]),
             duration_s=samples.shape[0] / SAMPLE_RATE,
+            channel_mode=mode,
+            channel_measure=measure,
+            channel_decision=decision,
+            channel_tracks=tracks,
             **info,
         )
 
@@ -220,6 +245,15 @@ def pick_stream(container):
 def decode(path: Path, shown: Path | None = None):
     """Return (float32 mono 16 kHz samples, facts about the source stream); errors name ``shown`` (the
     source's name when ``path`` is its open descriptor's ``/proc/self/fd/N``)."""
+    samples, info, _ = decode_channels(path, shown)
+    return samples, info
+
+
+def decode_channels(path: Path, shown: Path | None = None, by_channel: bool = False):
+    """:func:`decode`, and the source's channels (None: not asked for, or not split).
+
+    ``by_channel``: a source of 2 to :data:`MAX_CHANNELS` channels is also resampled channel by channel, from
+    the same frames (channels x samples, float32 16 kHz); the mix stays FFmpeg's downmix, as without it."""
     opened, path = path, shown or path
     try:
         container = av.open(str(opened), options=dict(OPEN_OPTIONS))
@@ -254,17 +288,25 @@ def decode(path: Path, shown: Path | None = None):
         }
         error = None
         resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
-        chunks = []
+        split = None
+        if by_channel and 2 <= info["source_channels"] <= MAX_CHANNELS:
+            layout = stream.codec_context.layout
+            split = av.AudioResampler(format="fltp", layout=layout.name, rate=SAMPLE_RATE)
+        chunks, parts = [], []
         try:
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
                     chunks.append(out.to_ndarray().reshape(-1))
+                if split is not None:
+                    parts += [out.to_ndarray() for out in split.resample(frame)]
         except av.FFmpegError as exc:
             if not chunks:
                 raise InputError(f"audio stream cannot be decoded ({_reason(exc)}): {path}") from None
             error = _reason(exc)
         for out in resampler.resample(None):
             chunks.append(out.to_ndarray().reshape(-1))
+        if split is not None:
+            parts += [out.to_ndarray() for out in split.resample(None)]
     samples = np.concatenate(chunks).astype(np.float32, copy=False) if chunks else np.zeros(0, np.float32)
     if samples.size == 0:
         raise InputError(f"audio stream holds no samples (zero length): {path}")
@@ -273,7 +315,101 @@ def decode(path: Path, shown: Path | None = None):
     if error or short:
         of = f" of {expected:.1f} s" if expected else ""
         info["damage"] = f"decoded {decoded:.1f} s{of}" + (f" ({error})" if error else "")
-    return samples, info
+    channels = None
+    if parts:
+        channels = np.concatenate(parts, axis=1).astype(np.float32, copy=False)
+        if channels.shape[0] != info["source_channels"]:  # a layout FFmpeg reads otherwise: not split
+            channels = None
+    return samples, info, channels
+
+
+# -- channels -----------------------------------------------------------------------------------------
+
+#: sources with more channels than this are always mixed (surround mixes: their channels share one scene)
+MAX_CHANNELS = 8
+#: the measure's frames: 20 ms
+FRAME = SAMPLE_RATE // 50
+#: a frame has sound on a channel when it is this many dB above the channel's floor (its 10th percentile:
+#: the pauses) ...
+ABOVE_FLOOR_DB = 10.0
+#: ... and above this level (dBFS): a steady hum or hiss has none, a digitally silent side none
+SOUND_FLOOR_DBFS = -60.0
+#: a channel is alone in a frame when every other channel is silent or this many dB quieter
+QUIETER_DB = 20.0
+#: a channel with less sound than this (seconds) is left out: no track, and "auto" does not count it
+MIN_SOUND_S = 1.0
+#: "auto" separates only channels whose levels go together less than this (the highest correlation of two
+#: channels' frame levels): copies and music beds measured 0.62-1.0, one speaker per channel below 0
+MAX_CORRELATION = 0.5
+
+
+def measure_channels(channels) -> ChannelMeasure:
+    """How alike a source's channels (channels x samples, 16 kHz) are, over 20 ms frames: each channel's
+    seconds with sound and its share of them in which it is alone, and the highest correlation between two
+    channels' levels (dB, frame by frame) over the frames where either has sound. Levels, not samples: a
+    pair of microphones or a stereo music bed holds one sound a few samples apart (their samples correlate
+    little at lag 0, their levels rise and fall together); two people each on their own channel do not."""
+    count, n = channels.shape[0], channels.shape[1] // FRAME
+    frames = [channels[c, : n * FRAME].reshape(n, FRAME) for c in range(count)]
+    level = np.stack([10 * np.log10(np.einsum("ij,ij->i", f, f) / FRAME + 1e-12) for f in frames])
+    floor = np.percentile(level, 10, axis=1, keepdims=True) if n else np.zeros((count, 1))
+    sound = (level > SOUND_FLOOR_DBFS) & (level > floor + ABOVE_FLOOR_DB)
+    alone = []
+    for c in range(count):
+        others = [d for d in range(count) if d != c]
+        quiet = np.all(~sound[others] | (level[others] < level[c] - QUIETER_DB), axis=0)
+        mine = int(sound[c].sum())
+        alone.append(round(float((sound[c] & quiet).sum()) / mine, 3) if mine else 0.0)
+    active_s = [round(float(sound[c].sum()) * FRAME / SAMPLE_RATE, 2) for c in range(count)]
+    counted = [c for c in range(count) if active_s[c] >= MIN_SOUND_S]
+    correlation = None
+    for i, a in enumerate(counted):
+        for b in counted[i + 1 :]:
+            heard = sound[a] | sound[b]
+            x, y = level[a, heard], level[b, heard]
+            spread = float(np.sqrt(np.var(x) * np.var(y)))
+            r = float(np.mean((x - x.mean()) * (y - y.mean()))) / spread if spread > 1e-9 else 1.0
+            correlation = r if correlation is None else max(correlation, r)
+    return ChannelMeasure(
+        active_s=active_s, alone=alone, correlation=None if correlation is None else round(correlation, 3)
+    )
+
+
+def decide_channels(measure: ChannelMeasure, mode: str) -> tuple[list[int], str]:
+    """(the channels that become tracks of their own, in order (empty: the mix is the one track), why).
+
+    "separate": every channel with at least :data:`MIN_SOUND_S` of sound (a silent side gets no empty track).
+    "auto": those channels only when there are two or more and no two of them have levels that go together
+    (level correlation below :data:`MAX_CORRELATION`: not copies of one signal, even at another gain or with a
+    little noise, not a music bed or a room that every channel hears); a source with sound on one side only
+    is mixed (the mix holds that side's speech)."""
+    counted = [c for c, seconds in enumerate(measure.active_s) if seconds >= MIN_SOUND_S]
+    silent = [c + 1 for c in range(len(measure.active_s)) if c not in counted]
+    names = ", ".join(str(c + 1) for c in counted)
+    left_out = f"; channel(s) {', '.join(map(str, silent))} left out (no sound)" if silent else ""
+    if not counted:
+        return [], "mixed: no channel has sound that comes and goes (silence, or a steady hum)"
+    if mode == "separate":
+        return counted, f"separated (PIPELINE_CHANNELS=separate): channel(s) {names}{left_out}"
+    if len(counted) < 2 or measure.correlation is None:
+        return [], f"mixed: only channel {names} has sound"
+    if measure.correlation >= MAX_CORRELATION:
+        return [], (
+            f"mixed: the channels' levels go together (correlation {measure.correlation:.2f} >= "
+            f"{MAX_CORRELATION}): one sound on every channel (copies, a music bed, one room)"
+        )
+    return counted, (
+        f"separated: the channels hold different sound (level correlation {measure.correlation:.2f} < "
+        f"{MAX_CORRELATION}): channel(s) {names}{left_out}"
+    )
+
+
+def _fit(channels, length: int):
+    """``channels`` cut or padded with silence to ``length`` samples (the mix's: its resampler may end a
+    few samples apart)."""
+    if channels.shape[1] >= length:
+        return np.ascontiguousarray(channels[:, :length])
+    return np.pad(channels, ((0, 0), (0, length - channels.shape[1])))
 
 
 #: the compressed copy: Opus at this bit rate (speech at 16 kHz mono: ~11 MB an hour)

@@ -426,12 +426,19 @@ class JobQueue:
             files += count_files(path, s.input_roots, s.job_max_files - files)
         return self._enqueue(confined, kind="job", vocabulary=list(vocabulary or []))
 
-    def submit_upload(self, directory: Path, language: str | None, prompt: str | None) -> JobRecord:
+    def submit_upload(
+        self, directory: Path, language: str | None, prompt: str | None, channels: str | None = None
+    ) -> JobRecord:
         """Queue one uploaded file (``directory`` holds it, inside the job's own folder)."""
         self._check_room()
         files = sorted(directory.iterdir())
         return self._enqueue(
-            files, kind="transcription", job_id=directory.parent.name, language=language, prompt=prompt
+            files,
+            kind="transcription",
+            job_id=directory.parent.name,
+            language=language,
+            prompt=prompt,
+            channels=channels,
         )
 
     def upload_arriving(self):
@@ -639,6 +646,7 @@ class JobQueue:
             read_roots=roots,
             **({"asr_language": record.language} if record.language else {}),
             **({"asr_prompt": record.prompt} if record.prompt else {}),
+            **({"channels": record.channels} if record.channels else {}),
             **({"asr_hotwords": record.vocabulary} if record.vocabulary else {}),
         )
         orchestrator = Orchestrator(settings)

@@ -37,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts import EmbeddingsArtifact, TranscriptArtifact, load_artifact, load_model
 from contracts.api import (
+    CHANNEL_MODES,
     EMBEDDED_MODEL_NAME,
     EMBEDDING_DIMENSIONS,
     FINISHED,
@@ -594,11 +595,21 @@ def create_app(settings: Settings, pool: EmbeddingPool | None = None) -> FastAPI
                 param="language",
                 code="invalid_language",
             ) from exc
+        channels = form_text(form, "channels")  # ours, beside OpenAI's fields: mix, separate or auto
+        if channels is not None and channels not in CHANNEL_MODES:
+            raise ApiError(
+                400,
+                f"'channels' must be one of {', '.join(CHANNEL_MODES)}",
+                param="channels",
+                code="invalid_channels",
+            )
         job_id = jobs.new_id()
         folder = jobs.directory / job_id
         try:
             saved = await save_upload(upload, folder / UPLOAD_DIR, settings.max_upload_bytes)
-            record = await asyncio.to_thread(jobs.submit_upload, folder / UPLOAD_DIR, language, prompt)
+            record = await asyncio.to_thread(
+                jobs.submit_upload, folder / UPLOAD_DIR, language, prompt, channels
+            )
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, folder, True)
             raise

@@ -37,6 +37,26 @@ def query_terms(query: str) -> list[str]:
     return list(dict.fromkeys(w.lower() for w in _WORD.findall(query) if w.lower() not in COMMON))
 
 
+#: the share of the query's words a full-text hit must hold to count in a hybrid ranking
+MIN_COVER = 0.5
+
+
+def cover(text: str, query: str) -> float:
+    """The share of the query's words (:func:`query_terms`) that ``text`` holds (1.0: a query of common
+    words only). A full-text hit that shares one word of a long paraphrase is noise that the vectors rank
+    better; with rank fusion, a hit in both rankings beats one first in only one, so such hits are left out
+    of the hybrid's full-text ranking (bench/search.py, quality)."""
+    terms = query_terms(query)
+    if not terms:
+        return 1.0
+    words = {w.lower() for w in _WORD.findall(text)}
+    return sum(any(_matches(w, t) for w in words) for t in terms) / len(terms)
+
+
+def _matches(word: str, term: str) -> bool:
+    return word == term or (len(term) >= 4 and word.startswith(term))
+
+
 def mark(text: str, query: str, before: str = "[", after: str = "]") -> str:
     """``text`` with each word that is one of the query's words (or starts with it, for words of four
     letters or more: "fund" marks "funding") between ``before`` and ``after``."""
@@ -45,7 +65,6 @@ def mark(text: str, query: str, before: str = "[", after: str = "]") -> str:
         return text
 
     def matches(word: str) -> bool:
-        low = word.lower()
-        return any(low == t or (len(t) >= 4 and low.startswith(t)) for t in terms)
+        return any(_matches(word.lower(), t) for t in terms)
 
     return _WORD.sub(lambda m: f"{before}{m.group(0)}{after}" if matches(m.group(0)) else m.group(0), text)

@@ -4,7 +4,9 @@ rankings fused by rank, :func:`~orchestrator.catalogue.fusion.fuse`), with filte
 Words are the catalogue's full-text index (BM25); meaning is the segments' vectors against the query's,
 embedded by the settings' embeddings model in a worker child (:mod:`orchestrator.catalogue.query`), and
 only vectors of that very model are compared: the inputs indexed with another model are counted, not
-searched. Names and rare words are what vectors miss, so the default is hybrid.
+searched. Names and rare words are what vectors miss, so the default is hybrid. In the hybrid, the full-text
+ranking keeps only the hits that hold at least half of the query's words (:func:`~orchestrator.catalogue.
+fusion.cover`): a hit sharing one word of a paraphrase would otherwise beat the vectors' best.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from orchestrator.catalogue.fusion import fuse, mark
+from orchestrator.catalogue.fusion import MIN_COVER, cover, fuse, mark
 from orchestrator.catalogue.query import QueryVector
-from orchestrator.catalogue.store import Catalogue, quote
+from orchestrator.catalogue.store import CATALOGUE_DIR, Catalogue, quote
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,27 @@ def _hit(row: dict, query: str, score: float) -> Hit:
     )
 
 
+#: catalogues kept open for searches, by folder, with what names the catalogue directory they opened
+_READERS: dict[Path, tuple[tuple[int, int], Catalogue]] = {}
+
+
+def reader(out: Path) -> Catalogue | None:
+    """``out``'s catalogue kept open for searches (None: it has none). It is opened again when its directory
+    is another one (``pipeline index --rebuild``) or holds another set of tables (a new model's)."""
+    path = Path(out).resolve()
+    try:
+        info = (path / CATALOGUE_DIR).stat()
+    except OSError:
+        _READERS.pop(path, None)
+        return None
+    identity = (info.st_ino, info.st_ctime_ns)
+    kept = _READERS.get(path)
+    if kept is None or kept[0] != identity:
+        kept = (identity, Catalogue(path, reader=True))
+        _READERS[path] = kept
+    return kept[1]
+
+
 def search(
     out: Path,
     query: str,
@@ -118,8 +141,8 @@ def search(
         raise SearchError("the query is empty")
     if mode not in MODES:
         raise SearchError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
-    catalogue = Catalogue(out)
-    if not catalogue.exists:
+    catalogue = reader(out)
+    if catalogue is None:
         raise SearchError(f"{out} has no catalogue: run `pipeline index {out}` (a run makes it as it goes)")
     models = catalogue.models()
     result = SearchResult(query=query, mode=mode, indexed=sum(models.values()))
@@ -144,7 +167,7 @@ def search(
         rows = {(r["input"], int(r["segment"])): r for r in [*near, *words]}
         fused = fuse(
             [
-                [(r["input"], int(r["segment"])) for r in words],
+                [(r["input"], int(r["segment"])) for r in words if cover(r["text"], query) >= MIN_COVER],
                 [(r["input"], int(r["segment"])) for r in near],
             ]
         )

@@ -12,7 +12,8 @@
 
 Readers open the tables while a run appends (Lance's versions: each commit is a snapshot). New rows are
 searched at once (an index covers the rows it was built or last optimized with; the rest is scanned), and
-:meth:`Catalogue.maintain` folds them in every :data:`OPTIMIZE_EVERY` commits. The vector index (IVF-PQ,
+:meth:`Catalogue.maintain` compacts them and adds them to the indexes every :data:`OPTIMIZE_EVERY` commits,
+at a cost that follows the new rows (:mod:`~orchestrator.catalogue.upkeep`). The vector index (IVF-PQ,
 refined by exact distances) is built once a table holds :data:`VECTOR_INDEX_ROWS` rows: below that an exact
 scan is fast enough.
 """
@@ -22,13 +23,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 
 from orchestrator import layout
 from orchestrator.catalogue.rows import InputRows
+from orchestrator.catalogue.upkeep import tidy
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,8 @@ OPTIMIZE_EVERY = 20
 #: (bench/catalogue.py at 200,000 segments: recall@10 0.972 in 13 ms p50; refining, not probing, sets recall)
 NPROBES = 20
 REFINE_FACTOR = 30
+#: how stale a reader kept open may be: it sees a writer's commits within this (``Catalogue(reader=True)``)
+READ_CONSISTENCY = timedelta(seconds=1)
 
 SEGMENT_COLUMNS = (
     "input",
@@ -115,15 +119,33 @@ def in_list(column: str, values) -> str:
 
 
 class Catalogue:
-    """An output folder's catalogue (created on first write; ``exists`` says whether one was)."""
+    """An output folder's catalogue (created on first write; ``exists`` says whether one was).
 
-    def __init__(self, out: Path) -> None:
+    ``reader``: a catalogue kept open for many searches (``pipeline serve``): its table handles stay open and
+    see other processes' commits within :data:`READ_CONSISTENCY`, and the per-model input counts are read
+    again only when the ``inputs`` table has a new version."""
+
+    def __init__(self, out: Path, reader: bool = False) -> None:
         import lancedb
 
         self.path = Path(out) / CATALOGUE_DIR
         self.exists = self.path.is_dir()
-        self.db = lancedb.connect(str(self.path))
+        self.reader = reader
+        self.db = lancedb.connect(
+            str(self.path), read_consistency_interval=READ_CONSISTENCY if reader else None
+        )
         self._commits = 0
+        self._open: dict[str, object] = {}
+        self._models: tuple[int, dict[str, int]] | None = None
+        self._table_of: dict[str, str] = {}
+
+    def _table(self, name: str):
+        """``name``'s table (a reader keeps it open)."""
+        if not self.reader:
+            return self.db.open_table(name)
+        if name not in self._open:
+            self._open[name] = self.db.open_table(name)
+        return self._open[name]
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -138,7 +160,7 @@ class Catalogue:
         """The ``inputs`` table's rows (only ``columns``; only ``ids``, when given)."""
         if INPUTS not in self._names():
             return []
-        search = self.db.open_table(INPUTS).search().select(list(columns))
+        search = self._table(INPUTS).search().select(list(columns))
         if ids is not None:
             if not ids:
                 return []
@@ -150,20 +172,28 @@ class Catalogue:
         return {row["input"]: row["fingerprint"] for row in self.inputs(ids=ids)}
 
     def models(self) -> dict[str, int]:
-        """embeddings model -> inputs indexed with its vectors."""
+        """embeddings model -> inputs indexed with its vectors (a reader counts again only after a commit)."""
+        version = self._table(INPUTS).version if self.reader and INPUTS in self._names() else None
+        if version is not None and self._models is not None and self._models[0] == version:
+            return self._models[1]
         counts: dict[str, int] = {}
-        for row in self.inputs(("input", "embedding_model")):
+        for row in self.inputs(("embedding_model",)):
             counts[row["embedding_model"]] = counts.get(row["embedding_model"], 0) + 1
+        if version is not None:
+            self._models = (version, counts)
         return counts
 
     def table_of(self, model: str) -> str | None:
         """The segments table holding ``model``'s vectors (None: no input has them)."""
+        if model in self._table_of:
+            return self._table_of[model]
         prefix = f"segments_{re.sub(r'[^A-Za-z0-9]+', '_', model).strip('_')[:40]}_"
         for name in self.segment_tables():
             if name.startswith(prefix):
-                table = self.db.open_table(name)
+                table = self._table(name)
                 first = table.search().select(["model"]).limit(1).to_list()
                 if first and first[0]["model"] == model:
+                    self._table_of[model] = name  # a table keeps its name: known once found
                     return name
         return None
 
@@ -171,7 +201,7 @@ class Catalogue:
         """Full-text (BM25) hits over every segments table, best first (``_score``)."""
         hits: list[dict] = []
         for name in self.segment_tables():
-            table = self.db.open_table(name)
+            table = self._table(name)
             search = table.search(query, query_type="fts", fts_columns="text").select(
                 [*SEGMENT_COLUMNS, "_score"]
             )
@@ -186,7 +216,7 @@ class Catalogue:
         name = self.table_of(model)
         if name is None:
             return []
-        table = self.db.open_table(name)
+        table = self._table(name)
         search = (
             table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
             .metric("cosine")
@@ -265,8 +295,9 @@ class Catalogue:
                 self.db.open_table(name).delete(in_list("input", ids))
 
     def maintain(self) -> None:
-        """Compact the tables, fold new rows into their indexes, and build a segments table's vector index
-        once it is big enough."""
+        """Build a segments table's vector index once it is big enough, and keep every table compact with its
+        new rows indexed, at a cost that follows the rows added since the last time
+        (:func:`~orchestrator.catalogue.upkeep.tidy`)."""
         for name in [INPUTS, *self.segment_tables()]:
             if name not in self._names():
                 continue
@@ -275,9 +306,9 @@ class Catalogue:
                 log.info("catalogue: building the vector index of %s (%d rows)", name, table.count_rows())
                 table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_PQ")
             try:
-                table.optimize()
-            except Exception as exc:  # noqa: BLE001 - a later run optimizes again; the data is intact
-                log.warning("catalogue: %s not optimized: %s", name, exc)
+                tidy(table)
+            except Exception as exc:  # noqa: BLE001 - a later run tidies again; the data is intact
+                log.warning("catalogue: %s not tidied: %s", name, exc)
 
     def _open_or_create(self, name: str, schema):
         if name in self._names():

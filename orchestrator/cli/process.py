@@ -155,6 +155,24 @@ def process(
             )
         ),
     ] = None,
+    channels: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "A source's channels: mix them to mono, transcribe each as its own speaker (separate), or "
+                "separate only when they hold different speech (auto) [env PIPELINE_CHANNELS, default mix]."
+            )
+        ),
+    ] = None,
+    channel_names: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Separated channels' speaker names, in channel order, e.g. agent,customer [env "
+                "PIPELINE_CHANNEL_NAMES, default 'channel 1', 'channel 2', ...]."
+            )
+        ),
+    ] = None,
     wait: RunWaitOpt = False,
     dry_run: Annotated[
         bool,
@@ -211,6 +229,8 @@ def process(
         "parallel_chunks": parallel_chunks,
         "wait_for_output": wait or None,
         "on_damaged": on_damaged,
+        "channels": channels,
+        "channel_names": channel_names,
         "langid_only": langid_only or None,
     }
     settings = settings_from(overrides)

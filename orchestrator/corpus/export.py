@@ -27,7 +27,7 @@ from orchestrator import layout
 from orchestrator.books.journal import Journal
 from orchestrator.books.lock import OutputLock
 from orchestrator.corpus.captions import TIGHT_NOTE, CaptionRules, tight_note, without_tight_notes
-from orchestrator.corpus.labels import corpus_labels, label_transcript, read_corpus
+from orchestrator.corpus.labels import channel_turns, corpus_labels, label_transcript, read_corpus
 from orchestrator.corpus.outputs import TRANSLATED, Sources, translated_name, write_formats
 from orchestrator.corpus.page import index_pieces
 from orchestrator.planning.inputs import load_ids
@@ -70,7 +70,8 @@ def load_sources(
         except ValueError as exc:
             log.warning("%s: speaker names not read: %s", item_id, exc)
     corpus = corpus or {}
-    turns = diarization.turns if diarization else None
+    # separated channels: each channel's speaker's turns, from its words (who overlaps whom)
+    turns = channel_turns(transcript) or (diarization.turns if diarization else None)
 
     def sources(track: TranscriptArtifact, languages: list[tuple[str, str | None]]) -> Sources:
         labelled = label_transcript(track, turns, names, corpus)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from contracts import ArtifactError, SpeakerTurn, TranscriptArtifact, load_model
 from contracts.corpus import CorpusSpeakers
@@ -20,6 +21,46 @@ from orchestrator import layout
 
 #: another voice overlaps a word (or a segment without timed words) when its turns cover this share of it
 OVERLAP_SHARE = 0.5
+#: a separated channel's words this close together make one turn of its speaker (:func:`channel_turns`)
+TURN_GAP_S = 0.5
+
+
+class Turn(NamedTuple):
+    """Who speaks when, as the overlap functions read it (a :class:`~contracts.SpeakerTurn` reads alike)."""
+
+    start: float
+    end: float
+    speaker: str
+
+
+def channel_turns(transcript: TranscriptArtifact) -> list[Turn] | None:
+    """The turns of a transcript whose channels were separated (None: they were not): each channel's
+    speaker speaks from a word's start to its end, words less than ``TURN_GAP_S`` apart joined (a segment
+    without timed words: its span). Speech at the same time on two channels overlaps in these turns as two
+    voices do in the diarization's."""
+    if not any(seg.channel is not None for seg in transcript.segments):
+        return None
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for seg in transcript.segments:
+        timed = [w for w in seg.words or [] if w.start is not None and w.end is not None]
+        pieces = [(w.speaker or seg.speaker, w.start, w.end) for w in timed] or [
+            (seg.speaker, seg.start, seg.end)
+        ]
+        for speaker, start, end in pieces:
+            if speaker is not None and end > start:
+                spans.setdefault(speaker, []).append((start, end))
+    turns = []
+    for speaker, found in spans.items():
+        found.sort()
+        start, end = found[0]
+        for a, b in found[1:]:
+            if a - end <= TURN_GAP_S:
+                end = max(end, b)
+                continue
+            turns.append(Turn(start, end, speaker))
+            start, end = a, b
+        turns.append(Turn(start, end, speaker))
+    return sorted(turns)
 
 
 def overlap_spans(turns: list[SpeakerTurn]) -> list[tuple[float, float]]:

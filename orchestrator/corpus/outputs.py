@@ -182,13 +182,16 @@ def to_json(src: Sources) -> str:
 
 
 def _speaker_fields(src: Sources, n: int, segment) -> dict:
-    """The input's own label and the corpus speaker's id of segment ``n``, and the voices heard with it."""
+    """The input's own label and the corpus speaker's id of segment ``n``, the voices heard with it, and its
+    channel when the channels were separated."""
     fields: dict = {}
     if src.file_speakers:
         fields["file_speaker"] = src.file_speakers[n]
         fields["corpus_speaker"] = src.corpus_speakers[n]
     if segment.overlap:
         fields["overlap"] = segment.overlap
+    if segment.channel is not None:  # separated channels (PIPELINE_CHANNELS): the source channel, 0-based
+        fields["channel"] = segment.channel
     return fields
 
 
@@ -197,8 +200,10 @@ def _field(text: str) -> str:
 
 
 def speaker_turns(src: Sources) -> list[tuple[float, float, str]]:
-    """Who spoke when: the diarization's turns (named where a profile named them), else the segments'."""
-    if src.diarization is not None and src.diarization.turns:
+    """Who spoke when: the diarization's turns (named where a profile named them), else (or for separated
+    channels, named after them) the segments'."""
+    separated = any(s.channel is not None for s in src.transcript.segments)
+    if src.diarization is not None and src.diarization.turns and not separated:
         return [
             (
                 t.start,

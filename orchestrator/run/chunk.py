@@ -3,9 +3,11 @@
 :func:`run_chunk` is the list of its steps, each a function over the run's :class:`RunContext` (what every
 chunk shares) and the chunk's inputs' run states (:class:`~orchestrator.planning.state.InputState`)::
 
-    plan_chunk       which stages each input needs (none: complete by the journal)
-    fetch_sources    URL inputs fetched just before their first stage
-    per stage:
+    run_head         the chunk's start (:class:`ChunkStart`):
+      plan_chunk     which stages each input needs (none: complete by the journal)
+      fetch_sources  URL inputs fetched just before their first stage
+      (its first stages that use no GPU, when it runs ahead: :class:`Ahead`, ``PIPELINE_OVERLAP_CHUNKS``)
+    per stage (``_stage_step``):
       select         the inputs that run it (the others reuse its artifact, or went without it)
       partners       audio: the join group partners of an input whose ASR runs, decoded again if their
                      scratch audio is gone (a finished input's), so the group is decoded as it was planned
@@ -16,11 +18,15 @@ chunk shares) and the chunk's inputs' run states (:class:`~orchestrator.planning
     place_speakers   the survivors' voices among the output folder's corpus speakers
     finish_inputs    their outputs written (``orchestrator.run.finish``), recorded in the journal
     drop_partners    (before them) the finished partners' scratch audio removed again
+
+With overlapped chunks, as a chunk's first GPU stage starts, the next chunk's head runs in a thread beside
+it (:class:`Ahead`): decoding on the CPU while the models compute on the GPU, one chunk ahead at most.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,47 +78,77 @@ class RunContext:
     catalogue: Indexer | None = None
 
 
-def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
-    """Stage-major: each stage runs in one child over all of the chunk's inputs that need it."""
-    ready = time.time()  # when the next stage could start: the chunk's start, then each stage's last exit
-    # which stages each input needs; an input complete by the journal needs none
-    done, needed = plan_chunk(ctx, chunk)
+@dataclass
+class ChunkStart:
+    """Where a chunk stands once its first stages have run (:func:`run_head`)."""
+
+    #: the inputs complete by the journal, and the stages each input needs
+    done: set[str]
+    needed: Needs
+    #: when the next stage could start (the chunk's start, then each stage's last exit)
+    ready: float
+    #: the index of the next stage to run
+    next_index: int = 0
+    #: a stop was asked for meanwhile
+    stopped: bool = False
+    #: warm children started so far, by stage index
+    warm: dict[int, object] = field(default_factory=dict)
+
+
+def head_length(specs: list[StageSpec]) -> int:
+    """How many of the first stages use no GPU (decoding): what a chunk runs ahead, while the chunk before it
+    runs its GPU stages (:func:`run_head`)."""
+    count = 0
+    while count < len(specs) - 1 and not specs[count].gpu:
+        count += 1
+    return count
+
+
+def run_head(ctx: RunContext, number: int, chunk: list[InputState], upto: int = 0) -> ChunkStart:
+    """A chunk's start: its plan, its URL inputs fetched, then its first ``upto`` stages run (the stages that
+    use no GPU, when the chunk runs ahead of the one before it: ``PIPELINE_OVERLAP_CHUNKS``)."""
+    start = ChunkStart(*plan_chunk(ctx, chunk), ready=time.time())
     # URL inputs: fetched just before their first stage needs them
-    if not fetch_sources(ctx, chunk, needed):
-        return  # stopped: what is left is interrupted, for the next run
-    warm: dict[int, object] = {}  # stage index -> its warm child
+    if not fetch_sources(ctx, chunk, start.needed):
+        start.stopped = True  # what is left is interrupted, for the next run
+        return start
+    for index in range(upto):
+        if ctx.stopping():
+            start.stopped = True
+            return start
+        _stage_step(ctx, number, chunk, index, start)
+        start.next_index = index + 1
+    return start
+
+
+def run_chunk(
+    ctx: RunContext,
+    number: int,
+    chunk: list[InputState],
+    start: ChunkStart | None = None,
+    ahead: Callable[[], None] | None = None,
+) -> None:
+    """Stage-major: each stage runs in one child over all of the chunk's inputs that need it. ``start``: the
+    chunk's first stages already run (:func:`run_head`); ``ahead``: called as the chunk's first GPU stage
+    starts (the next chunk's head then runs beside it)."""
+    start = start or run_head(ctx, number, chunk)
     try:
-        for index, spec in enumerate(ctx.specs):
+        if start.stopped:
+            return
+        for index in range(start.next_index, len(ctx.specs)):
             if ctx.stopping():
                 return
-            # the inputs that run this stage; the others reuse its artifact, or a fast path went without it
-            todo = select(ctx, chunk, index, needed)
-            # join groups: the audio of every partner of an input whose ASR runs, as when it was planned
-            extra = partners(ctx, chunk, index, needed, todo)
-            if not todo and not extra:
-                if index in warm:
-                    ctx.runner.executor.cancel(warm.pop(index))
-                continue
-            # later stages' children start importing while this one computes
-            warm |= warm_next(ctx, number, index, chunk, needed, warm)
-            # one child over all of them
-            outcomes, ready = run_stage(
-                ctx, number, spec, index, todo + extra, warm.pop(index, None), chunk, ready
-            )
-            # each outcome into its input's run state and the journal (a partner's: only told)
-            record(ctx, spec, todo, outcomes)
-            for inp in extra:
-                if not outcomes[inp.id].ok:
-                    log.warning(
-                        "%s: no audio as a join group partner (%s); its group goes on without it",
-                        inp.id,
-                        outcomes[inp.id].error,
-                    )
+            if ahead is not None and ctx.specs[index].gpu:
+                ahead()
+                ahead = None
+            _stage_step(ctx, number, chunk, index, start)
+        if ahead is not None:
+            ahead()
     finally:
-        for child in warm.values():
-            ctx.runner.executor.cancel(child)
+        cancel_warm(ctx, start)
         # the finished partners' decoded audio removed again (one that finishes now loses it in ``finish``)
-        drop_partners(ctx, chunk, done)
+        drop_partners(ctx, chunk, start.done)
+    done = start.done
     # the survivors' voices placed among the output folder's corpus speakers
     labels = place_speakers(
         ctx.settings, ctx.corpus, [inp for inp in chunk if inp.alive and inp.id not in done]
@@ -129,6 +165,41 @@ def run_chunk(ctx: RunContext, number: int, chunk: list[InputState]) -> None:
             },
             labels,
         )
+
+
+def cancel_warm(ctx: RunContext, start: ChunkStart) -> None:
+    """The chunk's warm children not used, stopped."""
+    for child in start.warm.values():
+        ctx.runner.executor.cancel(child)
+    start.warm.clear()
+
+
+def _stage_step(ctx: RunContext, number: int, chunk: list[InputState], index: int, start: ChunkStart) -> None:
+    """Stage ``index`` over the chunk's inputs that need it."""
+    spec, warm = ctx.specs[index], start.warm
+    # the inputs that run this stage; the others reuse its artifact, or a fast path went without it
+    todo = select(ctx, chunk, index, start.needed)
+    # join groups: the audio of every partner of an input whose ASR runs, as when it was planned
+    extra = partners(ctx, chunk, index, start.needed, todo)
+    if not todo and not extra:
+        if index in warm:
+            ctx.runner.executor.cancel(warm.pop(index))
+        return
+    # later stages' children start importing while this one computes
+    warm |= warm_next(ctx, number, index, chunk, start.needed, warm)
+    # one child over all of them
+    outcomes, start.ready = run_stage(
+        ctx, number, spec, index, todo + extra, warm.pop(index, None), chunk, start.ready
+    )
+    # each outcome into its input's run state and the journal (a partner's: only told)
+    record(ctx, spec, todo, outcomes)
+    for inp in extra:
+        if not outcomes[inp.id].ok:
+            log.warning(
+                "%s: no audio as a join group partner (%s); its group goes on without it",
+                inp.id,
+                outcomes[inp.id].error,
+            )
 
 
 def plan_chunk(ctx: RunContext, chunk: list[InputState]) -> tuple[set[str], Needs]:
@@ -419,3 +490,59 @@ def _stamp_aligner(inp: InputState, spec: StageSpec, specs: list[StageSpec]) -> 
                 artifact.model_copy(update={"fingerprint": inp.fingerprints[spec.name]}),
                 inp.artifact(spec.kind),
             )
+
+
+class Ahead:
+    """The next chunk's first stages (those that use no GPU: fetching, decoding, the audio copy) run in a
+    thread while this chunk runs its GPU stages (``PIPELINE_OVERLAP_CHUNKS``). One chunk ahead at most: the
+    decoded audio waiting on disk is one chunk's. Each stage records its outcomes in the journal as it ends,
+    so a stop or a crash meanwhile leaves what a rerun reuses, as between any two stages."""
+
+    def __init__(self, ctx: RunContext, chunks: list[list[InputState]], upto: int) -> None:
+        self.ctx, self.chunks, self.upto = ctx, chunks, upto
+        self._number: int | None = None
+        self._thread: threading.Thread | None = None
+        self._start: ChunkStart | None = None
+        self._error: BaseException | None = None
+
+    def start(self, number: int) -> None:
+        """Chunk ``number`` (from 1)'s head, in a thread (none past the last chunk, or once stopping)."""
+        if number > len(self.chunks) or self.ctx.stopping():
+            return
+
+        def work() -> None:
+            try:
+                self._start = run_head(self.ctx, number, self.chunks[number - 1], self.upto)
+            except BaseException as exc:  # noqa: BLE001 - raised in the run's thread by take()
+                self._error = exc
+
+        self._number, self._start, self._error = number, None, None
+        self._thread = threading.Thread(target=work, name=f"chunk-{number}-ahead", daemon=True)
+        self._thread.start()
+
+    def take(self, number: int) -> ChunkStart | None:
+        """Chunk ``number``'s start, once its head has run (None: it was not run ahead)."""
+        if self._number != number or self._thread is None:
+            return None
+        self._join()
+        self._number = None
+        if self._error is not None:
+            raise self._error
+        start, self._start = self._start, None
+        return start
+
+    def close(self, kill: bool = False) -> None:
+        """Wait for a head still running (``kill``: its children stopped first: the run is ending on an
+        error); its warm children not used are stopped."""
+        if self._thread is not None and self._thread.is_alive():
+            if kill:
+                self.ctx.runner.executor.stop_all(grace_s=1.0)
+            self._join()
+        if self._start is not None:
+            cancel_warm(self.ctx, self._start)
+        if self._error is not None and self._number is not None:
+            log.error("the next chunk's first stages failed: %s", self._error)
+
+    def _join(self) -> None:
+        while self._thread is not None and self._thread.is_alive():  # short waits: Ctrl-C reaches the caller
+            self._thread.join(0.5)

@@ -21,7 +21,7 @@ from contracts.io import is_disk_full
 from orchestrator import layout
 from orchestrator.corpus.captions import CaptionRules, without_tight_notes
 from orchestrator.corpus.export import load_sources, tight_notes, write_index
-from orchestrator.corpus.labels import overlap_seconds
+from orchestrator.corpus.labels import channel_turns, overlap_seconds
 from orchestrator.corpus.outputs import write_outputs
 from orchestrator.planning.state import InputState
 from orchestrator.remote import redact, upload
@@ -120,7 +120,8 @@ def finish(settings: Settings, inp: InputState, corpus: dict[str, tuple[str, str
         listen = inp.directory / ".work" / LISTEN_SCRATCH
         if listen.exists():  # the audio stage's compressed copy, kept for the transcript page
             os.replace(listen, inp.directory / layout.LISTEN)
-        inp.overlap_s = overlap_seconds(diarization.turns) if diarization is not None else None
+        turns = channel_turns(transcript) or (diarization.turns if diarization is not None else None)
+        inp.overlap_s = overlap_seconds(turns) if turns is not None else None
         src = load_sources(
             inp.directory,
             inp.id,

@@ -47,7 +47,7 @@ from orchestrator.process.hooks import default_hooks
 from orchestrator.registry import BY_NAME, StageSpec, process_specs
 from orchestrator.remote import check_writable, staging_dir
 from orchestrator.remote import configure as configure_remote
-from orchestrator.run.chunk import RunContext, run_chunk
+from orchestrator.run.chunk import Ahead, RunContext, head_length, run_chunk
 from orchestrator.run.finish import write_index
 from orchestrator.run.progress import LogProgress, Progress
 from orchestrator.run.report import REPORT_NAME, build_report, disk_line, save_report
@@ -248,10 +248,7 @@ class Orchestrator:
         try:
             with self._ctrl_c():
                 if parallel == 1:
-                    for number, chunk in enumerate(chunks, start=1):
-                        if self._stopping:
-                            break
-                        run_chunk(ctx, number, chunk)
+                    self._run_chunks(ctx, chunks)
                 else:
                     self._run_chunks_parallel(ctx, parallel, chunks)
         except KeyboardInterrupt:
@@ -312,6 +309,34 @@ class Orchestrator:
             max_item_crashes=self.settings.max_item_crashes,
             refused_wait_s=self.settings.refused_start_wait_s,
         )
+
+    def _run_chunks(self, ctx: RunContext, chunks: list[list[InputState]]) -> None:
+        """One chunk after another; with ``overlap_chunks``, the next chunk's first stages that use no GPU
+        (decoding) run beside this chunk's GPU stages (:class:`~orchestrator.run.chunk.Ahead`)."""
+        upto = head_length(ctx.specs) if len(chunks) > 1 and self._overlap() else 0
+        ahead = Ahead(ctx, chunks, upto) if upto else None
+        try:
+            for number, chunk in enumerate(chunks, start=1):
+                if self._stopping:
+                    break
+                start = ahead.take(number) if ahead else None
+                run_chunk(ctx, number, chunk, start, (lambda n=number: ahead.start(n + 1)) if ahead else None)
+        except BaseException:
+            if ahead:
+                ahead.close(kill=True)
+            raise
+        if ahead:
+            ahead.close()
+
+    def _overlap(self) -> bool:
+        """Whether chunks overlap: ``on``; ``auto`` where the stages compute on a GPU (NVML sees one and the
+        device is not the CPU): on a CPU, decoding would take the cores the models compute on."""
+        mode = self.settings.overlap_chunks
+        if mode != "auto":
+            return mode == "on"
+        if self.settings.device == "cpu":
+            return False
+        return bool(NvmlReader().read().devices)
 
     def _run_chunks_parallel(self, ctx: RunContext, parallel: int, chunks: list[list[InputState]]) -> None:
         """Up to ``parallel`` chunks in flight, each stage-major in its own children (Ray: on other GPUs)."""

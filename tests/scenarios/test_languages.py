@@ -181,8 +181,13 @@ def test_a_file_that_switches_language_carries_both_to_its_transcript_text_and_c
     assert "2 languages spoken" in (folder / "transcript.html").read_text()
     embeddings = json.loads((folder / "embeddings.json").read_text())
     assert "1 of 2 segments are not English (de)" in embeddings["language_note"], embeddings["language_note"]
-    # the text marks the German turn, the captions its cues
+    # the text marks the turn in the other language than the main one (German has more seconds here), the
+    # captions its cues
+    main = transcript["language"]
+    other = ({"en", "de"} - {main}).pop()
     lines = (folder / "transcript.txt").read_text().splitlines()
-    assert not lines[0].startswith("[") and lines[-1].startswith("[de] "), lines
+    marked = [line.startswith(f"[{other}] ") for line in lines]
+    assert marked == [s["language"] == other for s in transcript["segments"]], lines
+    assert not any(line.startswith(f"[{main}] ") for line in lines), lines
     vtt = (folder / "transcript.vtt").read_text()
-    assert "<lang de>" in vtt and "<lang en>" not in vtt, vtt
+    assert f"<lang {other}>" in vtt and f"<lang {main}>" not in vtt, vtt

@@ -100,3 +100,31 @@ def test_each_model_has_its_table_and_an_input_moves_with_its_model(tmp_path):
     assert catalogue.meaning(query, "model-a", None, 5) == []
     catalogue.drop(["a/x"])
     assert catalogue.indexed() == {"b/y": "fp1"} and table_rows(catalogue) == [("b/y", 0, "two", "model-b")]
+
+
+def test_a_reader_kept_open_sees_new_commits_and_a_rebuilt_catalogue(tmp_path):
+    import shutil
+    import time
+
+    from orchestrator.catalogue import search as search_module
+    from orchestrator.catalogue.search import reader, search
+    from orchestrator.catalogue.store import CATALOGUE_DIR, READ_CONSISTENCY
+
+    writer = Catalogue(tmp_path)
+    writer.put([rows("a/x", ["the harbour in Kirkenes"])])
+    first = reader(tmp_path)
+    assert [h.input for h in search(tmp_path, "Kirkenes", None, mode="words").hits] == ["a/x"]
+    assert first.models() == {"model-a": 1}
+    writer.put([rows("b/y", ["another harbour, in Kirkenes too"])])
+    time.sleep(READ_CONSISTENCY.total_seconds() + 0.2)
+    assert reader(tmp_path) is first  # kept open: the same tables, not opened again per search
+    assert first.models() == {"model-a": 2}  # counted again after the commit
+    assert sorted(h.input for h in search(tmp_path, "Kirkenes", None, mode="words").hits) == ["a/x", "b/y"]
+    writer.put([rows("d/w", ["Kirkenes by another model"], model="model-b")])  # a new table: opened again
+    assert reader(tmp_path).models() == {"model-a": 2, "model-b": 1}
+    shutil.rmtree(tmp_path / CATALOGUE_DIR)  # pipeline index --rebuild starts from an empty one
+    assert reader(tmp_path) is None
+    Catalogue(tmp_path).put([rows("c/z", ["Kirkenes again"])])
+    assert reader(tmp_path) is not first
+    assert [h.input for h in search(tmp_path, "Kirkenes", None, mode="words").hits] == ["c/z"]
+    search_module._READERS.clear()

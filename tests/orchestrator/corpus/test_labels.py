@@ -171,3 +171,29 @@ def test_overlapped_seconds_on_real_telephone_speech_match_its_rttm():
         duration_s=30.0,
     )
     assert art.speakers == ["SPEAKER_00", "SPEAKER_01"]
+
+
+def test_separated_channels_make_turns_of_their_words_and_overlap_each_other():
+    """Two channels' segments (PIPELINE_CHANNELS): each channel's speaker speaks over its words (words less
+    than 0.5 s apart make one turn); where the other channel speaks at the same time, the words carry it."""
+    from orchestrator.corpus.labels import channel_turns
+
+    agent = words(("hello", 0.0, 0.4, "agent"), ("there", 0.6, 1.0, "agent"), ("again", 3.0, 3.5, "agent"))
+    customer = words(("yes", 0.5, 0.9, "customer"), ("well", 2.0, 2.4, "customer"))
+    segs = [
+        Segment(id=0, start=0.0, end=3.5, text="hello there again", words=agent, speaker="agent", channel=0),
+        Segment(id=1, start=0.5, end=2.4, text="yes well", words=customer, speaker="customer", channel=1),
+    ]
+    separated = T.model_copy(update={"segments": segs})
+    turns = channel_turns(separated)
+    assert [tuple(t) for t in turns] == [
+        (0.0, 1.0, "agent"),
+        (0.5, 0.9, "customer"),
+        (2.0, 2.4, "customer"),
+        (3.0, 3.5, "agent"),
+    ]
+    assert overlap_seconds(turns) == 0.4
+    shown = label_transcript(separated, turns, {}, {}).transcript
+    assert [w.overlap for w in shown.segments[1].words] == [["agent"], None]
+    assert [w.overlap for w in shown.segments[0].words] == [None, ["customer"], None]
+    assert channel_turns(T) is None, "a mixed transcript has no channel turns: the diarization's are used"
