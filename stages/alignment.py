@@ -152,9 +152,7 @@ class AlignmentStage(TorchStage):
 
     def _align(self, item: WorkItem, asr: TranscriptArtifact):
         language = asr.language
-        if (
-            asr.languages_note
-        ):  # several languages: a wav2vec2 aligner knows one; the words Whisper timed stay
+        if asr.languages_note:  # several languages: a wav2vec2 aligner knows one; Whisper's word times stay
             return self._align_whisper(item, asr, "several languages in one input")
         if language in self.unavailable:
             return self._align_whisper(item, asr, self.unavailable[language])
