@@ -160,6 +160,9 @@ class Segment(Strict):
     overlap: list[str] | None = None
     #: the source channel it was transcribed from when the channels were separated (None: the mix)
     channel: int | None = Field(None, ge=0)
+    #: the language this segment was decoded in (its words' too); None: the transcript's ``language``
+    #: (artifacts written before languages were identified per speech region)
+    language: str | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> Segment:
@@ -190,6 +193,18 @@ class LanguageId(Strict):
     #: the allowed set (``--languages``), empty: any
     allowed: list[str] = Field(default_factory=list)
     reason: str | None = None
+    #: a scored window, or a speech region inside one, is confidently of another language than the best:
+    #: each speech region was identified on its own (stages/whisper/language.py)
+    mixed: bool = False
+    #: speech regions identified one by one (0: none, the input is clearly of one language)
+    regions: int = Field(0, ge=0)
+
+
+class LanguageShare(Strict):
+    """Seconds of a transcript's segments decoded in one language."""
+
+    language: str
+    seconds: float = Field(ge=0)
 
 
 def terms_sha256(terms: list[str]) -> str:
@@ -274,6 +289,10 @@ class TranscriptArtifact(Provenance, Artifact):
     dropped_segments: int = Field(0, ge=0)
     #: language identification (None: artifacts written before it existed)
     language_id: LanguageId | None = None
+    #: seconds of segments per language, most first (``language`` is the first); None: not recorded
+    languages: list[LanguageShare] | None = None
+    #: the input holds several languages, each segment decoded in its own (segment ``language``)
+    languages_note: str | None = None
     #: the vocabulary decoded with (run prompt and hotwords, folder and input files; None: none)
     vocabulary: VocabularyUse | None = None
     #: the English translation (``translate``, inputs not in English): one segment per decoded window, in

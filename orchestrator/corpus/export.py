@@ -96,7 +96,13 @@ def load_sources(
     page = layout.FORMATS["html"]
     original = f"{transcript.language} (original)"
     english = transcript.model_copy(
-        update={"segments": transcript.translation, "language": TRANSLATED, "translation": None}
+        update={
+            "segments": transcript.translation,
+            "language": TRANSLATED,
+            "translation": None,
+            "languages": None,  # the English track is of one language
+            "languages_note": None,
+        }
     )
     src = sources(transcript, [(original, None), ("English", translated_name(page))])
     src.translation = sources(english, [(original, page), ("English", None)])

@@ -83,16 +83,51 @@ def to_srt(src: Sources) -> str:
 
 
 def to_vtt(src: Sources) -> str:
-    blocks = [f"{timestamp(c.start, '.')} --> {timestamp(c.end, '.')}\n{c.text}\n" for c in src.cues]
+    """WebVTT; in a transcript of several languages, a cue in another than the main one is marked
+    ``<lang xx>...</lang>`` (its language: that of the segment its middle falls in)."""
+    t = src.transcript
+
+    def text(c: Cue) -> str:
+        language = segment_language(t, (c.start + c.end) / 2) if t.languages_note else t.language
+        return c.text if language == t.language else f"<lang {language}>{c.text}</lang>"
+
+    blocks = [f"{timestamp(c.start, '.')} --> {timestamp(c.end, '.')}\n{text(c)}\n" for c in src.cues]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
+def segment_language(transcript: TranscriptArtifact, at: float) -> str:
+    """The language of the segment nearest to time ``at`` (the transcript's own where none says)."""
+    if not transcript.segments:
+        return transcript.language
+    nearest = min(
+        transcript.segments,
+        key=lambda s: 0.0 if s.start <= at <= s.end else min(abs(s.start - at), abs(s.end - at)),
+    )
+    return nearest.language or transcript.language
+
+
 def turns(transcript: TranscriptArtifact) -> list[tuple[str | None, float, float, str]]:
-    """Consecutive segments of one speaker joined: (speaker, start, end, text)."""
+    """Consecutive segments of one speaker joined: (speaker, start, end, text). In a transcript of several
+    languages a turn also ends where the language changes, and a turn in another than the main one starts
+    with ``[xx]``."""
     glue = " " if spaced(transcript.language) else ""
+    several = transcript.languages_note is not None
     out: list[tuple[str | None, float, float, str]] = []
+    last = transcript.language
     for seg in transcript.segments:
         text = seg.text.strip()
+        language = seg.language or transcript.language
+        if several and language != last:
+            last = language
+            out.append(
+                (
+                    seg.speaker,
+                    seg.start,
+                    seg.end,
+                    text if language == transcript.language else f"[{language}] {text}",
+                )
+            )
+            continue
         if out and out[-1][0] == seg.speaker:
             speaker, start, _, joined = out[-1]
             out[-1] = (speaker, start, seg.end, f"{joined}{glue}{text}")
@@ -127,6 +162,7 @@ def to_json(src: Sources) -> str:
         "id": src.item_id,
         "source": t.source,
         "language": t.language,
+        **({"languages": [s.model_dump() for s in t.languages or []]} if t.languages_note else {}),
         "duration_s": t.duration_s,
         "speakers": src.speakers(),
         "segments": [
@@ -134,6 +170,7 @@ def to_json(src: Sources) -> str:
                 "start": s.start,
                 "end": s.end,
                 "speaker": s.speaker,
+                **({"language": s.language or t.language} if t.languages_note else {}),
                 **_speaker_fields(src, n, s),
                 "text": s.text.strip(),
                 "words": [w.model_dump(exclude=set() if w.overlap else {"overlap"}) for w in s.words or []],

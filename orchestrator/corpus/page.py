@@ -79,7 +79,9 @@ def notes(src) -> list[str]:
     )
     if t.source_damage:
         lines.append(f"Damaged source: {t.source_damage}")
-    lines += [n for n in (t.source_track, t.speakers_note, t.speech_note, t.alignment_note) if n]
+    lines += [
+        n for n in (t.languages_note, t.source_track, t.speakers_note, t.speech_note, t.alignment_note) if n
+    ]
     lines += [n for n in src.notes if n not in lines]
     return lines
 

@@ -103,6 +103,8 @@ def finish(settings: Settings, inp: InputState, corpus: dict[str, tuple[str, str
             inp.notes.append(transcript.speakers_note)
         if transcript.speech_note:  # e.g. silence: no segments, and why
             inp.notes.append(transcript.speech_note)
+        if transcript.languages_note:  # several languages, each segment decoded in its own
+            inp.notes.append(transcript.languages_note)
         diarization = None
         if inp.artifact("diarization").exists():
             diarization = load_artifact(inp.artifact("diarization"), DiarizationArtifact)

@@ -92,3 +92,17 @@ def test_asr_runtime_reaches_the_asr_child_and_its_fingerprint(monkeypatch):
     assert auto.runtime == "auto"
     # and the runtime is part of what the artifacts are fingerprinted by: switching it transcribes again
     assert torch.identity() != auto.identity() and torch.identity()["runtime"] == "torch"
+
+
+def test_asr_multilingual_reaches_the_asr_child_and_its_fingerprint(monkeypatch):
+    def asr_settings() -> AsrSettings:
+        spec = next(s for s in Orchestrator(Settings()).stage_specs() if s.name == "asr")
+        return AsrSettings.model_validate(spec.settings.model_dump(mode="json"))
+
+    # per-region languages are on by default; ASR_MULTILINGUAL=false keeps one language per input
+    on = asr_settings()
+    monkeypatch.setenv("ASR_MULTILINGUAL", "false")
+    off = asr_settings()
+    assert on.multilingual is True and off.multilingual is False
+    # and it changes the transcripts: switching it transcribes again
+    assert on.identity() != off.identity() and off.identity()["multilingual"] is False

@@ -149,3 +149,45 @@ def test_whisper_base_missing_says_how_to_fetch_it(tmp_path):
         resolve_model("whisper-base", str(tmp_path))
     path, english_only = resolve_model("whisper-base")
     assert path.endswith("whisper-base") and english_only is False
+
+
+@pytest.fixture(scope="module")
+def switching(tmp_path_factory):
+    """English then German in one file (built from the clips), through `bin/pipeline process` with whisper-base."""
+    from tests.stages.test_asr_languages import build_recording
+
+    tmp = tmp_path_factory.mktemp("switching")
+    build_recording(tmp / "interview.wav", ("en", "de"))
+    out = tmp / "out"
+    env = {**os.environ, "ASR_MODEL": "whisper-base"}
+    done = pipeline("process", str(tmp / "interview.wav"), "--output", str(out), "--no-speakers", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "run-report.json").read_text())
+    return out / "interview", report["inputs"][0]
+
+
+@pytest.mark.slow
+def test_a_file_that_switches_language_carries_both_to_its_transcript_text_and_captions(switching):
+    folder, item = switching
+    transcript = json.loads((folder / "transcript.json").read_text())
+    # Given English then German, Then each part is decoded in its own language, and the transcript lists both
+    assert [s["language"] for s in transcript["segments"]] == ["en", "de"], transcript["segments"]
+    assert {x["language"] for x in transcript["languages"]} == {"en", "de"}
+    assert transcript["language"] == transcript["languages"][0]["language"]
+    german = " ".join(s["text"] for s in transcript["segments"] if s["language"] == "de")
+    assert wer((LANGUAGES / "de.txt").read_text(), german) < 0.8, german
+    # the note reaches the run report, the page and the embeddings' note names the German segments
+    assert any(note.startswith("2 languages spoken") for note in item["notes"]), item["notes"]
+    assert "2 languages spoken" in (folder / "transcript.html").read_text()
+    embeddings = json.loads((folder / "embeddings.json").read_text())
+    assert "1 of 2 segments are not English (de)" in embeddings["language_note"], embeddings["language_note"]
+    # the text marks the turn in the other language than the main one (German has more seconds here), the
+    # captions its cues
+    main = transcript["language"]
+    other = ({"en", "de"} - {main}).pop()
+    lines = (folder / "transcript.txt").read_text().splitlines()
+    marked = [line.startswith(f"[{other}] ") for line in lines]
+    assert marked == [s["language"] == other for s in transcript["segments"]], lines
+    assert not any(line.startswith(f"[{main}] ") for line in lines), lines
+    vtt = (folder / "transcript.vtt").read_text()
+    assert f"<lang {other}>" in vtt and f"<lang {main}>" not in vtt, vtt
