@@ -107,6 +107,15 @@ class AsrSettings(StageSettings):
     #: whether CTranslate2 can use the device)
     runtime: Literal["auto", "ctranslate2", "torch"] = "auto"
 
+    def identity(self) -> dict[str, Any]:
+        """As the base's, without ``multilingual`` when it is on: a file of one language is transcribed as
+        it was before the setting existed, so earlier runs' transcripts stay current (one known to mix
+        languages is redone with ``--force``)."""
+        out = super().identity()
+        if out.get("multilingual") is True:
+            del out["multilingual"]
+        return out
+
 
 class DiarizationSettings(StageSettings):
     #: "auto", "embedded", or a pyannote pipeline name / local config path

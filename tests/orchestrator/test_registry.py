@@ -104,5 +104,7 @@ def test_asr_multilingual_reaches_the_asr_child_and_its_fingerprint(monkeypatch)
     monkeypatch.setenv("ASR_MULTILINGUAL", "false")
     off = asr_settings()
     assert on.multilingual is True and off.multilingual is False
-    # and it changes the transcripts: switching it transcribes again
+    # and it changes the transcripts: switching it off transcribes again; on (the default) leaves the
+    # fingerprint as it was before the setting existed, so earlier runs' transcripts stay current
     assert on.identity() != off.identity() and off.identity()["multilingual"] is False
+    assert "multilingual" not in on.identity()
