@@ -54,7 +54,7 @@ class AudioSettings(StageSettings):
     roots: list[str] = Field(default_factory=list)
     #: the source's channels: "mix" to mono, "separate" (each channel with sound its own track), or "auto"
     #: (separate when they hold different speech; ``stages.audio.decide_channels``)
-    channels: Literal["mix", "separate", "auto"]
+    channels: Literal["mix", "separate", "auto"] = "mix"
 
     def identity(self) -> dict[str, Any]:
         """As the base's, without ``channels`` when it is "mix" (what the stage did before the setting

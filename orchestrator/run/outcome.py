@@ -148,6 +148,7 @@ def blame(
     hung: bool = False,
     skippable: bool = False,
     error: str | None = None,
+    causes: dict[str, list[str]] | None = None,
 ) -> Blame | None:
     """Culprit isolation: a child that died (signal, watchdog), exited with an error or ran out of memory
     at batch size 1 while working on ``in_flight`` items suspects only those; the others go on.
@@ -160,6 +161,8 @@ def blame(
     words, as they were. Out of memory at batch size 1 isolates at once, and the others resume at
     ``worked_batch`` (the largest batch that finished an item), not at 1. None: nobody to blame (the
     child was between items, or it is not a death): the stage-wide policy (:func:`next_step`) applies.
+    ``causes`` (item -> how each death it was in flight at came, updated like ``crashes``) lets the reason
+    name every different cause, in order: a random kill while a child hung on an input is said too.
     """
     if not in_flight:
         return None
@@ -177,8 +180,14 @@ def blame(
                 else (f"was killed by {signal_name(signal)}" if signal else "was killed")
             )
         count = crashes[in_flight[0]]
+        hows = [how]
+        if causes is not None:
+            for item in in_flight:
+                causes.setdefault(item, []).append(how)
+            hows = list(dict.fromkeys(causes[in_flight[0]]))
         reason = (
-            f"crashed the {stage} child {count} time{'s' if count > 1 else ''}: it {how} while on this input"
+            f"crashed the {stage} child {count} time{'s' if count > 1 else ''}: it {', then '.join(hows)} "
+            "while on this input"
         )
         return Blame(culprits, reason, batch_size)
     if outcome is Outcome.OOM and batch_size == 1:  # the same words as next_step's, for this input alone

@@ -118,6 +118,7 @@ class StageRunner:
         retries = 0
         #: item -> deaths of a child while it was in flight; the largest batch size that finished an item
         crashes: dict[str, int] = {}
+        causes: dict[str, list[str]] = {}  # how each of those deaths came, for the reason
         worked: int | None = None
         while todo:
             attempt = len(attempts) + 1
@@ -215,6 +216,7 @@ class StageRunner:
                 hung=done.hung,
                 skippable=spec.skippable,
                 error=_short(done.last_error),
+                causes=causes,
             )
             if blamed is not None:
                 for item in todo:

@@ -270,7 +270,15 @@ def test_chaos_batch_runs_to_the_end_and_loses_nothing(tmp_path):
     by_source = {item["source"]: item for item in report["inputs"]}
     for name, (path, status, reason) in poison.items():
         item = by_source[str(path)]
-        assert item["status"] == status and reason in (item["error"] or ""), (name, item, SEED, history)
+        # a random kill may also land while a child is on a poison input: the reason names both causes
+        error = item["error"] or ""
+        head, _, cause = reason.partition(": it ")
+        assert item["status"] == status and (reason in error or (head in error and cause in error)), (
+            name,
+            item,
+            SEED,
+            history,
+        )
         assert "\n" not in item["error"]
     assert report["ok"] == len(good) and report["partial"] == 1 and report["failed"] == len(poison) - 1, (
         SEED,

@@ -144,3 +144,17 @@ def test_a_refused_start_waits_with_a_doubling_bounded_backoff_then_gives_up():
 
 def test_a_full_disk_is_its_own_outcome_and_never_retried():
     assert not next_step(Outcome.DISK_FULL, 4, 0, 2, progressed=True).retry
+
+
+def test_the_reason_names_every_cause_of_an_items_deaths_in_order():
+    crashes: dict[str, int] = {}
+    causes: dict[str, list[str]] = {}
+    blame(Outcome.KILLED, ["h"], crashes, 2, 4, None, stage="asr", hung=True, causes=causes)
+    final = blame(Outcome.KILLED, ["h"], crashes, 2, 4, None, signal=9, stage="asr", causes=causes)
+    assert final.culprits == ("h",)
+    assert final.reason == (
+        "crashed the asr child 2 times: it hung (no progress within the watchdog's limit), then was killed "
+        "by SIGKILL while on this input"
+    )
+    again = blame(Outcome.KILLED, ["h"], crashes, 2, 4, None, signal=9, stage="asr", causes=causes)
+    assert again.reason.count("SIGKILL") == 1  # each cause once
