@@ -44,8 +44,12 @@ def _seconds(h, m, s, ms) -> float:
     return int(h) * 3600 + int(m) * 60 + int(s) + int(ms) / 1000
 
 
+#: WebVTT's cue markup (``<lang de>``, ``</lang>``, ``<v Name>``): not shown, so not counted
+_MARKUP = re.compile(r"</?[a-z][^>]*>")
+
+
 def parse(text: str) -> list[tuple[float, float, list[str]]]:
-    """(start, end, lines) of each cue of an SRT or WebVTT text."""
+    """(start, end, lines) of each cue of an SRT or WebVTT text, as shown (WebVTT's markup left out)."""
     out = []
     for block in re.split(r"\n\s*\n", text.replace("\r\n", "\n")):
         lines = block.strip("\n").split("\n")
@@ -53,7 +57,8 @@ def parse(text: str) -> list[tuple[float, float, list[str]]]:
             found = _TIME.search(line)
             if found:
                 g = found.groups()
-                out.append((_seconds(*g[:4]), _seconds(*g[4:]), [x for x in lines[n + 1 :] if x.strip()]))
+                shown = [_MARKUP.sub("", x) for x in lines[n + 1 :]]
+                out.append((_seconds(*g[:4]), _seconds(*g[4:]), [x for x in shown if x.strip()]))
                 break
     return out
 
