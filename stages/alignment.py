@@ -43,7 +43,7 @@ from contracts import (
 )
 from contracts.errors import ArtifactError, InputError
 from contracts.stage_settings import AlignmentSettings
-from stages.runtime.base import TorchStage
+from stages.runtime.base import TorchStage, read_tracks
 from stages.runtime.clock import model_time
 from stages.runtime.memory import is_oom
 from stages.runtime.weights import cached_name
@@ -298,14 +298,7 @@ def _wav2vec2_segments(result: dict, channel: int | None) -> list[Segment]:
 
 def _tracks(item: WorkItem) -> dict:
     """The input's samples by channel: None -> the mix, and each separated channel's own track."""
-    import numpy as np
-
-    audio = load_artifact(item.inputs["audio"], AudioArtifact)
-    folder = Path(item.inputs["audio"]).parent
-    tracks = {None: np.load(folder / audio.sidecar, allow_pickle=False)}
-    for track in audio.channel_tracks:
-        tracks[track.channel] = np.load(folder / track.sidecar, allow_pickle=False)
-    return tracks
+    return read_tracks(item, load_artifact(item.inputs["audio"], AudioArtifact), channels=True)
 
 
 def per_channel(segments: list[Segment], tracks: dict, align) -> list[Segment]:

@@ -70,7 +70,7 @@ from contracts.artifacts import LanguageId, LanguageShare, VocabularyFile, Vocab
 from contracts.errors import InputError, ModelUnavailableError
 from contracts.models import portable_name
 from contracts.stage_settings import AsrSettings
-from stages.runtime.base import TorchStage
+from stages.runtime.base import TorchStage, read_tracks
 from stages.runtime.clock import model_time
 from stages.runtime.memory import is_oom
 from stages.whisper import language as langid
@@ -362,8 +362,10 @@ class AsrStage(TorchStage):
         """Read ``item``'s samples, find its speech windows and its language."""
         if not partner:
             self.mark_in_flight(request, [item.id], audio.duration_s)
-        samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
-        tracks = _channel_tracks(item, audio)
+        tracks = read_tracks(item, audio, channels=True)
+        samples = tracks.pop(
+            None
+        )  # the mix; what is left: the separated channels (none: the mix is the track)
         windows, channels, regions = self._track_windows(samples, tracks)
         language_id = self.identify(samples, windows, regions if self.settings.multilingual else None)
         language = (
@@ -1090,13 +1092,6 @@ class _Input:
     @property
     def done(self) -> bool:
         return all(text is not None for text in self.texts)
-
-
-def _channel_tracks(item: WorkItem, audio: AudioArtifact) -> dict:
-    """channel -> its samples, for an input whose channels the audio stage separated (empty: the mix is
-    its one track); each sidecar was checked against its sha256 as the artifact was read."""
-    folder = Path(item.inputs["audio"]).parent
-    return {t.channel: np.load(folder / t.sidecar, allow_pickle=False) for t in audio.channel_tracks}
 
 
 def _untimed(windows: list[Joined], what: str, exc: Exception) -> None:

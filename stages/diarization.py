@@ -38,7 +38,7 @@ from contracts import Artifact, AudioArtifact, DiarizationArtifact, SpeakerTurn,
 from contracts.errors import ModelUnavailableError
 from contracts.models import PYANNOTE_DEFAULT
 from contracts.stage_settings import DiarizationSettings
-from stages.runtime.base import Member, TorchStage
+from stages.runtime.base import Member, TorchStage, read_tracks
 from stages.runtime.clock import model_time
 from stages.runtime.memory import is_oom
 from stages.runtime.weights import cached_name
@@ -198,7 +198,7 @@ class DiarizationStage(TorchStage):
         )
 
     def _samples(self, item: WorkItem, audio: AudioArtifact):
-        return np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
+        return read_tracks(item, audio)[None]
 
     def _artifact(
         self, item: WorkItem, audio: AudioArtifact, raw, voices: dict | None = None

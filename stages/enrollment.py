@@ -30,7 +30,7 @@ from contracts import (
 )
 from contracts.errors import ArtifactError, InputError
 from contracts.stage_settings import EnrollmentSettings
-from stages.runtime.base import Member, TorchStage, save_array
+from stages.runtime.base import Member, TorchStage, read_tracks, save_array
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class EnrollmentStage(TorchStage):
             audio = load_artifact(item.inputs["audio"], AudioArtifact)
         except (KeyError, ArtifactError) as exc:
             raise InputError(f"enrollment needs the decoded audio: {exc}") from exc
-        samples = np.load(Path(item.inputs["audio"]).parent / audio.sidecar, allow_pickle=False)
+        samples = read_tracks(item, audio)[None]
         rows, clips = [], []
         for index, turn in enumerate(diarization.turns):
             if turn.end - turn.start >= MIN_TURN_S:

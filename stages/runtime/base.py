@@ -440,6 +440,19 @@ def save_array(path: Path, array) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_tracks(item: WorkItem, audio, channels: bool = False) -> dict:
+    """``item``'s decoded samples (16 kHz float32, the audio stage's sidecars beside ``item.inputs["audio"]``,
+    checked against their sha256 as ``audio`` was loaded) by track: ``None`` -> the mix, and with
+    ``channels`` each channel the audio stage separated."""
+    import numpy as np
+
+    folder = Path(item.inputs["audio"]).parent
+    tracks = {None: np.load(folder / audio.sidecar, allow_pickle=False)}
+    for track in audio.channel_tracks if channels else []:
+        tracks[track.channel] = np.load(folder / track.sidecar, allow_pickle=False)
+    return tracks
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     if not isinstance(exc, PipelineError):
