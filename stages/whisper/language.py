@@ -188,6 +188,11 @@ def _encode(pipeline, clips: list):
         return whisper.encode(batch)
 
 
+def _codes(pairs) -> list[tuple[str, float]]:
+    """Whisper's language ranking with each token (``<|de|>``) as its language code (``de``)."""
+    return [(token[2:-2], p) for token, p in pairs]
+
+
 def _detect(pipeline, encoded) -> list:
     with model_time():
         return pipeline.model.model.detect_language(encoded)
@@ -254,7 +259,7 @@ def region_rankings(
         frames[first:last] = whole[k, first:last]
         masked.append(frames)
     results = _detect(pipeline, _as_encoded(torch.stack(masked), encoded))
-    return [combine([(1.0, [(token[2:-2], p) for token, p in pairs])], allowed) for pairs in results]
+    return [combine([(1.0, _codes(pairs))], allowed) for pairs in results]
 
 
 def _scores(pipeline, samples, spans: Sequence[tuple[float, float]], batch_size: int = 16) -> list:
@@ -283,7 +288,7 @@ def detect_regions(
     results = _scores(pipeline, samples, [regions[k] for k in scored], batch_size)
     out: list[tuple[str, float] | None] = [None] * len(regions)
     for k, pairs in zip(scored, results, strict=True):
-        ranked = combine([(1.0, [(token[2:-2], p) for token, p in pairs])], allowed)
+        ranked = combine([(1.0, _codes(pairs))], allowed)
         out[k] = ranked[0] if ranked else None
     return out
 
@@ -388,7 +393,7 @@ def identify(
     results = _detect(pipeline, encoded)
     scored = []
     for (start, end), pairs in zip(chosen, results, strict=True):
-        scored.append((end - start, [(token[2:-2], p) for token, p in pairs]))
+        scored.append((end - start, _codes(pairs)))
     result = decide(combine(scored, allowed), speech_s, len(chosen), allowed, min_speech_s, min_probability)
     if regions is not None:
         per_window = [combine([(1.0, pairs)], allowed) for _, pairs in scored]
