@@ -110,15 +110,17 @@ def quality(distances: list[float], tmp: Path) -> None:
             )
 
 
-def synthesise(out: Path, inputs: int, seed: int = 0, first: int = 0) -> None:
-    """``inputs`` input folders with a diarization artifact of 2 speakers each (voices with noise)."""
+def synthesise(out: Path, inputs: int, seed: int = 0, first: int = 0, people=None) -> None:
+    """``inputs`` input folders with a diarization artifact of 2 speakers each (voices with noise; from
+    ``people``, else ``inputs`` / 5 voices of their own)."""
     import numpy as np
 
     from contracts import DiarizationArtifact, SpeakerTurn, save_model
 
     rng = np.random.default_rng(seed)
-    people = rng.standard_normal((max(2, inputs // 5), 192))
-    people /= np.linalg.norm(people, axis=1, keepdims=True)
+    if people is None:
+        people = rng.standard_normal((max(2, inputs // 5), 192))
+        people /= np.linalg.norm(people, axis=1, keepdims=True)
     ids = json.loads((out / ".ids.json").read_text()) if (out / ".ids.json").exists() else {}
     for n in range(first, first + inputs):
         item = f"in{n:05d}"
@@ -174,11 +176,96 @@ def cost(inputs: int, tmp: Path) -> None:
         print(f"{what:>36}: {seconds:7.2f} s  ({speakers} corpus speakers)")
 
 
+def grown(out: Path, inputs: int, seed: int = 1):
+    """A corpus of ``inputs`` inputs (2 speakers each from ``inputs`` / 5 voices) made without clustering and
+    saved in the store in one go, as ``inputs`` inputs' runs would have left it; returns it and the voices."""
+    import numpy as np
+
+    from contracts.corpus import CorpusMember, CorpusSpeaker, CorpusSpeakers, speaker_id
+    from orchestrator.catalogue.speakers import SpeakerStore
+
+    rng = np.random.default_rng(seed)
+    people = rng.standard_normal((max(2, inputs // 5), 192))
+    people /= np.linalg.norm(people, axis=1, keepdims=True)
+    members: dict[int, list] = {}
+    voices = {}
+    for n in range(inputs):
+        item = f"in{n:06d}"
+        for label, p in zip(
+            ("SPEAKER_00", "SPEAKER_01"), rng.choice(len(people), 2, replace=False), strict=True
+        ):
+            v = people[p] + 0.03 * rng.standard_normal(192)
+            voices[(item, label)] = v / np.linalg.norm(v)
+            members.setdefault(int(p), []).append(
+                CorpusMember(item_id=item, speaker=label, seconds=270.0, fingerprint=f"fp{n}")
+            )
+    speakers = [
+        CorpusSpeaker(id=speaker_id(p + 1), centroid=[float(x) for x in people[p]], members=found)
+        for p, found in sorted(members.items())
+    ]
+    corpus = CorpusSpeakers(encoder="campplus", distance=0.3, next_id=len(people) + 1, speakers=speakers)
+    SpeakerStore(out).save(None, corpus, voices)
+    return corpus, people
+
+
+def chunk_cost(sizes: list[int], chunks: int, tmp: Path) -> None:
+    """A chunk of 50 new inputs placed into a corpus of each size, as a run places them (``place``: the
+    chunk's artifacts read, the voices clustered and joined, the change written to the store), beside what
+    the same chunk cost before the store: ``speakers.json`` rewritten whole."""
+    import numpy as np
+
+    from bench.catalogue import disk_bytes
+    from contracts import save_model
+    from orchestrator.corpus.labels import read_corpus
+    from orchestrator.corpus.speakers import place
+    from orchestrator.settings import Settings
+
+    print(
+        f"\nchunk cost: {chunks} chunks of 50 new inputs (2 speakers each), the store's upkeep every 20 saves"
+    )
+    print(
+        f"{'corpus inputs':>14} {'first chunk s':>14} {'chunk s p50':>12} {'chunk s mean':>13} {'KB per chunk':>13} "
+        f"{'speakers.json MB':>17} {'its write s':>12}"
+    )
+    for size in sizes:
+        out = tmp / f"grown-{size}"
+        out.mkdir()
+        t0 = time.perf_counter()
+        corpus, people = grown(out, size)
+        made = time.perf_counter() - t0
+        settings = Settings(output_dir=out, corpus_speaker_distance=0.3)
+        synthesise(out, 50 * chunks, seed=size, first=size, people=people)  # the corpus's voices again
+        t0 = time.perf_counter()
+        corpus = read_corpus(out)
+        read = time.perf_counter() - t0
+        seconds, sizes_kb = [], []
+        for c in range(chunks):
+            ids = [f"in{n:05d}" for n in range(size + 50 * c, size + 50 * (c + 1))]
+            before = disk_bytes(out / ".catalogue")
+            t0 = time.perf_counter()
+            placed = place(settings, out, ids, corpus)
+            seconds.append(time.perf_counter() - t0)
+            sizes_kb.append((disk_bytes(out / ".catalogue") - before) / 1e3)
+            corpus = placed.corpus
+        t0 = time.perf_counter()
+        path = save_model(corpus, out / "speakers.json")
+        json_s = time.perf_counter() - t0
+        mb = path.stat().st_size / 1e6
+        print(
+            f"{size:>14,} {seconds[0]:>14.3f} {float(np.median(seconds[1:])):>12.3f} "
+            f"{float(np.mean(seconds[1:])):>13.3f} {float(np.median(sizes_kb)):>13.1f} {mb:>17.1f} {json_s:>12.2f}"
+        )
+        print(f"{'':>14} (made in {made:.1f} s; read and validated by the run in {read:.2f} s, once per run)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--distances", default="0.2,0.3,0.4,0.5,0.6")
     parser.add_argument("--inputs", type=int, default=1000)
     parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument("--scale", default="1000,100000", help="corpus sizes a chunk's cost is measured at")
+    parser.add_argument("--chunks", type=int, default=21)
     args = parser.parse_args()
     import logging
 
@@ -187,7 +274,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-corpus-"))
     if not args.skip_quality:
         quality([float(d) for d in args.distances.split(",")], tmp)
-    cost(args.inputs, tmp)
+    if not args.skip_cost:
+        cost(args.inputs, tmp)
+    if args.scale:
+        chunk_cost([int(n) for n in args.scale.split(",")], args.chunks, tmp)
     return 0
 
 

@@ -87,7 +87,7 @@ def transcription_answer(
         labels = corpus_labels(read_corpus(Path(record.output_dir))).get(item.id, {})
     except ArtifactError as exc:
         log.warning(
-            "job %s: its speakers.json is not read, speakers keep their own labels: %s", record.id, exc
+            "job %s: its corpus speakers are not read, speakers keep their own labels: %s", record.id, exc
         )
         labels = {}
     if response_format in SUBTITLES:

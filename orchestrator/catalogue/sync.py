@@ -4,7 +4,8 @@ outputs (and their fingerprint); the catalogue holds the same inputs with the sa
 :func:`sync` compares the two and (re)indexes what differs, from the artifacts alone, in batches; it drops
 the inputs the journal no longer calls complete. A run calls it for each chunk's inputs (the chunk's rows
 appended, nothing rewritten) and once over the whole folder before its first chunk (what a kill left
-undone is repaired); ``pipeline index`` calls it too, and ``--rebuild`` starts from an empty catalogue.
+undone is repaired); ``pipeline index`` calls it too, and ``--rebuild`` starts from an empty catalogue
+(the corpus speakers' tables kept: they are not derived from the artifacts).
 """
 
 from __future__ import annotations
@@ -61,13 +62,28 @@ def sync(out: Path, rebuild: bool = False) -> SyncResult:
     inputs no longer complete are dropped. What ``pipeline index`` does."""
     out = Path(out)
     if rebuild and (out / CATALOGUE_DIR).exists():
-        shutil.rmtree(out / CATALOGUE_DIR)
+        _drop_derived(out)
     wanted = completed_inputs(out)
     catalogue = Catalogue(out)
     gone = {item: None for item in catalogue.indexed() if item not in wanted}
     result = update(out, {**wanted, **gone}, catalogue=catalogue)
     catalogue.maintain()
     return result
+
+
+def _drop_derived(out: Path) -> None:
+    """Every table made from the artifacts (inputs, segments) removed; the corpus speakers' tables stay (their
+    names, merges and splits are a person's work). Without them, the whole folder goes."""
+    from orchestrator.catalogue.speakers import TABLES
+
+    catalogue = Catalogue(out)
+    kept = [name for name in catalogue._names() if name in TABLES]
+    if not kept:
+        shutil.rmtree(out / CATALOGUE_DIR)
+        return
+    for name in catalogue._names():
+        if name not in TABLES:
+            catalogue.db.drop_table(name)
 
 
 def update(
@@ -82,7 +98,7 @@ def update(
     another fingerprint is indexed from its artifacts, and ``refresh`` ones whatever their fingerprint
     (their speakers were relabelled). Costs what these inputs cost, whatever the folder holds: a run calls
     it for each chunk. ``labels``: the corpus speakers' labels when the caller has them (else read from
-    ``speakers.json``)."""
+    the corpus speakers' store, for those inputs only)."""
     started = time.perf_counter()
     out = Path(out)
     result = SyncResult()
@@ -92,8 +108,9 @@ def update(
     stale = sorted(i for i, fp in wanted.items() if fp is not None and (have.get(i) != fp or i in refresh))
     gone = sorted(i for i, fp in wanted.items() if fp is None and i in have)
     result.unchanged = sum(1 for i, fp in wanted.items() if fp is not None and i not in stale)
-    if any(labels is None or item not in labels for item in stale):  # the caller's labels do not cover them
-        labels = {**corpus_labels(read_corpus(out)), **(labels or {})}
+    uncovered = {item for item in stale if labels is None or item not in labels}
+    if uncovered:  # the caller's labels do not cover them: the store's, for these inputs only
+        labels = {**_stored_labels(out, uncovered), **(labels or {})}
     for first in range(0, len(stale), BATCH):
         batch = []
         for item_id in stale[first : first + BATCH]:
@@ -111,6 +128,18 @@ def update(
     result.dropped = len(gone)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _stored_labels(out: Path, items: set[str]) -> dict[str, dict[str, tuple[str, str]]]:
+    """The corpus speakers' labels of ``items``: from the store, reading only their rows (an output folder of
+    an earlier version: from its ``speakers.json``)."""
+    from orchestrator.catalogue.speakers import SpeakerStore
+
+    store = SpeakerStore(out)
+    if store.exists():
+        return store.labels(items)
+    labels = corpus_labels(read_corpus(out))
+    return {item: labels[item] for item in items if item in labels}
 
 
 def _import_store() -> None:
@@ -158,7 +187,7 @@ class Indexer:
 
 def relabel(out: Path) -> SyncResult:
     """After ``pipeline speakers`` changed who is who (name, merge, split, cluster): the inputs whose
-    catalogue rows show other speakers than ``speakers.json`` now gives them are indexed again."""
+    catalogue rows show other speakers than the corpus speakers now give them are indexed again."""
     out = Path(out)
     catalogue = Catalogue(out)
     if not catalogue.exists:

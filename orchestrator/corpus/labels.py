@@ -189,8 +189,23 @@ def label_transcript(
 
 
 def read_corpus(out: Path) -> CorpusSpeakers | None:
-    """``OUT/speakers.json``, validated (None: there is none). An unreadable one is an error that says what
-    to do: the corpus step never overwrites what it cannot read."""
+    """The output folder's corpus speakers (None: it has none): its catalogue's store
+    (:class:`~orchestrator.catalogue.speakers.SpeakerStore`), else ``OUT/speakers.json`` made by an earlier
+    version, validated. An unreadable one is an error that says what to do: the corpus step never
+    overwrites what it cannot read."""
+    from orchestrator.catalogue.speakers import SpeakerStore
+
+    store = SpeakerStore(out)
+    try:
+        if store.exists():
+            return store.load()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ArtifactError(
+            store.path,
+            f"its corpus speakers cannot be read ({' '.join(str(exc).split())[:200]}); restore "
+            f"{layout.SPEAKERS} from a backup and move {layout.CATALOGUE} away, or run `pipeline speakers "
+            f"cluster {out}` to cluster the corpus again",
+        ) from None
     path = layout.path(out, layout.SPEAKERS)
     if not path.exists():
         return None

@@ -154,16 +154,64 @@ def _centroid(vectors_seconds) -> list[float]:
     return [float(x) for x in _unit(np.asarray(total, np.float64))]
 
 
+class Index:
+    """Lookups over one :class:`CorpusSpeakers`, built once and then carried from each :func:`assign` to the
+    next (a run's chunks): which corpus speakers each input's speakers are in, and every centroid as one
+    matrix. With it a chunk's placement costs what the chunk and the speakers it joins hold, not what the
+    corpus holds (the corpus of 100,000 inputs is walked once per run, not once per chunk)."""
+
+    def __init__(self, corpus: CorpusSpeakers) -> None:
+        import numpy as np
+
+        self.corpus = corpus  # kept alive: the cache below is keyed by its id()
+        self.items: dict[str, list[tuple[str, CorpusMember]]] = {}
+        for s in corpus.speakers:
+            for m in s.members:
+                self.items.setdefault(m.item_id, []).append((s.id, m))
+        self.by_id = {s.id: s for s in corpus.speakers}
+        self.row = {s.id: n for n, s in enumerate(corpus.speakers)}
+        self.ids = [s.id for s in corpus.speakers]
+        if corpus.speakers:
+            self.matrix = np.array([s.centroid for s in corpus.speakers], np.float64)
+        else:
+            self.matrix = np.zeros((0, 0))
+        self.alive = np.ones(len(corpus.speakers), bool)
+
+    def state(self, item: str) -> tuple[str, set[str]] | None:
+        """``item``'s placed state: its diarization's fingerprint and its speakers' labels (None: not placed)."""
+        found = self.items.get(item)
+        if not found:
+            return None
+        return found[0][1].fingerprint, {m.speaker for _, m in found}
+
+
+#: the last indexes made, by the id() of the corpus they index (a run carries one from chunk to chunk)
+_INDEXES: dict[int, Index] = {}
+
+
+def index_of(corpus: CorpusSpeakers) -> Index:
+    found = _INDEXES.get(id(corpus))
+    if found is not None and found.corpus is corpus:
+        return found
+    return _remember(Index(corpus))
+
+
+def _remember(index: Index) -> Index:
+    while len(_INDEXES) >= 4:
+        _INDEXES.pop(next(iter(_INDEXES)))
+    _INDEXES[id(index.corpus)] = index
+    return index
+
+
 def unplaced(corpus: CorpusSpeakers | None, voices: list[Voice]) -> set[str]:
     """Inputs of ``voices`` not placed in ``corpus`` as they are now (new, or diarized again since)."""
     now: dict[str, tuple[str, set]] = {}
     for v in voices:
         now.setdefault(v.item_id, (v.fingerprint, set()))[1].add(v.speaker)
-    before: dict[str, tuple[str, set]] = {}
-    for s in corpus.speakers if corpus else []:
-        for m in s.members:
-            before.setdefault(m.item_id, (m.fingerprint, set()))[1].add(m.speaker)
-    return {item for item, state in now.items() if before.get(item) != state}
+    if corpus is None:
+        return set(now)
+    index = index_of(corpus)
+    return {item for item, state in now.items() if index.state(item) != state}
 
 
 def _member(voice: Voice) -> CorpusMember:
@@ -186,6 +234,11 @@ class Placed:
     new_speakers: list[str] = field(default_factory=list)
     #: voices of another encoder than the corpus's, left out
     skipped: int = 0
+    #: inputs whose members were placed (again): their rows are the ones to write
+    placed: set[str] = field(default_factory=set)
+    #: corpus speakers whose members, centroid or label changed (new ones too), and the ones now gone
+    touched: set[str] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)
 
 
 def assign(
@@ -197,7 +250,8 @@ def assign(
     """``corpus`` with ``voices`` placed (pure: no file is read). A voice already placed with the same
     fingerprint stays where it is; every other voice of those inputs is placed again. ``vectors`` gives
     the voices of members already placed whose speaker must be recomputed (inputs re-diarized); the
-    centroid of a speaker that only gains members is updated from its own."""
+    centroid of a speaker that only gains members is updated from its own. Costs what ``voices`` and the
+    speakers they join hold (:class:`Index`)."""
     import numpy as np
 
     corpus = corpus or CorpusSpeakers(distance=distance)
@@ -207,80 +261,195 @@ def assign(
     )
     skipped = [v for v in voices if encoder_kind(v.encoder) != kind]
     voices = [v for v in voices if encoder_kind(v.encoder) == kind]
+    index = index_of(corpus)
     fresh_items = unplaced(corpus, voices)
     new = [v for v in voices if v.item_id in fresh_items]
     changed = set(fresh_items)
 
-    # members of re-placed inputs leave their speakers
+    # the speakers these inputs are in: members of re-placed inputs leave them, profiles' names change
     enrolled = {(v.item_id, v.speaker): v.enrolled for v in voices}
-    speakers: dict[str, dict] = {}
-    for s in corpus.speakers:
+    relabelled = {
+        item
+        for item in {v.item_id for v in voices} - fresh_items
+        for _, m in index.items.get(item, [])
+        if enrolled.get((m.item_id, m.speaker), m.enrolled) != m.enrolled
+    }
+    work: dict[str, dict] = {}
+    for sid in sorted({sid for item in {v.item_id for v in voices} for sid, _ in index.items.get(item, [])}):
+        s = index.by_id[sid]
         kept = [
             m.model_copy(update={"enrolled": enrolled[(m.item_id, m.speaker)]})
             if enrolled.get((m.item_id, m.speaker), m.enrolled) != m.enrolled
-            else m  # profiles changed
+            else m
             for m in s.members
             if m.item_id not in fresh_items
         ]
-        if not kept:
-            continue
         centroid = s.centroid
-        if len(kept) != len(s.members):
+        if kept and len(kept) != len(s.members):
             known = [
                 (vectors[(m.item_id, m.speaker)], m.seconds)
                 for m in kept
                 if vectors and (m.item_id, m.speaker) in vectors
             ]
             centroid = _centroid(known) if known else centroid
-        speakers[s.id] = {"name": s.name, "centroid": centroid, "members": kept}
+        if kept == s.members:
+            continue  # nothing of it changed
+        work[sid] = {"name": s.name, "centroid": centroid, "members": kept}
+    groups = group_voices(new, distance) if new else []
+    dimension = index.matrix.shape[1] if len(index.ids) else (len(new[0].vector) if new else 0)
+    matrix = np.zeros((len(index.ids) + len(groups), dimension))
+    if index.ids:
+        matrix[: len(index.ids)] = index.matrix
+    alive = np.zeros(len(matrix), bool)
+    alive[: len(index.ids)] = index.alive
+    row, ids = dict(index.row), list(index.ids)
+    for sid, w in work.items():
+        if w["members"]:
+            matrix[row[sid]] = w["centroid"]
+        else:
+            alive[row[sid]] = False
+    joined: dict[str, set[str]] = {}  # inputs given a member of a speaker here -> those speakers
     next_id = corpus.next_id
     new_ids = []
-    for group in group_voices(new, distance) if new else []:
+    centres = [np.asarray(_centroid([(new[i].vector, new[i].seconds) for i in group])) for group in groups]
+    # every group against every speaker in one product; the rows this loop changes are computed again
+    base = matrix[: len(index.ids)] @ np.stack(centres).T if centres and index.ids else None
+    dirty: set[int] = {row[sid] for sid in work}
+    for g, group in enumerate(groups):
         members = [new[i] for i in group]
         items = {v.item_id for v in members}
-        centre = np.asarray(_centroid([(v.vector, v.seconds) for v in members]))
-        best, best_sim = None, 1.0 - distance
-        for sid, s in speakers.items():
-            if items & {m.item_id for m in s["members"]}:
-                continue  # one of these inputs already has a speaker there: another voice
-            sim = float(np.asarray(s["centroid"]) @ centre)
-            if sim >= best_sim:
-                best, best_sim = sid, sim
+        centre = centres[g]
+        sims = np.full(len(ids), -np.inf)
+        if base is not None:
+            sims[: len(index.ids)] = base[:, g]
+        for r in dirty:
+            sims[r] = float(matrix[r] @ centre)
+        sims = np.where(alive[: len(ids)], sims, -np.inf)
+        for item in items:  # one of these inputs already has a speaker there: another voice
+            for sid in joined.get(item, ()):
+                sims[row[sid]] = -np.inf
+        best = None
+        if len(sims) and float(sims.max()) >= 1.0 - distance:
+            best = ids[int(np.argmax(sims))]
         if best is None:
             best = speaker_id(next_id)
             next_id += 1
             new_ids.append(best)
-            speakers[best] = {"name": None, "centroid": [float(x) for x in centre], "members": []}
+            row[best] = len(ids)
+            ids.append(best)
+            work[best] = {"name": None, "centroid": [float(x) for x in centre], "members": []}
         else:
-            s = speakers[best]
-            had = sum(m.seconds for m in s["members"])
-            s["centroid"] = _centroid([(s["centroid"], had), *[(v.vector, v.seconds) for v in members]])
-        speakers[best]["members"] = speakers[best]["members"] + [_member(v) for v in members]
-    result = CorpusSpeakers(
-        encoder=kind,
-        distance=distance,
-        next_id=next_id,
-        merged=corpus.merged,
-        speakers=[
-            CorpusSpeaker(
-                id=sid,
-                name=s["name"],
-                centroid=s["centroid"],
-                members=sorted(s["members"], key=lambda m: (m.item_id, m.speaker)),
-            )
-            for sid, s in sorted(speakers.items())
-        ],
+            if best not in work:
+                s = index.by_id[best]
+                work[best] = {"name": s.name, "centroid": s.centroid, "members": list(s.members)}
+            w = work[best]
+            had = sum(m.seconds for m in w["members"])
+            w["centroid"] = _centroid([(w["centroid"], had), *[(v.vector, v.seconds) for v in members]])
+        matrix[row[best]] = work[best]["centroid"]
+        alive[row[best]] = True
+        dirty.add(row[best])
+        work[best]["members"] = work[best]["members"] + [_member(v) for v in members]
+        for item in items:
+            joined.setdefault(item, set()).add(best)
+
+    # the result: the speakers untouched are the same objects; the index follows it
+    rebuilt = {
+        sid: CorpusSpeaker(
+            id=sid,
+            name=w["name"],
+            centroid=w["centroid"],
+            members=sorted(w["members"], key=lambda m: (m.item_id, m.speaker)),
+        )
+        for sid, w in work.items()
+        if w["members"]
+    }
+    gone = {sid for sid, w in work.items() if not w["members"]}
+    speakers = [rebuilt.get(s.id, s) for s in corpus.speakers if s.id not in gone]
+    speakers += [rebuilt[sid] for sid in new_ids]
+    speakers.sort(key=lambda s: s.id)
+    result = CorpusSpeakers.model_construct(
+        encoder=kind, distance=distance, next_id=next_id, merged=corpus.merged, speakers=speakers
     )
     # an unnamed speaker's label comes from its members' enrolled names: inputs sharing it show it anew
-    before, after = corpus_labels(corpus), corpus_labels(result)
-    changed |= {i for i in set(before) | set(after) if before.get(i) != after.get(i)}
-    return Placed(result, changed, new_ids, len(skipped))
+    touched = set(rebuilt) | gone
+    for sid in touched:
+        before_s, after_s = index.by_id.get(sid), rebuilt.get(sid)
+        if (before_s.label if before_s else None) != (after_s.label if after_s else None):
+            changed |= {m.item_id for s in (before_s, after_s) if s is not None for m in s.members}
+    _remember(_follow(index, result, rebuilt, gone, matrix[: len(ids)], alive[: len(ids)], ids, row))
+    return Placed(result, changed, new_ids, len(skipped), set(fresh_items) | relabelled, touched, gone)
+
+
+def _follow(
+    index: Index, result: CorpusSpeakers, rebuilt: dict, gone: set[str], matrix, alive, ids, row
+) -> Index:
+    """``index`` made the index of ``result`` by changing only the speakers :func:`assign` rebuilt or dropped."""
+    follow = Index.__new__(Index)
+    follow.corpus = result
+    follow.items = dict(index.items)
+    follow.by_id = dict(index.by_id)
+    for sid in gone:
+        follow.by_id.pop(sid, None)
+    follow.by_id.update(rebuilt)
+    affected: set[str] = set()
+    for sid in set(rebuilt) | gone:
+        for s in (index.by_id.get(sid), rebuilt.get(sid)):
+            affected |= {m.item_id for m in s.members} if s is not None else set()
+    for item in affected:
+        entries = [
+            (sid, m) for sid, m in follow.items.get(item, []) if sid not in rebuilt and sid not in gone
+        ]
+        follow.items[item] = entries
+    for sid, s in rebuilt.items():
+        for m in s.members:
+            follow.items.setdefault(m.item_id, []).append((sid, m))
+    for item in affected:
+        if not follow.items.get(item):
+            follow.items.pop(item, None)
+    follow.matrix, follow.alive, follow.ids, follow.row = matrix, alive, ids, row
+    return follow
 
 
 # -- the output folder --------------------------------------------------------------------------
 
 
-def save_corpus(out: Path, corpus: CorpusSpeakers) -> Path:
+def save_corpus(
+    out: Path,
+    corpus: CorpusSpeakers,
+    before: CorpusSpeakers | None,
+    voices: dict[tuple[str, str], object] | None = None,
+    placed: Placed | None = None,
+) -> None:
+    """Write what changed from ``before`` (as last read or saved) to ``corpus`` into the catalogue's store
+    (:class:`~orchestrator.catalogue.speakers.SpeakerStore`): ``placed``, when :func:`assign` made
+    ``corpus``, says what changed without comparing the two whole, so a chunk's placement costs what it
+    places. ``voices``: the vectors of members new to the store. A folder with no store yet
+    (``speakers.json`` of an earlier version) is brought in whole, its members' voices read from their
+    diarization artifacts."""
+    from orchestrator.catalogue.speakers import Change, SpeakerStore
+
+    store = SpeakerStore(out)
+    voices = dict(voices or {})
+    if not store.exists():
+        missing = [m for s in corpus.speakers for m in s.members if (m.item_id, m.speaker) not in voices]
+        voices.update(_vectors(out, missing))
+    change = None
+    if placed is not None and before is not None:
+        was, now = index_of(before), index_of(corpus)
+        members = {item: list(now.items.get(item, [])) for item in placed.placed}
+        change = Change(
+            members=members,
+            fresh=not any(item in was.items for item in placed.placed),
+            speakers=[now.by_id[sid] for sid in sorted(placed.touched) if sid in now.by_id],
+            new_only=not any(sid in was.by_id for sid in placed.touched),
+            gone=set(placed.gone),
+        )
+    store.save(before, corpus, voices, change)
+
+
+def export_corpus(out: Path, corpus: CorpusSpeakers) -> Path:
+    """``OUT/speakers.json``: the store's corpus as a file to hand on (written at a run's end and by each
+    ``pipeline speakers`` command; the store, not this file, is read back)."""
     return save_model(corpus, layout.path(out, layout.SPEAKERS))
 
 
@@ -292,10 +461,11 @@ def folder_items(out: Path) -> list[str]:
 def place(
     settings, out: Path, item_ids: list[str] | None = None, corpus: CorpusSpeakers | None = None
 ) -> Placed:
-    """Place the voices of ``item_ids`` (default: every input of ``out``) into ``OUT/speakers.json`` and
-    save it; return what changed. The caller holds the output folder's lock and rewrites the files of
-    ``Placed.changed`` inputs (:func:`rewrite`), unless it is about to write them anyway. ``corpus``: the
-    folder's corpus as the caller last saved it (a run's chunks), so that it is not read again."""
+    """Place the voices of ``item_ids`` (default: every input of ``out``) among the folder's corpus speakers
+    and save what changed (:func:`save_corpus`); return what changed. The caller holds the output folder's
+    lock and rewrites the files of ``Placed.changed`` inputs (:func:`rewrite`), unless it is about to write
+    them anyway. ``corpus``: the folder's corpus as the caller last saved it (a run's chunks), so that it is
+    not read again."""
     corpus = corpus if corpus is not None else read_corpus(out)
     voices: list[Voice] = []
     missing = 0
@@ -317,24 +487,47 @@ def place(
         )
     rediarized = _rediarized_vectors(out, corpus, voices)
     placed = assign(corpus, voices, settings.corpus_speaker_distance, rediarized)
+    fresh = {(v.item_id, v.speaker): v.vector for v in voices}
     if placed.skipped:
         log.warning(
             "%d speaker(s) embedded by another encoder than the corpus's (%s) left out",
             placed.skipped,
             placed.corpus.encoder,
         )
-    if placed.changed or corpus is None or placed.corpus.speakers != corpus.speakers:
-        save_corpus(out, placed.corpus)
+    if placed.placed or placed.touched or corpus is None:
+        save_corpus(out, placed.corpus, corpus, fresh, placed)
     return placed
 
 
 def _rediarized_vectors(out: Path, corpus: CorpusSpeakers | None, voices: list[Voice]) -> dict:
-    """The voices of members whose speaker loses a re-diarized input's member (its centroid is recomputed)."""
+    """The voices of members whose speaker loses a re-diarized input's member (its centroid is recomputed):
+    as the store keeps them, else from their diarization artifacts."""
     if corpus is None:
         return {}
+    from orchestrator.catalogue.speakers import SpeakerStore
+
     redone = unplaced(corpus, voices)
-    touched = [s for s in corpus.speakers if any(m.item_id in redone for m in s.members)]
-    return _vectors(out, [m for s in touched for m in s.members if m.item_id not in redone])
+    index = index_of(corpus)
+    touched = {sid for item in redone for sid, _ in index.items.get(item, [])}
+    members = [m for sid in sorted(touched) for m in index.by_id[sid].members if m.item_id not in redone]
+    if not members:
+        return {}
+    store = SpeakerStore(out)
+    found = store.vectors((m.item_id, m.speaker) for m in members) if store.exists() else {}
+    return found | _vectors(out, [m for m in members if (m.item_id, m.speaker) not in found])
+
+
+def labels_of(corpus: CorpusSpeakers | None, item_ids) -> dict[str, dict[str, tuple[str, str]]]:
+    """:func:`~orchestrator.corpus.labels.corpus_labels` for ``item_ids`` only (through the corpus's
+    :class:`Index`: what these inputs hold, not what the corpus holds)."""
+    if corpus is None:
+        return {}
+    index = index_of(corpus)
+    labels: dict[str, dict[str, tuple[str, str]]] = {}
+    for item in item_ids:
+        for sid, m in index.items.get(item, []):
+            labels.setdefault(item, {})[m.speaker] = (sid, index.by_id[sid].label)
+    return labels
 
 
 def _vectors(out: Path, members: list[CorpusMember]) -> dict[tuple[str, str], object]:
@@ -403,6 +596,7 @@ def cluster(settings, out: Path) -> Placed:
                 placed.new_speakers + step.new_speakers,
                 placed.skipped + step.skipped,
             )
+        export_corpus(out, placed.corpus)
         rewrite(settings, out, placed.changed, placed.corpus)
     return placed
 
@@ -558,7 +752,7 @@ def name(settings, out: Path, sid: str, new_name: str, profile: bool = True, for
     if not new_name:
         raise SettingsError("a speaker's name cannot be empty")
     with OutputLock(out, wait=settings.wait_for_output, existing=True):
-        corpus = read_corpus(out)
+        before = corpus = read_corpus(out)
         speaker = _find(corpus, sid)
         taken = [s.id for s in corpus.speakers if s.name == new_name and s.id != speaker.id]
         if taken:
@@ -594,7 +788,8 @@ def name(settings, out: Path, sid: str, new_name: str, profile: bool = True, for
             for old in stale:
                 old.unlink(missing_ok=True)
                 log.info("%s: voice profile %s removed (replaced by %s)", speaker.id, old, path)
-        save_corpus(out, corpus)
+        save_corpus(out, corpus, before)
+        export_corpus(out, corpus)
         rewritten = rewrite(settings, out, {m.item_id for m in speaker.members}, corpus)
     return Named(speaker, path, rewritten, replaced)
 
@@ -642,7 +837,7 @@ def voice_profile(
 def merge(settings, out: Path, keep: str, other: str) -> CorpusSpeaker:
     """``pipeline speakers merge OUT S0007 S0012``: S0012's inputs become S0007's (S0012 is not used again)."""
     with OutputLock(out, wait=settings.wait_for_output, existing=True):
-        corpus = read_corpus(out)
+        before = corpus = read_corpus(out)
         a, b = _find(corpus, keep), _find(corpus, other)
         if a.id == b.id:
             raise SettingsError(f"{keep} and {other} are one speaker already")
@@ -662,7 +857,8 @@ def merge(settings, out: Path, keep: str, other: str) -> CorpusSpeaker:
         )
         merged = {k: (a.id if v == b.id else v) for k, v in corpus.merged.items()} | {b.id: a.id}
         corpus = _replace(corpus, merged_speaker, drop=(b.id,), merged=merged)
-        save_corpus(out, corpus)
+        save_corpus(out, corpus, before)
+        export_corpus(out, corpus)
         rewrite(settings, out, {m.item_id for m in merged_speaker.members}, corpus)
     return merged_speaker
 
@@ -675,7 +871,7 @@ def split(
     grouped again at ``distance`` (default: half the ``corpus_speaker_distance`` setting): the group with
     the most speech keeps S0007, each other one becomes a new corpus speaker. Returns the new ones."""
     with OutputLock(out, wait=settings.wait_for_output, existing=True):
-        corpus = read_corpus(out)
+        before = corpus = read_corpus(out)
         speaker = _find(corpus, sid)
         vectors = _vectors(out, speaker.members)
         if item_ids:
@@ -721,6 +917,7 @@ def split(
             for n, part in enumerate(parts[1:])
         ]
         corpus = _replace(corpus, kept, *new, next_id=corpus.next_id + len(new))
-        save_corpus(out, corpus)
+        save_corpus(out, corpus, before)
+        export_corpus(out, corpus)
         rewrite(settings, out, {m.item_id for part in parts[1:] for m in part}, corpus)
     return new

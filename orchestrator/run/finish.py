@@ -30,14 +30,14 @@ from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Corpus", "finish", "place_speakers", "remove_scratch", "write_index"]
+__all__ = ["Corpus", "export_speakers", "finish", "place_speakers", "remove_scratch", "write_index"]
 
 
 @dataclass
 class Corpus:
     """The output folder's corpus speakers during one run: chunks run in parallel place their speakers in
-    OUT/speakers.json one at a time; ``saved`` is the corpus as the last chunk saved it (the run holds the
-    output lock: nothing else writes it meanwhile)."""
+    the catalogue's store one at a time; ``saved`` is the corpus as the last chunk saved it (the run holds
+    the output lock: nothing else writes it meanwhile)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     saved: object | None = None
@@ -46,13 +46,13 @@ class Corpus:
 def place_speakers(
     settings: Settings, corpus: Corpus, inputs: list[InputState]
 ) -> dict[str, dict[str, tuple[str, str]]]:
-    """Corpus speakers: the voices of ``inputs`` placed in OUT/speakers.json (numpy and scipy on the stored
-    vectors, no model); the files of other inputs whose labels this changed are written again. Returns
-    the labels the files of ``inputs`` show. A failure here costs the labels, never an input."""
+    """Corpus speakers: the voices of ``inputs`` placed among the folder's corpus speakers (numpy and scipy on
+    the stored vectors, no model; what changed is written to the catalogue's store); the files of other
+    inputs whose labels this changed are written again. Returns the labels the files of ``inputs`` show. A
+    failure here costs the labels, never an input."""
     if not (settings.corpus_speakers and settings.speakers and inputs) or settings.langid_only:
         return {}
-    from orchestrator.corpus.labels import corpus_labels
-    from orchestrator.corpus.speakers import place, rewrite
+    from orchestrator.corpus.speakers import labels_of, place, rewrite
 
     out = Path(settings.output_dir)
     with corpus.lock:
@@ -74,7 +74,22 @@ def place_speakers(
             ", ".join(placed.new_speakers[:10]),
             len(placed.corpus.speakers),
         )
-    return corpus_labels(placed.corpus)
+    return labels_of(placed.corpus, [inp.id for inp in inputs])
+
+
+def export_speakers(settings: Settings, corpus: Corpus) -> None:
+    """At the run's end, OUT/speakers.json written once from the corpus its chunks placed (an export: the
+    store is read back, so a failure here costs the file, never the run)."""
+    if corpus.saved is None:
+        return
+    from orchestrator.corpus.speakers import export_corpus
+
+    out = Path(settings.output_dir)
+    with corpus.lock:
+        try:
+            export_corpus(out, corpus.saved)
+        except (PipelineError, OSError) as exc:
+            log.error("%s not written (the catalogue keeps the corpus speakers): %s", layout.SPEAKERS, exc)
 
 
 def finish(settings: Settings, inp: InputState, corpus: dict[str, tuple[str, str]] | None = None) -> None:

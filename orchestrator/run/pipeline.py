@@ -48,7 +48,7 @@ from orchestrator.registry import BY_NAME, StageSpec, process_specs
 from orchestrator.remote import check_writable, staging_dir
 from orchestrator.remote import configure as configure_remote
 from orchestrator.run.chunk import Ahead, RunContext, head_length, run_chunk
-from orchestrator.run.finish import write_index
+from orchestrator.run.finish import export_speakers, write_index
 from orchestrator.run.progress import LogProgress, Progress
 from orchestrator.run.report import REPORT_NAME, build_report, disk_line, save_report
 from orchestrator.run.runner import StageRunner
@@ -259,6 +259,7 @@ class Orchestrator:
             log.error("stopping the run: %s", self.disk_full)
             self._stopping = True
             self.executor.stop_all(grace_s=5.0)
+        export_speakers(self.settings, ctx.corpus)
         for inp in inputs:
             if inp.alive and not inp.complete:
                 inp.interrupted = True

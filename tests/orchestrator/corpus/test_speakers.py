@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import orchestrator.corpus.speakers as speakers_module
 from contracts import (
     DiarizationArtifact,
     Segment,
@@ -110,6 +112,53 @@ def test_an_input_diarized_again_is_placed_again_and_other_encoders_are_left_out
     )
     other = assign(redone.corpus, [Voice("c", "SPEAKER_00", PEOPLE[0], 3, "f", "pyannote:x")], 0.4)
     assert other.skipped == 1 and "c" not in {m.item_id for s in other.corpus.speakers for m in s.members}
+
+
+def test_the_index_carried_from_chunk_to_chunk_places_as_one_made_afresh():
+    """A run carries each chunk's corpus (and its index) to the next; a new process reads the corpus again and
+    indexes it afresh. Chunk after chunk, with inputs diarized again and names from profiles, both place
+    every voice alike."""
+    rng = np.random.default_rng(3)  # its own: the module's RNG is left as the other tests expect it
+
+    def voices(item: str, *people: int, fingerprint: str = "fp") -> list[Voice]:
+        found = []
+        for n, p in enumerate(people):
+            v = PEOPLE[p] + 0.03 * rng.standard_normal(192)
+            found.append(
+                Voice(
+                    item, f"SPEAKER_{n:02d}", v / np.linalg.norm(v), 10.0 + n, f"{fingerprint}-{item}", "c:x"
+                )
+            )
+        return found
+
+    carried = afresh = None
+    every = {}
+    for n in range(10):
+        chunk = []
+        for i in range(4):
+            item = f"i{n}-{i}"
+            chunk += voices(item, *rng.choice(5, 2, replace=False))
+        if n >= 2:  # an earlier input diarized again, with one voice
+            again = f"i{n - 2}-0"
+            chunk += voices(again, int(rng.integers(5)), fingerprint=f"again{n}")
+        if n >= 3:  # a profile names an earlier input's speaker
+            named = every[f"i{n - 3}-1"]
+            chunk += [
+                Voice(v.item_id, v.speaker, v.vector, v.seconds, v.fingerprint, v.encoder, "Host")
+                for v in named
+            ]
+        for v in chunk:
+            every.setdefault(v.item_id, [])
+        for item in {v.item_id for v in chunk}:
+            every[item] = [v for v in chunk if v.item_id == item]
+        known = {(v.item_id, v.speaker): v.vector for found in every.values() for v in found}
+        if carried is not None:  # the index the last chunk left is the one used
+            assert speakers_module._INDEXES[id(carried)].corpus is carried
+        carried = assign(carried, chunk, 0.4, vectors=known).corpus
+        reread = CorpusSpeakers.model_validate_json(afresh.model_dump_json()) if afresh else None
+        afresh = assign(reread, chunk, 0.4, vectors=known).corpus
+        assert carried.model_dump(exclude={"updated_at"}) == afresh.model_dump(exclude={"updated_at"}), n
+        CorpusSpeakers.model_validate(carried.model_dump())  # what assign builds unvalidated is valid
 
 
 def test_corpus_file_is_validated():
@@ -243,7 +292,10 @@ def test_merge_and_split_mend_the_clustering_and_ids_are_never_reused(folder):
 
 
 def test_a_damaged_corpus_file_is_never_overwritten(folder):
+    """A folder of an earlier version (its corpus in speakers.json, no store) whose file is damaged: the
+    error says what to do, and the file is left as it was."""
     settings, out = folder
+    shutil.rmtree(out / ".catalogue")
     (out / "speakers.json").write_text('{"kind": "corpus_speakers", "speakers": [')
     with pytest.raises(ArtifactError, match="speakers cluster"):
         place(settings, out)
@@ -361,7 +413,8 @@ def test_cluster_places_a_folder_made_before_corpus_speakers(folder, monkeypatch
     import orchestrator.corpus.speakers as speakers
 
     settings, out = folder
-    (out / "speakers.json").unlink()
+    shutil.rmtree(out / ".catalogue")
+    (out / "speakers.json").unlink(missing_ok=True)
     monkeypatch.setattr(speakers, "PLACE_BATCH", 2)  # a then b in one batch, c in the next
     placed = speakers.cluster(settings, out)
     assert (
