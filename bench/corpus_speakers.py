@@ -182,7 +182,7 @@ def grown(out: Path, inputs: int, seed: int = 1):
     import numpy as np
 
     from contracts.corpus import CorpusMember, CorpusSpeaker, CorpusSpeakers, speaker_id
-    from orchestrator.catalogue.speakers import SpeakerStore
+    from orchestrator.books.speakers import SpeakerStore
 
     rng = np.random.default_rng(seed)
     people = rng.standard_normal((max(2, inputs // 5), 192))

@@ -74,7 +74,7 @@ def sync(out: Path, rebuild: bool = False) -> SyncResult:
 def _drop_derived(out: Path) -> None:
     """Every table made from the artifacts (inputs, segments) removed; the corpus speakers' tables stay (their
     names, merges and splits are a person's work). Without them, the whole folder goes."""
-    from orchestrator.catalogue.speakers import TABLES
+    from orchestrator.books.speakers import TABLES
 
     catalogue = Catalogue(out)
     kept = [name for name in catalogue._names() if name in TABLES]
@@ -133,7 +133,7 @@ def update(
 def _stored_labels(out: Path, items: set[str]) -> dict[str, dict[str, tuple[str, str]]]:
     """The corpus speakers' labels of ``items``: from the store, reading only their rows (an output folder of
     an earlier version: from its ``speakers.json``)."""
-    from orchestrator.catalogue.speakers import SpeakerStore
+    from orchestrator.books.speakers import SpeakerStore
 
     store = SpeakerStore(out)
     if store.exists():

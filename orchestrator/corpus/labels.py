@@ -190,10 +190,10 @@ def label_transcript(
 
 def read_corpus(out: Path) -> CorpusSpeakers | None:
     """The output folder's corpus speakers (None: it has none): its catalogue's store
-    (:class:`~orchestrator.catalogue.speakers.SpeakerStore`), else ``OUT/speakers.json`` made by an earlier
+    (:class:`~orchestrator.books.speakers.SpeakerStore`), else ``OUT/speakers.json`` made by an earlier
     version, validated. An unreadable one is an error that says what to do: the corpus step never
     overwrites what it cannot read."""
-    from orchestrator.catalogue.speakers import SpeakerStore
+    from orchestrator.books.speakers import SpeakerStore
 
     store = SpeakerStore(out)
     try:

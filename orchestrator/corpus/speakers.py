@@ -154,11 +154,16 @@ def _centroid(vectors_seconds) -> list[float]:
     return [float(x) for x in _unit(np.asarray(total, np.float64))]
 
 
+def _number(sid: str) -> int:
+    return int(sid[1:])
+
+
 class Index:
-    """Lookups over one :class:`CorpusSpeakers`, built once and then carried from each :func:`assign` to the
-    next (a run's chunks): which corpus speakers each input's speakers are in, and every centroid as one
-    matrix. With it a chunk's placement costs what the chunk and the speakers it joins hold, not what the
-    corpus holds (the corpus of 100,000 inputs is walked once per run, not once per chunk)."""
+    """Lookups over one :class:`CorpusSpeakers`, built once and then moved forward by each :func:`assign` to
+    the corpus it makes (a run's chunks): which corpus speakers each input's speakers are in, where each
+    speaker is in the list, and every centroid as one matrix. With it a chunk's placement costs what the
+    chunk and the speakers it joins hold, not what the corpus holds (the corpus of 100,000 inputs is walked
+    once per run, not once per chunk)."""
 
     def __init__(self, corpus: CorpusSpeakers) -> None:
         import numpy as np
@@ -169,13 +174,15 @@ class Index:
             for m in s.members:
                 self.items.setdefault(m.item_id, []).append((s.id, m))
         self.by_id = {s.id: s for s in corpus.speakers}
-        self.row = {s.id: n for n, s in enumerate(corpus.speakers)}
+        self.pos = {s.id: n for n, s in enumerate(corpus.speakers)}
+        self.row = dict(self.pos)
         self.ids = [s.id for s in corpus.speakers]
+        dimension = len(corpus.speakers[0].centroid) if corpus.speakers else 0
+        self.matrix = np.zeros((max(len(self.ids), 16), dimension))
         if corpus.speakers:
-            self.matrix = np.array([s.centroid for s in corpus.speakers], np.float64)
-        else:
-            self.matrix = np.zeros((0, 0))
-        self.alive = np.ones(len(corpus.speakers), bool)
+            self.matrix[: len(self.ids)] = np.array([s.centroid for s in corpus.speakers], np.float64)
+        self.alive = np.zeros(len(self.matrix), bool)
+        self.alive[: len(self.ids)] = True
 
     def state(self, item: str) -> tuple[str, set[str]] | None:
         """``item``'s placed state: its diarization's fingerprint and its speakers' labels (None: not placed)."""
@@ -184,8 +191,23 @@ class Index:
             return None
         return found[0][1].fingerprint, {m.speaker for _, m in found}
 
+    def reserve(self, rows: int, dimension: int) -> None:
+        """Room in the matrix for ``rows`` more speakers (doubled when it is short: amortised)."""
+        import numpy as np
 
-#: the last indexes made, by the id() of the corpus they index (a run carries one from chunk to chunk)
+        need = len(self.ids) + rows
+        if self.matrix.shape[1] != dimension and not self.ids:
+            self.matrix = np.zeros((max(need, 16), dimension))
+            self.alive = np.zeros(len(self.matrix), bool)
+        if need > len(self.matrix):
+            grown = np.zeros((max(need, 2 * len(self.matrix)), self.matrix.shape[1]))
+            grown[: len(self.matrix)] = self.matrix
+            alive = np.zeros(len(grown), bool)
+            alive[: len(self.alive)] = self.alive
+            self.matrix, self.alive = grown, alive
+
+
+#: the indexes of the last corpora :func:`assign` made or was given, by the id() of the corpus they index
 _INDEXES: dict[int, Index] = {}
 
 
@@ -194,6 +216,14 @@ def index_of(corpus: CorpusSpeakers) -> Index:
     if found is not None and found.corpus is corpus:
         return found
     return _remember(Index(corpus))
+
+
+def _take(corpus: CorpusSpeakers) -> Index:
+    """``corpus``'s index, to be moved forward: it leaves the cache (a second :func:`assign` from the same
+    corpus builds its own again)."""
+    index = index_of(corpus)
+    _INDEXES.pop(id(corpus), None)
+    return index
 
 
 def _remember(index: Index) -> Index:
@@ -239,6 +269,9 @@ class Placed:
     #: corpus speakers whose members, centroid or label changed (new ones too), and the ones now gone
     touched: set[str] = field(default_factory=set)
     gone: set[str] = field(default_factory=set)
+    #: none of ``placed`` was placed before (their rows are appended), every ``touched`` speaker is new
+    fresh: bool = False
+    new_only: bool = False
 
 
 def assign(
@@ -261,8 +294,8 @@ def assign(
     )
     skipped = [v for v in voices if encoder_kind(v.encoder) != kind]
     voices = [v for v in voices if encoder_kind(v.encoder) == kind]
-    index = index_of(corpus)
     fresh_items = unplaced(corpus, voices)
+    index = _take(corpus)
     new = [v for v in voices if v.item_id in fresh_items]
     changed = set(fresh_items)
 
@@ -274,6 +307,7 @@ def assign(
         for _, m in index.items.get(item, [])
         if enrolled.get((m.item_id, m.speaker), m.enrolled) != m.enrolled
     }
+    was_placed = any(item in index.items for item in fresh_items | relabelled)
     work: dict[str, dict] = {}
     for sid in sorted({sid for item in {v.item_id for v in voices} for sid, _ in index.items.get(item, [])}):
         s = index.by_id[sid]
@@ -296,13 +330,10 @@ def assign(
             continue  # nothing of it changed
         work[sid] = {"name": s.name, "centroid": centroid, "members": kept}
     groups = group_voices(new, distance) if new else []
-    dimension = index.matrix.shape[1] if len(index.ids) else (len(new[0].vector) if new else 0)
-    matrix = np.zeros((len(index.ids) + len(groups), dimension))
-    if index.ids:
-        matrix[: len(index.ids)] = index.matrix
-    alive = np.zeros(len(matrix), bool)
-    alive[: len(index.ids)] = index.alive
-    row, ids = dict(index.row), list(index.ids)
+    if new:
+        index.reserve(len(groups), len(new[0].vector))
+    matrix, alive, row, ids = index.matrix, index.alive, index.row, index.ids
+    known_rows = len(ids)
     for sid, w in work.items():
         if w["members"]:
             matrix[row[sid]] = w["centroid"]
@@ -312,26 +343,37 @@ def assign(
     next_id = corpus.next_id
     new_ids = []
     centres = [np.asarray(_centroid([(new[i].vector, new[i].seconds) for i in group])) for group in groups]
-    # every group against every speaker in one product; the rows this loop changes are computed again
-    base = matrix[: len(index.ids)] @ np.stack(centres).T if centres and index.ids else None
+    # every group against every speaker in one product (a row per group); the speakers this loop changes
+    # (and those it makes) are left out of it and compared one by one
     dirty: set[int] = {row[sid] for sid in work}
+    base = None
+    if centres and known_rows:
+        base = np.stack(centres) @ matrix[:known_rows].T
+        base[:, ~alive[:known_rows]] = -np.inf
+        base[:, sorted(dirty)] = -np.inf
     for g, group in enumerate(groups):
         members = [new[i] for i in group]
         items = {v.item_id for v in members}
         centre = centres[g]
-        sims = np.full(len(ids), -np.inf)
+        barred = {row[sid] for item in items for sid in joined.get(item, ())}  # another voice of an input
+        best_row, best_sim = None, 1.0 - distance
         if base is not None:
-            sims[: len(index.ids)] = base[:, g]
-        for r in dirty:
-            sims[r] = float(matrix[r] @ centre)
-        sims = np.where(alive[: len(ids)], sims, -np.inf)
-        for item in items:  # one of these inputs already has a speaker there: another voice
-            for sid in joined.get(item, ()):
-                sims[row[sid]] = -np.inf
-        best = None
-        if len(sims) and float(sims.max()) >= 1.0 - distance:
-            best = ids[int(np.argmax(sims))]
-        if best is None:
+            column = base[g]
+            hidden = [(r, column[r]) for r in barred if r < known_rows]
+            for r, _ in hidden:
+                column[r] = -np.inf
+            top = int(np.argmax(column))
+            if column[top] >= best_sim:
+                best_row, best_sim = top, float(column[top])
+            for r, value in hidden:
+                column[r] = value
+        others = np.array(sorted(r for r in dirty - barred if alive[r]), dtype=np.int64)
+        if len(others):
+            sims = matrix[others] @ centre
+            top = int(np.argmax(sims))
+            if sims[top] >= best_sim and (best_row is None or sims[top] > best_sim):
+                best_row, best_sim = int(others[top]), float(sims[top])
+        if best_row is None:
             best = speaker_id(next_id)
             next_id += 1
             new_ids.append(best)
@@ -339,20 +381,24 @@ def assign(
             ids.append(best)
             work[best] = {"name": None, "centroid": [float(x) for x in centre], "members": []}
         else:
+            best = ids[best_row]
             if best not in work:
                 s = index.by_id[best]
                 work[best] = {"name": s.name, "centroid": s.centroid, "members": list(s.members)}
             w = work[best]
             had = sum(m.seconds for m in w["members"])
             w["centroid"] = _centroid([(w["centroid"], had), *[(v.vector, v.seconds) for v in members]])
-        matrix[row[best]] = work[best]["centroid"]
-        alive[row[best]] = True
-        dirty.add(row[best])
+        r = row[best]
+        matrix[r] = work[best]["centroid"]
+        alive[r] = True
+        if r < known_rows and r not in dirty and base is not None:
+            base[:, r] = -np.inf  # its centroid moved: compared one by one from now on
+        dirty.add(r)
         work[best]["members"] = work[best]["members"] + [_member(v) for v in members]
         for item in items:
             joined.setdefault(item, set()).add(best)
 
-    # the result: the speakers untouched are the same objects; the index follows it
+    # the result: the speakers untouched are the same objects, in the same places
     rebuilt = {
         sid: CorpusSpeaker(
             id=sid,
@@ -364,50 +410,66 @@ def assign(
         if w["members"]
     }
     gone = {sid for sid, w in work.items() if not w["members"]}
-    speakers = [rebuilt.get(s.id, s) for s in corpus.speakers if s.id not in gone]
-    speakers += [rebuilt[sid] for sid in new_ids]
-    speakers.sort(key=lambda s: s.id)
+    touched = set(rebuilt) | gone
+    before = {sid: index.by_id.get(sid) for sid in touched}
+    speakers = list(corpus.speakers)
+    for sid, speaker in rebuilt.items():
+        if sid in index.pos:
+            speakers[index.pos[sid]] = speaker
+    speakers += [rebuilt[sid] for sid in new_ids]  # ids only grow: the list stays in order
+    if gone:
+        speakers = [s for s in speakers if s.id not in gone]
     result = CorpusSpeakers.model_construct(
         encoder=kind, distance=distance, next_id=next_id, merged=corpus.merged, speakers=speakers
     )
     # an unnamed speaker's label comes from its members' enrolled names: inputs sharing it show it anew
-    touched = set(rebuilt) | gone
     for sid in touched:
-        before_s, after_s = index.by_id.get(sid), rebuilt.get(sid)
+        before_s, after_s = before[sid], rebuilt.get(sid)
         if (before_s.label if before_s else None) != (after_s.label if after_s else None):
             changed |= {m.item_id for s in (before_s, after_s) if s is not None for m in s.members}
-    _remember(_follow(index, result, rebuilt, gone, matrix[: len(ids)], alive[: len(ids)], ids, row))
-    return Placed(result, changed, new_ids, len(skipped), set(fresh_items) | relabelled, touched, gone)
+    _forward(index, result, rebuilt, gone, before)
+    return Placed(
+        result,
+        changed,
+        new_ids,
+        len(skipped),
+        set(fresh_items) | relabelled,
+        touched,
+        gone,
+        fresh=not was_placed,
+        new_only=all(before[sid] is None for sid in touched),
+    )
 
 
-def _follow(
-    index: Index, result: CorpusSpeakers, rebuilt: dict, gone: set[str], matrix, alive, ids, row
-) -> Index:
-    """``index`` made the index of ``result`` by changing only the speakers :func:`assign` rebuilt or dropped."""
-    follow = Index.__new__(Index)
-    follow.corpus = result
-    follow.items = dict(index.items)
-    follow.by_id = dict(index.by_id)
-    for sid in gone:
-        follow.by_id.pop(sid, None)
-    follow.by_id.update(rebuilt)
-    affected: set[str] = set()
-    for sid in set(rebuilt) | gone:
-        for s in (index.by_id.get(sid), rebuilt.get(sid)):
-            affected |= {m.item_id for m in s.members} if s is not None else set()
+def _forward(index: Index, result: CorpusSpeakers, rebuilt: dict, gone: set[str], before: dict) -> None:
+    """``index`` moved forward to ``result``: only the speakers :func:`assign` rebuilt or dropped change."""
+    affected = {
+        m.item_id
+        for sid in set(rebuilt) | gone
+        for s in (before[sid], rebuilt.get(sid))
+        if s
+        for m in s.members
+    }
     for item in affected:
-        entries = [
-            (sid, m) for sid, m in follow.items.get(item, []) if sid not in rebuilt and sid not in gone
-        ]
-        follow.items[item] = entries
+        entries = [(sid, m) for sid, m in index.items.get(item, []) if sid not in rebuilt and sid not in gone]
+        if entries:
+            index.items[item] = entries
+        else:
+            index.items.pop(item, None)
     for sid, s in rebuilt.items():
         for m in s.members:
-            follow.items.setdefault(m.item_id, []).append((sid, m))
-    for item in affected:
-        if not follow.items.get(item):
-            follow.items.pop(item, None)
-    follow.matrix, follow.alive, follow.ids, follow.row = matrix, alive, ids, row
-    return follow
+            index.items.setdefault(m.item_id, []).append((sid, m))
+        index.by_id[sid] = s
+    for sid in gone:
+        index.by_id.pop(sid, None)
+    if gone:
+        index.pos = {s.id: n for n, s in enumerate(result.speakers)}
+    else:
+        base = len(index.pos)
+        for n, sid in enumerate(s.id for s in result.speakers[base:]):
+            index.pos[sid] = base + n
+    index.corpus = result
+    _remember(index)
 
 
 # -- the output folder --------------------------------------------------------------------------
@@ -421,12 +483,12 @@ def save_corpus(
     placed: Placed | None = None,
 ) -> None:
     """Write what changed from ``before`` (as last read or saved) to ``corpus`` into the catalogue's store
-    (:class:`~orchestrator.catalogue.speakers.SpeakerStore`): ``placed``, when :func:`assign` made
+    (:class:`~orchestrator.books.speakers.SpeakerStore`): ``placed``, when :func:`assign` made
     ``corpus``, says what changed without comparing the two whole, so a chunk's placement costs what it
     places. ``voices``: the vectors of members new to the store. A folder with no store yet
     (``speakers.json`` of an earlier version) is brought in whole, its members' voices read from their
     diarization artifacts."""
-    from orchestrator.catalogue.speakers import Change, SpeakerStore
+    from orchestrator.books.speakers import Change, SpeakerStore
 
     store = SpeakerStore(out)
     voices = dict(voices or {})
@@ -435,13 +497,12 @@ def save_corpus(
         voices.update(_vectors(out, missing))
     change = None
     if placed is not None and before is not None:
-        was, now = index_of(before), index_of(corpus)
-        members = {item: list(now.items.get(item, [])) for item in placed.placed}
+        now = index_of(corpus)
         change = Change(
-            members=members,
-            fresh=not any(item in was.items for item in placed.placed),
+            members={item: list(now.items.get(item, [])) for item in placed.placed},
+            fresh=placed.fresh,
             speakers=[now.by_id[sid] for sid in sorted(placed.touched) if sid in now.by_id],
-            new_only=not any(sid in was.by_id for sid in placed.touched),
+            new_only=placed.new_only,
             gone=set(placed.gone),
         )
     store.save(before, corpus, voices, change)
@@ -504,7 +565,7 @@ def _rediarized_vectors(out: Path, corpus: CorpusSpeakers | None, voices: list[V
     as the store keeps them, else from their diarization artifacts."""
     if corpus is None:
         return {}
-    from orchestrator.catalogue.speakers import SpeakerStore
+    from orchestrator.books.speakers import SpeakerStore
 
     redone = unplaced(corpus, voices)
     index = index_of(corpus)
@@ -701,7 +762,7 @@ def _replace(
         encoder=corpus.encoder,
         distance=corpus.distance,
         next_id=next_id or corpus.next_id,
-        speakers=[by_id[k] for k in sorted(by_id)],
+        speakers=[by_id[k] for k in sorted(by_id, key=_number)],
         merged=merged or corpus.merged,
     )
 

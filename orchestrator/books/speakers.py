@@ -1,4 +1,5 @@
-"""The corpus speakers' store: three tables of the catalogue (``OUT/.catalogue/``), written a chunk at a time.
+"""The corpus speakers' book: three tables in the output folder's LanceDB (``OUT/.catalogue/``, beside the
+search catalogue's), written a chunk at a time.
 
 - ``corpus_members``: one row per input's speaker placed in a corpus speaker (the input, its own label, the
   corpus id, its seconds, its diarization's fingerprint, the name an enrolled profile gave it, its voice).
@@ -14,7 +15,7 @@ after every chunk: 150 MB a chunk at 100,000 inputs). A save writes the meta fir
 twice), then the members, then the speakers; a kill between two leaves speakers whose stored seconds or
 member count differ from their members', or members of a speaker with no row: :meth:`SpeakerStore.load`
 recomputes those centroids from the members' voices and drops speakers without members, so what a kill
-leaves is read as a consistent corpus and the next save writes it so.
+leaves is read as a consistent corpus (mended at each load until that speaker is saved again).
 
 ``OUT/speakers.json`` is an export of this store (written at a run's end and by ``pipeline speakers``); an
 output folder that has it but no store (made by an earlier version) is read from it until the first save
@@ -27,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,10 @@ META = "corpus_meta"
 TABLES = (MEMBERS, SPEAKERS, META)
 #: saves between two upkeeps of the store's tables (their small fragments compacted)
 TIDY_EVERY = 20
+#: fragments below this many rows are joined by an upkeep; bigger ones are left as they are
+FRAGMENT_ROWS = 100_000
+#: table versions older than this are deleted by an upkeep
+KEEP_VERSIONS = timedelta(minutes=10)
 
 MEMBER_COLUMNS = ("input", "speaker", "corpus_speaker", "seconds", "fingerprint", "enrolled")
 
@@ -226,7 +231,7 @@ class SpeakerStore:
             self.vectors([(m.item_id, m.speaker) for sid in stale for m in by_speaker[sid]]) if stale else {}
         )
         speakers = []
-        for sid, members in sorted(by_speaker.items()):
+        for sid, members in sorted(by_speaker.items(), key=lambda kv: int(kv[0][1:])):  # by number
             row = rows.get(sid)
             if sid in stale:
                 known = [
@@ -414,15 +419,17 @@ class SpeakerStore:
         return written
 
     def tidy(self) -> None:
-        """Compact the store's small fragments and delete its old versions (a cost that follows what is new)."""
-        from orchestrator.catalogue.upkeep import tidy
-
+        """Join the small fragments the saves appended (fragments of :data:`FRAGMENT_ROWS` rows are left as they
+        are, so the cost follows what is new) and delete versions older than :data:`KEEP_VERSIONS`."""
         for name in TABLES:
-            if name in self._names():
-                try:
-                    tidy(self.db.open_table(name))
-                except Exception as exc:  # noqa: BLE001 - a later save tidies again; the rows are intact
-                    log.warning("catalogue: %s not tidied: %s", name, exc)
+            if name not in self._names():
+                continue
+            try:
+                dataset = self.db.open_table(name).to_lance()
+                dataset.optimize.compact_files(target_rows_per_fragment=FRAGMENT_ROWS)
+                dataset.cleanup_old_versions(older_than=KEEP_VERSIONS)
+            except Exception as exc:  # noqa: BLE001 - a later save tidies again; the rows are intact
+                log.warning("corpus speakers: %s not tidied: %s", name, exc)
 
     def _dimension(self) -> int | None:
         if SPEAKERS not in self._names():

@@ -17,7 +17,7 @@ import pytest
 
 from contracts import save_model
 from contracts.corpus import CorpusSpeakers
-from orchestrator.catalogue.speakers import MEMBERS, SPEAKERS, SpeakerStore
+from orchestrator.books.speakers import MEMBERS, SPEAKERS, SpeakerStore
 from orchestrator.catalogue.sync import sync
 from orchestrator.corpus.labels import corpus_labels, read_corpus
 from orchestrator.corpus.speakers import Voice, assign, export_corpus, save_corpus
@@ -65,6 +65,15 @@ def test_a_chunk_writes_only_the_rows_it_places_and_reads_back_equal(tmp_path):
     joined = {s.id for s in placed.corpus.speakers if any(m.item_id.startswith("in01") for m in s.members)}
     assert written[MEMBERS] == 10 and written[SPEAKERS] == len(joined) <= 10, written
     assert table_rows(tmp_path, MEMBERS) == 210
+    assert read_corpus(tmp_path) == placed.corpus
+
+    # the upkeep joins the small fragments the saves appended, and the store reads the same
+    def fragments() -> int:
+        return len(SpeakerStore(tmp_path).db.open_table(MEMBERS).to_lance().get_fragments())
+
+    appended = fragments()
+    SpeakerStore(tmp_path).tidy()
+    assert fragments() == 1 < appended
     assert read_corpus(tmp_path) == placed.corpus
     # and no speakers.json is written by a save (it is an export)
     assert not (tmp_path / "speakers.json").exists()
@@ -157,7 +166,7 @@ KILLED = textwrap.dedent(
     import sys
     import numpy as np
     sys.path.insert(0, {root!r})
-    from tests.orchestrator.catalogue.test_speakers import chunk, vectors
+    from tests.orchestrator.books.test_speakers import chunk, vectors
     from orchestrator.corpus.labels import read_corpus
     from orchestrator.corpus.speakers import assign, save_corpus
     out = {out!r}
