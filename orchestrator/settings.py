@@ -278,7 +278,8 @@ class SpeakerOptions(SettingsGroup):
     #: directory of voice profiles (``pipeline enroll``); every profile in it is matched (None: none)
     profiles_dir: Path | None = None
     #: corpus speakers: after each chunk the speakers of every input of the output folder are clustered into
-    #: S0001, S0002, ... kept in OUT/speakers.json, and the files show them (orchestrator.corpus.speakers)
+    #: S0001, S0002, ... kept in the folder's books (exported to OUT/speakers.json), and the files show them
+    #: (orchestrator.corpus.speakers)
     corpus_speakers: bool = True
 
 
