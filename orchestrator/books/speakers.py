@@ -377,7 +377,8 @@ class SpeakerStore:
             )
             table = self._table(MEMBERS, members_schema)
             if change.fresh and before is not None:
-                table.add(data)  # inputs placed for the first time: appended
+                if data.num_rows:
+                    table.add(data)  # inputs placed for the first time: appended
             else:
                 (
                     table.merge_insert(["input", "speaker"])

@@ -41,6 +41,8 @@ class Corpus:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     saved: object | None = None
+    #: a chunk of this run changed it (OUT/speakers.json is written again at the run's end)
+    changed: bool = False
 
 
 def place_speakers(
@@ -59,6 +61,7 @@ def place_speakers(
         try:
             placed = place(settings, out, [inp.id for inp in inputs], corpus.saved)
             corpus.saved = placed.corpus
+            corpus.changed |= bool(placed.placed or placed.touched)
             others = placed.changed - {inp.id for inp in inputs}
             if others:
                 rewrite(settings, out, others, placed.corpus)
@@ -78,13 +81,21 @@ def place_speakers(
 
 
 def export_speakers(settings: Settings, corpus: Corpus) -> None:
-    """At the run's end, OUT/speakers.json written once from the corpus its chunks placed (an export: the
-    store is read back, so a failure here costs the file, never the run)."""
+    """At the run's end, OUT/speakers.json written once from the corpus its chunks placed, when they changed it
+    or the file is older than the corpus's last save (a run killed before its end) or missing. An export: the
+    store is read back, so a failure here costs the file, never the run."""
+    out = Path(settings.output_dir)
     if corpus.saved is None:
+        return
+    path = layout.path(out, layout.SPEAKERS)
+    try:
+        behind = path.stat().st_mtime < corpus.saved.updated_at.timestamp()
+    except OSError:
+        behind = True
+    if not (corpus.changed or behind):
         return
     from orchestrator.corpus.speakers import export_corpus
 
-    out = Path(settings.output_dir)
     with corpus.lock:
         try:
             export_corpus(out, corpus.saved)
