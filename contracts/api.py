@@ -114,14 +114,15 @@ class SearchRequest(BaseModel):
     input: str | None = None
 
 
-class SearchHit(Strict):
-    #: which search root (its index in the server's list) and its folder's name
-    root: int = Field(ge=0)
-    folder: str
+class SegmentHit(Strict):
+    """A segment a search found: the fields every hit has (``pipeline search --json``'s hits add ``link``,
+    the API's :class:`SearchHit` adds its root and ``url``)."""
+
     input: str
     segment: int = Field(ge=0)
     start: float
     end: float
+    #: the name or corpus id the files show, and the corpus speaker's id ("" without speakers)
     speaker: str
     corpus_speaker: str
     language: str
@@ -129,6 +130,12 @@ class SearchHit(Strict):
     #: the text with the query's words between [ and ]
     marked: str
     score: float
+
+
+class SearchHit(SegmentHit):
+    #: which search root (its index in the server's list) and its folder's name
+    root: int = Field(ge=0)
+    folder: str
     #: the transcript page at this moment, served by this server
     url: str
 

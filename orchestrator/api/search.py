@@ -57,18 +57,9 @@ def run_search(settings: Settings, pool, body: SearchRequest) -> SearchResponse:
         indexed += found.indexed
         hits.extend(
             SearchHit(
+                **hit.model_dump(exclude={"link"}),
                 root=n,
                 folder=Path(root).name,
-                input=hit.input,
-                segment=hit.segment,
-                start=hit.start,
-                end=hit.end,
-                speaker=hit.speaker,
-                corpus_speaker=hit.corpus_speaker,
-                language=hit.language,
-                text=hit.text,
-                marked=hit.marked,
-                score=hit.score,
                 url=f"/outputs/{n}/{hit.link}",
             )
             for hit in found.hits

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from contracts.api import SegmentHit
 from orchestrator.catalogue.fusion import MIN_COVER, cover, fuse, mark
 from orchestrator.catalogue.query import QueryVector
 from orchestrator.catalogue.store import CATALOGUE_DIR, Catalogue, quote
@@ -57,20 +58,7 @@ class Filters:
         return " AND ".join(parts) or None
 
 
-@dataclass
-class Hit:
-    input: str
-    segment: int
-    start: float
-    end: float
-    #: the name or corpus id the files show, and the corpus speaker's id ("" without speakers)
-    speaker: str
-    corpus_speaker: str
-    language: str
-    text: str
-    #: the text with the query's words between [ and ]
-    marked: str
-    score: float
+class Hit(SegmentHit):
     #: the transcript page at this moment, relative to the output folder
     link: str
 

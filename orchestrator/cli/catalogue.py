@@ -97,7 +97,8 @@ def search(
     except Exception as exc:  # noqa: BLE001 - each ordinary failure is one line and its exit code
         fail(exc, output)
     if as_json:
-        typer.echo(json.dumps(asdict(result), ensure_ascii=False, indent=1))
+        payload = {**asdict(result), "hits": [hit.model_dump() for hit in result.hits]}
+        typer.echo(json.dumps(payload, ensure_ascii=False, indent=1))
         raise typer.Exit(ExitCode.OK)
     for n, hit in enumerate(result.hits, start=1):
         who = f" {hit.speaker}" if hit.speaker else ""
