@@ -265,6 +265,12 @@ def _fs(url: str):
         raise InputError(f"cannot open {redact(url)}: {type(exc).__name__}: {_line(exc)}") from None
 
 
+def filesystem(url: str):
+    """``(fsspec filesystem, path)`` of ``url``, opened with the protocol's timeouts (an :class:`InputError`
+    that says why when it cannot be opened)."""
+    return _fs(url)
+
+
 def _line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300]
 

@@ -159,6 +159,7 @@ def s3(monkeypatch):
     # moto's backends live in this process, shared by every server it starts: each test starts empty
     urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST"))
     fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    type(fs).clear_instance_cache()  # a filesystem cached by an earlier test holds that test's endpoint
     fs.mkdir("media")
     yield fs, env
     server.stop()

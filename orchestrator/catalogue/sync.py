@@ -155,8 +155,10 @@ class Indexer:
     run in parallel take turns). A failure is logged, never the run's: the next run, or ``pipeline index``,
     repairs the catalogue from the files."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, url: str | None = None) -> None:
         self.out = Path(out)
+        #: where the outputs go (``OUTPUT_URL``): the catalogue is copied beside them as each chunk ends
+        self.url = url
         self._lock = threading.Lock()
         self.failed = 0
         # LanceDB and Arrow take seconds to import: in a thread, while the first chunk's children work
@@ -176,6 +178,8 @@ class Indexer:
                 log.warning("catalogue not updated for %d input(s): %s", len(wanted), exc)
                 return
             self.failed += len(result.failed)
+            if self.url:
+                push_catalogue(self.out, self.url)
             if result.indexed or result.dropped:
                 log.info(
                     "catalogue: %d indexed, %d dropped in %.2f s",
@@ -183,6 +187,18 @@ class Indexer:
                     result.dropped,
                     result.seconds,
                 )
+
+
+def push_catalogue(out: Path, url: str) -> None:
+    """The catalogue copied beside the outputs at ``url`` (:func:`~orchestrator.catalogue.mirror.push`); a
+    failure is a warning: the next chunk, or the run's end, copies what is missing."""
+    from orchestrator.catalogue.mirror import push
+    from orchestrator.remote import redact
+
+    try:
+        push(out, url)
+    except Exception as exc:  # noqa: BLE001 - any protocol's failure; the local catalogue is whole
+        log.warning("catalogue not copied to %s: %s", redact(url), " ".join(str(exc).split())[:300])
 
 
 def relabel(out: Path) -> SyncResult:

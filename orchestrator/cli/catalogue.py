@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from contracts import ExitCode
 from orchestrator.cli.common import NORMAL, OutArg, WaitOpt, fail, settings_from, setup_logging
+
+
+def _copied(url: str, settings) -> Path:
+    """The catalogue at ``url`` copied into this machine's cache (``PIPELINE_STAGING_DIR/catalogues/``; only
+    what is new since the last copy); its folder. A URL that cannot be read is one line, exit 2."""
+    from orchestrator.catalogue.mirror import cache_dir, pull
+    from orchestrator.remote import redact
+
+    folder = cache_dir(url, Path(settings.staging_dir))
+    try:
+        return pull(url, folder)
+    except Exception as exc:  # noqa: BLE001 - any protocol's failure: one line
+        typer.echo(
+            f"error: cannot copy the catalogue of {redact(url)}: {' '.join(str(exc).split())[:300]}", err=True
+        )
+        raise typer.Exit(ExitCode.USAGE) from None
 
 
 def index(
@@ -44,7 +61,14 @@ def index(
 
 
 def search(
-    output: OutArg,
+    output: Annotated[
+        str,
+        typer.Argument(
+            help="The output directory of earlier `process` runs, or the URL their outputs went to "
+            "(s3://bucket/out: its catalogue is copied into a local cache first).",
+            show_default=False,
+        ),
+    ],
     query: Annotated[str, typer.Argument(help="What to look for.", show_default=False)],
     mode: Annotated[
         str, typer.Option(help="words (full text), meaning (vectors) or hybrid (both, fused by rank).")
@@ -71,15 +95,22 @@ def search(
     from orchestrator.catalogue.query import QueryError, embed_query
     from orchestrator.catalogue.search import MODES, Filters, SearchError
     from orchestrator.catalogue.search import search as run_search
+    from orchestrator.remote import is_url
 
     setup_logging(NORMAL)
     if mode not in MODES:
         typer.echo(f"error: --mode must be one of {', '.join(MODES)}, not {mode!r}", err=True)
         raise typer.Exit(ExitCode.USAGE)
-    if not output.is_dir():
-        typer.echo(f"error: {output} is not a directory", err=True)
-        raise typer.Exit(ExitCode.USAGE)
-    settings = settings_from({"output_dir": output, "embedding_profile": embedding_profile})
+    url = output.rstrip("/") if is_url(output) else None
+    settings = settings_from({"embedding_profile": embedding_profile})
+    if url is not None:
+        output = _copied(url, settings)
+    else:
+        output = Path(output)
+        if not output.is_dir():
+            typer.echo(f"error: {output} is not a directory", err=True)
+            raise typer.Exit(ExitCode.USAGE)
+    settings = settings.replace(output_dir=output)
     filters = Filters(speaker=speaker, language=language, under=under, input=input_id)
     runs = output / ".runs"
     try:
@@ -104,7 +135,7 @@ def search(
         who = f" {hit.speaker}" if hit.speaker else ""
         typer.echo(f"{n:>2}. {hit.input} {hit.start:.1f}-{hit.end:.1f} s{who} ({hit.score:.3f})")
         typer.echo(f"    {hit.marked}")
-        typer.echo(f"    {output / hit.link}")
+        typer.echo(f"    {f'{url}/{hit.link}' if url else output / hit.link}")
     searched = f"{result.indexed - result.unsearched} of {result.indexed} inputs"
     note = (
         f"; {result.unsearched} indexed with another embeddings model not searched by meaning"

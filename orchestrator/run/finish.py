@@ -30,7 +30,15 @@ from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Corpus", "export_speakers", "finish", "place_speakers", "remove_scratch", "write_index"]
+__all__ = [
+    "Corpus",
+    "deliver_books",
+    "export_speakers",
+    "finish",
+    "place_speakers",
+    "remove_scratch",
+    "write_index",
+]
 
 
 @dataclass
@@ -80,20 +88,20 @@ def place_speakers(
     return labels_of(placed.corpus, [inp.id for inp in inputs])
 
 
-def export_speakers(settings: Settings, corpus: Corpus) -> None:
+def export_speakers(settings: Settings, corpus: Corpus) -> bool:
     """At the run's end, OUT/speakers.json written once from the corpus its chunks placed, when they changed it
     or the file is older than the corpus's last save (a run killed before its end) or missing. An export: the
     store is read back, so a failure here costs the file, never the run."""
     out = Path(settings.output_dir)
     if corpus.saved is None:
-        return
+        return False
     path = layout.path(out, layout.SPEAKERS)
     try:
         behind = path.stat().st_mtime < corpus.saved.updated_at.timestamp()
     except OSError:
         behind = True
     if not (corpus.changed or behind):
-        return
+        return False
     from orchestrator.corpus.speakers import export_corpus
 
     with corpus.lock:
@@ -101,6 +109,23 @@ def export_speakers(settings: Settings, corpus: Corpus) -> None:
             export_corpus(out, corpus.saved)
         except (PipelineError, OSError) as exc:
             log.error("%s not written (the catalogue keeps the corpus speakers): %s", layout.SPEAKERS, exc)
+            return False
+    return True
+
+
+def deliver_books(settings: Settings, out: Path, speakers_written: bool) -> None:
+    """A run whose outputs go to a URL: its catalogue (the search tables, the corpus speakers') copied beside
+    them, and ``speakers.json`` when this run wrote it; a failure is a warning (the next run copies what is
+    missing of the catalogue)."""
+    from orchestrator.catalogue.sync import push_catalogue
+
+    push_catalogue(out, settings.output_url)
+    speakers = layout.path(out, layout.SPEAKERS)
+    if speakers_written and speakers.exists():
+        try:
+            upload([speakers], settings.output_url)
+        except Exception as exc:  # noqa: BLE001 - any protocol's failure; the file stays local
+            log.warning("%s not uploaded: %s", layout.SPEAKERS, " ".join(str(exc).split())[:300])
 
 
 def finish(settings: Settings, inp: InputState, corpus: dict[str, tuple[str, str]] | None = None) -> None:

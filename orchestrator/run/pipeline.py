@@ -48,7 +48,7 @@ from orchestrator.registry import BY_NAME, StageSpec, process_specs
 from orchestrator.remote import check_writable, staging_dir
 from orchestrator.remote import configure as configure_remote
 from orchestrator.run.chunk import Ahead, RunContext, head_length, run_chunk
-from orchestrator.run.finish import export_speakers, write_index
+from orchestrator.run.finish import deliver_books, export_speakers, write_index
 from orchestrator.run.progress import LogProgress, Progress
 from orchestrator.run.report import REPORT_NAME, build_report, disk_line, save_report
 from orchestrator.run.runner import StageRunner
@@ -238,7 +238,7 @@ class Orchestrator:
             resume=resume,
             stopping=lambda: self._stopping,
             terms=TermStore(run_dir / "vocabulary"),
-            catalogue=Indexer(out) if self.settings.catalogue else None,
+            catalogue=Indexer(out, self.settings.output_url) if self.settings.catalogue else None,
         )
         progress.start(len(inputs), resumed, len(chunks))
         hard_stop = False
@@ -259,7 +259,9 @@ class Orchestrator:
             log.error("stopping the run: %s", self.disk_full)
             self._stopping = True
             self.executor.stop_all(grace_s=5.0)
-        export_speakers(self.settings, ctx.corpus)
+        exported = export_speakers(self.settings, ctx.corpus)
+        if self.settings.output_url:  # the corpus speakers' books and the catalogue, beside the outputs
+            deliver_books(self.settings, out, exported)
         for inp in inputs:
             if inp.alive and not inp.complete:
                 inp.interrupted = True

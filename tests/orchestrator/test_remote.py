@@ -378,6 +378,33 @@ def test_s3_inputs_and_outputs_through_the_cli(s3, tmp_path):
     assert {i["source"] for i in report["inputs"]} == {
         f"s3://media/in/{n}" for n in ("clip000.wav", "clip001.wav", "notes.wav")
     }
+    # the catalogue went beside the outputs: another machine (another cache) searches the bucket
+    assert fs.find("media/out/.catalogue")
+    said = TranscriptArtifact.model_validate_json(fs.cat("media/out/in/clip000/transcript.json"))
+    word = max((w.strip(".,!?") for s in said.segments for w in s.text.split()), key=len)
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "search",
+            "s3://media/out",
+            word,
+            "--mode",
+            "words",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env, "PIPELINE_STAGING_DIR": str(tmp_path / "elsewhere")},
+    )
+    assert found.returncode == 0, found.stderr[-2000:]
+    hits = json.loads(found.stdout)["hits"]
+    assert "in/clip000" in {hit["input"] for hit in hits}, hits
+    assert all(word.lower() in hit["marked"].lower() for hit in hits), hits
+    assert list((tmp_path / "elsewhere" / "catalogues").glob("*/.catalogue/*"))
 
 
 class _PasswordServer:
