@@ -152,8 +152,10 @@ def _import_store() -> None:
 
 class Indexer:
     """A run's hand on its output folder's catalogue: each chunk's inputs updated as the chunk ends (chunks
-    run in parallel take turns). A failure is logged, never the run's: the next run, or ``pipeline index``,
-    repairs the catalogue from the files."""
+    run in parallel take turns). What the catalogue holds is read once per run (each input's fingerprint) and
+    kept up as chunks update it, so a chunk whose inputs are indexed as they are (a resumed run's) costs no
+    query at all. A failure is logged, never the run's: the next run, or ``pipeline index``, repairs the
+    catalogue from the files."""
 
     def __init__(self, out: Path, url: str | None = None) -> None:
         self.out = Path(out)
@@ -161,6 +163,9 @@ class Indexer:
         self.url = url
         self._lock = threading.Lock()
         self.failed = 0
+        self._catalogue: Catalogue | None = None
+        #: input id -> the fingerprint the catalogue holds it with (read at the first chunk's end)
+        self._known: dict[str, str] | None = None
         # LanceDB and Arrow take seconds to import: in a thread, while the first chunk's children work
         # (the parent mostly waits on them), not on the run's critical path
         self._imported = threading.Thread(target=_import_store, name="catalogue-import", daemon=True)
@@ -172,11 +177,23 @@ class Indexer:
         self._imported.join()
         with self._lock:
             try:
-                result = update(self.out, wanted, labels=labels)
+                if self._known is None:
+                    self._catalogue = Catalogue(self.out)
+                    self._known = self._catalogue.indexed()
+                todo = {item: fp for item, fp in wanted.items() if self._known.get(item) != fp}
+                if not todo:
+                    return
+                result = update(self.out, todo, labels=labels, catalogue=self._catalogue)
             except Exception as exc:  # noqa: BLE001 - the files are the truth: the catalogue is repaired later
                 self.failed += len(wanted)
+                self._known = None  # read again at the next chunk
                 log.warning("catalogue not updated for %d input(s): %s", len(wanted), exc)
                 return
+            for item, fp in todo.items():
+                if fp is None or item in result.failed:
+                    self._known.pop(item, None)
+                else:
+                    self._known[item] = fp
             self.failed += len(result.failed)
             if self.url:
                 push_catalogue(self.out, self.url)

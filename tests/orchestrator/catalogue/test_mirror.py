@@ -3,6 +3,7 @@ from a copy made elsewhere: only what is new travels, and what the upkeep remove
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from orchestrator.catalogue import upkeep
 from orchestrator.catalogue.mirror import cache_dir, pull, push
 from orchestrator.catalogue.search import search
-from orchestrator.catalogue.store import Catalogue
+from orchestrator.catalogue.store import READ_CONSISTENCY, Catalogue
 from tests.orchestrator.catalogue.test_store import rows
 
 URL = "s3://media/out"
@@ -56,6 +57,7 @@ def test_a_catalogue_beside_its_outputs_is_searched_from_a_copy_elsewhere(s3, tm
     # and from the copy, at its next search; the copy finds the new input
     pull(URL, elsewhere)
     assert files(elsewhere / ".catalogue") == files(out / ".catalogue")
+    time.sleep(READ_CONSISTENCY.total_seconds() + 0.2)  # a search kept open sees new commits within this
     assert sorted(found(elsewhere, "Kirkenes")) == ["a/x", "c/z"]
 
 
