@@ -109,13 +109,14 @@ def test_the_run_uses_the_products_only_where_it_finishes_an_input():
 #: orchestrator's rooms (a subpackage folder, or a top-level module; ``__init__`` is the package's face,
 #: ``orchestrator/__init__.py``) and the rooms each may import. A room not in the table may import none.
 #: run: the run (chunks, runner, retries, finishing, report, progress, enroll); planning: what a run will do;
-#: models: which model each stage runs and the model cache; books: the output folder's journal and lock;
+#: models: which model each stage runs and the model cache; books: the output folder's journal, lock and
+#: corpus speakers;
 #: corpus: the output folder's products; process: the children; the rest: one module each.
 ROOM_ARROWS: dict[str, set[str]] = {
     "__init__": {"run", "settings"},
     "api": {"books", "catalogue", "corpus", "gpu", "models", "planning", "process", "run", "settings"},
     "books": {"layout"},
-    "catalogue": {"books", "corpus", "layout", "models", "process", "settings"},
+    "catalogue": {"books", "corpus", "layout", "models", "process", "remote", "settings"},
     "corpus": {"books", "layout", "models", "planning"},
     "gpu": {"settings"},
     "layout": set(),
