@@ -185,6 +185,20 @@ class InputReport(Strict):
     overlap_s: float | None = None
 
 
+class CatalogueWrites(Strict):
+    """What a run's catalogue writer did beside the run (``OUT/.catalogue``: the chunks' segments)."""
+
+    chunks: int = Field(default=0, ge=0)
+    indexed: int = Field(default=0, ge=0)
+    dropped: int = Field(default=0, ge=0)
+    #: inputs not brought up to date (logged; the next run or ``pipeline index`` repairs them)
+    failed: int = Field(default=0, ge=0)
+    #: the writer's seconds (indexing, the tables' upkeep), in its own thread while the run goes on
+    seconds: float = Field(default=0.0, ge=0)
+    #: the run's seconds waiting for the writer: a hand-over queue full, its last chunks at the run's end
+    waited_s: float = Field(default=0.0, ge=0)
+
+
 class RunReport(Strict):
     schema_version: Literal[1] = 1
     run_id: str
@@ -218,6 +232,8 @@ class RunReport(Strict):
     #: why the run stopped before its end other than by a signal (a full disk: where, how much); the
     #: inputs it did not finish are ``interrupted`` and a rerun resumes them
     stopped: str | None = None
+    #: the catalogue's writes (None: the catalogue is off)
+    catalogue: CatalogueWrites | None = None
 
 
 class StagePlan(Strict):

@@ -11,6 +11,7 @@ undone is repaired); ``pipeline index`` calls it too, and ``--rebuild`` starts f
 from __future__ import annotations
 
 import logging
+import queue
 import shutil
 import threading
 import time
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 
 #: inputs indexed per commit
 BATCH = 200
+#: chunks handed to a run's catalogue writer that may wait for it before the run waits too: a run's chunks
+#: take minutes and the writer seconds, but a resumed run's take milliseconds while the writer imports
+#: LanceDB (each waiting chunk holds only its inputs' ids and labels)
+BEHIND = 256
 
 
 @dataclass
@@ -39,6 +44,20 @@ class SyncResult:
     #: input id -> why it could not be indexed (its artifacts are missing or do not validate)
     failed: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+
+
+@dataclass
+class IndexerStats:
+    """What a run's catalogue writer did (the run report's ``catalogue``)."""
+
+    chunks: int = 0
+    indexed: int = 0
+    dropped: int = 0
+    failed: int = 0
+    #: the writer's seconds, beside the run
+    seconds: float = 0.0
+    #: the run's seconds waiting for it (a full hand-over queue, its last chunks at the end)
+    waited_s: float = 0.0
 
 
 def completed_inputs(out: Path) -> dict[str, str]:
@@ -92,18 +111,22 @@ def update(
     labels: dict[str, dict[str, tuple[str, str]]] | None = None,
     refresh: Iterable[str] = (),
     catalogue: Catalogue | None = None,
+    have: dict[str, str] | None = None,
 ) -> SyncResult:
     """The catalogue rows of these inputs made what ``wanted`` says (input id -> the outputs fingerprint of
     its completed files; None: not complete, so not in the catalogue): an input missing or indexed with
     another fingerprint is indexed from its artifacts, and ``refresh`` ones whatever their fingerprint
     (their speakers were relabelled). Costs what these inputs cost, whatever the folder holds: a run calls
     it for each chunk. ``labels``: the corpus speakers' labels when the caller has them (else read from
-    the corpus speakers' store, for those inputs only)."""
+    the corpus speakers' store, for those inputs only). ``have``: what the catalogue holds (input id -> its
+    fingerprint), when the caller knows it (else read for these inputs)."""
     started = time.perf_counter()
     out = Path(out)
     result = SyncResult()
     catalogue = catalogue or Catalogue(out)
-    have = catalogue.indexed(ids=set(wanted))
+    if have is None:
+        have = catalogue.indexed(ids=set(wanted))
+    have = {item: have[item] for item in wanted if item in have}
     refresh = set(refresh)
     stale = sorted(i for i, fp in wanted.items() if fp is not None and (have.get(i) != fp or i in refresh))
     gone = sorted(i for i, fp in wanted.items() if fp is None and i in have)
@@ -151,59 +174,105 @@ def _import_store() -> None:
 
 
 class Indexer:
-    """A run's hand on its output folder's catalogue: each chunk's inputs updated as the chunk ends (chunks
-    run in parallel take turns). What the catalogue holds is read once per run (each input's fingerprint) and
-    kept up as chunks update it, so a chunk whose inputs are indexed as they are (a resumed run's) costs no
-    query at all. A failure is logged, never the run's: the next run, or ``pipeline index``, repairs the
-    catalogue from the files."""
+    """A run's hand on its output folder's catalogue, beside the run: each chunk's inputs are handed to a
+    writer thread as the chunk ends, and the run goes on to its next chunk while they are written (the
+    upkeep every :data:`~orchestrator.catalogue.store.OPTIMIZE_EVERY` commits included). At most
+    :data:`BEHIND` chunks wait for the writer; a run that outpaces it waits there (the ``waited_s`` of its
+    report). What the catalogue holds is read once per run (each input's fingerprint) and kept up as chunks
+    update it, so a chunk whose inputs are indexed as they are (a resumed run's) costs no query at all.
+    A failure is logged, never the run's: the next run, or ``pipeline index``, repairs the catalogue from the
+    files. :meth:`close` waits for what was handed over (or, after a hard stop, for the chunk being written)."""
 
     def __init__(self, out: Path, url: str | None = None) -> None:
         self.out = Path(out)
         #: where the outputs go (``OUTPUT_URL``): the catalogue is copied beside them as each chunk ends
         self.url = url
-        self._lock = threading.Lock()
-        self.failed = 0
+        self.stats = IndexerStats()
         self._catalogue: Catalogue | None = None
         #: input id -> the fingerprint the catalogue holds it with (read at the first chunk's end)
         self._known: dict[str, str] | None = None
-        # LanceDB and Arrow take seconds to import: in a thread, while the first chunk's children work
-        # (the parent mostly waits on them), not on the run's critical path
-        self._imported = threading.Thread(target=_import_store, name="catalogue-import", daemon=True)
-        self._imported.start()
+        self._queue: queue.Queue = queue.Queue(maxsize=BEHIND)
+        # LanceDB and Arrow take seconds to import: the writer imports them while the first chunk's children
+        # work (the parent mostly waits on them), not on the run's critical path
+        self._writer = threading.Thread(target=self._write, name="catalogue-writer", daemon=True)
+        self._writer.start()
+
+    @property
+    def failed(self) -> int:
+        """Inputs the catalogue could not be brought up to date with (logged; the next run repairs them)."""
+        return self.stats.failed
 
     def chunk_done(
         self, wanted: dict[str, str | None], labels: dict[str, dict[str, tuple[str, str]]]
     ) -> None:
-        self._imported.join()
-        with self._lock:
+        """Hand a chunk's inputs to the writer (``wanted``: input id -> its outputs fingerprint, None when it
+        is not complete; ``labels``: their corpus speakers' labels)."""
+        started = time.perf_counter()
+        self._queue.put((dict(wanted), labels))
+        self.stats.waited_s += time.perf_counter() - started
+
+    def flush(self) -> None:
+        """Wait until every chunk handed over is written."""
+        self._queue.join()
+
+    def close(self, drain: bool = True) -> IndexerStats:
+        """Stop the writer once what was handed over is written (``drain``), or once the chunk being written is
+        (the chunks still waiting are left to the next run's repair). Its stats."""
+        if not drain:
+            while True:
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                self._queue.task_done()
+        started = time.perf_counter()
+        self._queue.put(None)
+        self._writer.join()
+        self.stats.waited_s += time.perf_counter() - started
+        return self.stats
+
+    def _write(self) -> None:
+        _import_store()
+        while True:
+            job = self._queue.get()
             try:
-                if self._known is None:
-                    self._catalogue = Catalogue(self.out)
-                    self._known = self._catalogue.indexed()
-                todo = {item: fp for item, fp in wanted.items() if self._known.get(item) != fp}
-                if not todo:
+                if job is None:
                     return
-                result = update(self.out, todo, labels=labels, catalogue=self._catalogue)
-            except Exception as exc:  # noqa: BLE001 - the files are the truth: the catalogue is repaired later
-                self.failed += len(wanted)
-                self._known = None  # read again at the next chunk
-                log.warning("catalogue not updated for %d input(s): %s", len(wanted), exc)
+                started = time.perf_counter()
+                self._update(*job)
+                self.stats.chunks += 1
+                self.stats.seconds += time.perf_counter() - started
+            finally:
+                self._queue.task_done()
+
+    def _update(self, wanted: dict[str, str | None], labels: dict[str, dict[str, tuple[str, str]]]) -> None:
+        try:
+            if self._known is None:
+                self._catalogue = Catalogue(self.out)
+                self._known = self._catalogue.indexed()
+            todo = {item: fp for item, fp in wanted.items() if self._known.get(item) != fp}
+            if not todo:
                 return
-            for item, fp in todo.items():
-                if fp is None or item in result.failed:
-                    self._known.pop(item, None)
-                else:
-                    self._known[item] = fp
-            self.failed += len(result.failed)
-            if self.url:
-                push_catalogue(self.out, self.url)
-            if result.indexed or result.dropped:
-                log.info(
-                    "catalogue: %d indexed, %d dropped in %.2f s",
-                    result.indexed,
-                    result.dropped,
-                    result.seconds,
-                )
+            result = update(self.out, todo, labels=labels, catalogue=self._catalogue, have=self._known)
+        except Exception as exc:  # noqa: BLE001 - the files are the truth: the catalogue is repaired later
+            self.stats.failed += len(wanted)
+            self._known = None  # read again at the next chunk
+            log.warning("catalogue not updated for %d input(s): %s", len(wanted), exc)
+            return
+        for item, fp in todo.items():
+            if fp is None or item in result.failed:
+                self._known.pop(item, None)
+            else:
+                self._known[item] = fp
+        self.stats.failed += len(result.failed)
+        self.stats.indexed += result.indexed
+        self.stats.dropped += result.dropped
+        if self.url:
+            push_catalogue(self.out, self.url)
+        if result.indexed or result.dropped:
+            log.info(
+                "catalogue: %d indexed, %d dropped in %.2f s", result.indexed, result.dropped, result.seconds
+            )
 
 
 def push_catalogue(out: Path, url: str) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from contracts.errors import DiskFullError, SettingsError
 from contracts.io import is_disk_full
-from contracts.report import RunPlan, RunReport
+from contracts.report import CatalogueWrites, RunPlan, RunReport
 from orchestrator import layout
 from orchestrator.books.journal import Journal
 from orchestrator.books.lock import OutputLock
@@ -259,6 +259,8 @@ class Orchestrator:
             log.error("stopping the run: %s", self.disk_full)
             self._stopping = True
             self.executor.stop_all(grace_s=5.0)
+        finally:  # the catalogue's writer done with what the chunks handed it (a hard stop: the chunk it writes)
+            indexed = ctx.catalogue.close(drain=not hard_stop) if ctx.catalogue is not None else None
         exported = export_speakers(self.settings, ctx.corpus)
         if self.settings.output_url:  # the corpus speakers' books and the catalogue, beside the outputs
             deliver_books(self.settings, out, exported)
@@ -269,6 +271,8 @@ class Orchestrator:
         report = build_report(
             self.settings, run_id, started, time.monotonic() - clock, out, inputs, ctx.stage_runs, fetched
         )
+        if indexed is not None:
+            report = report.model_copy(update={"catalogue": CatalogueWrites(**dataclasses.asdict(indexed))})
         if self.disk_full:
             report = report.model_copy(update={"stopped": f"disk full: {self.disk_full}"})
         # a run that only found everything done leaves the index as it was

@@ -93,6 +93,10 @@ def test_each_chunk_indexed_every_segment_with_its_vector_and_model(corpus):
             assert (text, start, speaker) == (line["text"].strip(), round(line["start"], 3), line["speaker"])
             assert model == embeddings["model"]
             np.testing.assert_allclose(vector, vectors[line["id"]], atol=1e-5)
+    # the run report says what the writer did beside the run: every input, two chunks of two
+    written = json.loads((corpus / "run-report.json").read_text())["catalogue"]
+    assert (written["chunks"], written["indexed"], written["failed"]) == (2, len(INPUTS), 0)
+    assert written["seconds"] > 0
 
 
 def test_words_find_a_rare_name_marked_with_a_link_to_its_moment(corpus):
@@ -173,6 +177,7 @@ def test_a_rerun_puts_back_an_input_missing_from_the_catalogue(corpus, tmp_path)
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert rows(out) == reference
+    assert json.loads((out / "run-report.json").read_text())["catalogue"]["indexed"] == 1
 
 
 def test_vectors_of_another_model_are_counted_and_never_compared(corpus, tmp_path):

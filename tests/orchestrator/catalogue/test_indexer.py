@@ -1,10 +1,15 @@
-"""A run's Indexer: what the catalogue holds is read once, so chunks whose inputs are indexed as they are (a
-resumed run's) commit nothing; an input no longer complete is dropped, once."""
+"""A run's Indexer: chunks are handed to a writer thread and the run goes on, waiting only when the writer is
+:data:`~orchestrator.catalogue.sync.BEHIND` chunks behind; what the catalogue holds is read once, so chunks
+whose inputs are indexed as they are (a resumed run's) commit nothing; an input no longer complete is
+dropped, once."""
 
 from __future__ import annotations
 
+import threading
+
+from orchestrator.catalogue import sync
 from orchestrator.catalogue.store import INPUTS, Catalogue
-from orchestrator.catalogue.sync import Indexer
+from orchestrator.catalogue.sync import BEHIND, Indexer, SyncResult
 from tests.orchestrator.catalogue.test_store import rows
 
 
@@ -18,12 +23,67 @@ def test_chunks_indexed_as_they_are_cost_no_commit_and_a_changed_input_is_redone
     indexer = Indexer(tmp_path)
     for first in (0, 3):  # two chunks of a resumed run: every input as the catalogue holds it
         indexer.chunk_done({f"in{n}": f"fp{n}" for n in range(first, first + 3)}, {})
+    indexer.flush()
     assert versions(tmp_path) == before and indexer.failed == 0
     # an input no longer complete (a later run failed it): dropped, the others left as they are
     indexer.chunk_done({"in1": None, "in2": "fp2"}, {})
+    indexer.flush()
     assert indexer.failed == 0 and versions(tmp_path) > before
     assert set(Catalogue(tmp_path).indexed()) == {"in0", "in2", "in3", "in4", "in5"}
     # the indexer knows it is gone: the same chunk again commits nothing
     after = versions(tmp_path)
     indexer.chunk_done({"in1": None, "in2": "fp2"}, {})
     assert versions(tmp_path) == after
+    indexer.flush()
+    assert versions(tmp_path) == after
+    stats = indexer.close()
+    assert (stats.chunks, stats.dropped, stats.indexed, stats.failed) == (4, 1, 0, 0)
+
+
+def slow_writer(monkeypatch) -> tuple[threading.Event, list[list[str]]]:
+    """The writer's work held until the event is set (each chunk's inputs noted as written)."""
+    gate, written = threading.Event(), []
+
+    def update(out, todo, **kwargs):
+        assert gate.wait(30)
+        written.append(sorted(todo))
+        return SyncResult(indexed=len(todo))
+
+    monkeypatch.setattr(sync, "update", update)
+    return gate, written
+
+
+def test_the_run_goes_on_while_chunks_are_written_and_waits_only_when_the_writer_is_behind(
+    tmp_path, monkeypatch
+):
+    gate, written = slow_writer(monkeypatch)
+    indexer = Indexer(tmp_path)
+    # the writer holds the first chunk; BEHIND more wait for it: every hand-over returns at once
+    for n in range(1 + BEHIND):
+        indexer.chunk_done({f"in{n}": "fp"}, {})
+    assert written == []
+    late = threading.Thread(target=indexer.chunk_done, args=({"late": "fp"}, {}))
+    late.start()
+    late.join(0.5)
+    assert late.is_alive()  # one more: the run waits for the writer
+    gate.set()
+    late.join(30)
+    stats = indexer.close()
+    assert written == [[f"in{n}"] for n in range(1 + BEHIND)] + [["late"]]
+    assert (stats.chunks, stats.indexed) == (2 + BEHIND, 2 + BEHIND) and stats.waited_s >= 0.4
+
+
+def test_a_hard_stop_waits_for_the_chunk_being_written_and_leaves_the_rest_to_the_next_run(
+    tmp_path, monkeypatch
+):
+    gate, written = slow_writer(monkeypatch)
+    indexer = Indexer(tmp_path)
+    for n in range(1 + BEHIND):
+        indexer.chunk_done({f"in{n}": "fp"}, {})
+    closing = threading.Thread(target=indexer.close, kwargs={"drain": False})
+    closing.start()
+    closing.join(0.5)
+    assert closing.is_alive()  # the chunk being written is finished, not cut
+    gate.set()
+    closing.join(30)
+    assert not closing.is_alive() and written == [["in0"]] and indexer.stats.chunks == 1
