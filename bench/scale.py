@@ -111,6 +111,18 @@ def catalogue_check(out: Path, inputs: int) -> None:
     print(f"catalogue: {len(indexed):,} inputs indexed, {size / 1e6:.0f} MB on disk", flush=True)
 
 
+def writer(report: dict) -> None:
+    """What the run's catalogue writer did beside it, from its report."""
+    done = report.get("catalogue") or {}
+    if done:
+        print(
+            f"catalogue writer: {done['chunks']:,} chunks, {done['indexed']:,} inputs indexed in "
+            f"{done['seconds']:.1f} s beside the run ({done['seconds'] / max(done['chunks'], 1):.3f} s a chunk); "
+            f"the run waited {done['waited_s']:.2f} s for it",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--inputs", type=int, default=100_000)
@@ -196,6 +208,7 @@ def main() -> None:
             f"first rerun: {first:.1f} s wall, {CPU[-1]:.1f} s CPU, {children} children, {report['ok']:,} ok",
             flush=True,
         )
+        writer(report)
         catalogue_check(out, args.inputs)
         again, again_rss, _ = pipeline("process", str(corpus), "--output", str(out), "-q")
         report = json.loads((out / "run-report.json").read_text())
@@ -205,6 +218,7 @@ def main() -> None:
         )
         assert report["ok"] == reused == args.inputs and children == 0, (report["ok"], reused, children)
         catalogue_check(out, args.inputs)
+        writer(report)
         print(
             f"resume check (outputs already current): {again:.1f} s wall, {CPU[-1]:.1f} s CPU, "
             f"{children} children, {reused:,} inputs with nothing redone",
