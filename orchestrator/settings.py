@@ -350,10 +350,9 @@ class ExecutionOptions(SettingsGroup):
     chunk_size: int = Field(50, ge=1)
     #: warm children: a stage's child started before its turn imports its libraries, then waits; it loads no
     #: model and touches no GPU until its turn. "next" (the next stage's, while this one computes), "all"
-    #: (every later stage's of the chunk at once, at its start), "off" (each child started at its turn), or
-    #: "auto": "all" with the fork server (its children import nothing), "next" with spawned children (their
-    #: imports would compete with the first stages' compute); true / false read as "next" / "off"
-    prefetch: Literal["auto", "next", "all", "off"] = "auto"
+    #: (every later stage's of the chunk at once, at its start: more memory, imports compete with compute)
+    #: or "off" (each child started at its turn); true / false read as "next" / "off"
+    prefetch: Literal["next", "all", "off"] = "next"
     #: chunks overlapped: the next chunk's first stages that use no GPU (fetching, decoding, the audio copy)
     #: run while this chunk's GPU stages run, one chunk ahead at most. "auto": where the stages compute on a
     #: GPU (on a CPU, decoding would take the cores the models compute on); "on"; "off"
@@ -619,12 +618,6 @@ class Settings(*reversed(GROUPS), BaseSettings):
         cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, _DocumentedEnv(settings_cls), dotenv_settings, file_secret_settings
-
-    def warm_children(self) -> Literal["next", "all", "off"]:
-        """Which later stages' children a stage warms (:attr:`prefetch`, "auto" resolved by the start method)."""
-        if self.prefetch == "auto":
-            return "all" if self.start_method == "forkserver" else "next"
-        return self.prefetch
 
     @field_validator("prefetch", mode="before")
     @classmethod

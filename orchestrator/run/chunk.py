@@ -317,9 +317,8 @@ def warm_next(
 ) -> dict[int, object]:
     """The warm children to start as stage ``index`` starts (each imports, then waits for its request), by
     stage index: with ``prefetch="next"`` the next stage's, with ``"all"`` every later stage's (those not
-    ``warm`` yet), each only when a live input needs that stage; none with ``"off"`` (``"auto"``: "all" with
-    the fork server, "next" with spawned children)."""
-    mode = ctx.settings.warm_children()
+    ``warm`` yet), each only when a live input needs that stage; none with ``"off"``."""
+    mode = ctx.settings.prefetch
     if mode == "off":
         return {}
     later = range(index + 1, len(ctx.specs) if mode == "all" else min(index + 2, len(ctx.specs)))

@@ -136,16 +136,6 @@ def test_prefetch_all_warms_every_later_stage_a_live_input_needs_once(tmp_path):
     assert [name for name, _ in ctx.runner.warmed] == later
 
 
-def test_prefetch_auto_warms_every_later_stage_with_the_fork_server_and_the_next_with_spawn(tmp_path):
-    a, b = _chunk(tmp_path, "a", "b")
-    needed = {inp: dict.fromkeys((s.name for s in SPECS), True) for inp in ("a", "b")}
-    assert SETTINGS.prefetch == "auto" and SETTINGS.start_method == "forkserver"  # the defaults
-    forked = warm_next(_context(SETTINGS), 3, 0, [a, b], needed)
-    assert sorted(forked.values()) == sorted(f"warm {s.name}" for s in SPECS[1:])
-    spawned = warm_next(_context(SETTINGS.replace(start_method="spawn")), 3, 0, [a, b], needed)
-    assert spawned == {1: "warm asr"}
-
-
 def test_a_stop_before_fetching_leaves_the_chunk_as_it_is(tmp_path):
     [state] = _chunk(tmp_path, "a")
     needed = {"a": dict.fromkeys((s.name for s in SPECS), True)}
