@@ -31,7 +31,7 @@ import numpy as np
 
 from orchestrator import layout
 from orchestrator.catalogue.rows import InputRows
-from orchestrator.catalogue.upkeep import tidy
+from orchestrator.catalogue.upkeep import in_child, tidy
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,10 @@ class Catalogue:
     see other processes' commits within :data:`READ_CONSISTENCY`, and the per-model input counts are read
     again only when the ``inputs`` table has a new version."""
 
-    def __init__(self, out: Path, reader: bool = False) -> None:
+    def __init__(self, out: Path, reader: bool = False, upkeep_in_child: bool = False) -> None:
+        """``reader``: kept open by a searcher (sees other processes' commits within a second);
+        ``upkeep_in_child``: the upkeep every :data:`OPTIMIZE_EVERY` commits runs in a child process
+        (:func:`~orchestrator.catalogue.upkeep.in_child`: a run's writer, whose memory it would keep)."""
         import lancedb
 
         self.path = Path(out) / CATALOGUE_DIR
@@ -153,6 +156,7 @@ class Catalogue:
             str(self.path), read_consistency_interval=READ_CONSISTENCY if reader else None
         )
         self._commits = 0
+        self.upkeep_in_child = upkeep_in_child
         self._open: dict[str, object] = {}
         self._models: tuple[int, dict[str, int]] | None = None
         self._table_of: dict[str, str] = {}
@@ -305,7 +309,10 @@ class Catalogue:
         inputs_table.add(pa.Table.from_pylist(records, schema=inputs_schema))
         self._commits += 1
         if self._commits % OPTIMIZE_EVERY == 0:
-            self.maintain()
+            if self.upkeep_in_child:
+                in_child(self.path.parent)
+            else:
+                self.maintain()
 
     def drop(self, ids: list[str]) -> None:
         """Forget these inputs (their ``inputs`` rows first)."""

@@ -248,7 +248,7 @@ class Indexer:
     def _update(self, wanted: dict[str, str | None], labels: dict[str, dict[str, tuple[str, str]]]) -> None:
         try:
             if self._known is None:
-                self._catalogue = Catalogue(self.out)
+                self._catalogue = Catalogue(self.out, upkeep_in_child=True)
                 self._known = self._catalogue.indexed()
             todo = {item: fp for item, fp in wanted.items() if self._known.get(item) != fp}
             if not todo:

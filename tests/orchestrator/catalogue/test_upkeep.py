@@ -1,11 +1,13 @@
-"""The catalogue's upkeep: which index deltas are merged (a pure rule), and a real table tidied."""
+"""The catalogue's upkeep: which index deltas are merged (a pure rule), a real table tidied, and a run's upkeep
+in a child process."""
 
 from __future__ import annotations
 
 import lance
 
+from orchestrator.catalogue import store
 from orchestrator.catalogue.store import Catalogue
-from orchestrator.catalogue.upkeep import merge_count
+from orchestrator.catalogue.upkeep import in_child, merge_count
 from tests.orchestrator.catalogue.test_store import rows
 
 
@@ -43,3 +45,29 @@ def test_tidying_compacts_the_chunks_and_indexes_their_rows_without_losing_any(t
     assert table.count_rows() == 12
     hits = catalogue.words("harbours", None, 10)
     assert sorted(hit["input"] for hit in hits) == [f"f/{n}" for n in range(6)]
+
+
+def test_a_writer_does_its_upkeep_in_a_child_process_whose_memory_goes_with_it(tmp_path, monkeypatch):
+    def not_here(self):
+        raise AssertionError("the upkeep ran in the writer's process")
+
+    monkeypatch.setattr(Catalogue, "maintain", not_here)  # this process only: the child has its own
+    monkeypatch.setattr(store, "OPTIMIZE_EVERY", 3)
+    catalogue = Catalogue(tmp_path, upkeep_in_child=True)
+    for n in range(3):  # the third commit's upkeep: a child
+        catalogue.put([rows(f"f/{n}", [f"sentence {n} about harbours", "another line"])])
+    table = catalogue.db.open_table(catalogue.segment_tables()[0])
+    dataset = lance.dataset(table.to_lance().uri)
+    assert len(dataset.get_fragments()) < 3  # the three chunks' fragments compacted, by the child
+    assert dataset.stats.index_stats("text_idx")["num_unindexed_rows"] == 0
+    assert table.count_rows() == 6
+
+
+def test_an_upkeep_child_that_fails_is_a_warning_and_the_data_stays(tmp_path, caplog):
+    catalogue = Catalogue(tmp_path)
+    catalogue.put([rows("f/0", ["a line"])])
+    (tmp_path / ".catalogue" / "inputs.lance" / "_versions").rename(tmp_path / "hidden")  # unreadable table
+    assert not in_child(tmp_path)
+    assert "upkeep child exited 1" in caplog.text
+    (tmp_path / "hidden").rename(tmp_path / ".catalogue" / "inputs.lance" / "_versions")
+    assert Catalogue(tmp_path).indexed() == {"f/0": "fp1"}
