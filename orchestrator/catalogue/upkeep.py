@@ -11,21 +11,13 @@ chunk grew with the corpus. The Lance dataset API under it says how:
   logarithmic number of times and an index holds a logarithmic number of deltas;
 - versions older than :data:`KEEP_VERSIONS` are deleted: a reader kept open moves to the latest within a
   second (``store.READ_CONSISTENCY``), and LanceDB's default (a week) held ten times the live data.
-
-A run does its upkeep in a child process (:func:`in_child`): building the vector index when a table reaches
-its size took about 600 MiB that the allocator kept, and the run's parent peaked at 1,720 MiB at 100,000
-inputs (its goal: under 1 GiB). The child's memory is returned when it exits; it dies with the run.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +28,6 @@ FRAGMENT_ROWS = 100_000
 MERGE_RATIO = 0.5
 #: table versions older than this are deleted
 KEEP_VERSIONS = timedelta(minutes=10)
-#: an upkeep child that runs longer is stopped (its work is redone by the next upkeep)
-CHILD_TIMEOUT_S = 3600.0
 
 
 def merge_count(new_rows: int, deltas: Sequence[int], ratio: float = MERGE_RATIO) -> int:
@@ -75,36 +65,3 @@ def tidy(table) -> None:
         dataset = lance.dataset(uri)
         log.debug("catalogue: %s: %d new rows indexed, %d of %d deltas merged", name, new, merge, len(deltas))
     dataset.cleanup_old_versions(older_than=KEEP_VERSIONS)
-
-
-def in_child(out: Path, timeout_s: float = CHILD_TIMEOUT_S) -> bool:
-    """``Catalogue(out).maintain()`` in a child process (``python -m orchestrator.catalogue.upkeep``), waited
-    for; its memory goes back when it exits. False (and a warning) when it failed: the data is intact, and
-    the next upkeep does what this one did not."""
-    command = [sys.executable, "-m", "orchestrator.catalogue.upkeep", str(out), str(os.getpid())]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("catalogue: upkeep not done: %s", " ".join(str(exc).split())[:300])
-        return False
-    if done.returncode != 0:
-        tail = " ".join(done.stderr.split())[-300:]
-        log.warning("catalogue: upkeep child exited %d: %s", done.returncode, tail)
-        return False
-    return True
-
-
-def main(argv: list[str]) -> int:
-    """The upkeep child: ``OUT PARENT_PID``; it dies with the parent."""
-    from orchestrator.catalogue.store import Catalogue
-    from orchestrator.process.toolkit import die_with_parent
-
-    out, parent = argv
-    die_with_parent(int(parent))
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    Catalogue(Path(out)).maintain()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

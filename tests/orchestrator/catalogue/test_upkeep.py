@@ -6,8 +6,8 @@ from __future__ import annotations
 import lance
 
 from orchestrator.catalogue import store
-from orchestrator.catalogue.store import Catalogue
-from orchestrator.catalogue.upkeep import in_child, merge_count
+from orchestrator.catalogue.store import Catalogue, upkeep_in_child
+from orchestrator.catalogue.upkeep import merge_count
 from tests.orchestrator.catalogue.test_store import rows
 
 
@@ -67,7 +67,7 @@ def test_an_upkeep_child_that_fails_is_a_warning_and_the_data_stays(tmp_path, ca
     catalogue = Catalogue(tmp_path)
     catalogue.put([rows("f/0", ["a line"])])
     (tmp_path / ".catalogue" / "inputs.lance" / "_versions").rename(tmp_path / "hidden")  # unreadable table
-    assert not in_child(tmp_path)
+    assert not upkeep_in_child(tmp_path)
     assert "upkeep child exited 1" in caplog.text
     (tmp_path / "hidden").rename(tmp_path / ".catalogue" / "inputs.lance" / "_versions")
     assert Catalogue(tmp_path).indexed() == {"f/0": "fp1"}
