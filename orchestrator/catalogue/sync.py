@@ -16,9 +16,10 @@ import shutil
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from contracts.report import CatalogueWrites
 from orchestrator import layout
 from orchestrator.books.journal import Journal
 from orchestrator.catalogue.rows import input_rows
@@ -197,11 +198,6 @@ class Indexer:
         self._writer = threading.Thread(target=self._write, name="catalogue-writer", daemon=True)
         self._writer.start()
 
-    @property
-    def failed(self) -> int:
-        """Inputs the catalogue could not be brought up to date with (logged; the next run repairs them)."""
-        return self.stats.failed
-
     def chunk_done(
         self, wanted: dict[str, str | None], labels: dict[str, dict[str, tuple[str, str]]]
     ) -> None:
@@ -215,9 +211,9 @@ class Indexer:
         """Wait until every chunk handed over is written."""
         self._queue.join()
 
-    def close(self, drain: bool = True) -> IndexerStats:
+    def close(self, drain: bool = True) -> CatalogueWrites:
         """Stop the writer once what was handed over is written (``drain``), or once the chunk being written is
-        (the chunks still waiting are left to the next run's repair). Its stats."""
+        (the chunks still waiting are left to the next run's repair). What it did, as the run report says it."""
         if not drain:
             while True:
                 try:
@@ -229,7 +225,7 @@ class Indexer:
         self._queue.put(None)
         self._writer.join()
         self.stats.waited_s += time.perf_counter() - started
-        return self.stats
+        return CatalogueWrites(**asdict(self.stats))
 
     def _write(self) -> None:
         _import_store()

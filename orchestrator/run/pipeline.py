@@ -28,7 +28,7 @@ from pathlib import Path
 
 from contracts.errors import DiskFullError, SettingsError
 from contracts.io import is_disk_full
-from contracts.report import CatalogueWrites, RunPlan, RunReport
+from contracts.report import RunPlan, RunReport
 from orchestrator import layout
 from orchestrator.books.journal import Journal
 from orchestrator.books.lock import OutputLock
@@ -272,7 +272,7 @@ class Orchestrator:
             self.settings, run_id, started, time.monotonic() - clock, out, inputs, ctx.stage_runs, fetched
         )
         if indexed is not None:
-            report = report.model_copy(update={"catalogue": CatalogueWrites(**dataclasses.asdict(indexed))})
+            report = report.model_copy(update={"catalogue": indexed})
         if self.disk_full:
             report = report.model_copy(update={"stopped": f"disk full: {self.disk_full}"})
         # a run that only found everything done leaves the index as it was

@@ -24,11 +24,11 @@ def test_chunks_indexed_as_they_are_cost_no_commit_and_a_changed_input_is_redone
     for first in (0, 3):  # two chunks of a resumed run: every input as the catalogue holds it
         indexer.chunk_done({f"in{n}": f"fp{n}" for n in range(first, first + 3)}, {})
     indexer.flush()
-    assert versions(tmp_path) == before and indexer.failed == 0
+    assert versions(tmp_path) == before and indexer.stats.failed == 0
     # an input no longer complete (a later run failed it): dropped, the others left as they are
     indexer.chunk_done({"in1": None, "in2": "fp2"}, {})
     indexer.flush()
-    assert indexer.failed == 0 and versions(tmp_path) > before
+    assert indexer.stats.failed == 0 and versions(tmp_path) > before
     assert set(Catalogue(tmp_path).indexed()) == {"in0", "in2", "in3", "in4", "in5"}
     # the indexer knows it is gone: the same chunk again commits nothing
     after = versions(tmp_path)
