@@ -10,20 +10,26 @@ undone is repaired); ``pipeline index`` calls it too, and ``--rebuild`` starts f
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import queue
 import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import IO
 
 from contracts.report import CatalogueWrites
 from orchestrator import layout
 from orchestrator.books.journal import Journal
 from orchestrator.catalogue.rows import input_rows
-from orchestrator.catalogue.store import CATALOGUE_DIR, Catalogue
+from orchestrator.catalogue.store import CATALOGUE_DIR, UPKEEP_TIMEOUT_S, Catalogue
 from orchestrator.corpus.export import outputs_events
 from orchestrator.corpus.labels import corpus_labels, read_corpus
 
@@ -35,6 +41,11 @@ BATCH = 200
 #: take minutes and the writer seconds, but a resumed run's take milliseconds while the writer imports
 #: LanceDB (each waiting chunk holds only its inputs' ids and labels)
 BEHIND = 256
+#: seconds the writer has to exit once its pipe is closed (every chunk handed to it is answered by then)
+STOP_S = 60.0
+#: seconds a chunk may take in the writer (its tables' upkeep, in a child bounded at
+#: :data:`~orchestrator.catalogue.store.UPKEEP_TIMEOUT_S`, included) before the writer is killed as hung
+CHUNK_TIMEOUT_S = UPKEEP_TIMEOUT_S + 600.0
 
 
 @dataclass
@@ -166,37 +177,34 @@ def _stored_labels(out: Path, items: set[str]) -> dict[str, dict[str, tuple[str,
     return {item: labels[item] for item in items if item in labels}
 
 
-def _import_store() -> None:
-    try:
-        import lancedb  # noqa: F401
-        import pyarrow  # noqa: F401
-    except ImportError as exc:  # the chunk's update says it again, as a warning
-        log.debug("catalogue: %s", exc)
-
-
 class Indexer:
-    """A run's hand on its output folder's catalogue, beside the run: each chunk's inputs are handed to a
-    writer thread as the chunk ends, and the run goes on to its next chunk while they are written (the
-    upkeep every :data:`~orchestrator.catalogue.store.OPTIMIZE_EVERY` commits included). At most
-    :data:`BEHIND` chunks wait for the writer; a run that outpaces it waits there (the ``waited_s`` of its
-    report). What the catalogue holds is read once per run (each input's fingerprint) and kept up as chunks
-    update it, so a chunk whose inputs are indexed as they are (a resumed run's) costs no query at all.
-    A failure is logged, never the run's: the next run, or ``pipeline index``, repairs the catalogue from the
-    files. :meth:`close` waits for what was handed over (or, after a hard stop, for the chunk being written)."""
+    """A run's hand on its output folder's catalogue, beside the run: each chunk's inputs are handed to the
+    catalogue's writer, a child process (:mod:`orchestrator.catalogue.writer`: LanceDB's memory is never the
+    parent's), as the chunk ends, and the run goes on to its next chunk while they are written. A thread
+    of the parent feeds the child; at most :data:`BEHIND` chunks wait for it, and a run that outpaces it
+    waits there (the ``waited_s`` of its report). A failure (the child's too) is logged, never the run's:
+    the next chunk starts a new writer, and the next run, or ``pipeline index``, repairs the catalogue from
+    the files. :meth:`close` waits for what was handed over (or, after a hard stop, for the chunk being
+    written)."""
 
     def __init__(self, out: Path, url: str | None = None) -> None:
         self.out = Path(out)
-        #: where the outputs go (``OUTPUT_URL``): the catalogue is copied beside them as each chunk ends
+        #: where the outputs go (``OUTPUT_URL``): the writer copies the catalogue beside them
         self.url = url
         self.stats = IndexerStats()
-        self._catalogue: Catalogue | None = None
-        #: input id -> the fingerprint the catalogue holds it with (read at the first chunk's end)
-        self._known: dict[str, str] | None = None
+        self._child: subprocess.Popen | None = None
+        self._errors: IO[str] | None = None  # the child's stderr (read only when it failed)
         self._queue: queue.Queue = queue.Queue(maxsize=BEHIND)
-        # LanceDB and Arrow take seconds to import: the writer imports them while the first chunk's children
-        # work (the parent mostly waits on them), not on the run's critical path
-        self._writer = threading.Thread(target=self._write, name="catalogue-writer", daemon=True)
-        self._writer.start()
+        self._started = threading.Event()
+        self._feeder = threading.Thread(target=self._feed, name="catalogue-feeder", daemon=True)
+        self._feeder.start()
+
+    @property
+    def pid(self) -> int | None:
+        """The writer child's process id (None while none runs)."""
+        self._started.wait()
+        child = self._child
+        return child.pid if child is not None else None
 
     def chunk_done(
         self, wanted: dict[str, str | None], labels: dict[str, dict[str, tuple[str, str]]]
@@ -223,52 +231,111 @@ class Indexer:
                 self._queue.task_done()
         started = time.perf_counter()
         self._queue.put(None)
-        self._writer.join()
+        self._feeder.join()
         self.stats.waited_s += time.perf_counter() - started
         return CatalogueWrites(**asdict(self.stats))
 
-    def _write(self) -> None:
-        _import_store()
-        while True:
-            job = self._queue.get()
-            try:
-                if job is None:
-                    return
-                started = time.perf_counter()
-                self._update(*job)
-                self.stats.chunks += 1
-                self.stats.seconds += time.perf_counter() - started
-            finally:
-                self._queue.task_done()
-
-    def _update(self, wanted: dict[str, str | None], labels: dict[str, dict[str, tuple[str, str]]]) -> None:
+    def _feed(self) -> None:
+        # started at once: LanceDB and Arrow take seconds to import, in the child while the first chunk works
+        self._start()
+        self._started.set()
         try:
-            if self._known is None:
-                self._catalogue = Catalogue(self.out, upkeep_in_child=True)
-                self._known = self._catalogue.indexed()
-            todo = {item: fp for item, fp in wanted.items() if self._known.get(item) != fp}
-            if not todo:
-                return
-            result = update(self.out, todo, labels=labels, catalogue=self._catalogue, have=self._known)
-        except Exception as exc:  # noqa: BLE001 - the files are the truth: the catalogue is repaired later
+            while True:
+                job = self._queue.get()
+                try:
+                    if job is None:
+                        return
+                    self._write(*job)
+                finally:
+                    self._queue.task_done()
+        finally:
+            self._stop()
+
+    def _write(self, wanted: dict[str, str | None], labels: dict[str, dict[str, tuple[str, str]]]) -> None:
+        """One chunk through the child, waited for (its log records logged here as they come)."""
+        self.stats.chunks += 1
+        try:
+            if self._child is None:
+                self._start()
+            child = self._child
+            if child is None:
+                raise OSError("the writer could not start")
+            child.stdin.write(json.dumps({"wanted": wanted, "labels": labels}) + "\n")
+            child.stdin.flush()
+            watchdog = threading.Timer(CHUNK_TIMEOUT_S, child.kill)
+            watchdog.daemon = True
+            watchdog.start()
+            try:
+                answers = list(self._answers(child))
+            finally:
+                watchdog.cancel()
+            if not answers:
+                raise EOFError(f"the writer exited {child.wait()}: {self._stderr_tail()}")
+            done = answers[-1]
+            self.stats.indexed += done["indexed"]
+            self.stats.dropped += done["dropped"]
+            self.stats.failed += done["failed"]
+            self.stats.seconds += done["seconds"]
+        except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
             self.stats.failed += len(wanted)
-            self._known = None  # read again at the next chunk
-            log.warning("catalogue not updated for %d input(s): %s", len(wanted), exc)
+            log.warning("catalogue not updated for %d input(s): %s", len(wanted), " ".join(str(exc).split()))
+            self._stop()  # the next chunk starts another
+
+    @staticmethod
+    def _answers(child: subprocess.Popen):
+        """The writer's answer to a chunk: its log records logged here as they come, then its result (nothing
+        when it died first)."""
+        for line in child.stdout:
+            answer = json.loads(line)
+            if "log" in answer:
+                level, name, message = answer["log"]
+                logging.getLogger(name).log(level, "%s", message)
+                continue
+            yield answer["done"]
             return
-        for item, fp in todo.items():
-            if fp is None or item in result.failed:
-                self._known.pop(item, None)
-            else:
-                self._known[item] = fp
-        self.stats.failed += len(result.failed)
-        self.stats.indexed += result.indexed
-        self.stats.dropped += result.dropped
-        if self.url:
-            push_catalogue(self.out, self.url)
-        if result.indexed or result.dropped:
-            log.info(
-                "catalogue: %d indexed, %d dropped in %.2f s", result.indexed, result.dropped, result.seconds
+
+    def _start(self) -> None:
+        self._errors = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
+        command = [sys.executable, "-m", "orchestrator.catalogue.writer", str(self.out), str(os.getpid())]
+        try:
+            self._child = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._errors,
+                text=True,
+                encoding="utf-8",
+                start_new_session=True,  # a Ctrl-C is the run's; the child dies with the run all the same
             )
+            self._child.stdin.write(json.dumps({"url": self.url}) + "\n")
+            self._child.stdin.flush()
+        except OSError as exc:  # the chunk that needs it says so
+            log.debug("catalogue writer not started: %s", exc)
+            self._stop()
+
+    def _stop(self) -> None:
+        """The child's pipe closed and the child waited for (killed when it does not end in :data:`STOP_S`)."""
+        child, self._child = self._child, None
+        if child is not None:
+            try:
+                child.stdin.close()
+            except OSError:
+                pass
+            try:
+                child.wait(timeout=STOP_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            child.stdout.close()
+        if self._errors is not None:
+            self._errors.close()
+            self._errors = None
+
+    def _stderr_tail(self) -> str:
+        if self._errors is None:
+            return ""
+        self._errors.seek(0)
+        return " ".join(self._errors.read()[-2000:].split())[-300:]
 
 
 def push_catalogue(out: Path, url: str) -> None:
