@@ -166,9 +166,16 @@ class Resume:
 
     def outputs_fingerprint(self, inp: InputState) -> str:
         """What an input's outputs are made from: every stage's fingerprint and the settings that shape the
-        written files (captions, where outputs go, langid-only), so a change of either rewrites them."""
+        written files (captions, where outputs go, langid-only), so a change of either rewrites them. Made
+        again only when the stage fingerprints changed since it was last asked."""
+        made_from = (self._shaping, *inp.fingerprints.items())  # this run's settings, its fingerprints
+        memo = inp.outputs_memo
+        if memo is not None and memo[0] == made_from:
+            return memo[1]
         blob = json.dumps(inp.fingerprints, sort_keys=True) + self._shaping
-        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+        value = hashlib.sha256(blob.encode()).hexdigest()[:32]
+        inp.outputs_memo = (made_from, value)
+        return value
 
     def resumed(self, inp: InputState, specs: list[StageSpec] | None = None) -> bool:
         """The journal saw ``inp`` completed with its current outputs fingerprint (the progress's count).

@@ -49,6 +49,9 @@ class InputState:
     text_language: str | None = None
     #: the join group whose inputs may share a Whisper window with it (``orchestrator.planning.groups``)
     group: str | None = None
+    #: the outputs fingerprint with the settings and stage fingerprints it was made from
+    #: (``Resume.outputs_fingerprint``: asked three times an input by a resumed run of 100,000)
+    outputs_memo: tuple[tuple, str] | None = None
 
     def __post_init__(self) -> None:
         self.notes = [*self.plan.notes, *self.notes]
