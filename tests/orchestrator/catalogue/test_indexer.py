@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,10 +46,15 @@ def test_chunks_indexed_as_they_are_cost_no_commit_and_a_changed_input_is_redone
 
 @contextmanager
 def held(indexer: Indexer):
-    """The writer child stopped (SIGSTOP) until the block ends: what it is handed waits."""
+    """The writer child stopped (SIGSTOP) until the block ends, writing chunk ``in0`` (taken alone: the
+    chunks waiting are sent together): what it is handed next waits."""
     pid = indexer.pid
     os.kill(pid, signal.SIGSTOP)
     try:
+        indexer.chunk_done({"in0": "fp"}, {})
+        deadline = time.monotonic() + 30
+        while indexer._queue.qsize() and time.monotonic() < deadline:  # the feeder took it
+            time.sleep(0.01)
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -58,7 +64,7 @@ def test_the_run_goes_on_while_chunks_are_written_and_waits_only_when_the_writer
     indexer = Indexer(tmp_path)
     with held(indexer):
         # the feeder holds the first chunk for the stopped writer; BEHIND more wait: each returns at once
-        for n in range(1 + BEHIND):
+        for n in range(1, 1 + BEHIND):
             indexer.chunk_done({f"in{n}": "fp"}, {})
         late = threading.Thread(target=indexer.chunk_done, args=({"late": "fp"}, {}))
         late.start()
@@ -74,7 +80,7 @@ def test_the_run_goes_on_while_chunks_are_written_and_waits_only_when_the_writer
 def test_a_hard_stop_waits_for_the_chunk_being_written_and_leaves_the_rest_to_the_next_run(tmp_path):
     indexer = Indexer(tmp_path)
     with held(indexer):
-        for n in range(1 + BEHIND):
+        for n in range(1, 1 + BEHIND):
             indexer.chunk_done({f"in{n}": "fp"}, {})
         closing = threading.Thread(target=indexer.close, kwargs={"drain": False})
         closing.start()
