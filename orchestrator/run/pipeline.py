@@ -197,49 +197,57 @@ class Orchestrator:
         self._stopping, self._stop_file = False, run_dir / "STOP"
         self.disk_full = None
         specs = self.stage_specs()
-        try:  # nothing has run yet: a full disk here is a usage error (exit 2), with the reason
-            run_dir.mkdir(parents=True, exist_ok=True)
-            configure_remote(self.settings)  # planning's calls to URLs use this run's timeouts
-            inputs = [InputState(inp) for inp in plan_inputs(paths, out)]
-            if self.settings.asr_join_inputs:  # join groups, fixed and recorded before anything runs
-                size = min(GROUP_SIZE, self.settings.chunk_size)
-                groups = plan_groups(out, [inp.id for inp in inputs], size)
-                for inp in inputs:
-                    inp.group = groups[inp.id]
-        except (OSError, DiskFullError) as exc:
-            if is_disk_full(exc):
-                raise SettingsError(
-                    f"output directory {out} is full before the run: {disk_line(exc, out)}"
-                ) from None
+        # the catalogue's writer starts now: its start and its one read of what the catalogue holds (a
+        # second and more at 100,000 inputs) go on beside the planning, not at the first chunk
+        catalogue = Indexer(out, self.settings.output_url) if self.settings.catalogue else None
+        try:
+            try:  # nothing has run yet: a full disk here is a usage error (exit 2), with the reason
+                run_dir.mkdir(parents=True, exist_ok=True)
+                configure_remote(self.settings)  # planning's calls to URLs use this run's timeouts
+                inputs = [InputState(inp) for inp in plan_inputs(paths, out)]
+                if self.settings.asr_join_inputs:  # join groups, fixed and recorded before anything runs
+                    size = min(GROUP_SIZE, self.settings.chunk_size)
+                    groups = plan_groups(out, [inp.id for inp in inputs], size)
+                    for inp in inputs:
+                        inp.group = groups[inp.id]
+            except (OSError, DiskFullError) as exc:
+                if is_disk_full(exc):
+                    raise SettingsError(
+                        f"output directory {out} is full before the run: {disk_line(exc, out)}"
+                    ) from None
+                raise
+            journal = Journal(layout.path(out, layout.JOURNAL), run_id)
+            resume = Resume(self.settings, {} if self.settings.force else journal.completed())
+            resumed = sum(resume.resumed(inp, specs) for inp in inputs)  # fingerprints chained
+            size = self.settings.chunk_size
+            chunks = whole_group_chunks(
+                inputs, lambda inp: (inp.group, None) if inp.group else (None, inp.id), size
+            )
+            log.info(
+                "run %s: %d input(s) in %d chunk(s) of up to %d -> %s",
+                run_id,
+                len(inputs),
+                len(chunks),
+                size,
+                out,
+            )
+            # a fresh context each run: the corpus speakers are read again (`pipeline speakers` may have
+            # changed them since the last run)
+            ctx = RunContext(
+                settings=self.settings,
+                specs=specs,
+                runner=self._runner(out, run_id, run_dir),
+                journal=journal,
+                progress=progress,
+                resume=resume,
+                stopping=lambda: self._stopping,
+                terms=TermStore(run_dir / "vocabulary"),
+                catalogue=catalogue,
+            )
+        except BaseException:  # no run: the writer is stopped, nothing handed to it
+            if catalogue is not None:
+                catalogue.close(drain=False)
             raise
-        journal = Journal(layout.path(out, layout.JOURNAL), run_id)
-        resume = Resume(self.settings, {} if self.settings.force else journal.completed())
-        resumed = sum(resume.resumed(inp, specs) for inp in inputs)  # fingerprints chained
-        size = self.settings.chunk_size
-        chunks = whole_group_chunks(
-            inputs, lambda inp: (inp.group, None) if inp.group else (None, inp.id), size
-        )
-        log.info(
-            "run %s: %d input(s) in %d chunk(s) of up to %d -> %s",
-            run_id,
-            len(inputs),
-            len(chunks),
-            size,
-            out,
-        )
-        # a fresh context each run: the corpus speakers are read again (`pipeline speakers` may have
-        # changed them since the last run)
-        ctx = RunContext(
-            settings=self.settings,
-            specs=specs,
-            runner=self._runner(out, run_id, run_dir),
-            journal=journal,
-            progress=progress,
-            resume=resume,
-            stopping=lambda: self._stopping,
-            terms=TermStore(run_dir / "vocabulary"),
-            catalogue=Indexer(out, self.settings.output_url) if self.settings.catalogue else None,
-        )
         progress.start(len(inputs), resumed, len(chunks))
         hard_stop = False
         parallel = min(len(chunks), self.settings.parallel_chunks or self.executor.slots()) or 1
