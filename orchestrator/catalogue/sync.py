@@ -282,12 +282,11 @@ class Indexer:
             watchdog.daemon = True
             watchdog.start()
             try:
-                answers = list(self._answers(child))
+                done = self._answer(child)
             finally:
                 watchdog.cancel()
-            if not answers:
+            if done is None:
                 raise EOFError(f"the writer exited {child.wait()}: {self._stderr_tail()}")
-            done = answers[-1]
             self.stats.indexed += done["indexed"]
             self.stats.dropped += done["dropped"]
             self.stats.failed += done["failed"]
@@ -298,17 +297,16 @@ class Indexer:
             self._stop()  # the next chunk starts another
 
     @staticmethod
-    def _answers(child: subprocess.Popen):
-        """The writer's answer to a chunk: its log records logged here as they come, then its result (nothing
-        when it died first)."""
+    def _answer(child: subprocess.Popen) -> dict | None:
+        """The writer's result for what it was sent, its log records logged here as they come (None: it died
+        first)."""
         for line in child.stdout:
             answer = json.loads(line)
-            if "log" in answer:
-                level, name, message = answer["log"]
-                logging.getLogger(name).log(level, "%s", message)
-                continue
-            yield answer["done"]
-            return
+            if "log" not in answer:
+                return answer["done"]
+            level, name, message = answer["log"]
+            logging.getLogger(name).log(level, "%s", message)
+        return None
 
     def _start(self) -> None:
         self._errors = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
